@@ -1,0 +1,24 @@
+"""The dspark recipe: typed schema (`schema.py`), loading and overrides (`loader.py`), checks (`checks.py`)."""
+
+from dspark_cli.recipe.loader import (
+    RESOLVED_NAME,
+    dump_recipe,
+    load_recipe,
+    resolve_recipe_path,
+    template_dir,
+    template_names,
+    write_resolved,
+)
+from dspark_cli.recipe.schema import SECTIONS, Recipe
+
+__all__ = [
+    "RESOLVED_NAME",
+    "SECTIONS",
+    "Recipe",
+    "dump_recipe",
+    "load_recipe",
+    "resolve_recipe_path",
+    "template_dir",
+    "template_names",
+    "write_resolved",
+]

@@ -1,0 +1,148 @@
+"""Checks across fields and against the target, run by `dspark validate` and before every stage.
+
+Field-level problems (types, ranges, unknown keys) are caught while loading; these are the
+problems only visible with the whole recipe in view, e.g. layer ids beyond the target's depth.
+Each problem is one line naming the recipe path and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.errors import UsageError
+from dspark_cli.recipe.schema import Recipe
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_GQA_ONLY = ("num_key_value_heads", "head_dim")
+_MLA_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k3", "kimi_linear")
+
+
+def target_config(recipe: Recipe) -> dict[str, Any] | None:
+    """The target's config.json as a dict when it is local (bundled or a directory), else None."""
+    from dspark_cli.targets.registry import resolve_target
+
+    try:
+        directory = resolve_target(recipe.target.model)
+    except UsageError:
+        return None
+    if directory is None:
+        return None
+    config_file = Path(directory) / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    return config.get("text_config", config) if isinstance(config, dict) else None
+
+
+def target_geometry(recipe: Recipe) -> dict[str, Any]:
+    """hidden_size, vocab_size, num_hidden_layers, model_type: from the local config, else declared."""
+    config = target_config(recipe) or {}
+    declared = recipe.target
+    return {
+        "hidden_size": config.get("hidden_size", declared.hidden_size),
+        "vocab_size": config.get("vocab_size", declared.vocab_size),
+        "num_hidden_layers": config.get("num_hidden_layers", declared.num_hidden_layers),
+        "model_type": config.get("model_type"),
+    }
+
+
+def draft_arch(recipe: Recipe) -> str | None:
+    """`mla` or `gqa`: the recipe's choice, or inferred from the target's model type (None if unknown)."""
+    if recipe.draft.arch != "auto":
+        return recipe.draft.arch
+    model_type = target_geometry(recipe)["model_type"]
+    if model_type is None:
+        return None
+    return "mla" if model_type in _MLA_MODEL_TYPES else "gqa"
+
+
+def check_recipe(recipe: Recipe) -> list[str]:
+    """Every cross-field problem of `recipe`, one line each (empty when the recipe is sound)."""
+    problems: list[str] = []
+    problems += _check_target(recipe)
+    problems += _check_draft(recipe)
+    problems += _check_stages(recipe)
+    return problems
+
+
+def _check_target(recipe: Recipe) -> list[str]:
+    from dspark_cli.targets.registry import resolve_target
+
+    try:
+        resolve_target(recipe.target.model)
+    except UsageError as exc:
+        return [f"target.model: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")]
+    problems = []
+    config = target_config(recipe)
+    if config is not None:
+        for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
+            declared = getattr(recipe.target, key)
+            if declared is not None and config.get(key) not in (None, declared):
+                problems.append(
+                    f"target.{key}: declared {declared} but the target's config.json says {config[key]}; "
+                    "remove the declaration or fix it"
+                )
+    return problems
+
+
+def _check_draft(recipe: Recipe) -> list[str]:
+    draft = recipe.draft
+    problems = []
+    arch = draft_arch(recipe)
+    wrong_family = _GQA_ONLY if arch == "mla" else _MLA_ONLY if arch == "gqa" else ()
+    for key in wrong_family:
+        if getattr(draft, key) is not None:
+            problems.append(f"draft.{key}: only for {'gqa' if arch == 'mla' else 'mla'} drafts, this one is {arch}; remove it")
+    ids = draft.target_layer_ids
+    if ids is not None:
+        if not ids:
+            problems.append("draft.target_layer_ids: empty; list the target layers to read, or remove it for the default")
+        elif any(i < 0 for i in ids):
+            problems.append("draft.target_layer_ids: layer ids are 0-based and non-negative")
+        elif sorted(set(ids)) != ids:
+            problems.append(f"draft.target_layer_ids: must be unique and increasing, got {ids}")
+        depth = target_geometry(recipe)["num_hidden_layers"]
+        if ids and depth is not None and max(ids) >= depth:
+            problems.append(
+                f"draft.target_layer_ids: layer {max(ids)} is beyond the target's {depth} layers "
+                f"(0-based: 0..{depth - 1}); output of layer k is transformers hidden_states[k+1]"
+            )
+    vocab = target_geometry(recipe)["vocab_size"]
+    if draft.mask_token_id is not None and vocab is not None and draft.mask_token_id >= vocab:
+        problems.append(f"draft.mask_token_id: {draft.mask_token_id} is outside the target vocabulary ({vocab})")
+    return problems
+
+
+def _check_stages(recipe: Recipe) -> list[str]:
+    problems = []
+    datagen, serve, train = recipe.datagen, recipe.serve, recipe.train
+    if datagen.endpoint and datagen.engine != "vllm":
+        problems.append("datagen.endpoint: only used with datagen.engine: vllm; set the engine or remove the endpoint")
+    if datagen.min_prompt_tokens > datagen.max_prompt_tokens:
+        problems.append("datagen.min_prompt_tokens: larger than datagen.max_prompt_tokens")
+    if serve.num_speculative_tokens is not None and serve.num_speculative_tokens != recipe.draft.block_size:
+        problems.append(
+            f"serve.num_speculative_tokens: {serve.num_speculative_tokens} differs from draft.block_size "
+            f"{recipe.draft.block_size}, the block the draft is trained on; remove it or make them equal"
+        )
+    if serve.enable_adaptive_verification and not recipe.draft.confidence_head:
+        problems.append("serve.enable_adaptive_verification: needs draft.confidence_head: true")
+    if serve.attention_backend and "MLA" in serve.attention_backend.upper() and draft_arch(recipe) == "gqa":
+        problems.append(f"serve.attention_backend: {serve.attention_backend} is for MLA drafts, this draft is gqa")
+    if train.nnodes > 1 and not train.rdzv_endpoint:
+        problems.append("train.rdzv_endpoint: required when train.nnodes > 1 (host:port of the rendezvous)")
+    if "wandb" in train.metrics and not train.wandb_project:
+        problems.append("train.wandb_project: required when train.metrics includes wandb")
+    if train.max_seq_len > recipe.target.max_model_len:
+        problems.append(
+            f"train.max_seq_len: {train.max_seq_len} exceeds target.max_model_len {recipe.target.max_model_len}"
+        )
+    if recipe.publish.repo_id is not None and not _REPO_ID.match(recipe.publish.repo_id):
+        problems.append(f"publish.repo_id: {recipe.publish.repo_id!r} is not of the form owner/name")
+    if any(t < 0 for t in recipe.bench.temperatures):
+        problems.append("bench.temperatures: temperatures are >= 0")
+    return problems

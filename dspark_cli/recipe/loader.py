@@ -1,0 +1,225 @@
+"""Load a recipe: YAML file < `key=value` overrides < command flags, every problem reported at once.
+
+    recipe = load_recipe("templates/recipes/tiny.yaml", ["train.lr=3e-4", "draft.num_layers=2"])
+    write_resolved(recipe, "runs/tiny/train")      # the exact recipe a stage ran with
+
+Errors come back as one `RecipeError` whose `problems` are lines like
+`train.lrr: unknown key (did you mean 'train.lr'?)` or `draft.block_size: must be greater than 0 (got 0)`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from dspark_cli.errors import RecipeError, UsageError
+from dspark_cli.recipe.schema import Recipe
+
+RESOLVED_NAME = "recipe.yaml"
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that also reads `3e-4` as a float (YAML 1.1 insists on `3.0e-4`)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse YAML text; a syntax error becomes one line naming `source` and the line number."""
+    try:
+        return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{source}{where}: invalid YAML: {problem}", "fix the syntax and run again") from None
+
+
+def template_dir() -> Path:
+    """Where the shipped recipe templates live (a source checkout, or the installed data files)."""
+    here = Path(__file__).resolve().parents[2] / "templates" / "recipes"
+    if here.is_dir():
+        return here
+    import sys
+
+    return Path(sys.prefix) / "share" / "dspark" / "templates" / "recipes"
+
+
+def template_names() -> list[str]:
+    """Names of the shipped templates (`kimi-k3`, `qwen3-8b`, `llama-3.1-8b`, `tiny`)."""
+    return sorted(p.stem for p in template_dir().glob("*.yaml"))
+
+
+def resolve_recipe_path(recipe: str | os.PathLike[str]) -> Path:
+    """A recipe file path, or the name of a shipped template (`tiny`, `kimi-k3`, ...)."""
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    candidate = template_dir() / f"{path.name}.yaml"
+    if not path.suffix and candidate.is_file():
+        return candidate
+    names = template_names()
+    close = difflib.get_close_matches(path.stem, names, n=1)
+    hint = f"did you mean the template '{close[0]}'?" if close else f"templates: {', '.join(names)}"
+    raise UsageError(f"recipe not found: {recipe}", f"{hint}; `dspark init` copies one to edit")
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`train.lr=3e-4` -> (["train", "lr"], 0.0003). Values are YAML: `[2, 23]`, `true`, `null`."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise RecipeError(
+            [f"{item!r}: overrides look like section.key=value, e.g. train.lr=3e-4"],
+            "run `dspark validate RECIPE` to see the resolved recipe",
+        )
+    value = parse_yaml(raw, f"override {key}") if raw.strip() else ""
+    return key.split("."), value
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any, origin: str) -> None:
+    node = tree
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(path[: i + 1])
+            raise RecipeError([f"{where}: is a value, not a section ({origin} sets {'.'.join(path)})"])
+        node = child
+    node[path[-1]] = value
+
+
+def load_recipe(
+    recipe: str | os.PathLike[str] | None,
+    overrides: list[str] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> Recipe:
+    """Build the recipe: defaults < YAML file < `key=value` overrides < flags (dotted keys; None = unset)."""
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    if recipe is not None:
+        path = resolve_recipe_path(recipe)
+        source = str(path)
+        loaded = parse_yaml(path.read_text(encoding="utf-8"), source)
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise RecipeError([f"{source}: a recipe is a mapping of sections, got {type(loaded).__name__}"])
+        tree = loaded
+    for item in overrides or []:
+        path_parts, value = parse_override(item)
+        _set_path(tree, path_parts, value, f"override {item!r}")
+    for key, value in (flags or {}).items():
+        if value is not None:
+            _set_path(tree, key.split("."), value, f"flag for {key}")
+    try:
+        return Recipe.model_validate(tree)
+    except ValidationError as exc:
+        problems = [describe_error(err) for err in exc.errors()]
+        raise RecipeError(problems, f"in {source}; `dspark validate` lists every problem") from None
+
+
+def write_resolved(recipe: Recipe, directory: str | os.PathLike[str]) -> Path:
+    """Write the fully resolved recipe into `directory/recipe.yaml` atomically; return its path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    text = "# Resolved by dspark: defaults < recipe file < overrides < flags.\n" + dump_recipe(recipe)
+    fd, tmp = tempfile.mkstemp(prefix=".recipe.", suffix=".tmp", dir=directory)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    final = directory / RESOLVED_NAME
+    os.replace(tmp, final)
+    return final
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The recipe as YAML, sections in pipeline order."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, default_flow_style=None)
+
+
+# --- turning pydantic errors into one line each ------------------------------------------
+
+_TYPE_WORDS = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+}
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "recipe"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The section class that owns the key at `loc` (walking lists and optional types)."""
+    model: Any = Recipe
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) else None
+        if field is None:
+            return None
+        model = _inner_model(field.annotation)
+        if model is None:
+            return None
+    return model
+
+
+def _inner_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation) if get_origin(annotation) is not None else ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def describe_error(err: dict[str, Any]) -> str:
+    """One line for one pydantic error, naming the YAML path."""
+    loc = tuple(err.get("loc", ()))
+    kind = err.get("type", "")
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        owner = _model_at(loc[:-1])
+        valid = list(owner.model_fields) if owner is not None else []
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+        what = "unknown section" if len(loc) == 1 else "unknown key"
+        if close:
+            return f"{_dotted(loc)}: {what} (did you mean '{_dotted((*loc[:-1], close[0]))}'?)"
+        return f"{_dotted(loc)}: {what}; valid: {', '.join(valid)}"
+    if kind in _TYPE_WORDS:
+        return f"{_dotted(loc)}: expected {_TYPE_WORDS[kind]}, got {_shown(value)} ({type(value).__name__})"
+    if kind == "missing":
+        return f"{_dotted(loc)}: required but missing"
+    message = str(err.get("msg", "invalid value"))
+    message = message.replace("Input should be", "must be").replace("List should have", "must have")
+    return f"{_dotted(loc)}: {message} (got {_shown(value)})"

@@ -1,0 +1,299 @@
+"""The typed recipe: one section per pipeline stage, every field documented with its default.
+
+A recipe is YAML. Unknown keys are errors (with a did-you-mean), numbers are not accepted
+as strings and vice versa, and every problem is reported at once (`dspark validate`).
+`docs/recipe.md` is generated from the descriptions below (`python -m dspark_cli.recipe.docs`).
+
+Only the standard library and pydantic are imported here: the CLI loads recipes before it
+decides whether torch is needed at all.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    """Base of every recipe section: strict types, unknown keys forbidden, assignments checked."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+
+class TargetSection(Section):
+    """The model being served, whose drafts dspark trains."""
+
+    model: str = Field(
+        "tiny-mla",
+        description="Target model: a bundled name (`tiny-mla`, `tiny-gqa`), a local directory, "
+        "or a Hugging Face repo id.",
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) of the target.")
+    tokenizer: str | None = Field(None, description="Tokenizer path or repo id; defaults to `model`.")
+    trust_remote_code: bool = Field(
+        False, description="Allow the target's own modelling code. Off unless the target needs it."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Compute dtype for the target (`auto`: bfloat16 on GPU, float32 on CPU)."
+    )
+    max_model_len: int = Field(4096, gt=0, description="Longest sequence (prompt + response) in tokens.")
+    chat_template_kwargs: dict[str, bool | int | float | str] = Field(
+        default_factory=dict,
+        description="Extra chat-template arguments (e.g. `enable_thinking: false`). The same values "
+        "are used by datagen, serve and bench, so training data matches serving.",
+    )
+    hidden_size: int | None = Field(
+        None, gt=0, description="Declared target hidden size, used when the target cannot be loaded "
+        "(meta-device dry runs); checked against the real target when it is."
+    )
+    vocab_size: int | None = Field(None, gt=0, description="Declared target vocabulary size (as `hidden_size`).")
+    num_hidden_layers: int | None = Field(
+        None, gt=0, description="Declared number of target decoder layers (as `hidden_size`)."
+    )
+
+
+class PromptSource(Section):
+    """One source of prompts/conversations for datagen."""
+
+    path: str = Field(description="A local .jsonl/.json/.parquet file or a Hugging Face dataset name.")
+    split: str = Field("train", description="Dataset split (Hugging Face datasets only).")
+    subset: str | None = Field(None, description="Dataset configuration name (Hugging Face datasets only).")
+    format: Literal["auto", "messages", "sharegpt", "prompt_response", "turns"] = Field(
+        "auto", description="Record schema: OpenAI `messages`, ShareGPT `conversations`, "
+        "`prompt`/`response` columns, or MT-Bench-style `turns` (user turns only); `auto` detects it per record."
+    )
+    fields: dict[str, str] = Field(
+        default_factory=dict,
+        description="Field mapping for other schemas, e.g. `{prompt: question, response: answer}`.",
+    )
+    max_samples: int | None = Field(None, gt=0, description="Take at most this many records from the source.")
+
+
+class DatagenSection(Section):
+    """`dspark datagen`: regenerate responses with the target itself (on-policy data)."""
+
+    sources: list[PromptSource] = Field(default_factory=list, description="Prompt sources, in order.")
+    engine: Literal["hf", "vllm"] = Field(
+        "vllm", description="`vllm` (offline LLM, or `endpoint` of a running server) or `hf` (transformers)."
+    )
+    endpoint: str | None = Field(
+        None, description="OpenAI-compatible base URL of a running server (engine `vllm` only)."
+    )
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    max_tokens: int = Field(2048, gt=0, description="Longest response per assistant turn, in tokens.")
+    regenerate: bool = Field(
+        True, description="Regenerate every assistant turn with the target; `false` keeps the "
+        "source's responses (off-policy, usually worse drafts)."
+    )
+    min_prompt_tokens: int = Field(1, ge=0, description="Drop conversations whose first prompt is shorter.")
+    max_prompt_tokens: int = Field(2048, gt=0, description="Drop conversations whose first prompt is longer.")
+    max_turns: int | None = Field(None, gt=0, description="Keep at most this many user turns per conversation.")
+    dedup: bool = Field(True, description="Drop conversations whose normalised prompts repeat.")
+    exclude_eval: list[str] = Field(
+        default_factory=lambda: ["mt_bench"],
+        description="Evaluation prompt sets to exclude by normalised-text hash: `mt_bench`, or files.",
+    )
+    num_samples: int | None = Field(None, gt=0, description="Stop after this many conversations in total.")
+    batch_size: int = Field(64, gt=0, description="Conversations generated together.")
+    shard_size: int = Field(1000, gt=0, description="Conversations per output shard.")
+    tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism for regeneration.")
+    data_parallel_size: int = Field(1, gt=0, description="vLLM data parallel replicas for regeneration.")
+    seed: int = Field(0, description="Sampling seed.")
+    output_dir: str | None = Field(None, description="Where shards go; default `<output_dir>/data`.")
+
+
+class CaptureSection(Section):
+    """Hidden-state capture from the target (the draft's inputs and L1 targets)."""
+
+    backend: Literal["hf", "vllm"] = Field("hf", description="`hf` (transformers hooks) or `vllm` (GPU).")
+    mode: Literal["offline", "online"] = Field(
+        "offline", description="`offline`: capture everything, then train. `online`: capture while "
+        "training, through a bounded on-disk queue."
+    )
+    batch_size: int = Field(8, gt=0, description="Sequences per capture forward.")
+    max_seq_len: int = Field(4096, gt=0, description="Truncate conversations longer than this (tokens).")
+    shard_tokens: int = Field(262144, gt=0, description="Tokens per safetensors shard.")
+    queue_max_shards: int = Field(2, gt=0, description="Online mode: most shards held on disk at once.")
+    aux_attn_res_stream: bool = Field(
+        False, description="Kimi-K3 only: value of VLLM_KIMI_K3_AUX_ATTN_RES_STREAM at capture; "
+        "serving must use the same value."
+    )
+    output_dir: str | None = Field(None, description="Where shards go; default `<output_dir>/hidden`.")
+
+
+class DraftSection(Section):
+    """The DSpark draft architecture. Geometry fields left empty are copied from the target."""
+
+    arch: Literal["auto", "mla", "gqa"] = Field(
+        "auto", description="`mla` (K3DSparkModel), `gqa` (Qwen3DSparkModel), or `auto` from the target."
+    )
+    num_layers: int = Field(5, gt=0, description="Draft decoder layers.")
+    block_size: int = Field(7, gt=0, description="Tokens drafted per step (= vLLM num_speculative_tokens).")
+    target_layer_ids: list[int] | None = Field(
+        None, description="0-based target layers whose outputs feed the draft (output of layer k = "
+        "transformers `hidden_states[k+1]`); default: spread over the target's depth."
+    )
+    markov_rank: int = Field(256, gt=0, description="Rank of the sequential Markov head.")
+    confidence_head: bool = Field(True, description="Train a confidence head (acceptance estimate).")
+    confidence_head_with_markov: bool = Field(
+        True, description="Feed the Markov embedding of the previous token to the confidence head."
+    )
+    mask_token_id: int | None = Field(
+        None, ge=0, description="Token id of the query-block mask slots; default: the tokenizer's mask token."
+    )
+    attention: Literal["auto", "sdpa", "flex", "eager"] = Field(
+        "auto", description="Training attention kernel (`auto`: flex on GPU, SDPA with block masks on CPU)."
+    )
+    intermediate_size: int | None = Field(None, gt=0, description="MLP width (default: the target's).")
+    num_attention_heads: int | None = Field(None, gt=0, description="Attention heads (default: the target's).")
+    num_key_value_heads: int | None = Field(None, gt=0, description="GQA only: KV heads (default: the target's).")
+    head_dim: int | None = Field(None, gt=0, description="GQA only: head dimension (default: the target's).")
+    q_lora_rank: int | None = Field(None, gt=0, description="MLA only: query LoRA rank (default: the target's).")
+    kv_lora_rank: int | None = Field(None, gt=0, description="MLA only: latent KV rank (default: the target's).")
+    qk_nope_head_dim: int | None = Field(None, gt=0, description="MLA only (default: the target's).")
+    qk_rope_head_dim: int | None = Field(None, gt=0, description="MLA only (default: the target's).")
+    v_head_dim: int | None = Field(None, gt=0, description="MLA only (default: the target's).")
+    rms_norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon (default: the target's).")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base of the draft (default: the target's).")
+
+
+class LossWeights(Section):
+    """The published DSpark objective; every weight configurable."""
+
+    ce: float = Field(0.1, ge=0.0, description="Cross-entropy against the next token.")
+    l1: float = Field(0.9, ge=0.0, description="L1 between draft and target distributions.")
+    confidence: float = Field(1.0, ge=0.0, description="BCE of the confidence head vs clamp(1 - L1/2, 0, 1).")
+    slot_decay_gamma: float = Field(4.0, gt=0.0, description="Slot k is weighted by exp(-k / gamma).")
+
+
+class TrainSection(Section):
+    """`dspark train`: FSDP2 training of the draft."""
+
+    num_anchors: int = Field(512, gt=0, description="Anchors sampled per sequence among loss-masked positions.")
+    max_seq_len: int = Field(4096, gt=0, description="Longest training sequence (tokens).")
+    tokens_per_step: int = Field(65536, gt=0, description="Tokens per optimiser step (all ranks; packing).")
+    epochs: float = Field(2.0, gt=0.0, description="Passes over the data (ignored when `max_steps` is set).")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimiser steps.")
+    lr: float = Field(6e-4, gt=0.0, description="Peak learning rate (AdamW).")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Cosine schedule floor, as a fraction of `lr`.")
+    warmup_steps: int = Field(100, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2, description="AdamW betas.")
+    grad_clip: float = Field(1.0, gt=0.0, description="Clip the global gradient norm to this value.")
+    loss: LossWeights = Field(default_factory=LossWeights, description="Loss weights.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="`auto`: bf16 autocast on GPU, fp32 on CPU."
+    )
+    nproc_per_node: int = Field(1, gt=0, description="Processes per machine (one per GPU); >1 launches torchrun.")
+    nnodes: int = Field(1, gt=0, description="Machines (torchrun rendezvous).")
+    rdzv_endpoint: str | None = Field(None, description="torchrun rendezvous host:port for several machines.")
+    checkpoint_every: int = Field(500, gt=0, description="Steps between checkpoints (also at the end).")
+    log_every: int = Field(10, gt=0, description="Steps between metric lines.")
+    metrics: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"], description="Metric sinks."
+    )
+    wandb_project: str | None = Field(None, description="Weights & Biases project (sink `wandb`).")
+    seed: int = Field(0, description="Seed for anchors, data order and initialisation.")
+    output_dir: str | None = Field(None, description="Checkpoints and metrics; default `<output_dir>/train`.")
+
+
+class ExportSection(Section):
+    """`dspark export`: a vLLM-native draft directory."""
+
+    format: Literal["vllm", "speculators"] = Field("vllm", description="Output format.")
+    dtype: Literal["bfloat16", "float32", "float16"] = Field("bfloat16", description="Weight dtype on disk.")
+    include_embeddings: bool = Field(
+        False, description="Also write the target's embed_tokens/lm_head (for engines that need them)."
+    )
+    output_dir: str | None = Field(None, description="Draft directory; default `<output_dir>/draft`.")
+
+
+class ServeSection(Section):
+    """`dspark serve`: vLLM with the draft as speculative model."""
+
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, gt=0, lt=65536, description="Port to bind.")
+    tensor_parallel_size: int = Field(1, gt=0, description="Target tensor parallelism.")
+    num_speculative_tokens: int | None = Field(None, gt=0, description="Default: `draft.block_size`.")
+    attention_backend: str | None = Field(
+        None, description="Draft attention backend (e.g. `FLASHINFER_MLA` for MLA drafts on GPU)."
+    )
+    draft_sample_method: Literal["greedy", "probabilistic"] = Field(
+        "probabilistic", description="How the drafter samples its tokens."
+    )
+    rejection_sample_method: Literal["standard", "block"] = Field(
+        "block", description="Verification: standard rejection sampling or block verification."
+    )
+    enable_adaptive_verification: bool = Field(
+        False, description="Verify only the confident prefix (needs a confidence head)."
+    )
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="vLLM GPU memory fraction.")
+    extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` arguments, verbatim.")
+
+
+class BenchSection(Section):
+    """`dspark bench`: acceptance length and serving speed."""
+
+    datasets: list[str] = Field(
+        default_factory=lambda: ["mt_bench"], description="`mt_bench`, `speed_bench`, a JSONL path or a dataset name."
+    )
+    temperatures: list[float] = Field(default_factory=lambda: [0.0, 1.0], description="Sampling temperatures.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    max_tokens: int = Field(256, gt=0, description="Longest response per turn.")
+    num_prompts: int | None = Field(None, gt=0, description="Use at most this many prompts per dataset.")
+    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], description="Online: concurrent requests.")
+    endpoint: str | None = Field(None, description="Online: OpenAI-compatible base URL to measure.")
+    baseline_endpoint: str | None = Field(None, description="Online: the same target without speculation.")
+    confidence_thresholds: list[float] = Field(
+        default_factory=lambda: [0.0, 0.1, 0.2, 0.3, 0.5, 0.7],
+        description="Confidence-scheduled verification thresholds to sweep.",
+    )
+    reference: dict[str, float] = Field(
+        default_factory=dict, description="Published numbers shown beside ours, e.g. `{mt_bench_tau_t1: 3.72}`."
+    )
+    output_dir: str | None = Field(None, description="Reports and plots; default `<output_dir>/bench`.")
+
+
+class PublishSection(Section):
+    """`dspark publish`: Hugging Face and ModelScope."""
+
+    hubs: list[Literal["huggingface", "modelscope"]] = Field(
+        default_factory=lambda: ["huggingface"], description="Where to upload."
+    )
+    repo_id: str | None = Field(None, description="Destination repo, e.g. `my-org/Qwen3-8B-DSpark`.")
+    private: bool = Field(True, description="Create private repos unless `--public` is passed.")
+    hf_endpoint: str | None = Field(None, description="Hugging Face endpoint (default: HF_ENDPOINT or the public hub).")
+    modelscope_endpoint: str | None = Field(None, description="ModelScope endpoint (default: MODELSCOPE_ENDPOINT).")
+    license: str = Field("apache-2.0", description="License written into the model card.")
+
+
+class Recipe(Section):
+    """A whole dspark run: the target, then one section per stage."""
+
+    name: str = Field("dspark-run", description="Run name; used in output paths and the model card.")
+    output_dir: str = Field("runs/{name}", description="Root of every stage's outputs (`{name}` is substituted).")
+    seed: int = Field(0, description="Global seed.")
+    target: TargetSection = Field(default_factory=TargetSection, description="The target model.")
+    datagen: DatagenSection = Field(default_factory=DatagenSection, description="Response regeneration.")
+    capture: CaptureSection = Field(default_factory=CaptureSection, description="Hidden-state capture.")
+    draft: DraftSection = Field(default_factory=DraftSection, description="Draft architecture.")
+    train: TrainSection = Field(default_factory=TrainSection, description="Training.")
+    export: ExportSection = Field(default_factory=ExportSection, description="Export.")
+    serve: ServeSection = Field(default_factory=ServeSection, description="Serving.")
+    bench: BenchSection = Field(default_factory=BenchSection, description="Benchmarks.")
+    publish: PublishSection = Field(default_factory=PublishSection, description="Publishing.")
+
+    def stage_dir(self, stage: str) -> str:
+        """Output directory of `stage`: the section's `output_dir`, else `<output_dir>/<default>`."""
+        defaults = {"datagen": "data", "capture": "hidden", "train": "train", "export": "draft", "bench": "bench"}
+        section = getattr(self, stage)
+        explicit = getattr(section, "output_dir", None)
+        if explicit:
+            return explicit
+        root = self.output_dir.replace("{name}", self.name)
+        return f"{root}/{defaults.get(stage, stage)}"
+
+
+SECTIONS = ("target", "datagen", "capture", "draft", "train", "export", "serve", "bench", "publish")
