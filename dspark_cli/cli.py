@@ -1,0 +1,275 @@
+"""The `dspark` command line: one small function per command, heavy imports inside them.
+
+    dspark init tiny                      # copy a template recipe to ./dspark.yaml
+    dspark validate dspark.yaml train.lr=3e-4
+    dspark run templates/recipes/tiny.yaml
+
+`dspark --help`, `dspark CMD --help` and shell completion import only typer, rich, yaml and
+pydantic; torch, transformers and vllm are imported by the library functions a command calls.
+Every command accepts `section.key=value` overrides after its positional arguments;
+precedence is defaults < recipe file < overrides < flags.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dspark_cli import __version__
+from dspark_cli.errors import UsageError
+from dspark_cli.ui import handle_errors, print_json, print_table, say, stdout
+
+app = typer.Typer(
+    name="dspark",
+    help="Train, export, serve, benchmark and publish DSpark speculative-decoding drafts for vLLM.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+RecipeArg = Annotated[str, typer.Argument(help="Recipe YAML file, or a template name (`tiny`, `kimi-k3`, ...).")]
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="Overrides `section.key=value`, e.g. `train.lr=3e-4 draft.num_layers=2`.", show_default=False),
+]
+RecipeOpt = Annotated[str | None, typer.Option("--recipe", "-r", help="Recipe file or template name.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")]
+FormatOpt = Annotated[str, typer.Option("--format", help="Output: `text` (tables) or `json` (machines).")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        say(f"dspark {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Train, export, serve, benchmark and publish DSpark speculative-decoding drafts for vLLM.
+
+    Set `DSPARK_DEBUG=1` to see tracebacks.
+    """
+
+
+def _split_positional(first: str | None, overrides: list[str] | None) -> tuple[str | None, list[str]]:
+    """For commands whose first positional is optional: `key=value` there is an override, not a path."""
+    rest = list(overrides or [])
+    if first is not None and "=" in first and not Path(first).exists():
+        return None, [first, *rest]
+    return first, rest
+
+
+def _load(recipe: str | None, overrides: list[str] | None, flags: dict[str, Any] | None = None):
+    """Load and fully check a recipe; every problem at once, exit 2."""
+    from dspark_cli.errors import RecipeError
+    from dspark_cli.recipe import load_recipe
+    from dspark_cli.recipe.checks import check_recipe
+
+    loaded = load_recipe(recipe, overrides or [], flags)
+    problems = check_recipe(loaded)
+    if problems:
+        raise RecipeError(problems, f"fix {recipe or 'the overrides'} and run `dspark validate` again")
+    return loaded
+
+
+def _check_format(output_format: str) -> None:
+    if output_format not in ("text", "json"):
+        raise UsageError(f"--format must be text or json, got {output_format!r}")
+
+
+@app.command()
+@handle_errors
+def init(
+    template: Annotated[str, typer.Argument(help="Template to copy: `tiny`, `qwen3-8b`, `llama-3.1-8b`, `kimi-k3`.")] = "tiny",
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the recipe.")] = Path("dspark.yaml"),
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Copy a template recipe to edit (`dspark init qwen3-8b -o my.yaml`)."""
+    from dspark_cli.recipe import resolve_recipe_path, template_dir
+
+    source = template_dir() / f"{template}.yaml"
+    if not source.is_file():
+        resolve_recipe_path(template)  # raises with a did-you-mean
+    if output.exists() and not force:
+        raise UsageError(f"{output} already exists", "pass --force to overwrite, or -o another path")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    shutil.copyfile(source, tmp)
+    tmp.replace(output)
+    say(f"wrote {output} (from template {template}); next: dspark validate {output}")
+
+
+@app.command()
+@handle_errors
+def validate(
+    recipe: RecipeArg,
+    overrides: OverridesArg = None,
+    show: Annotated[bool, typer.Option("--print", help="Print the resolved recipe.")] = False,
+    output_format: FormatOpt = "text",
+) -> None:
+    """Check a recipe: types, ranges, unknown keys and cross-stage rules, all problems at once."""
+    from dspark_cli.recipe import dump_recipe
+
+    _check_format(output_format)
+    loaded = _load(recipe, overrides)
+    if output_format == "json":
+        print_json(loaded.model_dump(mode="json"))
+        return
+    if show:
+        stdout.print(dump_recipe(loaded), markup=False)
+    say(f"{recipe}: ok", style="green")
+
+
+@app.command()
+@handle_errors
+def datagen(
+    recipe: RecipeArg,
+    overrides: OverridesArg = None,
+    output_dir: Annotated[str | None, typer.Option("--output-dir", "-o", help="Sets datagen.output_dir.")] = None,
+    engine: Annotated[str | None, typer.Option(help="Sets datagen.engine: `vllm` or `hf`.")] = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Regenerate responses with the target itself (on-policy training data)."""
+    from dspark_cli.pipeline import run_datagen
+
+    loaded = _load(recipe, overrides, {"datagen.output_dir": output_dir, "datagen.engine": engine})
+    run_datagen(loaded)
+
+
+@app.command()
+@handle_errors
+def train(
+    recipe: RecipeArg,
+    overrides: OverridesArg = None,
+    output_dir: Annotated[str | None, typer.Option("--output-dir", "-o", help="Sets train.output_dir.")] = None,
+    resume: Annotated[str, typer.Option(help="`auto` (latest checkpoint if any), `never`, or a checkpoint path.")] = "auto",
+    nproc: Annotated[int | None, typer.Option(help="Sets train.nproc_per_node; >1 launches torchrun.")] = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Capture hidden states and train the draft (FSDP2; torchrun when several processes)."""
+    from dspark_cli.pipeline import run_train
+
+    loaded = _load(recipe, overrides, {"train.output_dir": output_dir, "train.nproc_per_node": nproc})
+    run_train(loaded)
+
+
+@app.command()
+@handle_errors
+def export(
+    checkpoint: Annotated[str | None, typer.Argument(help="Training checkpoint directory.", show_default=False)] = None,
+    overrides: OverridesArg = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Sets export.output_dir.")] = None,
+    recipe: RecipeOpt = None,
+    export_format: Annotated[str | None, typer.Option("--export-format", help="Sets export.format: `vllm` or `speculators`.")] = None,
+    meta: Annotated[bool, typer.Option("--meta", help="Build the draft on the meta device (no weights, no memory).")] = False,
+    check: Annotated[str | None, typer.Option("--check", help="Only validate an existing draft directory.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Target to check the draft against (with --check).")] = None,
+    dry_run: DryRunOpt = False,
+    output_format: FormatOpt = "text",
+) -> None:
+    """Write a vLLM-native draft directory (or, with --dry-run, list every tensor it would hold)."""
+    from dspark_cli.pipeline import not_built
+
+    _check_format(output_format)
+    checkpoint, rest = _split_positional(checkpoint, overrides)
+    if checkpoint is None and recipe is None and check is None:
+        raise UsageError("export needs a CHECKPOINT, or --recipe with --meta --dry-run, or --check DIR")
+    if recipe is not None:
+        _load(recipe, rest, {"export.output_dir": output, "export.format": export_format})
+    raise not_built("`dspark export`", 8 if not meta else 4)
+
+
+@app.command()
+@handle_errors
+def serve(
+    draft_dir: Annotated[str | None, typer.Argument(help="Exported draft directory.", show_default=False)] = None,
+    overrides: OverridesArg = None,
+    recipe: RecipeOpt = None,
+    port: Annotated[int | None, typer.Option(help="Sets serve.port.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the `vllm serve` command; start nothing.")] = False,
+) -> None:
+    """Serve the target with the draft in vLLM (`--speculative-config` with method dspark)."""
+    from dspark_cli.pipeline import not_built
+
+    draft_dir, rest = _split_positional(draft_dir, overrides)
+    if recipe is not None:
+        _load(recipe, rest, {"serve.port": port})
+    raise not_built("`dspark serve`", None)
+
+
+@app.command()
+@handle_errors
+def bench(
+    draft_dir: Annotated[str | None, typer.Argument(help="Exported draft directory.", show_default=False)] = None,
+    overrides: OverridesArg = None,
+    recipe: RecipeOpt = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Run dspark's reference engine (no server).")] = False,
+    endpoint: Annotated[str | None, typer.Option(help="Sets bench.endpoint (an OpenAI-compatible server).")] = None,
+    output_format: FormatOpt = "text",
+) -> None:
+    """Measure acceptance length (tau) offline, or throughput and tau of a running server."""
+    from dspark_cli.pipeline import run_bench
+
+    _check_format(output_format)
+    draft_dir, rest = _split_positional(draft_dir, overrides)
+    loaded = _load(recipe, rest, {"bench.endpoint": endpoint})
+    run_bench(loaded)
+
+
+@app.command()
+@handle_errors
+def publish(
+    draft_dir: Annotated[str | None, typer.Argument(help="Exported draft directory.", show_default=False)] = None,
+    overrides: OverridesArg = None,
+    recipe: RecipeOpt = None,
+    repo_id: Annotated[str | None, typer.Option(help="Sets publish.repo_id.")] = None,
+    public: Annotated[bool, typer.Option("--public", help="Create public repos (private by default).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be uploaded; upload nothing.")] = False,
+) -> None:
+    """Upload an exported draft with its model card to Hugging Face and/or ModelScope."""
+    from dspark_cli.pipeline import run_publish
+
+    draft_dir, rest = _split_positional(draft_dir, overrides)
+    loaded = _load(recipe, rest, {"publish.repo_id": repo_id, "publish.private": False if public else None})
+    run_publish(loaded)
+
+
+@app.command()
+@handle_errors
+def run(
+    recipe: RecipeArg,
+    overrides: OverridesArg = None,
+    publish: Annotated[bool, typer.Option("--publish", help="Also publish at the end.")] = False,
+) -> None:
+    """Run the whole pipeline from one recipe: datagen, capture, train, export, bench (and publish)."""
+    from dspark_cli.errors import NotBuiltError
+    from dspark_cli.pipeline import STAGES, run_pipeline
+
+    loaded = _load(recipe, overrides)
+    say(f"dspark run: {loaded.name} on target {loaded.target.model}")
+    wanted = [s.name for s in STAGES if s.name != "publish" or publish]
+    results = run_pipeline(loaded, stages=wanted, on_stage=lambda r: say(f"  {r.name}: {r.status} {r.detail}".rstrip()))
+    print_table("stages", ["stage", "status", "detail"], [[r.name, r.status, r.detail] for r in results])
+    missing = [r.name for r in results if r.status == "not built"]
+    if missing:
+        raise NotBuiltError(
+            f"pipeline incomplete: stage {missing[0]} is not built yet; later stages were skipped",
+            "the stages marked done ran for real",
+        )
+
+
+def entrypoint() -> None:
+    """Console-script entry point (`dspark`)."""
+    app()
+
+
+if __name__ == "__main__":
+    entrypoint()

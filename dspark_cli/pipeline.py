@@ -1,0 +1,107 @@
+"""The stages of a dspark run, in order, and `run_pipeline` which chains them.
+
+    recipe -> datagen -> capture -> train -> export -> bench -> publish
+
+Each stage is one library function taking the resolved recipe; the CLI commands call the same
+functions. A stage that is not built yet raises `NotBuiltError` -- it never pretends -- and
+`run_pipeline` stops there, because every later stage needs its output.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dspark_cli.errors import NotBuiltError
+from dspark_cli.recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    issue: int | None
+    summary: str
+    run: Callable[[Recipe], dict[str, Any]]
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str  # "done" | "not built" | "skipped" | "failed"
+    detail: str = ""
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+
+def not_built(what: str, issue: int | None) -> NotBuiltError:
+    """The one-line refusal of something that does not exist yet, e.g. `not_built("`dspark train`", 7)`."""
+    tracked = f" (issue {issue})" if issue is not None else ""
+    return NotBuiltError(
+        f"{what} is not built yet{tracked}",
+        "`dspark validate RECIPE` checks a recipe today; README lists what works",
+    )
+
+
+def run_datagen(recipe: Recipe) -> dict[str, Any]:
+    raise not_built("`dspark datagen`", 5)
+
+
+def run_capture(recipe: Recipe) -> dict[str, Any]:
+    raise not_built("hidden-state capture", 6)
+
+
+def run_train(recipe: Recipe) -> dict[str, Any]:
+    raise not_built("`dspark train`", 7)
+
+
+def run_export(recipe: Recipe) -> dict[str, Any]:
+    raise not_built("`dspark export`", 8)
+
+
+def run_bench(recipe: Recipe) -> dict[str, Any]:
+    raise not_built("`dspark bench`", 9)
+
+
+def run_publish(recipe: Recipe) -> dict[str, Any]:
+    raise not_built("`dspark publish`", None)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("datagen", 5, "regenerate responses with the target", run_datagen),
+    Stage("capture", 6, "capture the target's hidden states", run_capture),
+    Stage("train", 7, "train the draft", run_train),
+    Stage("export", 8, "write a vLLM draft directory", run_export),
+    Stage("bench", 9, "measure acceptance length offline", run_bench),
+    Stage("publish", None, "upload to the hubs", run_publish),
+)
+
+
+def run_pipeline(
+    recipe: Recipe,
+    *,
+    stages: list[str] | None = None,
+    on_stage: Callable[[StageResult], None] | None = None,
+) -> list[StageResult]:
+    """Run `stages` (default: all but publish) in order; stop at the first one that cannot run."""
+    wanted = stages or [s.name for s in STAGES if s.name != "publish"]
+    results: list[StageResult] = []
+    blocked_by: str | None = None
+    for stage in STAGES:
+        if stage.name not in wanted:
+            continue
+        if blocked_by is not None:
+            result = StageResult(stage.name, "skipped", f"needs {blocked_by}")
+        else:
+            try:
+                outputs = stage.run(recipe)
+                result = StageResult(stage.name, "done", stage.summary, outputs)
+            except NotBuiltError:
+                result = StageResult(stage.name, "not built", f"issue {stage.issue}" if stage.issue else "")
+                blocked_by = stage.name
+        results.append(result)
+        if on_stage is not None:
+            on_stage(result)
+    return results

@@ -1,0 +1,86 @@
+"""Terminal output for the CLI layer (rich lives here and in cli.py only).
+
+Errors are one line plus a hint on stderr; `DSPARK_DEBUG=1` re-raises so the traceback shows.
+Nothing here imports torch, transformers or vllm.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from dspark_cli.errors import DsparkError, RecipeError
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("DSPARK_DEBUG", "") not in ("", "0", "false", "False")
+
+
+def report_error(exc: DsparkError) -> None:
+    """Print a DsparkError as `error: ...` lines (one per problem) and a `hint:` line."""
+    lines = exc.problems if isinstance(exc, RecipeError) else [exc.message]
+    for line in lines:
+        stderr.print(Text("error: ", style="bold red") + Text(line))
+    if exc.hint:
+        stderr.print(Text("hint: ", style="yellow") + Text(exc.hint))
+
+
+def handle_errors(func: F) -> F:
+    """Run a command; turn DsparkError / Ctrl-C / unexpected failures into exit codes 1, 2, 130."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except DsparkError as exc:
+            if debug_enabled():
+                raise
+            report_error(exc)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            if debug_enabled():
+                raise
+            stderr.print(Text("interrupted", style="yellow"))
+            raise typer.Exit(130) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+            if debug_enabled():
+                raise
+            stderr.print(Text("internal error: ", style="bold red") + Text(f"{type(exc).__name__}: {exc}"))
+            stderr.print(Text("hint: ", style="yellow") + Text("rerun with DSPARK_DEBUG=1 for the traceback and report it"))
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def print_json(data: Any) -> None:
+    """Machine-readable output: plain JSON on stdout, nothing else."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(Text(str(cell)) for cell in row))
+    stdout.print(table)
+
+
+def say(message: str, style: str | None = None) -> None:
+    stdout.print(Text(message, style=style or ""))
