@@ -1,0 +1,76 @@
+"""How long `dspark --help` takes, next to `python -c "import torch"` for scale.
+
+    .venv/bin/python benchmarks/cli_startup.py            # prints a table, writes results/cli_startup.json
+
+Goal (issue 2): `dspark --help` <= 0.3 s on the 2-core CI machine, and neither `--help`,
+`dspark CMD --help` nor shell completion imports torch, transformers, vllm, datasets or a hub client.
+Each command runs `--repeat` times in a fresh process; the median wall time is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HEAVY = ("torch", "transformers", "vllm", "datasets", "huggingface_hub", "modelscope")
+PROBE = (
+    "import sys, runpy\n"
+    "sys.argv = ['dspark'] + sys.argv[1:]\n"
+    "try:\n    runpy.run_module('dspark_cli.cli', run_name='__main__')\n"
+    "except SystemExit:\n    pass\n"
+    f"sys.stderr.write('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules) + '\\n')\n"
+)
+
+
+def wall(cmd: list[str], env: dict[str, str] | None = None, repeat: int = 7) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run(cmd, capture_output=True, env=env, check=False)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def heavy_modules(args: list[str], env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, env=env)
+    line = [x for x in proc.stderr.splitlines() if x.startswith("HEAVY=")]
+    return line[-1].removeprefix("HEAVY=") if line else "?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "cli_startup.json"))
+    args = parser.parse_args()
+    dspark = str(Path(sys.executable).with_name("dspark"))
+    completion = dict(os.environ, _DSPARK_COMPLETE="complete_bash", COMP_WORDS="dspark tr", COMP_CWORD="1")
+    rows = {
+        "dspark --help": (wall([dspark, "--help"], repeat=args.repeat), heavy_modules(["--help"])),
+        "dspark train --help": (wall([dspark, "train", "--help"], repeat=args.repeat), heavy_modules(["train", "--help"])),
+        "completion (dspark tr<TAB>)": (wall([dspark], env=completion, repeat=args.repeat), heavy_modules([], completion)),
+        "python -c 'import torch'": (wall([sys.executable, "-c", "import torch"], repeat=args.repeat), "torch"),
+        "python -c 'pass'": (wall([sys.executable, "-c", "pass"], repeat=args.repeat), ""),
+    }
+    print(f"{'command':32} {'median s':>9}  heavy modules imported")
+    for name, (seconds, heavy) in rows.items():
+        print(f"{name:32} {seconds:9.3f}  {heavy or '-'}")
+    record = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}",
+        "repeat": args.repeat,
+        "median_seconds": {name: round(s, 4) for name, (s, _) in rows.items()},
+        "heavy_modules": {name: h for name, (_, h) in rows.items()},
+        "goal_seconds": 0.3,
+    }
+    Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
