@@ -1,0 +1,131 @@
+"""Block attention for DSpark: who sees whom, and three ways to compute it.
+
+Keys are laid out as `[context (num_ctx slots) | block queries' own keys (Q = A * N)]`.
+Query block j (N slots, an anchor then N-1 masks) sees context slot k iff
+`k < ctx_limit[b, j]` and every key of its own block, non-causally. That one rule covers:
+
+- training: one row per sequence, context = all T positions, `ctx_limit[b, j] = anchor_j`
+  (the block of anchor a sees the context before a, vLLM's "verified positions < p");
+- drafting: one row per request, context = padded cached K/V, `ctx_limit[b, 0] = len_b`.
+
+Implementations (`attn_impl`):
+- "sdpa"  `F.scaled_dot_product_attention` with a boolean [B, 1, Q, K] mask. Forward and
+          backward on CPU and GPU; the default, and the fastest on CPU for training
+          (see benchmarks/results/draft_model.md).
+- "flex"  `flex_attention` (compiled) with a `BlockMask` built from the same rule; skips fully
+          masked key tiles, which matters on GPU where A * N and T are large. On CPU it has no
+          backward (PyTorch raises), so use it there only under `torch.no_grad()`.
+- "eager" explicit fp32 `softmax(q k^T * scale) v`: slow, transparent, for debugging.
+- "auto"  "flex" on CUDA, "sdpa" elsewhere.
+
+The dense mask materialises B * Q * K booleans; flex's BlockMask stores per-128-tile indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTN_IMPLS = ("sdpa", "flex", "eager", "auto")
+
+
+def resolve_attn_impl(impl: str, device: torch.device) -> str:
+    if impl not in ATTN_IMPLS:
+        raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    return impl
+
+
+@dataclass
+class BlockLayout:
+    """The attention pattern of one forward pass; masks are built once and shared by all layers."""
+
+    num_ctx: int  # context key slots before the block keys
+    block_size: int  # N
+    ctx_limit: torch.Tensor  # [B, A] int64: block j of row b sees context slots < ctx_limit[b, j]
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_queries(self) -> int:
+        return self.ctx_limit.shape[1] * self.block_size
+
+    @property
+    def num_keys(self) -> int:
+        return self.num_ctx + self.num_queries
+
+    def mask_mod(self, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """True where query q may attend key k (flex's mask_mod signature; broadcasts too)."""
+        del h
+        block = q // self.block_size
+        is_ctx = k < self.num_ctx
+        sees_ctx = is_ctx & (k < self.ctx_limit[b, block])
+        sees_block = ~is_ctx & ((k - self.num_ctx) // self.block_size == block)
+        return sees_ctx | sees_block
+
+    def dense_mask(self) -> torch.Tensor:
+        """Boolean [B, 1, Q, K] mask for SDPA / eager."""
+        if "dense" not in self._cache:
+            device = self.ctx_limit.device
+            b = torch.arange(self.ctx_limit.shape[0], device=device).view(-1, 1, 1, 1)
+            q = torch.arange(self.num_queries, device=device).view(1, 1, -1, 1)
+            k = torch.arange(self.num_keys, device=device).view(1, 1, 1, -1)
+            self._cache["dense"] = self.mask_mod(b, None, q, k)
+        return self._cache["dense"]
+
+    def block_mask(self):
+        if "block" not in self._cache:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            def mask_mod(b, h, q, k):  # a plain 4-argument function, as flex requires
+                return self.mask_mod(b, h, q, k)
+
+            self._cache["block"] = create_block_mask(
+                mask_mod, B=self.ctx_limit.shape[0], H=None, Q_LEN=self.num_queries,
+                KV_LEN=self.num_keys, device=self.ctx_limit.device,
+            )
+        return self._cache["block"]
+
+
+_compiled_flex = None
+
+
+def _flex(q, k, v, block_mask, scale):
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        raise RuntimeError("attn_impl='flex' has no backward on CPU; use 'sdpa' for CPU training")
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex(
+        q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+def _eager(q, k, v, mask, scale):
+    if q.shape[1] != k.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v.float()).to(q.dtype)
+
+
+def block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, scale: float,
+    impl: str,
+) -> torch.Tensor:
+    """q [B, Hq, Q, D], k [B, Hk, K, D], v [B, Hk, K, Dv] -> [B, Hq, Q, Dv]; Hk divides Hq."""
+    if impl == "sdpa":
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=layout.dense_mask(), scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+    if impl == "flex":
+        return _flex(q, k, v, layout.block_mask(), scale)
+    if impl == "eager":
+        return _eager(q, k, v, layout.dense_mask(), scale)
+    raise ValueError(f"attn_impl must be resolved to sdpa, flex or eager, got {impl!r}")

@@ -1,0 +1,45 @@
+"""The tensors an export writes, listed without allocating them (meta device).
+
+    from dspark_cli.draft.roster import tensor_roster
+    for t in tensor_roster(cfg):           # cfg: DSparkDraftConfig
+        print(t["name"], t["shape"], t["dtype"])
+
+Names are the draft's `state_dict()` keys, which are vLLM's checkpoint names (no "model."
+prefix; vLLM's loaders add it, stack gate/up and q/k/v or q_a/kv_a, and for K3 copy every
+layer's kv_a_proj_with_mqa into its fused context_kv_proj). The target's embed_tokens and
+lm_head are never listed: vLLM aliases them from the target. The confidence head is
+float32 (vLLM allocates it with params_dtype=float32); everything else is `dtype`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dspark_cli.draft.config import DSparkDraftConfig
+
+FP32_PREFIXES = ("confidence_head.",)
+
+
+def build_meta_model(config: DSparkDraftConfig):
+    """The draft on the meta device: shapes and names only, no memory."""
+    from dspark_cli.draft.model import DSparkDraftModel
+
+    with torch.device("meta"):
+        return DSparkDraftModel(config)
+
+
+def tensor_roster(config: DSparkDraftConfig, dtype: str = "bfloat16") -> list[dict[str, Any]]:
+    """[{"name", "shape", "dtype"}] of every tensor the export writes, in state_dict order."""
+    if not hasattr(torch, dtype) or not isinstance(getattr(torch, dtype), torch.dtype):
+        raise ValueError(f"dtype must be a torch dtype name such as 'bfloat16', got {dtype!r}")
+    model = build_meta_model(config)
+    return [
+        {
+            "name": name,
+            "shape": list(tensor.shape),
+            "dtype": "float32" if name.startswith(FP32_PREFIXES) else dtype,
+        }
+        for name, tensor in model.state_dict().items()
+    ]
