@@ -202,3 +202,43 @@ def test_backward_trains_only_draft_parameters(arch):
     assert all(p.grad is not None for p in model.parameters())
     assert not any("embed" in n or "lm_head" in n for n in names | set(model.state_dict()))
     assert embed.grad is None and lm_head.grad is None
+
+
+BF16_UNIT_ROUNDOFF = 2.0**-8
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_bf16_agrees_within_rounding_budget(arch, num_layers):
+    """bf16 forward and drafting vs the float64 reference on the same bf16-rounded weights.
+
+    Budget: |d logits| <= 4 u (L + 2) rms(logits), u = 2^-8 the bf16 unit roundoff. Each of
+    the L layers rounds its attention and MLP outputs and the residual stream to bf16
+    (relative error <= u each, partly cancelling); the context projection / embeddings and the
+    final norm + lm_head add about two more layers' worth; the factor 4 covers the maximum over
+    all B*N*V logits (~4 sigma). Measured: 6u (L=1) to 15u (L=4), about half the budget, while
+    a real bug (wrong RoPE, mask or head) moves logits by O(rms). Confidences (sigmoid) get
+    u (L + 2) absolute.
+    """
+    model, embed, lm_head = tiny_model(arch, block_size=5, num_layers=num_layers,
+                                       dtype=torch.bfloat16)
+    aux, ids = tiny_sequence(16, seed=5, dtype=torch.bfloat16)
+    ref = _reference(model, embed, lm_head)
+    budget = 4 * BF16_UNIT_ROUNDOFF * (num_layers + 2)
+    anchors = [0, 3, 9]
+    out = model(aux, ids, torch.tensor([anchors]))
+    cache = ContextCache(model)
+    for j, a in enumerate(anchors):
+        forced = [int(ids[0, min(a + i + 1, 15)]) for i in range(5)]
+        step = ref.step(aux[0, :a], int(ids[0, a]), 5, forced=forced)
+        expected = torch.stack(step.logits)
+        tol = dict(rtol=0.0, atol=budget * float(expected.pow(2).mean().sqrt()))
+        _close(out.logits[0, j], expected, **tol)
+        _close(out.confidence[0, j], step.confidence,
+               rtol=0.0, atol=BF16_UNIT_ROUNDOFF * (num_layers + 2))
+        slot = cache.add_request()
+        if a:
+            cache.append(slot, aux[0, :a])
+        block = draft_block(model, cache, [slot], ids[0, a:a + 1], block_size=5)
+        greedy = ref.step(aux[0, :a], int(ids[0, a]), 5, forced=block.tokens[0].tolist())
+        _close(block.logits[0], torch.stack(greedy.logits), **tol)

@@ -5,7 +5,7 @@ It carries exactly the fields vLLM 0.33.0 reads when it loads a DSpark draft
 and rejects, at construction, every combination that would fail or silently misbehave
 in vLLM, with one line naming the field.
 
-    from dspark_cli.draft.config import draft_config_from_values
+    from dspark_cli.draft.build import draft_config_from_values
     cfg = draft_config_from_values(arch="gqa", target_hidden_size=128, vocab_size=512,
                                    target_num_hidden_layers=6, num_layers=2, block_size=7,
                                    target_layer_ids=[0, 2, 4], mask_token_id=511,
@@ -24,8 +24,6 @@ Conventions (see ../shared/DESIGN.md section 1):
 
 from __future__ import annotations
 
-import difflib
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,26 +31,9 @@ from transformers import PretrainedConfig
 
 from dspark_cli.errors import UsageError
 
-logger = logging.getLogger(__name__)
-
 ARCHS = ("mla", "gqa")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 GQA_FIELDS = ("num_key_value_heads", "head_dim")
-# Geometry a recipe may override; anything else is a typo.
-GEOMETRY_FIELDS = (
-    "hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps", "rope_theta",
-    "max_position_embeddings", *MLA_FIELDS, *GQA_FIELDS,
-)
-# MLA geometry when neither the target nor the recipe says otherwise: the Kimi-K3 draft's
-# (q_lora_rank + kv_lora_rank + qk_rope_head_dim = 1536 + 512 + 64 = 2112, as in vLLM's
-# dspark_mla.py comment); heads and intermediate size follow Kimi-K2 / DeepSeek-V3 dense layers.
-MLA_DEFAULTS = {
-    "num_attention_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-    "intermediate_size": 18432, "rope_theta": 50000.0,  # K3DSparkConfig's default theta
-}
-
-
 class DraftConfigError(UsageError, ValueError):
     """An invalid draft config field. A `ValueError` for library callers, a usage error for the CLI."""
 
@@ -66,7 +47,8 @@ class DSparkDraftConfig(PretrainedConfig):
     always "default"), `max_position_embeddings`, `target_hidden_size`, `target_layer_ids`,
     `num_target_layers` (= len(target_layer_ids)), `target_num_hidden_layers` (target depth,
     optional, only for range checks), `block_size` (N query slots per draft step),
-    `markov_rank`, `enable_confidence_head`, `confidence_head_with_markov`, `mask_token_id`.
+    `markov_rank`, `enable_confidence_head`, `confidence_head_with_markov` (forced False
+    without the head), `mask_token_id`.
     MLA only: `q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`,
     `v_head_dim`. GQA only: `num_key_value_heads`, `head_dim`.
     """
@@ -191,9 +173,8 @@ def _validate(cfg: DSparkDraftConfig) -> None:
         _fail("mask_token_id", f"must be an integer token id, got {cfg.mask_token_id!r}")
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         _fail("mask_token_id", f"must be in [0, {cfg.vocab_size}), got {cfg.mask_token_id}")
-    if cfg.confidence_head_with_markov and not cfg.enable_confidence_head:
-        _fail("confidence_head_with_markov", "is set but the confidence head is disabled "
-              "(set confidence_head: true or confidence_head_with_markov: false)")
+    if not cfg.enable_confidence_head:
+        cfg.confidence_head_with_markov = False  # meaningless without the head; keep exports clean
     if cfg.arch == "mla":
         _validate_mla(cfg)
     else:
@@ -242,123 +223,6 @@ def _validate_gqa(cfg: DSparkDraftConfig) -> None:
               f"num_attention_heads {cfg.num_attention_heads}")
     if cfg.head_dim % 2:
         _fail("head_dim", f"must be even (RoPE rotates pairs), got {cfg.head_dim}")
-
-
-def _check_geometry_names(geometry: Mapping[str, Any]) -> None:
-    unknown = sorted(set(geometry) - set(GEOMETRY_FIELDS))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], GEOMETRY_FIELDS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise DraftConfigError(f"draft.{unknown[0]}: unknown geometry field{hint}")
-
-
-def draft_config_from_values(
-    *,
-    arch: str,
-    target_hidden_size: int,
-    vocab_size: int,
-    num_layers: int,
-    block_size: int,
-    target_layer_ids: list[int],
-    target_num_hidden_layers: int | None = None,
-    markov_rank: int = 256,
-    enable_confidence_head: bool = True,
-    confidence_head_with_markov: bool = True,
-    mask_token_id: int | None = None,
-    **geometry: Any,
-) -> DSparkDraftConfig:
-    """Build a draft config from plain values (a recipe's `draft` and `target` sections).
-
-    `arch` is "mla" or "gqa" ("auto" needs a target config: use `draft_config_from_target`).
-    `geometry` takes the override names in `GEOMETRY_FIELDS`; None means "not set".
-    Unset MLA geometry defaults to the Kimi-K3 draft's (`MLA_DEFAULTS`). A GQA draft needs
-    `num_attention_heads`; `num_key_value_heads` defaults to it and `head_dim` to
-    hidden_size // num_attention_heads. `hidden_size` defaults to `target_hidden_size`.
-    `mask_token_id=None` picks `vocab_size - 1` with a warning.
-    """
-    _check_geometry_names(geometry)
-    values = {k: v for k, v in geometry.items() if v is not None}
-    if arch == "auto":
-        raise DraftConfigError("draft.arch: 'auto' needs the target's config; set 'mla' or 'gqa'")
-    if arch == "mla":
-        values = {**MLA_DEFAULTS, **values}
-    if arch == "gqa" and "num_attention_heads" not in values:
-        raise DraftConfigError("draft.num_attention_heads: required for a GQA draft "
-                               "when the target config is not available")
-    values.setdefault("hidden_size", target_hidden_size)
-    if mask_token_id is None:
-        mask_token_id = vocab_size - 1
-        logger.warning("draft.mask_token_id not set; using the last vocabulary row %d. Set it "
-                       "to an unused/reserved token id of the target's tokenizer.", mask_token_id)
-    return DSparkDraftConfig(
-        arch=arch, vocab_size=vocab_size, target_hidden_size=target_hidden_size,
-        num_hidden_layers=num_layers, block_size=block_size, target_layer_ids=target_layer_ids,
-        target_num_hidden_layers=target_num_hidden_layers, markov_rank=markov_rank,
-        enable_confidence_head=enable_confidence_head,
-        confidence_head_with_markov=confidence_head_with_markov, mask_token_id=mask_token_id,
-        **values,
-    )
-
-
-def _target_text_config(target_config: Any) -> dict[str, Any]:
-    if isinstance(target_config, PretrainedConfig):
-        text = target_config.get_text_config()
-        values = text.to_dict()
-        rope = getattr(text, "rope_parameters", None) or {}
-        if "rope_theta" in rope:
-            values["rope_theta"] = rope["rope_theta"]
-        return values
-    values = dict(target_config)
-    if isinstance(values.get("text_config"), Mapping):
-        values = dict(values["text_config"])
-    rope = values.get("rope_parameters") or values.get("rope_scaling") or {}
-    if "rope_theta" not in values and "rope_theta" in rope:
-        values["rope_theta"] = rope["rope_theta"]
-    return values
-
-
-def draft_config_from_target(
-    target_config: PretrainedConfig | Mapping[str, Any],
-    *,
-    arch: str = "auto",
-    num_layers: int,
-    block_size: int,
-    target_layer_ids: list[int],
-    markov_rank: int = 256,
-    enable_confidence_head: bool = True,
-    confidence_head_with_markov: bool = True,
-    mask_token_id: int | None = None,
-    **geometry_overrides: Any,
-) -> DSparkDraftConfig:
-    """Build a draft config whose geometry defaults to the target's (a config or config.json dict).
-
-    `arch="auto"` picks "mla" when the target uses MLA (has `kv_lora_rank`), else "gqa".
-    The draft copies the target's attention geometry (as DeepSpec does for Qwen3 drafts);
-    `geometry_overrides` (names in `GEOMETRY_FIELDS`, None = unset) win over it.
-    """
-    _check_geometry_names(geometry_overrides)
-    target = _target_text_config(target_config)
-    for field in ("hidden_size", "vocab_size", "num_hidden_layers"):
-        if not target.get(field):
-            raise DraftConfigError(f"target.{field}: missing from the target config")
-    if arch == "auto":
-        arch = "mla" if target.get("kv_lora_rank") else "gqa"
-    arch_fields = MLA_FIELDS if arch == "mla" else GQA_FIELDS
-    inherited = ("intermediate_size", "num_attention_heads", "rms_norm_eps", "rope_theta",
-                 "max_position_embeddings", *arch_fields)
-    geometry = {f: target[f] for f in inherited if target.get(f) is not None}
-    if arch == "mla" and not target.get("q_lora_rank"):
-        geometry = {f: v for f, v in geometry.items() if f not in MLA_FIELDS}
-    geometry.update({k: v for k, v in geometry_overrides.items() if v is not None})
-    return draft_config_from_values(
-        arch=arch, target_hidden_size=int(target["hidden_size"]),
-        vocab_size=int(target["vocab_size"]), num_layers=num_layers, block_size=block_size,
-        target_layer_ids=target_layer_ids,
-        target_num_hidden_layers=int(target["num_hidden_layers"]), markov_rank=markov_rank,
-        enable_confidence_head=enable_confidence_head,
-        confidence_head_with_markov=confidence_head_with_markov, mask_token_id=mask_token_id,
-        **geometry,
-    )
 
 
 def vllm_config_dict(cfg: DSparkDraftConfig, dtype: str = "bfloat16") -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark_cli.draft.config import draft_config_from_values
+from dspark_cli.draft.build import draft_config_from_values
 from dspark_cli.draft.model import DSparkDraftModel
 
 HIDDEN, VOCAB, TARGET_LAYERS = 64, 97, 6

@@ -1,0 +1,161 @@
+"""What an export writes fills exactly what vLLM 0.33 allocates: every parameter once, no leftovers."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reference.tiny_drafts import tiny_config  # noqa: E402
+from reference.vllm_rosters import k3_map, qwen3_map, simulate_load  # noqa: E402
+from test_draft_config import K3_DRAFT, K3_TARGET, QWEN3_8B_DRAFT, QWEN3_8B_TARGET  # noqa: E402
+
+from dspark_cli.draft.build import draft_config_from_recipe  # noqa: E402
+from dspark_cli.draft.config import vllm_config_dict  # noqa: E402
+from dspark_cli.draft.roster import build_meta_model, tensor_roster  # noqa: E402
+
+
+def _load(engine, cfg, roster):
+    checkpoint = {t["name"]: tuple(t["shape"]) for t in roster}
+    dtypes = {t["name"]: t["dtype"] for t in roster}
+    return simulate_load(engine, vllm_config_dict(cfg), checkpoint, dtypes)
+
+
+def _max_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def test_k3_recipe_roster_equals_what_k3dspark_loads():
+    cfg = draft_config_from_recipe(K3_DRAFT, K3_TARGET)
+    before = _max_rss_mb()
+    roster = tensor_roster(cfg)
+    assert _max_rss_mb() - before < 500  # the bf16 draft would be ~5.7 GB
+    assert all(p.is_meta for p in build_meta_model(cfg).parameters())
+    report = _load("k3", cfg, roster)
+    assert report.problems == []
+    by_name = {t["name"]: t for t in roster}
+    assert by_name["context_proj.weight"]["shape"] == [7168, 5 * 7168]
+    assert by_name["layers.4.self_attn.kv_a_proj_with_mqa.weight"]["shape"] == [576, 7168]
+    assert by_name["layers.0.self_attn.q_a_proj.weight"]["shape"] == [1536, 7168]
+    assert by_name["markov_head.markov_w2.weight"]["shape"] == [163840, 256]
+    assert by_name["confidence_head.proj.weight"] == {
+        "name": "confidence_head.proj.weight", "shape": [1, 7168 + 256], "dtype": "float32"}
+    assert by_name["final_norm.weight"]["dtype"] == "bfloat16"
+    assert not any("embed_tokens" in n or "lm_head" in n for n in by_name)
+    # every layer's kv_a_proj_with_mqa also fills its shard of the fused context_kv_proj
+    assert {s for (p, s) in report.filled if p == "model.context_kv_proj.weight"} == set(range(5))
+    assert len(roster) == 5 * 12 + 2 + 1 + 2 + 2  # layers, context, final norm, markov, confidence
+
+
+def test_qwen3_8b_recipe_roster_equals_what_qwen3dspark_loads():
+    cfg = draft_config_from_recipe(QWEN3_8B_DRAFT, QWEN3_8B_TARGET)
+    roster = tensor_roster(cfg)
+    report = _load("qwen3", cfg, roster)
+    assert report.problems == []
+    by_name = {t["name"]: t["shape"] for t in roster}
+    assert by_name["fc.weight"] == [4096, 5 * 4096]
+    assert by_name["layers.0.self_attn.q_proj.weight"] == [32 * 128, 4096]
+    assert by_name["layers.0.self_attn.k_proj.weight"] == [8 * 128, 4096]
+    assert by_name["layers.0.self_attn.k_norm.weight"] == [128]
+    assert by_name["layers.4.mlp.down_proj.weight"] == [4096, 12288]
+    assert {"hidden_norm.weight", "norm.weight"} <= set(by_name)
+
+
+@pytest.mark.parametrize("arch", ["mla", "gqa"])
+@pytest.mark.parametrize("confidence", [True, False])
+def test_tiny_rosters_load_cleanly(arch, confidence):
+    cfg = tiny_config(arch, confidence=confidence)
+    report = _load("k3" if arch == "mla" else "qwen3", cfg, tensor_roster(cfg, dtype="float32"))
+    assert report.problems == []
+
+
+def _broken(roster, drop=None, add=None, reshape=None, dtype=None):
+    out = [dict(t) for t in roster if t["name"] != drop]
+    for t in out:
+        if t["name"] == reshape:
+            t["shape"] = [t["shape"][0] + 1, *t["shape"][1:]]
+        if t["name"] == dtype:
+            t["dtype"] = "bfloat16"
+    return out + ([add] if add else [])
+
+
+@pytest.mark.parametrize(
+    ("engine", "change", "complaint"),
+    [
+        ("k3", dict(drop="layers.1.self_attn.kv_b_proj.weight"), "never filled"),
+        ("k3", dict(drop="layers.1.self_attn.kv_a_proj_with_mqa.weight"), "never filled"),
+        ("k3", dict(reshape="layers.0.mlp.up_proj.weight"), "shape"),
+        ("k3", dict(add={"name": "layers.0.self_attn.o_proj.bias", "shape": [64],
+                         "dtype": "bfloat16"}), "silently ignored"),
+        ("k3", dict(add={"name": "model.final_norm.weight", "shape": [64],
+                         "dtype": "bfloat16"}), "unknown"),
+        ("k3", dict(add={"name": "embed_tokens.weight", "shape": [97, 64],
+                         "dtype": "bfloat16"}), "dropped"),
+        ("k3", dict(dtype="confidence_head.proj.weight"), "float32"),
+        ("qwen3", dict(drop="layers.1.self_attn.v_proj.weight"), "never filled"),
+        ("qwen3", dict(drop="hidden_norm.weight"), "never filled"),
+        ("qwen3", dict(add={"name": "layers.0.self_attn.qkv_proj.weight", "shape": [128, 64],
+                            "dtype": "bfloat16"}), "no shard"),
+        ("qwen3", dict(add={"name": "lm_head.weight", "shape": [97, 64],
+                            "dtype": "bfloat16"}), "dropped"),
+    ],
+)
+def test_the_load_check_catches_broken_exports(engine, change, complaint):
+    cfg = tiny_config("mla" if engine == "k3" else "gqa")
+    report = _load(engine, cfg, _broken(tensor_roster(cfg), **change))
+    assert any(complaint in p for p in report.problems), report.problems
+
+
+def test_a_disabled_confidence_head_is_dropped_not_loaded():
+    cfg = tiny_config("gqa", confidence=False)
+    roster = tensor_roster(draft_config_from_recipe(
+        {**QWEN3_8B_DRAFT, "confidence_head": True}, QWEN3_8B_TARGET))
+    conf = [t for t in roster if t["name"].startswith("confidence_head.")]
+    shipped = tensor_roster(cfg) + conf  # a head the config does not enable
+    report = _load("qwen3", cfg, shipped)
+    assert any("dropped" in p for p in report.problems)
+
+
+def test_name_mapping_agrees_with_vllms_own_mappers():
+    """Cross-check the encoded loader rules against vLLM's mapper objects (when importable)."""
+    try:
+        from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+        from vllm.model_executor.models.utils import WeightsMapper
+        from vllm.models.kimi_k3.nvidia.dspark_mla import (
+            K3DSparkForCausalLM,
+            _duplicate_context_kv_weights,
+        )
+    except Exception as exc:  # vLLM's optional kernels may not import on every machine
+        pytest.skip(f"vLLM mappers not importable: {exc}")
+
+    cfg = draft_config_from_recipe(K3_DRAFT, K3_TARGET)
+    names = [t["name"] for t in tensor_roster(cfg)]
+    mapper = K3DSparkForCausalLM.hf_to_vllm_mapper | WeightsMapper(
+        orig_to_new_substr={"confidence_head": "confidence_head"})  # enable_confidence_head
+    fake = [(n, torch.empty(0)) for n in names]
+    real = []
+    for name, tensor in _duplicate_context_kv_weights(fake, cfg.num_hidden_layers):
+        mapped = mapper._map_name_with_shard(name)
+        shard = getattr(tensor, "shard_id", None) if mapped and mapped[1] is None else mapped[1]
+        real.append((mapped[0], shard) if mapped else (None, None))
+    ours = [(target, shard) for _, target, shard in k3_map(names, vllm_config_dict(cfg))]
+    assert ours == real
+
+    cfg = draft_config_from_recipe(QWEN3_8B_DRAFT, QWEN3_8B_TARGET)
+    names = [t["name"] for t in tensor_roster(cfg)]
+    drops = WeightsMapper(orig_to_new_substr={"mask_embedding": None, "embed_tokens": None,
+                                              "lm_head": None, "draft_id_to_target_id": None})
+    real = []
+    for name in names:
+        name = name if "lm_head" in name else "model." + name
+        name = drops._map_name(name)
+        inner, shard = DFlashQwen3Model.hf_to_vllm_mapper._map_name_with_shard(
+            name[len("model."):])
+        real.append(("model." + inner, shard))
+    ours = [(target, shard) for _, target, shard in qwen3_map(names, vllm_config_dict(cfg))]
+    assert ours == real
