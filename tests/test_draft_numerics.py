@@ -242,3 +242,19 @@ def test_bf16_agrees_within_rounding_budget(arch, num_layers):
         block = draft_block(model, cache, [slot], ids[0, a:a + 1], block_size=5)
         greedy = ref.step(aux[0, :a], int(ids[0, a]), 5, forced=block.tokens[0].tolist())
         _close(block.logits[0], torch.stack(greedy.logits), **tol)
+
+
+def test_draft_probs_and_per_request_temperatures():
+    model, _, _ = tiny_model("gqa", block_size=3)
+    aux, ids = tiny_sequence(8, batch=2)
+    cache = ContextCache(model)
+    slots = [cache.add_request(), cache.add_request()]
+    cache.extend({slots[0]: aux[0, :5], slots[1]: aux[1, :5]})
+    temps = torch.tensor([0.0, 1.0])
+    block = draft_block(model, cache, slots, ids[:, 5], temperature=temps,
+                        generator=torch.Generator().manual_seed(0))
+    greedy = draft_block(model, cache, slots[:1], ids[:1, 5])
+    assert block.tokens[0].tolist() == greedy.tokens[0].tolist()  # T=0 row stays greedy
+    probs = block.probs(temps)
+    assert torch.equal(probs[0], torch.nn.functional.one_hot(block.tokens[0], 97).float())
+    _close(probs[1], block.logits[1].softmax(-1))

@@ -159,3 +159,18 @@ def test_name_mapping_agrees_with_vllms_own_mappers():
         real.append(("model." + inner, shard))
     ours = [(target, shard) for _, target, shard in qwen3_map(names, vllm_config_dict(cfg))]
     assert ours == real
+
+
+def test_export_dry_run_plan_is_json_and_consistent():
+    import json
+
+    from dspark_cli.draft.roster import export_dry_run
+
+    plan = export_dry_run({**K3_DRAFT}, K3_TARGET)
+    assert json.loads(json.dumps(plan)) == plan
+    assert plan["architecture"] == "K3DSparkModel"
+    assert plan["num_tensors"] == len(plan["tensors"]) == 67
+    assert plan["config"]["target_layer_ids"] == [2, 23, 47, 71, 89]
+    fp32 = sum(t["shape"][0] * (t["shape"][1] if len(t["shape"]) > 1 else 1)
+               for t in plan["tensors"] if t["dtype"] == "float32")
+    assert plan["num_bytes"] == 2 * (plan["num_parameters"] - fp32) + 4 * fp32

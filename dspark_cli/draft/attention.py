@@ -13,8 +13,12 @@ Implementations (`attn_impl`):
           backward on CPU and GPU; the default, and the fastest on CPU for training
           (see benchmarks/results/draft_model.md).
 - "flex"  `flex_attention` (compiled) with a `BlockMask` built from the same rule; skips fully
-          masked key tiles, which matters on GPU where A * N and T are large. On CPU it has no
-          backward (PyTorch raises), so use it there only under `torch.no_grad()`.
+          masked key tiles, which matters on GPU where A * N and T are large (SDPA with an
+          arbitrary boolean mask may fall back to a kernel that reads every masked tile, or to
+          the math kernel that materialises B*H*Q*K scores).
+          Pad batches to a fixed T and A to avoid recompiles. On CPU it has no backward
+          (PyTorch raises), so use it there only under `torch.no_grad()`. Not run on a GPU in
+          this repository's CI: the CPU forward is tested against SDPA.
 - "eager" explicit fp32 `softmax(q k^T * scale) v`: slow, transparent, for debugging.
 - "auto"  "flex" on CUDA, "sdpa" elsewhere.
 
@@ -100,7 +104,7 @@ def _flex(q, k, v, block_mask, scale):
     if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         raise RuntimeError("attn_impl='flex' has no backward on CPU; use 'sdpa' for CPU training")
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        _compiled_flex = torch.compile(flex_attention)  # dynamic shapes after a recompile
     return _compiled_flex(
         q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )

@@ -251,7 +251,6 @@ def vllm_config_dict(cfg: DSparkDraftConfig, dtype: str = "bfloat16") -> dict[st
             "num_key_value_heads": cfg.num_attention_heads,
             **{f: getattr(cfg, f) for f in MLA_FIELDS},
             "n_routed_experts": 0, "n_shared_experts": 0, "num_experts_per_tok": 0,
-            "first_k_dense_replace": cfg.num_hidden_layers,
         }
     return {
         "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", **common,

@@ -177,8 +177,14 @@ def draft_block(
     temperature: float | torch.Tensor = 0.0,
     generator: torch.Generator | None = None,
     block_size: int | None = None,
+    attn_impl: str = "sdpa",
 ) -> DraftBlock:
-    """Draft N tokens for each request in `slots`; anchors [B] sit at position cache.length."""
+    """Draft N tokens for each request in `slots`; anchors [B] sit at position cache.length.
+
+    `attn_impl` defaults to "sdpa" whatever the model trains with: the context length changes
+    every step (flex would rebuild its BlockMask and recompile), and one block per request
+    has no empty tiles for flex to skip.
+    """
     n = block_size or model.config.block_size
     ctx, lengths = cache.gather(slots)
     device = lengths.device
@@ -189,7 +195,8 @@ def draft_block(
     block_ids[:, 0] = anchor_ids
     layout = BlockLayout(num_ctx=int(ctx[0][0].shape[1]), block_size=n,
                          ctx_limit=lengths.unsqueeze(-1))
-    hidden = model.backbone(model.embed(block_ids), positions, ctx, layout, absorbed=True)
+    hidden = model.backbone(model.embed(block_ids), positions, ctx, layout, absorbed=True,
+                            attn_impl=attn_impl)
     base = model.base_logits(hidden)  # [B, N, V]
     temp = _as_temperature(temperature, base)
 

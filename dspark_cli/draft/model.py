@@ -142,9 +142,10 @@ class DSparkDraftModel(nn.Module):
         return [layer.self_attn.context_kv(combined, cos, sin) for layer in self.layers]
 
     def backbone(self, block_embeds: torch.Tensor, positions: torch.Tensor, ctx: list[KV],
-                 layout: BlockLayout, *, absorbed: bool = False) -> torch.Tensor:
+                 layout: BlockLayout, *, absorbed: bool = False,
+                 attn_impl: str | None = None) -> torch.Tensor:
         """Block embeddings [B, Q, H] at positions [B, Q] -> final-normed hidden [B, Q, H]."""
-        impl = resolve_attn_impl(self.attn_impl, block_embeds.device)
+        impl = resolve_attn_impl(attn_impl or self.attn_impl, block_embeds.device)
         cos, sin = self.rope_angles(positions)
         hidden, residual = block_embeds, None
         for layer, layer_ctx in zip(self.layers, ctx, strict=True):
