@@ -177,3 +177,12 @@ def test_config_level_checks():
             DSparkDraftConfig(**{**base, **bad})
     with pytest.raises(DraftConfigError, match="did you mean 'num_key_value_heads'"):
         small(num_key_value_head=2)
+
+
+def test_importing_the_draft_package_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, dspark_cli.draft; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -258,3 +258,24 @@ def test_draft_probs_and_per_request_temperatures():
     probs = block.probs(temps)
     assert torch.equal(probs[0], torch.nn.functional.one_hot(block.tokens[0], 97).float())
     _close(probs[1], block.logits[1].softmax(-1))
+
+
+def test_draft_topk_keeps_only_the_base_top_k_candidates():
+    model, _, _ = tiny_model("mla", block_size=4)
+    aux, ids = tiny_sequence(8)
+    cache = ContextCache(model)
+    slot = cache.add_request()
+    cache.append(slot, aux[0, :6])
+    full = draft_block(model, cache, [slot], ids[0, 6:7])
+    top = draft_block(model, cache, [slot], ids[0, 6:7], draft_topk=5)
+    for i in range(4):
+        # with the same prefix the kept logits equal the full ones; the rest are -inf
+        if top.tokens[0, :i].tolist() != full.tokens[0, :i].tolist():
+            break
+        base_top = model.base_logits(top.hidden[0, i]).topk(5).indices
+        finite = torch.isfinite(top.logits[0, i]).nonzero().flatten()
+        assert sorted(finite.tolist()) == sorted(base_top.tolist())
+        _close(top.logits[0, i, finite], full.logits[0, i, finite])
+        assert int(top.tokens[0, i]) in base_top.tolist()
+    every = draft_block(model, cache, [slot], ids[0, 6:7], draft_topk=97)
+    assert every.tokens.tolist() == full.tokens.tolist()

@@ -178,8 +178,13 @@ def draft_block(
     generator: torch.Generator | None = None,
     block_size: int | None = None,
     attn_impl: str = "sdpa",
+    draft_topk: int | None = None,
 ) -> DraftBlock:
     """Draft N tokens for each request in `slots`; anchors [B] sit at position cache.length.
+
+    `temperature` 0 (or vLLM's `draft_sample_method: greedy`) drafts greedily. `draft_topk`
+    mirrors vLLM's `dspark_draft_topk`: each slot keeps only its top-k base-logit candidates
+    (chosen before the Markov bias) and every other logit is -inf.
 
     `attn_impl` defaults to "sdpa" whatever the model trains with: the context length changes
     every step (flex would rebuild its BlockMask and recompile), and one block per request
@@ -199,11 +204,17 @@ def draft_block(
                             attn_impl=attn_impl)
     base = model.base_logits(hidden)  # [B, N, V]
     temp = _as_temperature(temperature, base)
+    keep = None
+    if draft_topk is not None:
+        keep = torch.zeros_like(base, dtype=torch.bool).scatter_(
+            -1, base.topk(draft_topk, dim=-1).indices, True)
 
     prev, tokens, logits, embeds = anchor_ids, [], [], []
     for i in range(n):  # the sequential Markov stage
         embed = model.markov_head.embed(prev)
         logits_i = base[:, i] + model.markov_head.bias(embed)
+        if keep is not None:
+            logits_i = logits_i.masked_fill(~keep[:, i], float("-inf"))
         prev = sample_tokens(logits_i, temp, generator)
         tokens.append(prev)
         logits.append(logits_i)
