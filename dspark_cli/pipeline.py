@@ -46,7 +46,9 @@ def not_built(what: str, issue: int | None) -> NotBuiltError:
 
 
 def run_datagen(recipe: Recipe) -> dict[str, Any]:
-    raise not_built("`dspark datagen`", 5)
+    from dspark_cli.data.datagen import run_datagen as regenerate
+
+    return regenerate(recipe)
 
 
 def run_capture(recipe: Recipe) -> dict[str, Any]:

@@ -84,3 +84,47 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 
 def say(message: str, style: str | None = None) -> None:
     stdout.print(Text(message, style=style or ""))
+
+
+class progress_bar:  # noqa: N801 - used as a context manager like a function
+    """A rich progress bar on a TTY (items/s and tokens/s); plain log lines otherwise.
+
+        with progress_bar("datagen", unit="conversations") as update:
+            update(done, total, tokens=n)
+    """
+
+    def __init__(self, description: str, unit: str) -> None:
+        self.description, self.unit = description, unit
+        self._progress = None
+        self._task = None
+        self._last_line = 0.0
+
+    def __enter__(self):
+        import time
+
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._start = time.perf_counter()
+        if stdout.is_terminal:
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
+                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=stdout, transient=False,
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task(self.description, total=None, rate="")
+        return self.update
+
+    def update(self, done: int, total: int, tokens: int = 0) -> None:
+        import time
+
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        rate = f"{done / elapsed:.2f} {self.unit}/s, {tokens / elapsed:.0f} tokens/s"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, total=total, rate=rate)
+        elif time.perf_counter() - self._last_line > 5 or done == total:
+            self._last_line = time.perf_counter()
+            stdout.print(Text(f"{self.description}: {done}/{total} {self.unit} ({rate})"))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
