@@ -34,6 +34,8 @@ from dspark_cli.errors import UsageError
 ARCHS = ("mla", "gqa")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 GQA_FIELDS = ("num_key_value_heads", "head_dim")
+
+
 class DraftConfigError(UsageError, ValueError):
     """An invalid draft config field. A `ValueError` for library callers, a usage error for the CLI."""
 
