@@ -188,16 +188,48 @@ def export(
     dry_run: DryRunOpt = False,
     output_format: FormatOpt = "text",
 ) -> None:
-    """Write a vLLM-native draft directory (or, with --dry-run, list every tensor it would hold)."""
+    """Write a vLLM-native draft directory (or, with --dry-run, list every tensor it would hold).
+
+    `dspark export --recipe kimi-k3 --meta --dry-run --format json` lists the config.json and every
+    tensor (name, shape, dtype) of the draft a recipe describes, without weights or memory.
+    """
     from dspark_cli.pipeline import not_built
 
     _check_format(output_format)
     checkpoint, rest = _split_positional(checkpoint, overrides)
     if checkpoint is None and recipe is None and check is None:
         raise UsageError("export needs a CHECKPOINT, or --recipe with --meta --dry-run, or --check DIR")
-    if recipe is not None:
-        _load(recipe, rest, {"export.output_dir": output, "export.format": export_format})
-    raise not_built("`dspark export`", 8 if not meta else 4)
+    loaded = _load(recipe, rest, {"export.output_dir": output, "export.format": export_format}) if recipe else None
+    if meta:
+        if loaded is None or not dry_run:
+            raise UsageError("--meta builds the draft from a recipe without weights: use --recipe R --meta --dry-run")
+        _export_meta_dry_run(loaded, output_format)
+        return
+    raise not_built("`dspark export` of a trained checkpoint", 8)
+
+
+def _export_meta_dry_run(loaded, output_format: str) -> None:
+    from dspark_cli.draft.roster import export_dry_run
+    from dspark_cli.recipe.checks import target_config
+
+    if loaded.export.format != "vllm":
+        raise UsageError(f"--meta --dry-run lists the vllm format; export.format is {loaded.export.format}")
+    local = target_config(loaded)
+    config = None
+    if local is not None:
+        from transformers import AutoConfig
+
+        from dspark_cli.targets.registry import resolve_target
+
+        config = AutoConfig.from_pretrained(resolve_target(loaded.target.model))
+    plan = export_dry_run(loaded.draft.model_dump(), loaded.target.model_dump(), config, loaded.export.dtype)
+    if output_format == "json":
+        print_json(plan)
+        return
+    rows = [[t["name"], "x".join(map(str, t["shape"])), t["dtype"]] for t in plan["tensors"]]
+    print_table(f"{plan['architecture']}: model.safetensors (dry run, nothing written)", ["tensor", "shape", "dtype"], rows)
+    say(f"{plan['num_tensors']} tensors, {plan['num_parameters']:,} parameters, {plan['num_bytes'] / 2**30:.2f} GiB; "
+        "config.json: `--format json` prints it")
 
 
 @app.command()
