@@ -1,0 +1,96 @@
+"""The DSpark contract: what target, data, hidden states, draft and serving must agree on.
+
+A draft that breaks the contract still loads and runs -- it just never gets a token accepted --
+so every artifact records its part (in its manifest) and every stage checks it at the boundary:
+
+    contract = Contract.for_recipe(recipe, target_dir)        # what this run expects
+    contract.check_against(manifest["contract"], "runs/tiny/hidden")   # ContractError, one line
+
+Conventions (one everywhere, translated per engine in one place):
+- `target_layer_ids` are 0-based and mean *the output of decoder layer k*, i.e. transformers
+  `hidden_states[k+1]`. vLLM's aux-hidden-state ids are the same numbers + 1 (see `vllm_aux_layer_ids`).
+- the L1 target is the target's *post-final-norm* last hidden state (transformers 5.x
+  `hidden_states[-1]`; vLLM's capture gives the pre-norm state, to which capture applies the norm).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.errors import ContractError
+
+LAYER_CONVENTION = "output_of_layer_k == transformers hidden_states[k+1]"
+LAST_HIDDEN = "post_final_norm"
+
+
+def vllm_aux_layer_ids(target_layer_ids: list[int]) -> list[int]:
+    """vLLM numbers aux hidden states by the layer *input* they are read at: our id + 1."""
+    return [i + 1 for i in target_layer_ids]
+
+
+def config_sha256(target_dir: str | Path | None) -> str | None:
+    """Fingerprint of a local target's config.json (None for a hub id not on disk)."""
+    if target_dir is None:
+        return None
+    path = Path(target_dir) / "config.json"
+    if not path.is_file():
+        return None
+    canonical = json.dumps(json.loads(path.read_text(encoding="utf-8")), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What every artifact of one DSpark run must agree on. Fields left None are not checked."""
+
+    target: str  # recipe target.model (bundled name, path or hub id)
+    target_config_sha256: str | None
+    target_layer_ids: tuple[int, ...]
+    layer_convention: str = LAYER_CONVENTION
+    last_hidden: str = LAST_HIDDEN
+    chat_template_sha256: str | None = None
+    mask_token_id: int | None = None
+    block_size: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. {"aux_attn_res_stream": false} for K3
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["target_layer_ids"] = list(self.target_layer_ids)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Contract:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["target_layer_ids"] = tuple(known.get("target_layer_ids", ()))
+        return cls(**known)
+
+    def differences(self, other: Contract) -> list[str]:
+        """`field: ours vs theirs` for every field both sides set and disagree on."""
+        diffs = []
+        mine, theirs = self.to_dict(), other.to_dict()
+        for key, value in mine.items():
+            if key == "extra":
+                for name, sub in value.items():
+                    if name in theirs["extra"] and theirs["extra"][name] != sub:
+                        diffs.append(f"{name}: {sub!r} here vs {theirs['extra'][name]!r}")
+                continue
+            if value is None or theirs.get(key) is None or key == "target":
+                continue
+            if value != theirs[key]:
+                diffs.append(f"{key}: {value!r} here vs {theirs[key]!r}")
+        return diffs
+
+    def check_against(self, found: dict[str, Any] | Contract, where: str) -> None:
+        """Raise ContractError (one line) when the artifact at `where` was made under another contract."""
+        other = found if isinstance(found, Contract) else Contract.from_dict(found)
+        diffs = self.differences(other)
+        if diffs:
+            more = f" (+{len(diffs) - 1} more)" if len(diffs) > 1 else ""
+            raise ContractError(
+                f"{where} was made under a different contract: {diffs[0]}{more}",
+                "use the recipe it was made with, or regenerate it with this one",
+            )
