@@ -1,0 +1,111 @@
+"""Where an export reads a trained draft from, and how a draft directory is read back.
+
+Accepted inputs (`dspark export CHECKPOINT`):
+- a training output directory (`runs/tiny/train`): its consolidated `final/` is used, and its
+  `manifest.json` supplies the contract and the training summary;
+- a directory holding `model.safetensors` + `config.json` (a `final/` dir, or an exported draft).
+
+    draft = load_draft_dir("runs/tiny/train")       # -> LoadedDraft(config, state_dict, manifest)
+    model = build_model(draft.config, draft.state_dict)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.errors import DataError, UsageError
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+@dataclass
+class LoadedDraft:
+    source: Path
+    config: Any  # DSparkDraftConfig
+    state_dict: dict[str, Any]  # name -> torch.Tensor (as stored)
+    train_manifest: dict[str, Any] = field(default_factory=dict)
+
+
+def draft_config_from_vllm_dict(data: dict[str, Any]) -> Any:
+    """The inverse of `vllm_config_dict`: a DSparkDraftConfig from an exported config.json."""
+    from dspark_cli.draft.config import DSparkDraftConfig
+
+    architectures = data.get("architectures") or []
+    if "K3DSparkModel" in architectures:
+        arch = "mla"
+    elif "Qwen3DSparkModel" in architectures:
+        arch = "gqa"
+    else:
+        raise UsageError(f"config.json architectures {architectures} is not a DSpark draft",
+                         "expected K3DSparkModel (MLA) or Qwen3DSparkModel (GQA)")
+    keep = dict(data)
+    for key in ("architectures", "model_type", "torch_dtype", "dtype", "n_routed_experts", "n_shared_experts",
+                "num_experts_per_tok", "attention_bias", "use_sliding_window", "sliding_window", "layer_types",
+                "transformers_version", "rope_theta"):
+        keep.pop(key, None)
+    if arch == "mla":
+        keep.pop("num_key_value_heads", None)
+        keep.pop("head_dim", None)
+    return DSparkDraftConfig(arch=arch, **keep)
+
+
+def _resolve(path: Path) -> tuple[Path, dict[str, Any]]:
+    """(directory with weights + config, training manifest or {})."""
+    manifest: dict[str, Any] = {}
+    if (path / "manifest.json").is_file():
+        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    if (path / "final" / WEIGHTS).is_file():
+        return path / "final", manifest
+    if (path / WEIGHTS).is_file():
+        parent = path.parent / "manifest.json"
+        if not manifest and parent.is_file():
+            manifest = json.loads(parent.read_text(encoding="utf-8"))
+        return path, manifest
+    if (path / "checkpoints").is_dir():
+        raise UsageError(f"{path} has checkpoints but no consolidated final/ draft (training did not finish)",
+                         "finish it with `dspark train --resume auto`, then export")
+    raise UsageError(f"{path}: no {WEIGHTS} here or in final/", "pass a training output dir or a draft dir")
+
+
+def load_draft_dir(path: str | Path) -> LoadedDraft:
+    """Read config + weights of a trained or exported draft (any dtype; nothing is cast here)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    source = Path(path)
+    if not source.exists():
+        raise UsageError(f"checkpoint not found: {source}", "pass the training output directory (e.g. runs/NAME/train)")
+    directory, manifest = _resolve(source)
+    config_file = directory / CONFIG
+    if not config_file.is_file():
+        raise DataError(f"{directory}: {CONFIG} missing next to {WEIGHTS}")
+    try:
+        config = draft_config_from_vllm_dict(json.loads(config_file.read_text(encoding="utf-8")))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{config_file}: invalid JSON ({exc.msg})") from None
+    try:
+        state_dict = load_file(str(directory / WEIGHTS))
+    except (SafetensorError, OSError) as exc:
+        raise DataError(f"{directory / WEIGHTS}: unreadable ({exc})", "re-export or re-train") from None
+    return LoadedDraft(directory, config, state_dict, manifest)
+
+
+def build_model(config: Any, state_dict: dict[str, Any], dtype: Any = None) -> Any:
+    """A DSparkDraftModel holding `state_dict` (strict: every name must match)."""
+    import torch
+
+    from dspark_cli.draft.model import DSparkDraftModel
+
+    with torch.device("meta"):
+        model = DSparkDraftModel(config)
+    # clone(): tensors read by safetensors may sit at unaligned addresses, and CPU matmul kernels then
+    # take other code paths whose rounding differs in the last bit; owned copies make loads bitwise stable.
+    own = {k: v.clone() for k, v in state_dict.items() if not k.endswith(("embed_tokens.weight", "lm_head.weight"))}
+    model.load_state_dict(own, strict=True, assign=True)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model

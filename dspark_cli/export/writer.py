@@ -1,0 +1,189 @@
+"""`dspark export`: a trained draft -> a vLLM-native draft directory, validated before it appears.
+
+    dspark export runs/tiny/train -o runs/tiny/draft            # config.json, model.safetensors, manifest
+    dspark export runs/tiny/train --dry-run --format json       # the file and tensor table, nothing written
+    dspark export --check runs/tiny/draft --target tiny-mla     # only the static checks
+
+MLA drafts become vLLM `K3DSparkModel` directories (`model_type: k3_dspark`), GQA drafts
+`Qwen3DSparkModel` ones: vLLM 0.33 loads that class natively for Qwen3-style DSpark drafts and it
+keeps every DSpark field at the top level of config.json, where our conventions (0-based output-of-
+layer ids, `mask_token_id`) mean exactly what vLLM reads (the DeepSpec-style `dflash_config` form is
+converted by vLLM and adds a second place for the same numbers). The target's embed_tokens and
+lm_head are not written unless `--include-embeddings`. Everything is written into a temporary
+directory, checked with every rule in `rules.py`, and renamed into place only when clean.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dspark_cli import __version__
+from dspark_cli.errors import DsparkError, NotBuiltError, UsageError
+from dspark_cli.export.rules import FP32_TENSORS, Finding, check_against_target, check_draft_dir, num_bytes
+from dspark_cli.export.source import LoadedDraft, load_draft_dir
+from dspark_cli.manifest import sha256_file, write_json_atomic
+
+MANIFEST = "dspark_manifest.json"
+log = logging.getLogger(__name__)
+
+
+class ExportError(DsparkError):
+    """The export breaks a vLLM loader rule. `findings` has every line."""
+
+    def __init__(self, findings: list[Finding], where: str) -> None:
+        self.findings = findings
+        errors = [f for f in findings if f.severity == "error"]
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        super().__init__(f"{where}: {errors[0].line()}{more}", "`dspark export --check DIR` lists every finding")
+
+
+def _target_config(target: str | None) -> dict[str, Any] | None:
+    if target is None:
+        return None
+    from dspark_cli.targets.registry import resolve_target
+
+    directory = resolve_target(target)
+    if directory is None or not (Path(directory) / "config.json").is_file():
+        return None
+    return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+
+
+def _target_embeddings(target: str) -> dict[str, Any]:
+    """The target's embed_tokens / lm_head weights, read from its safetensors files only."""
+    from safetensors import safe_open
+
+    from dspark_cli.targets.registry import resolve_target
+
+    directory = resolve_target(target)
+    if directory is None:
+        raise UsageError(f"--include-embeddings needs the target on disk; {target} is a hub id", "download it first")
+    found: dict[str, Any] = {}
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                if key.endswith("embed_tokens.weight") and "embed_tokens.weight" not in found:
+                    found["embed_tokens.weight"] = handle.get_tensor(key)
+                elif key.endswith("lm_head.weight"):
+                    found["lm_head.weight"] = handle.get_tensor(key)
+    if "lm_head.weight" not in found and "embed_tokens.weight" in found:
+        found["lm_head.weight"] = found["embed_tokens.weight"]  # tied embeddings
+    if len(found) != 2:
+        raise UsageError(f"{directory}: embed_tokens / lm_head weights not found in its safetensors files")
+    return found
+
+
+def export_tensors(draft: LoadedDraft, dtype: str, embeddings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The tensors to write: the draft's state dict in `dtype`, the confidence head in float32."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    out = {}
+    for name, tensor in draft.state_dict.items():
+        want = torch.float32 if name.startswith(FP32_TENSORS) else torch_dtype
+        out[name] = tensor.to(want).contiguous()
+    for name, tensor in (embeddings or {}).items():
+        out[name] = tensor.to(torch_dtype).contiguous()
+    return out
+
+
+def plan_export(draft: LoadedDraft, dtype: str, tensors: dict[str, Any]) -> dict[str, Any]:
+    from dspark_cli.draft.config import vllm_config_dict
+
+    table = {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in tensors.items()}
+    config = vllm_config_dict(draft.config, dtype)
+    return {
+        "source": str(draft.source),
+        "architecture": config["architectures"][0],
+        "files": ["config.json", "model.safetensors", MANIFEST],
+        "config": config,
+        "num_tensors": len(table),
+        "num_bytes": num_bytes(table),
+        "tensors": [{"name": n, "shape": list(s), "dtype": d} for n, (s, d) in table.items()],
+    }
+
+
+def _manifest(draft: LoadedDraft, plan: dict[str, Any], recipe: Any, include_embeddings: bool,
+              directory: Path) -> dict[str, Any]:
+    train = draft.train_manifest
+    contract = train.get("contract", {})
+    config = plan["config"]
+    serving = {"method": "dspark", "num_speculative_tokens": config.get("block_size")}
+    if recipe is not None:
+        serving.update({"chat_template_kwargs": recipe.target.chat_template_kwargs,
+                        "attention_backend": recipe.serve.attention_backend,
+                        "draft_sample_method": recipe.serve.draft_sample_method,
+                        "rejection_sample_method": recipe.serve.rejection_sample_method})
+    aux_stream = (contract.get("extra") or {}).get("aux_attn_res_stream")
+    if aux_stream is None and recipe is not None:
+        aux_stream = recipe.capture.aux_attn_res_stream
+    if aux_stream is not None:
+        serving["env"] = {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": "1" if aux_stream else "0"}
+    return {
+        "kind": "dspark.draft", "format_version": 1, "dspark": __version__, "format": "vllm",
+        "architecture": plan["architecture"], "dtype": config.get("torch_dtype"),
+        "include_embeddings": include_embeddings,
+        "contract": contract, "serving": serving,
+        "training": train.get("summary", {}),
+        "recipe": recipe.model_dump(mode="json") if recipe is not None else train.get("recipe"),
+        "files": {name: sha256_file(directory / name) for name in ("config.json", "model.safetensors")},
+    }
+
+
+def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recipe: Any = None, dtype: str = "bfloat16",
+                 fmt: str = "vllm", include_embeddings: bool = False, target: str | None = None,
+                 dry_run: bool = False, force: bool = False) -> dict[str, Any]:
+    """Export; return the plan (dry run) or a summary. Raises ExportError listing vLLM loader findings."""
+    from safetensors.torch import save_file
+
+    if fmt != "vllm":
+        raise NotBuiltError(f"export format {fmt!r} is not built yet", "use the default format vllm")
+    draft = load_draft_dir(checkpoint)
+    explicit = target is not None
+    target = target or (recipe.target.model if recipe is not None else draft.train_manifest.get("contract", {}).get("target"))
+    embeddings = _target_embeddings(target) if include_embeddings and target else None
+    if include_embeddings and embeddings is None:
+        raise UsageError("--include-embeddings needs to know the target", "pass --target or --recipe")
+    tensors = export_tensors(draft, dtype, embeddings)
+    plan = plan_export(draft, dtype, tensors)
+    try:
+        target_config = _target_config(target)
+    except UsageError:
+        if explicit:
+            raise
+        target_config = None  # the training run's target is not on this machine: checks against it are skipped
+        log.warning("target %s of %s is not available here; skipping the checks against the target", target, checkpoint)
+    if dry_run:
+        plan["findings"] = [f.line() for f in check_against_target(plan["config"], target_config or {})]
+        return plan
+    if output_dir is None:
+        raise UsageError("export needs an output directory", "pass -o DIR (or --recipe for export.output_dir)")
+    final = Path(output_dir)
+    if final.exists() and not force:
+        raise UsageError(f"{final} already exists", "pass --force to replace it, or -o another directory")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(plan["config"], indent=2) + "\n", encoding="utf-8")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "dspark": __version__})
+        findings = check_draft_dir(tmp, target_config, include_embeddings)
+        if any(f.severity == "error" for f in findings):
+            raise ExportError(findings, str(final))
+        write_json_atomic(tmp / MANIFEST, _manifest(draft, plan, recipe, include_embeddings, tmp))
+        if recipe is not None:
+            from dspark_cli.recipe import write_resolved
+
+            write_resolved(recipe, tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"output_dir": str(final), "architecture": plan["architecture"], "num_tensors": plan["num_tensors"],
+            "num_bytes": plan["num_bytes"], "warnings": [f.line() for f in findings if f.severity != "error"]}

