@@ -184,7 +184,12 @@ def export(
     export_format: Annotated[str | None, typer.Option("--export-format", help="Sets export.format: `vllm` or `speculators`.")] = None,
     meta: Annotated[bool, typer.Option("--meta", help="Build the draft on the meta device (no weights, no memory).")] = False,
     check: Annotated[str | None, typer.Option("--check", help="Only validate an existing draft directory.")] = None,
-    target: Annotated[str | None, typer.Option("--target", help="Target to check the draft against (with --check).")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Target to check the draft against (name or path).")] = None,
+    dtype: Annotated[str | None, typer.Option(help="Sets export.dtype: bfloat16, float32 or float16.")] = None,
+    include_embeddings: Annotated[
+        bool, typer.Option("--include-embeddings", help="Also write the target's embed_tokens/lm_head.")
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
     dry_run: DryRunOpt = False,
     output_format: FormatOpt = "text",
 ) -> None:
@@ -197,15 +202,72 @@ def export(
 
     _check_format(output_format)
     checkpoint, rest = _split_positional(checkpoint, overrides)
-    if checkpoint is None and recipe is None and check is None:
+    if check is not None:
+        _export_check(check, target, output_format)
+        return
+    if checkpoint is None and recipe is None:
         raise UsageError("export needs a CHECKPOINT, or --recipe with --meta --dry-run, or --check DIR")
-    loaded = _load(recipe, rest, {"export.output_dir": output, "export.format": export_format}) if recipe else None
+    flags = {"export.output_dir": output, "export.format": export_format, "export.dtype": dtype,
+             "export.include_embeddings": include_embeddings or None}
+    if recipe is None and checkpoint is not None and (Path(checkpoint) / "recipe.yaml").is_file():
+        recipe = str(Path(checkpoint) / "recipe.yaml")  # the resolved recipe training wrote
+    loaded = _load(recipe, rest, flags) if recipe else None
     if meta:
         if loaded is None or not dry_run:
             raise UsageError("--meta builds the draft from a recipe without weights: use --recipe R --meta --dry-run")
         _export_meta_dry_run(loaded, output_format)
         return
-    raise not_built("`dspark export` of a trained checkpoint", 8)
+    if checkpoint is None:
+        raise UsageError("export needs a CHECKPOINT (a training output directory) unless --meta --dry-run")
+    _export_checkpoint(checkpoint, loaded, output, dtype, export_format, include_embeddings, target, force,
+                       dry_run, output_format)
+
+
+def _export_checkpoint(checkpoint, loaded, output, dtype, export_format, include_embeddings, target, force,
+                       dry_run, output_format) -> None:
+    from dspark_cli.export.writer import export_draft
+
+    if loaded is not None:
+        output = output or loaded.stage_dir("export")
+        dtype, export_format = loaded.export.dtype, loaded.export.format
+        include_embeddings = loaded.export.include_embeddings
+    result = export_draft(checkpoint, output, recipe=loaded, dtype=dtype or "bfloat16", fmt=export_format or "vllm",
+                          include_embeddings=include_embeddings, target=target, dry_run=dry_run, force=force)
+    if output_format == "json":
+        print_json(result)
+        return
+    if dry_run:
+        rows = [[t["name"], "x".join(map(str, t["shape"])), t["dtype"]] for t in result["tensors"]]
+        print_table(f"{result['architecture']} from {result['source']} (dry run, nothing written)",
+                    ["tensor", "shape", "dtype"], rows)
+        say(f"files: {', '.join(result['files'])}; {result['num_tensors']} tensors, {result['num_bytes']:,} bytes")
+        for line in result["findings"]:
+            say(f"finding: {line}", style="red")
+        return
+    for line in result["warnings"]:
+        say(f"warning: {line}", style="yellow")
+    say(f"exported {result['architecture']} ({result['num_tensors']} tensors, {result['num_bytes']:,} bytes) "
+        f"-> {result['output_dir']}; checked against vLLM 0.33's loader rules", style="green")
+
+
+def _export_check(directory: str, target: str | None, output_format: str) -> None:
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.export.rules import check_draft_dir
+    from dspark_cli.export.writer import _target_config
+
+    if not Path(directory).is_dir():
+        raise UsageError(f"draft directory not found: {directory}")
+    findings = check_draft_dir(directory, _target_config(target))
+    if output_format == "json":
+        print_json([{"key": f.key, "message": f.message, "fix": f.fix, "severity": f.severity} for f in findings])
+    else:
+        for finding in findings:
+            say(f"{finding.severity}: {finding.line()}", style="red" if finding.severity == "error" else "yellow")
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        raise DsparkError(f"{directory}: {len(errors)} problem(s) vLLM 0.33 would trip on", "see the lines above")
+    if output_format != "json":
+        say(f"{directory}: ok for vLLM 0.33 ({len(findings)} warning(s))", style="green")
 
 
 def _export_meta_dry_run(loaded, output_format: str) -> None:

@@ -60,7 +60,11 @@ def run_train(recipe: Recipe) -> dict[str, Any]:
 
 
 def run_export(recipe: Recipe) -> dict[str, Any]:
-    raise not_built("`dspark export`", 8)
+    from dspark_cli.export.writer import export_draft
+
+    return export_draft(recipe.stage_dir("train"), recipe.stage_dir("export"), recipe=recipe,
+                        dtype=recipe.export.dtype, fmt=recipe.export.format,
+                        include_embeddings=recipe.export.include_embeddings, force=True)
 
 
 def run_bench(recipe: Recipe) -> dict[str, Any]:
