@@ -1,0 +1,41 @@
+"""Hidden-state capture: the target's layer outputs and post-norm last state, per datagen sample.
+
+    from dspark_cli.capture import plan_capture, run_capture, iter_captured
+    plan_capture(recipe)                                  # sizes, no model load (`dspark train --dry-run`)
+    run_capture(recipe)                                   # offline shards + manifest, resumable
+    for seq in iter_captured(recipe.stage_dir("capture"), expect=contract_for_recipe(recipe)): ...
+
+    python -m dspark_cli.capture.online RECIPE QUEUE_DIR  # online producer; the trainer runs iter_queue
+
+Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `hf.py` (transformers hooks),
+`vllm.py` (GPU engine arguments and post-processing), `shards.py` (safetensors format, reader),
+`queue.py` (bounded online queue), `run.py` (orchestration), `online.py` (producer entry point),
+`types.py` (`CapturedSequence`). Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {
+    "plan_capture": "dspark_cli.capture.plan",
+    "contract_for_recipe": "dspark_cli.capture.plan",
+    "build_plan": "dspark_cli.capture.plan",
+    "run_capture": "dspark_cli.capture.run",
+    "iter_captured": "dspark_cli.capture.shards",
+    "verify_captured": "dspark_cli.capture.shards",
+    "OnlineQueue": "dspark_cli.capture.queue",
+    "iter_queue": "dspark_cli.capture.queue",
+    "produce_online": "dspark_cli.capture.online",
+    "CapturedSequence": "dspark_cli.capture.types",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dspark_cli.capture' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,0 +1,274 @@
+"""What capture will do, decided before any model is loaded: target geometry, layer ids, contract, shards.
+
+    from dspark_cli.capture import plan_capture
+    plan_capture(load_recipe("tiny"))     # sequences, tokens, bytes/token, offline cache size, output dir
+
+Only the standard library (and the recipe / contract modules) is imported here, so `dspark train
+--dry-run` can print the plan without torch. The plan reads the finished datagen output (JSONL) to
+count tokens; the shard split it makes is deterministic, which is what makes capture resumable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.contract import Contract, config_sha256, vllm_aux_layer_ids
+from dspark_cli.errors import ContractError, DataError, UsageError
+from dspark_cli.recipe import Recipe
+
+# How many target layers feed the draft when the recipe does not list them (Kimi-K3-DSpark reads 5).
+DEFAULT_NUM_TARGET_LAYERS = 5
+# Bytes per captured token besides the hidden states: input id (int32) + loss mask (bool).
+ID_BYTES, MASK_BYTES, HIDDEN_BYTES = 4, 1, 2
+SEQ_LEN_BYTES = 4  # one int32 length per sequence
+
+
+@dataclass(frozen=True)
+class TargetGeometry:
+    """What capture needs to know about the target, read from its config.json (or the recipe)."""
+
+    location: str  # local directory, or a hub id
+    model_type: str | None
+    num_hidden_layers: int
+    hidden_size: int
+    rms_norm_eps: float | None
+    config_sha256: str | None
+
+    @property
+    def is_kimi_k3(self) -> bool:
+        name = f"{self.model_type or ''} {self.location}".lower().replace("_", "-")
+        return "kimi-k3" in name
+
+
+def target_geometry(recipe: Recipe) -> TargetGeometry:
+    """Depth and width of the target from its local config.json, else from the recipe's declared values."""
+    from dspark_cli.targets.registry import resolve_target
+
+    local = resolve_target(recipe.target.model)
+    config: dict[str, Any] = {}
+    if local is not None and (Path(local) / "config.json").is_file():
+        raw = json.loads((Path(local) / "config.json").read_text(encoding="utf-8"))
+        config = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
+        config.setdefault("model_type", raw.get("model_type"))
+    depth = config.get("num_hidden_layers", recipe.target.num_hidden_layers)
+    width = config.get("hidden_size", recipe.target.hidden_size)
+    if depth is None or width is None:
+        raise UsageError(f"target {recipe.target.model}: depth and hidden size unknown (not a local model directory)",
+                         "download it to a directory, or declare target.num_hidden_layers and target.hidden_size")
+    for name, declared, found in (("num_hidden_layers", recipe.target.num_hidden_layers, depth),
+                                  ("hidden_size", recipe.target.hidden_size, width)):
+        if declared is not None and declared != found:
+            raise ContractError(f"target.{name}: the recipe declares {declared}, the target's config.json has {found}",
+                                f"remove target.{name} or fix it")
+    return TargetGeometry(
+        location=str(local) if local is not None else recipe.target.model,
+        model_type=config.get("model_type"),
+        num_hidden_layers=int(depth),
+        hidden_size=int(width),
+        rms_norm_eps=config.get("rms_norm_eps"),
+        config_sha256=config_sha256(local),
+    )
+
+
+def resolve_layer_ids(recipe: Recipe, num_hidden_layers: int) -> list[int]:
+    """`draft.target_layer_ids`, or the default spread; one-line ContractError when beyond the target."""
+    ids = recipe.draft.target_layer_ids
+    if ids is None:
+        from dspark_cli.draft.build import spread_layer_ids
+
+        return spread_layer_ids(num_hidden_layers, min(DEFAULT_NUM_TARGET_LAYERS, num_hidden_layers))
+    if not ids or sorted(set(ids)) != list(ids) or ids[0] < 0:
+        raise UsageError(f"draft.target_layer_ids: must be unique, increasing and >= 0, got {ids}",
+                         "list 0-based target layers, e.g. [1, 9, 17, 25, 33]")
+    if ids[-1] >= num_hidden_layers:
+        raise ContractError(
+            f"draft.target_layer_ids: layer {ids[-1]} is beyond the target's {num_hidden_layers} layers "
+            f"(0-based: 0..{num_hidden_layers - 1}; output of layer k = transformers hidden_states[k+1])",
+            "use ids below the target's depth, or remove the field for the default spread",
+        )
+    return list(ids)
+
+
+def datagen_manifest(recipe: Recipe) -> dict[str, Any] | None:
+    """The manifest of the recipe's finished datagen output, or None when there is none yet."""
+    path = Path(recipe.stage_dir("datagen")) / "manifest.json"
+    if not path.is_file():
+        return None
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if manifest.get("kind") != "dspark.datagen" or not manifest.get("complete"):
+        return None
+    return manifest
+
+
+def contract_for_recipe(recipe: Recipe, *, geometry: TargetGeometry | None = None,
+                        datagen: dict[str, Any] | None = None) -> Contract:
+    """The contract captured hidden states of this recipe must carry (what `iter_captured(expect=...)` checks)."""
+    geometry = geometry or target_geometry(recipe)
+    datagen = datagen if datagen is not None else datagen_manifest(recipe)
+    extra: dict[str, Any] = {}
+    if geometry.is_kimi_k3:
+        extra["aux_attn_res_stream"] = recipe.capture.aux_attn_res_stream
+    return Contract(
+        target=recipe.target.model,
+        target_config_sha256=geometry.config_sha256,
+        target_layer_ids=tuple(resolve_layer_ids(recipe, geometry.num_hidden_layers)),
+        chat_template_sha256=(datagen or {}).get("chat_template_sha256"),
+        extra=extra,
+    )
+
+
+def shard_tensor_bytes(tokens: int, loss_tokens: int, sequences: int, num_layers: int, hidden: int) -> int:
+    """Exact tensor bytes of a shard: aux states, post-norm states of loss tokens, ids, masks, lengths."""
+    hidden_bytes = HIDDEN_BYTES * hidden * (num_layers * tokens + loss_tokens)
+    return hidden_bytes + (ID_BYTES + MASK_BYTES) * tokens + SEQ_LEN_BYTES * sequences
+
+
+def goal_bytes_per_token(num_layers: int, hidden: int) -> int:
+    """The issue's budget: bf16 for (n_layers + 1) states per token, plus id and mask."""
+    return HIDDEN_BYTES * (num_layers + 1) * hidden + ID_BYTES + MASK_BYTES
+
+
+@dataclass
+class ShardPlan:
+    index: int
+    ids: list[str] = field(default_factory=list)
+    tokens: int = 0
+    loss_tokens: int = 0
+
+
+@dataclass
+class CapturePlan:
+    recipe: Recipe
+    geometry: TargetGeometry
+    layer_ids: list[int]
+    contract: Contract
+    datagen_dir: Path
+    datagen: dict[str, Any]
+    shards: list[ShardPlan]
+    truncated: int
+    skipped_no_loss: int
+    fingerprint: str
+
+    @property
+    def num_sequences(self) -> int:
+        return sum(len(s.ids) for s in self.shards)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(s.loss_tokens for s in self.shards)
+
+    def shard_bytes(self, shard: ShardPlan) -> int:
+        return shard_tensor_bytes(shard.tokens, shard.loss_tokens, len(shard.ids), len(self.layer_ids),
+                                  self.geometry.hidden_size)
+
+    def samples(self) -> Iterator[tuple[int, str, list[int], list[int]]]:
+        """(shard index, sequence id, input ids, loss mask) in plan order, streamed from the datagen shards."""
+        from dspark_cli.data.datagen import iter_records
+
+        owner = {seq_id: shard.index for shard in self.shards for seq_id in shard.ids}
+        limit = self.recipe.capture.max_seq_len
+        for record in iter_records(self.datagen_dir):
+            for number, sample in enumerate(record["samples"]):
+                seq_id = f"{record['id']}/{number}"
+                if seq_id in owner:
+                    yield owner[seq_id], seq_id, sample["input_ids"][:limit], sample["loss_mask"][:limit]
+
+
+def build_plan(recipe: Recipe) -> CapturePlan:
+    """Read the finished datagen output and split its samples into shards of ~`capture.shard_tokens` tokens."""
+    from dspark_cli.data.datagen import iter_records
+
+    datagen_dir = Path(recipe.stage_dir("datagen"))
+    datagen = datagen_manifest(recipe)
+    if datagen is None:
+        raise UsageError(f"{datagen_dir}: no finished datagen output to capture from",
+                         "run `dspark datagen RECIPE` first (capture reads its conversations)")
+    geometry = target_geometry(recipe)
+    contract = contract_for_recipe(recipe, geometry=geometry, datagen=datagen)
+    layer_ids = list(contract.target_layer_ids)
+    capture = recipe.capture
+    if capture.backend == "hf" and geometry.is_kimi_k3 and capture.aux_attn_res_stream:
+        raise UsageError("capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's attention-residual "
+                         "stream", "set capture.backend=vllm, or aux_attn_res_stream=false (and serve with the same)")
+    shards: list[ShardPlan] = []
+    current = ShardPlan(0)
+    truncated = skipped = 0
+    for record in iter_records(datagen_dir):
+        for number, sample in enumerate(record["samples"]):
+            ids, mask = sample["input_ids"], sample["loss_mask"]
+            if len(ids) != len(mask):
+                raise DataError(f"{datagen_dir}: record {record['id']} sample {number} has {len(ids)} ids "
+                                f"but {len(mask)} mask entries", "re-run `dspark datagen`")
+            if len(ids) > capture.max_seq_len:
+                truncated += 1
+                ids, mask = ids[: capture.max_seq_len], mask[: capture.max_seq_len]
+            loss = sum(1 for m in mask if m)
+            if loss == 0:
+                skipped += 1  # nothing to learn from: no assistant token survives truncation
+                continue
+            if current.ids and current.tokens + len(ids) > capture.shard_tokens:
+                shards.append(current)
+                current = ShardPlan(len(shards))
+            current.ids.append(f"{record['id']}/{number}")
+            current.tokens += len(ids)
+            current.loss_tokens += loss
+    if current.ids:
+        shards.append(current)
+    if not shards:
+        raise UsageError(f"{datagen_dir}: no sample has a loss-masked token", "check datagen output and capture.max_seq_len")
+    blob = json.dumps({
+        "datagen": datagen.get("fingerprint"), "datagen_shards": [s["sha256"] for s in datagen["shards"]],
+        "contract": contract.to_dict(), "max_seq_len": capture.max_seq_len, "shard_tokens": capture.shard_tokens,
+        "backend": capture.backend, "dtype": recipe.target.dtype, "format": 1,
+    }, sort_keys=True)
+    return CapturePlan(recipe, geometry, layer_ids, contract, datagen_dir, datagen, shards, truncated, skipped,
+                       hashlib.sha256(blob.encode()).hexdigest())
+
+
+def plan_capture(recipe: Recipe) -> dict[str, Any]:
+    """The plan as a dict (no model is loaded): sizes of the offline cache and of the online queue."""
+    geometry = target_geometry(recipe)
+    layer_ids = resolve_layer_ids(recipe, geometry.num_hidden_layers)
+    n, hidden = len(layer_ids), geometry.hidden_size
+    out = {
+        "output_dir": recipe.stage_dir("capture"), "datagen_dir": recipe.stage_dir("datagen"),
+        "backend": recipe.capture.backend, "mode": recipe.capture.mode, "target": geometry.location,
+        "num_hidden_layers": geometry.num_hidden_layers, "hidden_size": hidden, "target_layer_ids": layer_ids,
+        "goal_bytes_per_token": goal_bytes_per_token(n, hidden),
+    }
+    if recipe.capture.backend == "vllm":
+        from dspark_cli.capture.vllm import vllm_layout
+
+        out["vllm_aux_layer_ids"] = vllm_layout(layer_ids, geometry.num_hidden_layers).aux_ids
+    if datagen_manifest(recipe) is None:
+        out.update({"datagen_ready": False, "sequences": None, "tokens": None, "total_bytes": None,
+                    "note": "run `dspark datagen` first; sizes are known once its conversations exist"})
+        return out
+    plan = build_plan(recipe)
+    total = sum(plan.shard_bytes(s) for s in plan.shards)
+    biggest = max(plan.shard_bytes(s) for s in plan.shards)
+    out.update({
+        "datagen_ready": True, "sequences": plan.num_sequences, "tokens": plan.num_tokens,
+        "loss_tokens": plan.num_loss_tokens, "truncated": plan.truncated, "skipped_no_loss": plan.skipped_no_loss,
+        "shards": len(plan.shards), "bytes_per_token": round(total / plan.num_tokens, 2), "total_bytes": total,
+        "online_peak_bytes": biggest * min(recipe.capture.queue_max_shards, len(plan.shards)),
+        "already_done": _already_done(recipe, plan),
+    })
+    return out
+
+
+def _already_done(recipe: Recipe, plan: CapturePlan) -> int:
+    path = Path(recipe.stage_dir("capture")) / "manifest.json"
+    if not path.is_file():
+        return 0
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    return len(manifest.get("shards", [])) if manifest.get("fingerprint") == plan.fingerprint else 0

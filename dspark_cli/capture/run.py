@@ -1,0 +1,173 @@
+"""Capture orchestration: plan -> backend -> shards (offline directory or online queue), resumably.
+
+    from dspark_cli.capture import run_capture
+    run_capture(load_recipe("tiny"))          # runs/tiny/hidden/shard-*.safetensors + manifest.json
+
+Offline: shards are written in plan order; after each one the manifest (complete: false) lists it with
+its checksum, so a killed run re-started with the same recipe skips exactly the listed shards and
+rewrites any other (a shard renamed into place just before the kill is simply written again): no
+shard is missing or duplicated. A directory made by another plan (datagen output, layer ids, target,
+shard size, ...) is refused. Online: the same shards go to an `OnlineQueue` instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dspark_cli import __version__
+from dspark_cli.capture.plan import CapturePlan, build_plan, goal_bytes_per_token
+from dspark_cli.capture.shards import MANIFEST_KIND, shard_name, write_shard
+from dspark_cli.errors import DataError, UsageError
+from dspark_cli.manifest import MANIFEST_NAME, write_json_atomic
+from dspark_cli.recipe import Recipe, write_resolved
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int, int, int], None]  # (sequences done, total, tokens captured so far)
+
+
+def make_capturer(plan: CapturePlan, out_dir: Path) -> Any:
+    """The backend the recipe asks for, with the target loaded."""
+    recipe = plan.recipe
+    if recipe.capture.backend == "vllm":
+        from dspark_cli.capture.vllm import VLLMCapturer
+
+        return VLLMCapturer(recipe, plan.geometry, plan.layer_ids, storage_dir=str(out_dir / ".vllm"))
+    from dspark_cli.capture.hf import HFCapturer
+
+    return HFCapturer(plan.geometry.location, plan.layer_ids, dtype=recipe.target.dtype,
+                      trust_remote_code=recipe.target.trust_remote_code, revision=recipe.target.revision)
+
+
+def layout_of(plan: CapturePlan) -> dict[str, Any]:
+    return {"target_layer_ids": plan.layer_ids, "hidden_size": plan.geometry.hidden_size, "dtype": "bfloat16",
+            "aux_hidden": "[tokens, len(target_layer_ids) * hidden_size], layers concatenated in target_layer_ids order",
+            "last_hidden": "[loss tokens, hidden_size], post-final-norm, loss-masked rows only",
+            "input_ids": "int32", "loss_mask": "bool", "seq_lens": "int32"}
+
+
+def _manifest(plan: CapturePlan, backend: dict[str, Any], shards: list[dict[str, Any]], complete: bool) -> dict[str, Any]:
+    recipe, geometry = plan.recipe, plan.geometry
+    tokens = sum(s["tokens"] for s in shards)
+    size = sum(s["bytes"] for s in shards)
+    return {
+        "kind": MANIFEST_KIND, "format_version": 1, "dspark": __version__, "complete": complete,
+        "fingerprint": plan.fingerprint, "contract": plan.contract.to_dict(), "layout": layout_of(plan),
+        "target": {"model": recipe.target.model, "path": geometry.location, "model_type": geometry.model_type,
+                   "num_hidden_layers": geometry.num_hidden_layers, "hidden_size": geometry.hidden_size},
+        "backend": backend,
+        "datagen": {"dir": str(plan.datagen_dir), "fingerprint": plan.datagen.get("fingerprint")},
+        "max_seq_len": recipe.capture.max_seq_len, "shard_tokens": recipe.capture.shard_tokens,
+        "truncated": plan.truncated, "skipped_no_loss": plan.skipped_no_loss,
+        "num_sequences": sum(s["sequences"] for s in shards), "num_tokens": tokens,
+        "num_loss_tokens": sum(s["loss_tokens"] for s in shards), "bytes": size,
+        "bytes_per_token": round(size / tokens, 2) if tokens else None, "shards": shards,
+    }
+
+
+def _previous_shards(out_dir: Path, plan: CapturePlan) -> dict[str, dict[str, Any]]:
+    """Shards a previous run of the same plan finished (name -> entry); refuse another plan's output."""
+    import json
+
+    path = out_dir / MANIFEST_NAME
+    if not path.is_file():
+        if any(out_dir.glob("shard-*.safetensors")):
+            raise DataError(f"{out_dir} has shards but no manifest", "use a new capture.output_dir or delete this one")
+        return {}
+    previous = json.loads(path.read_text(encoding="utf-8"))
+    if previous.get("kind") != MANIFEST_KIND or previous.get("fingerprint") != plan.fingerprint:
+        raise UsageError(f"{out_dir} holds a capture of a different plan (datagen output, target, layer ids or shard size changed)",
+                         "use a new capture.output_dir, or delete it to start over")
+    done = {}
+    for entry in previous.get("shards", []):
+        file = out_dir / entry["file"]
+        if file.is_file() and file.stat().st_size == entry["bytes"]:
+            done[entry["file"]] = entry
+    return done
+
+
+def _capture_shard(capturer: Any, batch_size: int, samples: list[tuple[str, list[int], list[int]]]) -> list[Any]:
+    """Capture one shard's samples in batches of similar length; return them in plan order."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i][1]))
+    results: dict[int, Any] = {}
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        for row, seq in zip(rows, capturer.capture([samples[r] for r in rows]), strict=True):
+            results[row] = seq
+    return [results[i] for i in range(len(samples))]
+
+
+def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: Any = None,
+                capturer: Any = None) -> dict[str, Any]:
+    """Capture every planned shard not done yet, offline (stage dir) or into `queue` (an `OnlineQueue`)."""
+    plan = build_plan(recipe)
+    out_dir = Path(recipe.stage_dir("capture"))
+    layout = layout_of(plan)
+    if queue is None:
+        done = _previous_shards(out_dir, plan)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in out_dir.glob(".shard-*.tmp"):
+            stale.unlink()
+        write_resolved(recipe, out_dir)
+    else:
+        done = {shard_name(i): {} for i in queue.open(fingerprint=plan.fingerprint, contract=plan.contract,
+                                                      layout=layout, num_shards=len(plan.shards))}
+    pending = [s for s in plan.shards if shard_name(s.index) not in done]
+    if pending and capturer is None:
+        capturer = make_capturer(plan, out_dir)
+    backend = capturer.describe() if capturer is not None else {"backend": recipe.capture.backend, "resumed": True}
+    entries: dict[str, dict[str, Any]] = dict(done)
+    if queue is None:
+        write_json_atomic(out_dir / MANIFEST_NAME, _manifest(plan, backend, _ordered(plan, entries), complete=False))
+    started, captured, seq_done, wait_s = time.perf_counter(), 0, 0, 0.0
+    try:
+        for index, group in itertools.groupby(plan.samples(), key=lambda item: item[0]):
+            name = shard_name(index)
+            samples = [item[1:] for item in group]
+            if name in done:
+                seq_done += len(samples)
+                continue
+            sequences = _capture_shard(capturer, recipe.capture.batch_size, samples)
+            if queue is None:
+                entries[name] = write_shard(out_dir / name, sequences, layer_ids=plan.layer_ids,
+                                            hidden_size=plan.geometry.hidden_size)
+                write_json_atomic(out_dir / MANIFEST_NAME, _manifest(plan, backend, _ordered(plan, entries), False))
+            else:
+                before = time.perf_counter()
+                entries[name] = queue.put(index, sequences)
+                wait_s += time.perf_counter() - before
+            seq_done += len(samples)
+            captured += sum(s.num_tokens for s in sequences)
+            if on_progress is not None:
+                on_progress(seq_done, plan.num_sequences, captured)
+    except BaseException as exc:
+        if queue is not None:
+            queue.fail(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+        raise
+    elapsed = time.perf_counter() - started
+    summary = {"output_dir": str(out_dir) if queue is None else str(queue.directory), "mode": "offline" if queue is None else "online",
+               "backend": backend.get("backend"), "sequences": plan.num_sequences, "tokens": plan.num_tokens,
+               "loss_tokens": plan.num_loss_tokens, "shards": len(plan.shards), "captured_tokens": captured,
+               "seconds": round(elapsed, 2),
+               "tokens_per_second": round(captured / (elapsed - wait_s), 1) if captured and elapsed > wait_s else None,
+               "goal_bytes_per_token": goal_bytes_per_token(len(plan.layer_ids), plan.geometry.hidden_size),
+               "truncated": plan.truncated, "skipped_no_loss": plan.skipped_no_loss}
+    if queue is None:
+        manifest = _manifest(plan, backend, _ordered(plan, entries), complete=True)
+        write_json_atomic(out_dir / MANIFEST_NAME, manifest)
+        summary.update({"bytes": manifest["bytes"], "bytes_per_token": manifest["bytes_per_token"]})
+    else:
+        queue.finish()
+        summary.update({"peak_disk_bytes": queue.status["peak_bytes"], "peak_shards": queue.status["peak_shards"],
+                        "producer_wait_seconds": round(wait_s, 2)})
+    log.info("capture: %d sequences, %d tokens in %d shards -> %s", plan.num_sequences, plan.num_tokens,
+             len(plan.shards), summary["output_dir"])
+    return summary
+
+
+def _ordered(plan: CapturePlan, entries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [entries[shard_name(s.index)] for s in plan.shards if shard_name(s.index) in entries]

@@ -1,0 +1,162 @@
+"""Hidden-state shards: safetensors files of many sequences, a manifest, and a reader that trusts nothing.
+
+    write_shard(out / "shard-00000.safetensors", sequences, layer_ids=[1, 2, 3], hidden_size=160)
+    for seq in iter_captured("runs/tiny/hidden", expect=contract): ...
+
+One shard holds the sequences of one plan shard, concatenated along tokens (N tokens, S sequences,
+M loss-masked tokens, n layers of width H):
+
+    input_ids    [N]        int32      the sample's tokens
+    loss_mask    [N]        bool       assistant tokens (where the draft is trained)
+    seq_lens     [S]        int32      tokens per sequence, in order
+    aux_hidden   [N, n*H]   bfloat16   outputs of target_layer_ids, concatenated in that order
+    last_hidden  [M, H]     bfloat16   post-final-norm last state, loss-masked rows only
+
+and the safetensors metadata `{"format": "dspark.capture.v1", "ids": [...], "target_layer_ids": [...],
+"hidden_size": H}`. Files are written to a temp name, fsynced and renamed. Readers check size and
+sha256 against the manifest before anything is yielded, then the layout; every failure is one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from dspark_cli.capture.types import CapturedSequence
+from dspark_cli.contract import Contract
+from dspark_cli.errors import DataError
+from dspark_cli.manifest import read_manifest, sha256_file
+
+SHARD_FORMAT = "dspark.capture.v1"
+MANIFEST_KIND = "dspark.capture"
+HIDDEN_DTYPE = torch.bfloat16
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def pack(sequences: list[CapturedSequence]) -> dict[str, torch.Tensor]:
+    """Concatenate sequences into the shard tensors (last_hidden keeps loss-masked rows only)."""
+    masks = torch.cat([s.loss_mask.bool() for s in sequences])
+    return {
+        "input_ids": torch.cat([s.input_ids for s in sequences]).to(torch.int32),
+        "loss_mask": masks,
+        "seq_lens": torch.tensor([s.num_tokens for s in sequences], dtype=torch.int32),
+        "aux_hidden": torch.cat([s.aux_hidden for s in sequences]).to(HIDDEN_DTYPE).contiguous(),
+        "last_hidden": torch.cat([s.last_hidden[s.loss_mask.bool()] for s in sequences]).to(HIDDEN_DTYPE).contiguous(),
+    }
+
+
+def write_shard(path: Path, sequences: list[CapturedSequence], *, layer_ids: list[int], hidden_size: int) -> dict[str, Any]:
+    """Write one shard atomically; return its manifest entry (file, sizes, counts, sha256)."""
+    tensors = pack(sequences)
+    meta = {"format": SHARD_FORMAT, "ids": json.dumps([s.id for s in sequences]),
+            "target_layer_ids": json.dumps(list(layer_ids)), "hidden_size": str(hidden_size)}
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return {"file": path.name, "sequences": len(sequences), "tokens": int(tensors["input_ids"].numel()),
+            "loss_tokens": int(tensors["loss_mask"].sum()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def verify_file(path: Path, entry: dict[str, Any]) -> None:
+    """One-line DataError unless `path` exists with the size and sha256 its manifest `entry` records."""
+    if not path.is_file():
+        raise DataError(f"{path}: missing", "re-run capture to regenerate it")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise DataError(f"{path}: truncated or altered ({size} bytes, the manifest says {entry['bytes']})",
+                        "delete it and re-run capture; nothing was read from it")
+    if sha256_file(path) != entry["sha256"]:
+        raise DataError(f"{path}: checksum mismatch (corrupt shard)", "delete it and re-run capture; nothing was read from it")
+
+
+def read_shard(path: Path, entry: dict[str, Any], *, layer_ids: list[int], hidden_size: int) -> list[CapturedSequence]:
+    """Verify `path` against its manifest `entry` (size, sha256), then its layout; return its sequences."""
+    verify_file(path, entry)
+    try:
+        with safe_open(str(path), "pt") as handle:
+            meta = handle.metadata() or {}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable shard ({str(exc).splitlines()[0][:120]})", "delete it and re-run capture") from None
+    return unpack(path, tensors, meta, layer_ids=layer_ids, hidden_size=hidden_size)
+
+
+def unpack(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str], *, layer_ids: list[int],
+           hidden_size: int) -> list[CapturedSequence]:
+    """Split shard tensors back into sequences, checking every shape against the contract's layout."""
+    def bad(what: str) -> DataError:
+        return DataError(f"{path}: {what}", "the shard does not match its manifest; re-run capture")
+
+    if meta.get("format") != SHARD_FORMAT:
+        raise bad(f"not a dspark capture shard (format {meta.get('format')!r})")
+    if json.loads(meta.get("target_layer_ids", "null")) != list(layer_ids) or meta.get("hidden_size") != str(hidden_size):
+        raise bad(f"captured layers {meta.get('target_layer_ids')} x {meta.get('hidden_size')}, "
+                  f"expected {list(layer_ids)} x {hidden_size}")
+    missing = {"input_ids", "loss_mask", "seq_lens", "aux_hidden", "last_hidden"} - set(tensors)
+    if missing:
+        raise bad(f"missing tensors {sorted(missing)}")
+    ids, mask, lens = tensors["input_ids"], tensors["loss_mask"], tensors["seq_lens"]
+    aux, last = tensors["aux_hidden"], tensors["last_hidden"]
+    names = json.loads(meta.get("ids", "[]"))
+    tokens, loss = int(ids.numel()), int(mask.sum())
+    if (aux.dtype, last.dtype) != (HIDDEN_DTYPE, HIDDEN_DTYPE):
+        raise bad(f"hidden states are {aux.dtype}/{last.dtype}, expected bfloat16")
+    if (mask.numel() != tokens or int(lens.sum()) != tokens or len(names) != lens.numel()
+            or tuple(aux.shape) != (tokens, len(layer_ids) * hidden_size) or tuple(last.shape) != (loss, hidden_size)):
+        raise bad(f"inconsistent shapes (ids {tuple(ids.shape)}, aux {tuple(aux.shape)}, last {tuple(last.shape)}, "
+                  f"{lens.numel()} lengths, {len(names)} names)")
+    out, start, loss_start = [], 0, 0
+    for name, length in zip(names, lens.tolist(), strict=True):
+        seq_mask = mask[start : start + length]
+        n_loss = int(seq_mask.sum())
+        full_last = torch.zeros(length, hidden_size, dtype=HIDDEN_DTYPE)
+        full_last[seq_mask] = last[loss_start : loss_start + n_loss]
+        out.append(CapturedSequence(name, ids[start : start + length].long(), seq_mask.clone(),
+                                    aux[start : start + length], full_last))
+        start, loss_start = start + length, loss_start + n_loss
+    return out
+
+
+def check_manifest(directory: Path, manifest: dict[str, Any], expect: Contract | None) -> None:
+    """Refuse a manifest that is not a finished capture or was made under another contract (one line)."""
+    if manifest.get("kind") != MANIFEST_KIND:
+        raise DataError(f"{directory}: not a dspark capture output (kind {manifest.get('kind')!r})",
+                        "point to the capture output directory (default <output_dir>/hidden)")
+    if not manifest.get("complete"):
+        raise DataError(f"{directory}: capture did not finish", "re-run `dspark train` (capture resumes where it stopped)")
+    if expect is not None:
+        expect.check_against(manifest["contract"], str(directory))
+
+
+def iter_captured(directory: str | os.PathLike[str], *, expect: Contract | None = None) -> Iterator[CapturedSequence]:
+    """Every captured sequence of an offline capture directory, shard by shard, each shard verified first."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    check_manifest(directory, manifest, expect)
+    layout = manifest["layout"]
+    for entry in manifest["shards"]:
+        yield from read_shard(directory / entry["file"], entry, layer_ids=layout["target_layer_ids"],
+                              hidden_size=layout["hidden_size"])
+
+
+def verify_captured(directory: str | os.PathLike[str], *, expect: Contract | None = None) -> dict[str, Any]:
+    """Check the manifest and every shard's size and sha256 without loading tensors (one pass over the
+    files); a trainer that must not start on a damaged cache calls this first. Returns the manifest."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    check_manifest(directory, manifest, expect)
+    for entry in manifest["shards"]:
+        verify_file(directory / entry["file"], entry)
+    return manifest
