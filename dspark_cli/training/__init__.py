@@ -1,0 +1,25 @@
+"""`dspark train`: DSpark draft training with FSDP2, crash-safe resume and live acceptance metrics.
+
+Importing this package is free (no torch); the pieces import it themselves.
+
+    .venv/bin/dspark train templates/recipes/tiny.yaml                 # one process
+    .venv/bin/dspark train templates/recipes/tiny.yaml --nproc 2       # torchrun, FSDP2 on gloo
+    .venv/bin/dspark train templates/recipes/tiny.yaml --dry-run       # the plan, nothing written
+
+- plan.py        steps, tokens and sequences per step from the data's lengths (no torch)
+- data.py        captured sequences -> prepared examples, seeded anchors, packed steps, rank split
+- loss.py        the DSpark objective with a fused, chunked vocabulary pass (CE + L1 + their gradients)
+- metrics.py     per-slot accuracy, expected acceptance length (tau, greedy and T=1), sinks
+- flops.py       model FLOPs per step (for MFU)
+- step.py        `TrainStep`: the draft plus its loss as one module (what FSDP2 wraps)
+- distributed.py process groups, FSDP2 `fully_shard`, the torchrun command line
+- checkpoint.py  DCP checkpoints written atomically, `latest` pointer, contract check on resume
+- target.py      the target's frozen embed_tokens / lm_head, read straight from safetensors
+- loop.py        the training loop (optimiser, schedule, clipping, logging, checkpoints)
+- run.py         `run_train(recipe, resume=...)`: data source + loop + outputs (the CLI calls this)
+
+Output layout under `recipe.stage_dir("train")`:
+`checkpoints/step-NNNNNN/` (DCP + meta.json) and `checkpoints/latest`, `metrics.jsonl`,
+`recipe.yaml`, `manifest.json`, and `final/model.safetensors` + `final/config.json` (a plain
+consolidated draft in vLLM's names, loadable without torch.distributed).
+"""

@@ -1,0 +1,167 @@
+"""Crash-safe checkpoints: torch distributed checkpoint (DCP), written atomically, with the contract.
+
+    save_checkpoint(env, out_dir, step=100, module=draft, optimizer=opt, meta={...}, recipe=recipe)
+    path = resolve_resume(out_dir, "auto")               # latest complete checkpoint or None
+    meta = load_checkpoint(env, path, module=draft, optimizer=opt, contract=contract)
+
+Layout under the training output directory:
+
+    checkpoints/step-000100/    .metadata + __<rank>_0.distcp (DCP: model + optimizer, sharded as
+                                trained), meta.json (step, data position, contract, metrics),
+                                recipe.yaml (the resolved recipe)
+    checkpoints/latest          the name of the newest complete checkpoint ("step-000100")
+
+Atomicity: every rank writes into `checkpoints/.tmp-step-000100/`; after a barrier rank 0 adds
+meta.json, renames the directory into place and then replaces `latest` (write + fsync + rename).
+A crash at any point leaves the previous checkpoint and pointer intact, so a crash costs at most
+one checkpoint interval. The newest `KEEP` checkpoints are kept. The frozen target embeddings are
+buffers, not parameters: they are never in a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dspark_cli.contract import Contract
+from dspark_cli.errors import ContractError, DataError, UsageError
+from dspark_cli.manifest import write_json_atomic
+from dspark_cli.training.distributed import DistEnv, barrier
+
+KEEP = 3
+LATEST = "latest"
+META = "meta.json"
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def _state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(module, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def save_checkpoint(env: DistEnv, out_dir: Path, *, step: int, module: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, meta: dict[str, Any], recipe: Any) -> Path:
+    import torch.distributed.checkpoint as dcp
+
+    from dspark_cli.recipe import write_resolved
+
+    root = Path(out_dir) / "checkpoints"
+    final = root / step_name(step)
+    tmp = root / f".tmp-{step_name(step)}"
+    if env.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier(env)
+    dcp.save(_state(module, optimizer), checkpoint_id=str(tmp), no_dist=not env.distributed)
+    barrier(env)
+    if env.is_main:
+        write_json_atomic(tmp / META, {"step": step, **meta})
+        write_resolved(recipe, tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        _write_pointer(root, final.name)
+        _prune(root)
+    barrier(env)
+    return final
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_pointer(root: Path, name: str) -> None:
+    tmp = root / f".{LATEST}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(name + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, root / LATEST)
+    _fsync_dir(root)
+
+
+def _complete(path: Path) -> bool:
+    return (path / META).is_file() and (path / ".metadata").is_file()
+
+
+def _prune(root: Path) -> None:
+    done = sorted(p for p in root.glob("step-*") if _complete(p))
+    for old in done[:-KEEP]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The checkpoint `latest` names; the newest complete one if the pointer is missing or stale."""
+    root = Path(out_dir) / "checkpoints"
+    pointer = root / LATEST
+    if pointer.is_file():
+        named = root / pointer.read_text(encoding="utf-8").strip()
+        if _complete(named):
+            return named
+    done = sorted(p for p in root.glob("step-*") if _complete(p))
+    return done[-1] if done else None
+
+
+def resolve_resume(out_dir: Path, resume: str) -> Path | None:
+    """`auto`: the latest checkpoint or None; `never`: None (refusing to overwrite one); else a path."""
+    if resume == "auto":
+        return latest_checkpoint(out_dir)
+    if resume == "never":
+        found = latest_checkpoint(out_dir)
+        if found is not None:
+            raise UsageError(f"{out_dir} already holds checkpoints (latest {found.name}); --resume never would overwrite them",
+                             "continue with --resume auto, or train into another directory with -o DIR")
+        return None
+    path = Path(resume)
+    if (path / "checkpoints").is_dir():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise UsageError(f"{path} has no complete checkpoint", "pass a checkpoints/step-NNNNNN directory")
+        return found
+    if not _complete(path):
+        raise UsageError(f"--resume {resume}: not a complete dspark checkpoint (needs {META} and .metadata)",
+                         "pass --resume auto, never, or a checkpoints/step-NNNNNN directory")
+    return path
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((Path(path) / META).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path}: unreadable {META} ({exc})", "resume from another checkpoint") from None
+
+
+def check_contract(meta: dict[str, Any], contract: Contract, where: Path) -> None:
+    """One-line ContractError when the checkpoint was trained under another contract."""
+    if "contract" not in meta:
+        raise ContractError(f"{where}: checkpoint has no contract", "resume from a checkpoint dspark wrote")
+    found = Contract.from_dict(meta["contract"])
+    contract.check_against(found, str(where))  # the target is identified by its config hash, not its name
+
+
+def load_checkpoint(env: DistEnv, path: Path, *, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    contract: Contract) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    meta = read_meta(path)
+    check_contract(meta, contract, path)
+    state = _state(module, optimizer)
+    dcp.load(state, checkpoint_id=str(path), no_dist=not env.distributed)
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return meta

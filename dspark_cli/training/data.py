@@ -1,0 +1,209 @@
+"""Captured sequences -> training examples -> packed steps -> per-rank batches.
+
+    from dspark_cli.training.data import StepStream, collate
+    stream = StepStream(source, seed=0, num_anchors=32, max_seq_len=512, tokens_per_step=4096,
+                        world_size=1, epochs=2.0)
+    for step in stream:                       # step.examples: this step's sequences (all ranks)
+        mine = step.for_rank(rank, world_size)
+        batch = collate(mine, dtype=torch.float32)
+
+Conventions (DESIGN.md section 1):
+- anchor `a` drafts the block at positions a .. a+N-1; slot i predicts token a+i+1 from the target's
+  distribution at position a+i, i.e. `lm_head(last_hidden[a+i])`;
+- a label position `p` is trainable (`label_ok[p]`) when `loss_mask[p]` and the target's state at
+  `p - 1` was captured (capture stores `last_hidden` on loss-masked rows only, so the first token of
+  each response, whose predecessor is a prompt token, has no target distribution and is skipped);
+- anchors: up to `num_anchors` distinct positions `a` with `label_ok[a + 1]`, drawn without
+  replacement by a generator seeded from (seed, epoch, index of the sequence in the source), so a
+  resumed run, a 2-process run and a 1-process run draw the same anchors.
+Sequences with no trainable label are skipped; longer ones are truncated to `max_seq_len`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dspark_cli.training.plan import epoch_items, pack_steps, shuffle_stream
+
+
+@dataclass
+class Example:
+    """One prepared training sequence."""
+
+    epoch: int
+    index: int  # position in the source order of its epoch (seeds its anchors)
+    input_ids: torch.Tensor  # [T] int64
+    aux: torch.Tensor  # [T, F] as captured (bf16)
+    last_hidden: torch.Tensor  # [T, H] as captured (bf16), post-final-norm
+    label_ok: torch.Tensor  # [T] bool
+    anchors: torch.Tensor  # [A'] int64, sorted, A' <= num_anchors
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def anchor_seed(seed: int, epoch: int, index: int) -> int:
+    return ((seed * 1_000_003 + epoch) * 1_000_033 + index) & 0x7FFFFFFFFFFFFFFF
+
+
+def trainable_labels(loss_mask: torch.Tensor, last_hidden: torch.Tensor) -> torch.Tensor:
+    """[T] bool: position p is a label we can train (loss-masked, target state at p-1 present)."""
+    has_target = last_hidden.ne(0).any(dim=-1)
+    ok = torch.zeros_like(loss_mask, dtype=torch.bool)
+    ok[1:] = loss_mask[1:].bool() & has_target[:-1]
+    return ok
+
+
+def sample_anchors(label_ok: torch.Tensor, num_anchors: int, generator: torch.Generator) -> torch.Tensor:
+    """Sorted anchor positions a with label_ok[a + 1]; all of them when there are few."""
+    candidates = torch.nonzero(label_ok[1:], as_tuple=False).flatten()
+    if candidates.numel() > num_anchors:
+        pick = torch.randperm(candidates.numel(), generator=generator)[:num_anchors]
+        candidates = candidates[pick]
+    return torch.sort(candidates).values
+
+
+def prepare(seq: Any, *, epoch: int, index: int, seed: int, num_anchors: int, max_seq_len: int) -> Example | None:
+    """A CapturedSequence -> Example (None when it has nothing to train)."""
+    length = min(int(seq.input_ids.shape[0]), max_seq_len)
+    ids = seq.input_ids[:length].long()
+    last = seq.last_hidden[:length]
+    label_ok = trainable_labels(seq.loss_mask[:length], last)
+    gen = torch.Generator().manual_seed(anchor_seed(seed, epoch, index))
+    anchors = sample_anchors(label_ok, num_anchors, gen)
+    if anchors.numel() == 0:
+        return None
+    return Example(epoch, index, ids, seq.aux_hidden[:length], last, label_ok, anchors)
+
+
+@dataclass
+class Step:
+    """One optimiser step's sequences (all ranks) and where the stream stands after it."""
+
+    examples: list[Example]
+    position: dict[str, int]  # {"epoch": e, "consumed": n}: resume point after this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.examples)
+
+    def for_rank(self, rank: int, world_size: int) -> list[Example]:
+        """Balanced split by tokens (longest first to the lightest rank); deterministic."""
+        loads = [0] * world_size
+        owned: list[list[Example]] = [[] for _ in range(world_size)]
+        order = sorted(range(len(self.examples)), key=lambda i: (-self.examples[i].num_tokens, i))
+        for i in order:
+            r = min(range(world_size), key=lambda k: (loads[k], len(owned[k]), k))
+            owned[r].append(self.examples[i])
+            loads[r] += self.examples[i].num_tokens
+        return owned[rank]
+
+
+@dataclass
+class StepStream:
+    """Seeded epochs over a re-iterable source, packed into steps; resumable from a `Step.position`.
+
+    `source()` returns a fresh iterator over CapturedSequence-like objects (the same order every
+    call). `epochs=None` reads epochs until the caller stops (used with `max_steps`); an online
+    source is read once (`single_pass=True`).
+    """
+
+    source: Callable[[], Iterable[Any]]
+    seed: int
+    num_anchors: int
+    max_seq_len: int
+    tokens_per_step: int
+    world_size: int
+    epochs: float | None
+    num_items_per_epoch: int | None = None  # needed for fractional epochs
+    single_pass: bool = False
+    start: dict[str, int] = field(default_factory=lambda: {"epoch": 0, "consumed": 0})
+
+    def _examples(self) -> Iterator[tuple[tuple[Example, int, int], int]]:
+        if self.single_pass:
+            epochs: Iterable[tuple[int, int | None]] = [(0, None)]
+        elif self.epochs is not None and self.epochs != int(self.epochs):
+            if self.num_items_per_epoch is None:
+                raise ValueError("fractional epochs need num_items_per_epoch")
+            epochs = epoch_items(self.num_items_per_epoch, self.epochs)
+        else:
+            epochs = _forever() if self.epochs is None else ((e, None) for e in range(int(self.epochs)))
+        for epoch, count in epochs:
+            if epoch < self.start["epoch"]:
+                continue
+            skip = self.start["consumed"] if epoch == self.start["epoch"] else 0
+            prepared = self._prepared(epoch)
+            stream = prepared if self.single_pass else shuffle_stream(prepared, self.seed, epoch)
+            for n, (example, num_tokens) in enumerate(stream):
+                if count is not None and n >= count:
+                    break
+                if n < skip:
+                    continue
+                yield (example, epoch, n + 1), num_tokens
+
+    def _prepared(self, epoch: int) -> Iterator[tuple[Example, int]]:
+        for index, seq in enumerate(self.source()):
+            example = prepare(seq, epoch=epoch, index=index, seed=self.seed, num_anchors=self.num_anchors,
+                              max_seq_len=self.max_seq_len)
+            if example is not None:
+                yield example, example.num_tokens
+
+    def __iter__(self) -> Iterator[Step]:
+        for group in pack_steps(self._examples(), self.tokens_per_step, self.world_size):
+            _, epoch, consumed = group[-1]
+            yield Step([g[0] for g in group], {"epoch": epoch, "consumed": consumed})
+
+
+def _forever() -> Iterator[tuple[int, None]]:
+    epoch = 0
+    while True:
+        yield epoch, None
+        epoch += 1
+
+
+@dataclass
+class Batch:
+    """One rank's share of a step, right-padded to its longest sequence."""
+
+    aux: torch.Tensor  # [B, T, F]
+    input_ids: torch.Tensor  # [B, T]
+    last_hidden: torch.Tensor  # [B, T, H]
+    label_ok: torch.Tensor  # [B, T] bool
+    seq_lens: torch.Tensor  # [B]
+    anchors: torch.Tensor  # [B, A] (padding anchors are 0 with anchor_mask False)
+    anchor_mask: torch.Tensor  # [B, A] bool
+    num_tokens: int
+
+    def to(self, device: torch.device) -> Batch:
+        moved = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+                 for k, v in self.__dict__.items()}
+        return Batch(**moved)
+
+
+def collate(examples: list[Example], dtype: torch.dtype) -> Batch:
+    """Stack examples into a right-padded batch; hidden states cast to the compute dtype."""
+    bsz = len(examples)
+    width = max(e.num_tokens for e in examples)
+    num_anchors = max(e.anchors.numel() for e in examples)
+    feat, hidden = examples[0].aux.shape[-1], examples[0].last_hidden.shape[-1]
+    aux = torch.zeros(bsz, width, feat, dtype=dtype)
+    last = torch.zeros(bsz, width, hidden, dtype=dtype)
+    ids = torch.zeros(bsz, width, dtype=torch.long)
+    label_ok = torch.zeros(bsz, width, dtype=torch.bool)
+    anchors = torch.zeros(bsz, num_anchors, dtype=torch.long)
+    anchor_mask = torch.zeros(bsz, num_anchors, dtype=torch.bool)
+    for b, e in enumerate(examples):
+        n, a = e.num_tokens, e.anchors.numel()
+        aux[b, :n] = e.aux
+        last[b, :n] = e.last_hidden
+        ids[b, :n] = e.input_ids
+        label_ok[b, :n] = e.label_ok
+        anchors[b, :a] = e.anchors
+        anchor_mask[b, :a] = True
+    seq_lens = torch.tensor([e.num_tokens for e in examples], dtype=torch.long)
+    return Batch(aux, ids, last, label_ok, seq_lens, anchors, anchor_mask, int(seq_lens.sum()))

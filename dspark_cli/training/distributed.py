@@ -1,0 +1,105 @@
+"""Processes, devices and FSDP2: one process per GPU (or CPU process on gloo), launched by torchrun.
+
+    env = init_distributed()                 # reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK
+    model = shard(train_step, env)           # FSDP2 fully_shard of the draft + its loss
+    cmd = torchrun_command(["train", "r.yaml"], nproc=2)   # what `dspark train --nproc 2` runs
+
+Without torchrun's variables the run is one process with no process group, and the model is not
+wrapped (FSDP2 on one rank only adds hooks). Under torchrun the backend is NCCL on CUDA and gloo
+on CPU; `fully_shard` (FSDP2) works on both -- FSDP1 does not work on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+LAUNCHED_ENV = "DSPARK_TORCHRUN_CHILD"  # set for the children so they do not launch torchrun again
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 or dist.is_initialized()
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def init_distributed(device: str | None = None) -> DistEnv:
+    """Join torchrun's process group (if launched by it) and pick this process's device."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    dev = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if under_torchrun() and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo", device_id=dev if use_cuda else None)
+    return DistEnv(rank, world, local, dev)
+
+
+def shard(module: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+    """FSDP2 with one unit for the whole draft: parameters, gradients and optimizer state are sharded
+    across ranks; the parameters are gathered once per forward and once per backward.
+
+    Not one unit per decoder layer: the draft's forward computes every layer's context K/V up front
+    (`DSparkDraftModel.context_kv`, outside the layers' own forward), which per-layer units would
+    meet still sharded. Drafts are a few layers, so gathering them whole costs little memory.
+    """
+    if not env.distributed:
+        return module
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(module)
+    return module
+
+
+def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    if env.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        dist.barrier()
+
+
+def shutdown(env: DistEnv) -> None:
+    """Barrier first: destroying the group while a peer is still in a collective hangs it."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def torchrun_command(cli_args: list[str], *, nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None,
+                     run_id: str = "dspark-train") -> list[str]:
+    """`python -m torch.distributed.run ... -m dspark_cli.cli <cli_args>` for `nproc` processes per machine."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if nnodes > 1:
+        if not rdzv_endpoint:
+            from dspark_cli.errors import UsageError
+
+            raise UsageError("train.nnodes > 1 needs train.rdzv_endpoint (host:port of the rendezvous)",
+                             "set train.rdzv_endpoint=HOST:29400 and run the same command on every machine")
+        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={run_id}"]
+    else:
+        cmd += ["--standalone"]  # a free port on this machine; no clashes between runs
+    return [*cmd, "-m", "dspark_cli.cli", *cli_args]

@@ -1,0 +1,45 @@
+"""Model FLOPs per token and the peak they are compared with (model FLOPs utilisation, MFU).
+
+    flops = count_flops(lambda: loss_fn().backward())     # FLOPs of one forward + backward, as run
+    peak_flops(torch.device("cuda"), torch.bfloat16)     # dense peak of this device, or None
+
+FLOPs are counted by `torch.utils.flop_counter.FlopCounterMode` over one real training step
+(matmuls and attention, forward and backward, exactly as executed; the fused vocabulary pass is
+counted too because its matmuls run through aten). MFU = FLOPs/token * tokens/s / peak. The peak of
+a CUDA device comes from a table of dense tensor-core numbers; on a CPU, or any device not in the
+table, set DSPARK_PEAK_TFLOPS (the benchmark measures one) or MFU is left out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+# Dense (no sparsity) peak TFLOP/s by device-name fragment: (bf16/fp16, fp32 via TF32).
+CUDA_PEAKS = {"H200": (989.0, 494.0), "H100": (989.0, 494.0), "H800": (989.0, 494.0), "H20": (148.0, 74.0),
+              "A100": (312.0, 156.0), "A800": (312.0, 156.0), "L40S": (362.0, 183.0), "B200": (2250.0, 1100.0)}
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """Peak FLOP/s of one device for `dtype`; DSPARK_PEAK_TFLOPS overrides; None when unknown."""
+    override = os.environ.get("DSPARK_PEAK_TFLOPS")
+    if override:
+        return float(override) * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for fragment, (half, single) in CUDA_PEAKS.items():
+        if fragment in name:
+            return (half if dtype in (torch.bfloat16, torch.float16) else single) * 1e12
+    return None

@@ -1,0 +1,140 @@
+"""The training loop: AdamW with warmup + cosine, clipping, autocast, metrics and checkpoints.
+
+    record = train_loop(env=env, module=step_module, optimizer=opt, steps=stream_iter, start_step=0,
+                        cfg=LoopConfig(...), log=write_record, checkpoint=save)
+
+One optimiser step per packed `Step` (all ranks' sequences); this rank trains on its share.
+Metric sums are accumulated locally and all-reduced only at log steps (one small collective), so
+logging costs no per-step synchronisation beyond the slot-weight all-reduce the loss needs.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dspark_cli.training.data import Step, collate
+from dspark_cli.training.distributed import DistEnv, all_reduce_sum
+from dspark_cli.training.flops import count_flops
+from dspark_cli.training.metrics import stats_size, summarize
+from dspark_cli.training.step import LossConfig, local_weight, trainable_slots
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    num_steps: int
+    lr: float
+    min_lr_ratio: float
+    warmup_steps: int
+    grad_clip: float
+    log_every: int
+    checkpoint_every: int
+    block_size: int
+    loss: LossConfig
+    data_dtype: torch.dtype  # hidden states are cast to this (fp32 on CPU, bf16 with autocast)
+    autocast_dtype: torch.dtype | None  # None: no autocast
+    peak_flops: float | None = None
+
+
+def lr_at(step: int, cfg: LoopConfig) -> float:
+    """Linear warmup over `warmup_steps`, then cosine from `lr` down to `lr * min_lr_ratio`."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(cfg.num_steps - cfg.warmup_steps, 1)
+    progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def _scalar(value: torch.Tensor) -> float:
+    full = value.full_tensor() if hasattr(value, "full_tensor") else value
+    return float(full)
+
+
+def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: Iterator[Step],
+               start_step: int, cfg: LoopConfig, log: Callable[[dict[str, Any]], None],
+               checkpoint: Callable[[int, dict[str, int], dict[str, Any] | None, int], None],
+               tokens_done: int = 0) -> dict[str, Any]:
+    """Run steps start_step .. num_steps - 1 (fewer if the data ends first; the last one is checkpointed).
+
+    `checkpoint(step, data_position, last_record, tokens_done)` is called every `checkpoint_every`
+    steps and at the end. Returns {"record": last logged record, "step": steps done, "tokens": tokens done}.
+    """
+    params = [p for p in module.parameters() if p.requires_grad]
+    n = cfg.block_size
+    acc = torch.zeros(stats_size(n), device=env.device)
+    acc_tokens = acc_seqs = 0
+    flops_per_token: float | None = None
+    interval_start = time.perf_counter()
+    record: dict[str, Any] | None = None
+    done, saved, position = start_step, start_step, None
+    autocast = (torch.autocast(env.device.type, dtype=cfg.autocast_dtype) if cfg.autocast_dtype else nullcontext())
+    for step in range(start_step, cfg.num_steps):
+        data = next(steps, None)
+        if data is None:  # the data ran out early (online queue finished): stop cleanly
+            break
+        batch = collate(data.for_rank(env.rank, env.world_size), cfg.data_dtype).to(env.device)
+        ok = trainable_slots(batch, n)
+        weight = all_reduce_sum(local_weight(ok, cfg.loss.gamma), env)
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+        def forward_backward():
+            with autocast:
+                loss, stats = module(batch, ok, weight, float(env.world_size))
+            loss.backward()
+            return stats
+
+        optimizer.zero_grad(set_to_none=True)
+        if flops_per_token is None:
+            holder: list[torch.Tensor] = []
+            flops = count_flops(lambda: holder.append(forward_backward()))
+            stats = holder[0]
+            flops_per_token = flops / max(batch.num_tokens, 1)
+        else:
+            stats = forward_backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        optimizer.step()
+        acc += stats.detach()
+        acc_tokens += batch.num_tokens
+        acc_seqs += batch.input_ids.shape[0]
+        tokens_done += data.num_tokens
+        done, position = step + 1, data.position
+        last = step + 1 == cfg.num_steps
+        if (step + 1) % cfg.log_every == 0 or last:
+            totals = all_reduce_sum(torch.cat([acc, torch.tensor([acc_tokens, acc_seqs], dtype=acc.dtype,
+                                                                  device=acc.device)]), env).tolist()
+            elapsed = max(time.perf_counter() - interval_start, 1e-9)
+            tokens_per_s = totals[-2] / elapsed
+            record = {"step": step + 1, "num_steps": cfg.num_steps, **summarize(totals[:-2], n, cfg.loss),
+                      "grad_norm": _scalar(grad_norm), "lr": lr, "tokens": int(totals[-2]),
+                      "sequences": int(totals[-1]), "tokens_per_s": tokens_per_s,
+                      "tflops": flops_per_token * tokens_per_s / 1e12,
+                      "mfu": (flops_per_token * tokens_per_s / env.world_size / cfg.peak_flops
+                              if cfg.peak_flops else None),
+                      "memory_gib": memory_gib(env.device), "time": time.time()}
+            log(record)
+            acc.zero_()
+            acc_tokens = acc_seqs = 0
+            interval_start = time.perf_counter()
+        if (step + 1) % cfg.checkpoint_every == 0 or last:
+            checkpoint(step + 1, data.position, record, tokens_done)
+            saved = step + 1
+            interval_start = time.perf_counter()  # checkpoint time is not training time
+    if done > saved and position is not None:
+        checkpoint(done, position, record, tokens_done)
+    return {"record": record, "step": done, "tokens": tokens_done}

@@ -1,0 +1,130 @@
+"""The DSpark objective, with the vocabulary-sized work fused into one chunked pass.
+
+Per trainable slot k of a block (DESIGN.md section 1, weights from recipe `train.loss`):
+
+    w_k  = exp(-k / gamma)
+    CE   = -log softmax(z)[label]                   z = lm_head(h) + markov_w2(markov_w1[prev])
+    L1   = sum_v |softmax(z)_v - q_v|               q = softmax(target lm_head(last_hidden[a+k]))
+    BCE  = bce(sigmoid(conf), clamp(1 - L1/2, 0, 1))     (the target is detached)
+    loss = sum_slots w_k (ce * CE + l1 * L1 + confidence * BCE) / sum_slots w_k
+
+`1 - L1/2 = sum_v min(p_v, q_v)` is exactly the probability that T=1 rejection sampling accepts
+the slot's draft, which is why it is the confidence head's target and the T=1 acceptance metric.
+
+Why fused: the [slots, vocab] tensors dominate a DSpark step (the backbone is small). `vocab_loss`
+walks the slots in chunks that stay in cache and, in the same pass, computes the logits, both
+losses, the metrics and the gradient w.r.t. the logits in closed form
+(CE: p - onehot; L1: p * (s - sum_v p_v s_v) with s = sign(p - q)), then turns it into the
+gradients of the hidden states, the Markov embeddings and markov_w2 with three matmuls. Nothing of
+size [slots, vocab] is kept for backward, and the frozen lm_head gets no gradient. The target's
+distribution is computed once per distinct (row, position) rather than once per slot (blocks of
+neighbouring anchors overlap), unless that table would not fit in `TABLE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+TABLE_BYTES = 256 << 20  # largest target-probability table kept; beyond it q is recomputed per chunk
+NUM_SLOT_STATS = 4  # per slot: CE, L1, draft top-1 == label, draft top-1 == target top-1
+
+
+def chunk_rows(vocab_size: int, device: torch.device) -> int:
+    """Slots per chunk: ~512 KiB of fp32 logits on CPU (stays in L2), ~128 MiB on a GPU."""
+    budget = (1 << 25) if device.type == "cuda" else (1 << 17)
+    return max(8, budget // vocab_size)
+
+
+def slot_weights(block_size: int, gamma: float, device: torch.device | None = None) -> torch.Tensor:
+    return torch.exp(-torch.arange(block_size, dtype=torch.float32, device=device) / gamma)
+
+
+@torch.no_grad()
+def target_table(target_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int) -> torch.Tensor:
+    """softmax(target_hidden @ lm_head.T) in fp32, [U, V], computed chunk by chunk."""
+    out = torch.empty(target_hidden.shape[0], lm_head.shape[0], dtype=torch.float32, device=lm_head.device)
+    for s in range(0, target_hidden.shape[0], chunk):
+        logits = F.linear(target_hidden[s:s + chunk].to(lm_head.dtype), lm_head).float()
+        torch.softmax(logits, dim=-1, out=out[s:s + chunk])
+    return out
+
+
+class _VocabLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, markov_embed, markov_w2, lm_head, target, target_index, target_is_table,
+                labels, w_ce, w_l1, chunk, compute_dtype):
+        grads_wanted = any(ctx.needs_input_grad[:3])
+        num_slots = hidden.shape[0]
+        device = hidden.device
+        lm, w2 = lm_head.to(compute_dtype), markov_w2.to(compute_dtype)
+        loss = torch.zeros((), dtype=torch.float32, device=device)
+        stats = torch.empty(num_slots, NUM_SLOT_STATS, dtype=torch.float32, device=device)
+        grad_h = torch.empty(hidden.shape, dtype=compute_dtype, device=device) if grads_wanted else None
+        grad_e = torch.empty(markov_embed.shape, dtype=compute_dtype, device=device) if grads_wanted else None
+        grad_w2 = torch.zeros(markov_w2.shape, dtype=torch.float32, device=device) if grads_wanted else None
+        for s in range(0, num_slots, chunk):
+            e = min(s + chunk, num_slots)
+            h, m, lab = hidden[s:e].to(compute_dtype), markov_embed[s:e].to(compute_dtype), labels[s:e]
+            z = torch.addmm(F.linear(h, lm), m, w2.t()).float()  # [c, V] logits
+            logp = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))
+            p = logp.exp()
+            rows = target_index[s:e]
+            q = target[rows] if target_is_table else torch.softmax(F.linear(target[rows].to(compute_dtype), lm).float(), -1)
+            ce = logp.gather(1, lab[:, None]).squeeze(1).neg_()
+            top = logp.argmax(dim=-1)
+            stats[s:e, 2] = top.eq(lab).float()
+            stats[s:e, 3] = top.eq(q.argmax(dim=-1)).float()
+            diff = p - q
+            sign = diff.sign()
+            l1 = diff.abs_().sum(dim=-1)
+            stats[s:e, 0] = ce
+            stats[s:e, 1] = l1
+            loss += (w_ce[s:e] * ce).sum() + (w_l1[s:e] * l1).sum()
+            if grads_wanted:
+                # d/dz of w_ce*CE + w_l1*L1 = p * (w_ce + w_l1 * (s - sum_v p_v s_v)) - w_ce * onehot(label)
+                centre = (p * sign).sum(dim=-1, keepdim=True)
+                g = sign.sub_(centre).mul_(w_l1[s:e, None]).add_(w_ce[s:e, None]).mul_(p)
+                g[torch.arange(e - s, device=device), lab] -= w_ce[s:e]
+                g = g.to(compute_dtype)
+                torch.matmul(g, lm, out=grad_h[s:e])
+                torch.matmul(g, w2, out=grad_e[s:e])
+                grad_w2.addmm_(g.t().float(), m.float())
+        ctx.mark_non_differentiable(stats)
+        if grads_wanted:
+            ctx.save_for_backward(grad_h.to(hidden.dtype), grad_e.to(markov_embed.dtype), grad_w2.to(markov_w2.dtype))
+        return loss, stats
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_stats):
+        del grad_stats
+        grad_h, grad_e, grad_w2 = ctx.saved_tensors
+        return (grad_h * grad_loss, grad_e * grad_loss, grad_w2 * grad_loss,
+                None, None, None, None, None, None, None, None, None)
+
+
+def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torch.Tensor, lm_head: torch.Tensor,
+               target_hidden: torch.Tensor, target_index: torch.Tensor, labels: torch.Tensor,
+               w_ce: torch.Tensor, w_l1: torch.Tensor, *, chunk: int | None = None):
+    """Fused CE + L1 over S slots. Returns (sum_s w_ce*CE + w_l1*L1, stats [S, NUM_SLOT_STATS]).
+
+    hidden [S, H] and markov_embed [S, r] (differentiable), markov_w2 [V, r] (a parameter),
+    lm_head [V, H] (frozen), target_hidden [U, H] distinct target states and target_index [S]
+    (slot -> row of target_hidden), labels [S], per-slot weights w_ce, w_l1 [S] (fp32).
+    """
+    device = hidden.device.type
+    compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    chunk = chunk or chunk_rows(lm_head.shape[0], hidden.device)
+    as_table = target_hidden.shape[0] * lm_head.shape[0] * 4 <= TABLE_BYTES
+    with torch.autocast(device, enabled=False):  # dtypes are managed here: matmuls in `compute`, softmax in fp32
+        target = target_table(target_hidden, lm_head.to(compute), chunk) if as_table else target_hidden
+        return _VocabLoss.apply(hidden, markov_embed, markov_w2, lm_head, target, target_index, as_table,
+                                labels, w_ce.float(), w_l1.float(), chunk, compute)
+
+
+def reference_loss_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor):
+    """Unfused per-slot (CE, L1) with plain autograd: the independent check of `vocab_loss`."""
+    logp = logits.float().log_softmax(-1)
+    ce = -logp.gather(-1, labels[..., None]).squeeze(-1)
+    l1 = (logp.exp() - target_logits.float().softmax(-1)).abs().sum(-1)
+    return ce, l1

@@ -1,0 +1,181 @@
+"""Training metrics: per-slot accuracy, expected acceptance length, and where they are written.
+
+    vec = stats_vector(...)                      # one rank's sums for one step (see STATS)
+    record = summarize(total_vec, block_size, weights)   # after summing over steps and ranks
+    sinks = open_sinks(["jsonl", "tensorboard"], out_dir, ...); sinks.write(record); sinks.close()
+
+Acceptance, per slot k of a teacher-forced block (the Markov head sees the true previous token):
+- greedy: the draft's top-1 equals the target's top-1 (greedy verification accepts exactly then);
+- T=1: sum_v min(p_v, q_v) = 1 - L1/2, the probability standard rejection sampling accepts it.
+Expected acceptance length, bonus token included: tau = 1 + mean over anchors of
+sum_k prod_{j<=k} accept_j (greedy: accept is 0/1, so this is 1 + the accepted prefix), over
+anchors whose whole block is trainable (blocks cut by the end of a response are left out).
+These are teacher-forced estimates: they match real speculative decoding when the data are the
+target's own outputs (datagen regenerates them) at the same temperature.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.errors import UsageError
+
+SCALARS = ("weight", "ce", "l1", "bce", "conf_err", "slots", "anchors_full", "tau_greedy", "tau_t1")
+PER_SLOT = ("count", "correct", "greedy", "t1")
+
+
+def stats_size(block_size: int) -> int:
+    return len(SCALARS) + len(PER_SLOT) * block_size
+
+
+def stats_vector(ok, flat, w_slot, per_slot, accept_t1, bce, conf):
+    """Sums for one rank and step as a 1-D fp32 tensor laid out as SCALARS + PER_SLOT x N."""
+    import torch
+
+    n = ok.shape[-1]
+    zero = torch.zeros((), device=ok.device)
+    k = flat % n
+    full = ok.all(dim=-1)
+
+    def chain(values):
+        grid = torch.zeros(ok.numel(), device=ok.device)
+        grid[flat] = values
+        return grid.view(ok.shape).cumprod(dim=-1).sum(dim=-1)[full].sum()
+
+    scalars = [
+        w_slot.sum(), (w_slot * per_slot[:, 0]).sum(), (w_slot * per_slot[:, 1]).sum(),
+        (w_slot * bce.detach()).sum() if bce is not None else zero,
+        (w_slot * (conf - accept_t1).abs()).sum() if conf is not None else zero,
+        torch.tensor(float(flat.numel()), device=ok.device), full.sum().float(),
+        chain(per_slot[:, 3]), chain(accept_t1),
+    ]
+    slots = [torch.bincount(k, weights=v, minlength=n).float()
+             for v in (torch.ones_like(accept_t1), per_slot[:, 2], per_slot[:, 3], accept_t1)]
+    return torch.cat([torch.stack(scalars).float(), *slots])
+
+
+def summarize(vec: list[float], block_size: int, weights: Any) -> dict[str, Any]:
+    """Summed stats -> the logged metrics (losses are slot-weighted means)."""
+    s = dict(zip(SCALARS, vec[: len(SCALARS)]))
+    per = {name: vec[len(SCALARS) + i * block_size: len(SCALARS) + (i + 1) * block_size]
+           for i, name in enumerate(PER_SLOT)}
+    w = max(s["weight"], 1e-12)
+    ce, l1, bce = s["ce"] / w, s["l1"] / w, s["bce"] / w
+    full = max(s["anchors_full"], 1.0)
+    counts = [max(c, 1.0) for c in per["count"]]
+    return {
+        "loss": weights.ce * ce + weights.l1 * l1 + weights.confidence * bce,
+        "loss_ce": ce, "loss_l1": l1, "loss_bce": bce, "conf_abs_err": s["conf_err"] / w,
+        "acc": sum(per["correct"]) / max(sum(per["count"]), 1.0),
+        "acc_slot": [c / n for c, n in zip(per["correct"], counts)],
+        "accept_greedy_slot": [c / n for c, n in zip(per["greedy"], counts)],
+        "accept_t1_slot": [c / n for c, n in zip(per["t1"], counts)],
+        "tau_greedy": 1.0 + s["tau_greedy"] / full, "tau_t1": 1.0 + s["tau_t1"] / full,
+        "slots": int(s["slots"]), "anchors_full": int(s["anchors_full"]),
+    }
+
+
+def format_line(record: dict[str, Any]) -> str:
+    """One plain log line (what a non-TTY sees, and what the CLI progress line shows)."""
+    return (f"step {record['step']}/{record['num_steps']} loss {record['loss']:.4f} "
+            f"(ce {record['loss_ce']:.3f} l1 {record['loss_l1']:.3f} bce {record['loss_bce']:.3f}) "
+            f"acc {record['acc']:.3f} tau {record['tau_greedy']:.2f}/{record['tau_t1']:.2f} (greedy/T=1) "
+            f"gnorm {record['grad_norm']:.3f} lr {record['lr']:.2e} {record['tokens_per_s']:.0f} tok/s "
+            f"mem {record['memory_gib']:.2f} GiB")
+
+
+class JsonlSink:
+    """metrics.jsonl, one record per log step. On resume, records past the resumed step are dropped."""
+
+    def __init__(self, path: Path, resume_step: int) -> None:
+        self.path = path
+        if path.exists():
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, path)
+        self.handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.handle.write(json.dumps(record) + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class TensorBoardSink:
+    def __init__(self, directory: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise UsageError("train.metrics has tensorboard but the tensorboard package is not installed",
+                             "pip install tensorboard, or drop tensorboard from train.metrics") from None
+        self.writer = SummaryWriter(str(directory))
+
+    def write(self, record: dict[str, Any]) -> None:
+        for key, value in _flat_numbers(record):
+            self.writer.add_scalar(f"train/{key}", value, record["step"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    def __init__(self, directory: Path, project: str | None, name: str, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise UsageError("train.metrics has wandb but the wandb package is not installed",
+                             "pip install wandb, or drop wandb from train.metrics") from None
+        self.run = wandb.init(project=project or "dspark", name=name, id=f"dspark-{name}", resume="allow",
+                              dir=str(directory), config=config)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.run.log(dict(_flat_numbers(record)), step=record["step"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class Sinks:
+    def __init__(self, sinks: list[Any]) -> None:
+        self.sinks = sinks
+
+    def write(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.write(record)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def open_sinks(kinds: list[str], out_dir: Path, *, resume_step: int, run_name: str, project: str | None,
+               config: dict[str, Any]) -> Sinks:
+    sinks: list[Any] = []
+    for kind in kinds:
+        if kind == "jsonl":
+            sinks.append(JsonlSink(out_dir / "metrics.jsonl", resume_step))
+        elif kind == "tensorboard":
+            sinks.append(TensorBoardSink(out_dir / "tensorboard"))
+        elif kind == "wandb":
+            sinks.append(WandbSink(out_dir, project, run_name, config))
+    return Sinks(sinks)
+
+
+def _flat_numbers(record: dict[str, Any]):
+    for key, value in record.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            yield key, value
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, (int, float)):
+                    yield f"{key}/{i}", item

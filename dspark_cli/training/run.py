@@ -1,0 +1,181 @@
+"""`run_train(recipe)`: the whole `dspark train` stage -- data, draft, FSDP2 loop, checkpoints, outputs.
+
+    from dspark_cli.recipe import load_recipe
+    from dspark_cli.training.run import run_train, plan_train
+    plan_train(load_recipe("tiny"))                  # steps / tokens / sequences (reads the data once)
+    run_train(load_recipe("tiny", ["train.max_steps=20"]), resume="auto")
+
+    torchrun --standalone --nproc-per-node 2 -m dspark_cli.cli train tiny   # what `--nproc 2` runs
+
+Data: offline, the capture directory (`recipe.stage_dir("capture")`, run first when it is not
+complete; rank 0 captures, the others wait); online, the capture queue `<capture dir>-queue` fed by
+`python -m dspark_cli.capture.online`, started here and read once (`train.max_steps` required).
+`sequences=` bypasses capture (tests, benchmarks): a callable returning an iterable of
+CapturedSequence-like objects, the same order on every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.contract import Contract
+from dspark_cli.errors import UsageError
+from dspark_cli.recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+
+def target_directory(recipe: Recipe) -> Path:
+    from dspark_cli.targets.registry import resolve_target
+
+    path = resolve_target(recipe.target.model)
+    if path is not None:
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(recipe.target.model, revision=recipe.target.revision, local_files_only=True,
+                                      allow_patterns=["*.json", "*.safetensors"]))
+    except Exception:  # noqa: BLE001 - any hub/cache failure means the same thing to the user
+        raise UsageError(f"target {recipe.target.model} is not available locally",
+                         f"download it first: hf download {recipe.target.model}") from None
+
+
+def resolve_mask_token(recipe: Recipe, target_dir: Path) -> int | None:
+    if recipe.draft.mask_token_id is not None:
+        return recipe.draft.mask_token_id
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(recipe.target.tokenizer or str(target_dir))
+    except (OSError, ValueError):
+        return None
+    return tokenizer.mask_token_id
+
+
+def build_draft_config(recipe: Recipe, target_dir: Path, layer_ids: list[int]):
+    import json
+
+    from dspark_cli.draft.build import draft_config_from_recipe
+
+    config = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
+    draft = recipe.draft.model_dump()
+    draft["target_layer_ids"] = layer_ids  # capture's resolution, so the draft reads what was captured
+    draft["mask_token_id"] = resolve_mask_token(recipe, target_dir)
+    return draft_config_from_recipe(draft, recipe.target.model_dump(), target_config=config)
+
+
+def train_contract(recipe: Recipe, draft_config) -> Contract:
+    from dspark_cli.capture.plan import contract_for_recipe
+
+    base = contract_for_recipe(recipe)
+    return dataclasses.replace(base, mask_token_id=draft_config.mask_token_id, block_size=draft_config.block_size)
+
+
+def _offline_source(recipe: Recipe, contract: Contract, env) -> Callable[[], Iterable[Any]]:
+    from dspark_cli.capture import iter_captured
+    from dspark_cli.manifest import read_manifest
+    from dspark_cli.training.distributed import barrier
+
+    directory = Path(recipe.stage_dir("capture"))
+    complete = (directory / "manifest.json").is_file() and read_manifest(directory).get("complete")
+    if not complete and env.is_main:
+        from dspark_cli.capture import run_capture
+
+        log.info("capture output %s is not complete: capturing first", directory)
+        run_capture(recipe)
+    barrier(env)
+    expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
+    return lambda: iter_captured(directory, expect=expect)
+
+
+def _online_source(recipe: Recipe, out_dir: Path, env) -> tuple[Callable[[], Iterable[Any]], Any]:
+    from dspark_cli.capture import iter_queue
+    from dspark_cli.recipe import write_resolved
+
+    if recipe.train.max_steps is None:
+        raise UsageError("capture.mode=online reads the data once: set train.max_steps",
+                         "e.g. train.max_steps=1000, or use capture.mode=offline for epochs")
+    queue = Path(recipe.stage_dir("capture") + "-queue")
+    producer = None
+    if env.is_main:
+        recipe_file = write_resolved(recipe, out_dir / "online-producer")
+        producer = subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.online", str(recipe_file), str(queue)])
+    if env.world_size > 1:
+        raise UsageError("capture.mode=online is single-process for now", "use capture.mode=offline with --nproc > 1")
+    return (lambda: iter_queue(queue, delete=True, timeout_s=3600)), producer
+
+
+def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, Any]:
+    """The dry-run plan: steps, tokens per step, sequences; exact when the capture exists, else estimated."""
+    from dspark_cli.capture import plan_capture
+    from dspark_cli.training.plan import plan_run
+
+    capture = plan_capture(recipe)
+    train = recipe.train
+    world = world_size or train.nproc_per_node * train.nnodes
+    out: dict[str, Any] = {"output_dir": recipe.stage_dir("train"), "world_size": world,
+                           "tokens_per_step": train.tokens_per_step, "num_anchors": train.num_anchors,
+                           "block_size": recipe.draft.block_size, "capture": capture}
+    lengths = None
+    directory = Path(recipe.stage_dir("capture"))
+    if (directory / "manifest.json").is_file():
+        from dspark_cli.capture import iter_captured
+        from dspark_cli.training.data import prepare
+
+        try:
+            lengths = [e.num_tokens for i, s in enumerate(iter_captured(directory))
+                       if (e := prepare(s, epoch=0, index=i, seed=train.seed, num_anchors=1,
+                                        max_seq_len=train.max_seq_len)) is not None]
+        except Exception as exc:  # noqa: BLE001 - an incomplete capture: fall back to the estimate
+            log.info("capture not readable yet (%s); estimating", exc)
+    if lengths is not None:
+        plan = plan_run(lengths=lengths, tokens_per_step=train.tokens_per_step, epochs=train.epochs,
+                        max_steps=train.max_steps, world_size=world, seed=train.seed)
+        out.update(plan.to_dict(), exact=True)
+    else:
+        tokens, seqs = capture.get("tokens"), capture.get("sequences")
+        steps = train.max_steps
+        if steps is None and tokens:
+            steps = int(train.epochs * tokens // train.tokens_per_step)
+        out.update(num_steps=steps, num_sequences=seqs, num_tokens=tokens, exact=False)
+    return out
+
+
+def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[str, Any]], None] | None = None,
+              sequences: Callable[[], Iterable[Any]] | None = None) -> dict[str, Any]:
+    """Train the draft the recipe describes; returns the summary also written to manifest.json (rank 0)."""
+    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
+    from dspark_cli.training.distributed import init_distributed, shutdown
+
+    env = init_distributed()
+    try:
+        target_dir = target_directory(recipe)
+        layer_ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
+        draft_config = build_draft_config(recipe, target_dir, layer_ids)
+        contract = train_contract(recipe, draft_config)
+        out_dir = Path(recipe.stage_dir("train"))
+        producer = None
+        if sequences is None:
+            if recipe.capture.mode == "online":
+                sequences, producer = _online_source(recipe, out_dir, env)
+            else:
+                sequences = _offline_source(recipe, contract, env)
+        try:
+            from dspark_cli.training.session import train_session
+
+            return train_session(recipe, env=env, target_dir=target_dir, draft_config=draft_config,
+                                 contract=contract, out_dir=out_dir, sequences=sequences, resume=resume,
+                                 on_log=on_log, single_pass=recipe.capture.mode == "online" and producer is not None)
+        finally:
+            if producer is not None and producer.poll() is None:
+                producer.terminate()
+                producer.wait(timeout=30)
+    finally:
+        shutdown(env)

@@ -1,0 +1,164 @@
+"""One training session on this process: build the draft, resume, run the loop, write the outputs.
+
+Called by `run.run_train` once the data source and the contract are known:
+
+    summary = train_session(recipe, env=env, target_dir=..., draft_config=..., contract=..., out_dir=...,
+                            sequences=lambda: captured, resume="auto", on_log=print)
+
+Outputs (rank 0 writes; see the package docstring for the layout): recipe.yaml and metrics.jsonl
+as it goes, checkpoints every `train.checkpoint_every` steps, and at the end `final/` (the
+consolidated draft: model.safetensors in vLLM names + config.json) and manifest.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dspark_cli import __version__
+from dspark_cli.contract import Contract
+from dspark_cli.errors import DataError
+from dspark_cli.manifest import sha256_file, write_json_atomic
+from dspark_cli.recipe import Recipe, write_resolved
+from dspark_cli.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from dspark_cli.training.data import StepStream, prepare
+from dspark_cli.training.distributed import DistEnv, barrier, shard
+from dspark_cli.training.flops import peak_flops
+from dspark_cli.training.loop import LoopConfig, train_loop
+from dspark_cli.training.metrics import format_line, open_sinks
+from dspark_cli.training.plan import plan_run
+from dspark_cli.training.step import LossConfig, TrainStep
+from dspark_cli.training.target import load_target_embeddings
+
+log = logging.getLogger(__name__)
+
+
+def build_step_module(recipe: Recipe, draft_config: Any, target_dir: Path, env: DistEnv,
+                      embed_dtype: torch.dtype) -> TrainStep:
+    from dspark_cli.draft.model import DSparkDraftModel
+
+    train = recipe.train
+    torch.manual_seed(train.seed)
+    model = DSparkDraftModel(draft_config, attn_impl=recipe.draft.attention)
+    model.init_weights(generator=torch.Generator().manual_seed(train.seed))
+    embed, lm_head = load_target_embeddings(target_dir, dtype=embed_dtype)
+    model.set_target_embeddings(embed, lm_head)
+    loss = LossConfig(ce=train.loss.ce, l1=train.loss.l1, confidence=train.loss.confidence,
+                      gamma=train.loss.slot_decay_gamma)
+    return shard(TrainStep(model, loss).to(env.device), env)
+
+
+def make_optimizer(module: torch.nn.Module, recipe: Recipe, env: DistEnv) -> torch.optim.Optimizer:
+    train = recipe.train
+    params = [p for p in module.parameters() if p.requires_grad]
+    # foreach everywhere: one implementation for 1 and N processes (fused has no DTensor CPU kernel)
+    return torch.optim.AdamW(params, lr=train.lr, betas=(train.betas[0], train.betas[1]),
+                             weight_decay=train.weight_decay, foreach=True)
+
+
+def count_lengths(sequences: Callable[[], Iterable[Any]], recipe: Recipe) -> list[int]:
+    train = recipe.train
+    return [e.num_tokens for i, s in enumerate(sequences())
+            if (e := prepare(s, epoch=0, index=i, seed=train.seed, num_anchors=1, max_seq_len=train.max_seq_len))]
+
+
+def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEnv) -> dict[str, str] | None:
+    """final/model.safetensors (vLLM names, fp32) + final/config.json, written atomically on rank 0."""
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from dspark_cli.draft.config import vllm_config_dict
+
+    state = get_model_state_dict(module.draft, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not env.is_main:
+        return None
+    final = out_dir / "final"
+    tmp = Path(tempfile.mkdtemp(prefix=".final.tmp-", dir=out_dir))
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
+              metadata={"format": "pt", "dspark": __version__})
+    write_json_atomic(tmp / "config.json", vllm_config_dict(draft_config, "float32"))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return {name: sha256_file(final / name) for name in ("model.safetensors", "config.json")}
+
+
+def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_config: Any, contract: Contract,
+                  out_dir: Path, sequences: Callable[[], Iterable[Any]], resume: str,
+                  on_log: Callable[[dict[str, Any]], None] | None, single_pass: bool = False) -> dict[str, Any]:
+    train = recipe.train
+    started = time.time()
+    bf16 = train.precision == "bf16" or (train.precision == "auto" and env.device.type == "cuda")
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    checkpoint_path = resolve_resume(out_dir, resume)
+    barrier(env)
+    module = build_step_module(recipe, draft_config, target_dir, env, dtype)
+    optimizer = make_optimizer(module, recipe, env)
+    start_step, position, tokens_done = 0, {"epoch": 0, "consumed": 0}, 0
+    if checkpoint_path is not None:
+        meta = load_checkpoint(env, checkpoint_path, module=module, optimizer=optimizer, contract=contract)
+        start_step, position, tokens_done = meta["step"], meta["position"], meta.get("tokens", 0)
+        log.info("resumed from %s (step %d)", checkpoint_path, start_step)
+
+    lengths = None if (train.max_steps or single_pass) else count_lengths(sequences, recipe)
+    if train.max_steps:
+        num_steps = train.max_steps
+    else:
+        num_steps = plan_run(lengths=lengths, tokens_per_step=train.tokens_per_step, epochs=train.epochs,
+                             max_steps=None, world_size=env.world_size, seed=train.seed).num_steps
+    if num_steps == 0:
+        raise DataError("no trainable sequences: every captured sequence lacks loss-masked tokens with target states",
+                        "check datagen's loss masks and the capture output")
+    if env.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_resolved(recipe, out_dir)
+        sinks = open_sinks(list(train.metrics), out_dir, resume_step=start_step, run_name=recipe.name,
+                           project=train.wandb_project, config=recipe.model_dump(mode="json"))
+
+    def on_record(record: dict[str, Any]) -> None:
+        if env.is_main:
+            sinks.write(record)
+            log.info(format_line(record))
+            if on_log is not None:
+                on_log(record)
+
+    def on_checkpoint(step: int, pos: dict[str, int], record: dict[str, Any] | None, tokens: int) -> None:
+        save_checkpoint(env, out_dir, step=step, module=module, optimizer=optimizer, recipe=recipe,
+                        meta={"num_steps": num_steps, "position": pos, "tokens": tokens,
+                              "contract": contract.to_dict(), "metrics": record, "time": time.time()})
+
+    stream = StepStream(sequences, seed=train.seed, num_anchors=train.num_anchors, max_seq_len=train.max_seq_len,
+                        tokens_per_step=train.tokens_per_step, world_size=env.world_size,
+                        epochs=None if train.max_steps else train.epochs,
+                        num_items_per_epoch=len(lengths) if lengths else None, single_pass=single_pass, start=position)
+    cfg = LoopConfig(num_steps=num_steps, lr=train.lr, min_lr_ratio=train.min_lr_ratio, warmup_steps=train.warmup_steps,
+                     grad_clip=train.grad_clip, log_every=train.log_every, checkpoint_every=train.checkpoint_every,
+                     block_size=draft_config.block_size, loss=module.loss_config, data_dtype=dtype,
+                     autocast_dtype=torch.bfloat16 if bf16 else None, peak_flops=peak_flops(env.device, dtype))
+    try:
+        result = train_loop(env=env, module=module, optimizer=optimizer, steps=iter(stream), start_step=start_step,
+                            cfg=cfg, log=on_record, checkpoint=on_checkpoint, tokens_done=tokens_done)
+    finally:
+        if env.is_main:
+            sinks.close()
+    files = write_final(module, draft_config, out_dir, env)
+    summary = {"output_dir": str(out_dir), "steps": result["step"], "num_steps": num_steps,
+               "resumed_from": str(checkpoint_path) if checkpoint_path else None, "tokens": result["tokens"],
+               "world_size": env.world_size, "final_metrics": result["record"], "wall_s": round(time.time() - started, 1),
+               "final": str(out_dir / "final")}
+    if env.is_main:
+        write_json_atomic(out_dir / "manifest.json", {
+            "kind": "dspark.train", "format_version": 1, "dspark": __version__, "complete": True,
+            "contract": contract.to_dict(), "summary": summary, "recipe": recipe.model_dump(mode="json"),
+            "files": {f"final/{name}": digest for name, digest in (files or {}).items()},
+        })
+    barrier(env)
+    return summary

@@ -1,0 +1,63 @@
+"""The target's frozen `embed_tokens` and `lm_head`, read from its safetensors without loading the model.
+
+    embed, lm_head = load_target_embeddings("dspark_cli/targets/tiny/tiny-mla")   # [V, H] each
+
+Names tried (first match wins): `model.embed_tokens.weight` / `lm_head.weight`, with the usual
+prefixes of multimodal or wrapped checkpoints (`language_model.`, `model.language_model.`).
+A tied target (`tie_word_embeddings`, or no lm_head tensor) reuses embed_tokens as lm_head.
+Only the shards holding these two tensors are opened (via `model.safetensors.index.json`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dspark_cli.errors import DataError, UsageError
+
+EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
+               "language_model.model.embed_tokens.weight", "embed_tokens.weight")
+LM_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
+
+
+def _weight_map(directory: Path) -> dict[str, str]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        return json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    single = directory / "model.safetensors"
+    if not single.is_file():
+        raise UsageError(f"{directory}: no model.safetensors or model.safetensors.index.json",
+                         "point target.model at a local directory with safetensors weights")
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as handle:
+        return {name: "model.safetensors" for name in handle.keys()}  # noqa: SIM118 - not a dict
+
+
+def _read(directory: Path, weight_map: dict[str, str], names: tuple[str, ...]) -> torch.Tensor | None:
+    from safetensors import safe_open
+
+    for name in names:
+        if name in weight_map:
+            with safe_open(str(directory / weight_map[name]), framework="pt") as handle:
+                return handle.get_tensor(name)
+    return None
+
+
+def load_target_embeddings(target_dir: str | Path, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed_tokens [V, H], lm_head [V, H]) of a local target, cast to `dtype`, frozen."""
+    directory = Path(target_dir)
+    weight_map = _weight_map(directory)
+    embed = _read(directory, weight_map, EMBED_NAMES)
+    if embed is None:
+        raise DataError(f"{directory}: no embed_tokens tensor (looked for {EMBED_NAMES[0]} and variants)",
+                        "is this a causal LM checkpoint?")
+    lm_head = _read(directory, weight_map, LM_HEAD_NAMES)
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8")) if (directory / "config.json").is_file() else {}
+    if lm_head is None:
+        if not config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False)):
+            raise DataError(f"{directory}: no lm_head tensor and tie_word_embeddings is not set", "check the checkpoint")
+        lm_head = embed
+    return embed.to(dtype).requires_grad_(False), lm_head.to(dtype).requires_grad_(False)

@@ -1,0 +1,93 @@
+"""Tiny training fixtures: a random Qwen3 target on disk and its captured sequences, plus a runnable worker.
+
+    .venv/bin/python tests/train_fixtures.py WORKDIR train.max_steps=6          # one process
+    .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        tests/train_fixtures.py WORKDIR train.max_steps=6                        # FSDP2 on gloo
+
+The target (hidden 64, 4 layers, vocab 256) has a large init range so its next-token distributions
+are peaked; each sequence is a random 16-token prompt followed by the target's own greedy
+continuation (loss-masked), captured by capture's `HFCapturer` exactly as `dspark train` reads it.
+Everything is seeded, so every process (and every rank) builds identical data.
+The worker prints one JSON line per log step (`{"step": .., "loss": ..}`) and the summary last.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+VOCAB, HIDDEN, LAYERS, PROMPT, LENGTH = 256, 64, 4, 16, 64
+LAYER_IDS = [0, 2]
+
+
+def make_target(directory: Path) -> Path:
+    """A seeded random Qwen3 target saved with safetensors (idempotent)."""
+    if (directory / "config.json").is_file():
+        return directory
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         tie_word_embeddings=False, initializer_range=0.2, rope_theta=10000.0)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+def make_sequences(target_dir: Path, num: int = 16, seed: int = 0) -> list:
+    """`num` prompt + greedy-continuation sequences, captured (aux at LAYER_IDS, post-norm last state)."""
+    import torch
+
+    from dspark_cli.capture.hf import HFCapturer
+
+    capturer = HFCapturer(str(target_dir), LAYER_IDS, dtype="float32", device="cpu")
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, VOCAB - 1, (num, PROMPT), generator=gen)
+    with torch.no_grad():
+        ids = capturer.model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=LENGTH - PROMPT,
+                                      min_new_tokens=LENGTH - PROMPT, do_sample=False, pad_token_id=0)
+    samples = [(f"seq/{i}", row.tolist(), [0] * PROMPT + [1] * (LENGTH - PROMPT)) for i, row in enumerate(ids)]
+    return capturer.capture(samples)
+
+
+def tiny_recipe(workdir: Path, overrides: list[str] | None = None):
+    from dspark_cli.recipe import load_recipe
+
+    base = [f"target.model={workdir / 'target'}", "target.dtype=float32", f"output_dir={workdir / 'run'}",
+            "draft.arch=gqa", "draft.num_layers=2", "draft.block_size=4", "draft.markov_rank=16",
+            f"draft.mask_token_id={VOCAB - 1}", f"draft.target_layer_ids={json.dumps(LAYER_IDS)}",
+            "train.num_anchors=12", f"train.max_seq_len={LENGTH}", f"train.tokens_per_step={4 * LENGTH}",
+            "train.max_steps=8", "train.lr=3e-3", "train.warmup_steps=2", "train.log_every=1",
+            "train.checkpoint_every=4", "train.seed=0"]
+    return load_recipe("tiny", base + list(overrides or []))
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    workdir = Path(argv[0])
+    make_target(workdir / "target")
+    recipe = tiny_recipe(workdir, [a for a in argv[1:] if "=" in a and not a.startswith("--")])
+    resume = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--resume=")), "auto")
+    sequences = make_sequences(workdir / "target")
+
+    from dspark_cli.training.run import run_train
+
+    summary = run_train(recipe, resume=resume, sequences=lambda: iter(sequences),
+                        on_log=lambda r: print(json.dumps({"step": r["step"], "loss": r["loss"],
+                                                           "tau_greedy": r["tau_greedy"]}), flush=True))
+    import os
+
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(json.dumps({"summary": summary}, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
