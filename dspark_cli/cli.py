@@ -167,11 +167,58 @@ def train(
     nproc: Annotated[int | None, typer.Option(help="Sets train.nproc_per_node; >1 launches torchrun.")] = None,
     dry_run: DryRunOpt = False,
 ) -> None:
-    """Capture hidden states and train the draft (FSDP2; torchrun when several processes)."""
-    from dspark_cli.pipeline import run_train
+    """Capture hidden states and train the draft (FSDP2; torchrun when several processes).
+
+    `--resume auto` continues from the latest checkpoint in the output directory (a crash costs at
+    most `train.checkpoint_every` steps); `--nproc 2` relaunches itself under torchrun.
+    """
+    import os
+    import subprocess
 
     loaded = _load(recipe, overrides, {"train.output_dir": output_dir, "train.nproc_per_node": nproc})
-    run_train(loaded)
+    if dry_run:
+        from dspark_cli.training.run import plan_train
+
+        plan = plan_train(loaded)
+        cap = plan["capture"]
+        disk = f"{cap['total_bytes'] / 2**30:.2f} GiB" if cap.get("total_bytes") else "unknown (run datagen first)"
+        rows = [["steps", plan["num_steps"]], ["tokens per step (all ranks)", plan["tokens_per_step"]],
+                ["sequences per epoch", plan.get("num_sequences")], ["tokens per epoch", plan.get("num_tokens")],
+                ["sequences per step", round(plan.get("sequences_per_step", 0) or 0, 2) or "-"],
+                ["processes", plan["world_size"]], ["anchors per sequence", plan["num_anchors"]],
+                ["block size", plan["block_size"]], [f"capture cache ({cap['mode']}) disk", disk],
+                ["output", plan["output_dir"]]]
+        print_table(f"train plan ({'exact' if plan['exact'] else 'estimated'}; nothing written)", ["", "value"], rows)
+        return
+    from dspark_cli.training.distributed import torchrun_command, under_torchrun
+
+    if loaded.train.nproc_per_node > 1 and not under_torchrun():
+        args = ["train", recipe, *(overrides or []), "--resume", resume, "--nproc", str(loaded.train.nproc_per_node)]
+        args += ["--output-dir", output_dir] if output_dir else []
+        cmd = torchrun_command(args, nproc=loaded.train.nproc_per_node, nnodes=loaded.train.nnodes,
+                               rdzv_endpoint=loaded.train.rdzv_endpoint, run_id=loaded.name)
+        say(f"launching {loaded.train.nproc_per_node} processes: {' '.join(cmd[1:5])} ...")
+        raise typer.Exit(subprocess.run(cmd, check=False).returncode)
+    from dspark_cli.training.metrics import format_line
+    from dspark_cli.training.run import run_train
+    from dspark_cli.ui import progress_bar
+
+    main_rank = os.environ.get("RANK", "0") == "0"
+    if main_rank and stdout.is_terminal:
+        seen = {"tokens": 0}
+        with progress_bar("train", unit="steps") as update:
+            def show(record):
+                seen["tokens"] += record["tokens"]
+                say(format_line(record))
+                update(record["step"], record["num_steps"], tokens=seen["tokens"])
+            summary = run_train(loaded, resume=resume, on_log=show)
+    else:
+        summary = run_train(loaded, resume=resume, on_log=lambda record: say(format_line(record)))
+    if main_rank:
+        final = summary.get("final_metrics") or {}
+        say(f"train: {summary['steps']} steps, {summary['tokens']} tokens, loss {final.get('loss', float('nan')):.4f}, "
+            f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1 "
+            f"-> {summary['final']}; next: dspark export {summary['output_dir']}", style="green")
 
 
 @app.command()

@@ -56,7 +56,9 @@ def run_capture(recipe: Recipe) -> dict[str, Any]:
 
 
 def run_train(recipe: Recipe) -> dict[str, Any]:
-    raise not_built("`dspark train`", 7)
+    from dspark_cli.training.run import run_train as train
+
+    return train(recipe, resume="auto")
 
 
 def run_export(recipe: Recipe) -> dict[str, Any]:

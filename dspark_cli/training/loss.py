@@ -124,7 +124,8 @@ def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torc
 
 def reference_loss_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor):
     """Unfused per-slot (CE, L1) with plain autograd: the independent check of `vocab_loss`."""
-    logp = logits.float().log_softmax(-1)
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for a high-precision check
+    logp = logits.to(dtype).log_softmax(-1)
     ce = -logp.gather(-1, labels[..., None]).squeeze(-1)
-    l1 = (logp.exp() - target_logits.float().softmax(-1)).abs().sum(-1)
+    l1 = (logp.exp() - target_logits.to(dtype).softmax(-1)).abs().sum(-1)
     return ce, l1

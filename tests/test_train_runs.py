@@ -1,0 +1,142 @@
+"""Whole training runs on a tiny random Qwen3 target: 1 vs 2 FSDP2 processes, SIGKILL + resume, outputs.
+
+    .venv/bin/python -m pytest tests/test_train_runs.py -q          # ~1 min on 2 cores
+
+Runs go through `tests/train_fixtures.py` in subprocesses (torchrun for 2 processes), one torch
+thread each, so they are deterministic. Tolerance of 1 vs 2 processes: both compute the same fp32
+math on the same sequences; only summation order differs (each rank sums half the slots, gloo adds
+the two halves; AdamW then divides by sqrt(v), which keeps relative errors relative). Measured
+differences are ~1e-7 relative (fp32 epsilon is 6e-8); 1e-5 leaves 100x headroom while still
+catching any real difference (a lost, doubled or mis-weighted rank share changes the loss by >1e-3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import train_fixtures  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = str(ROOT / "tests" / "train_fixtures.py")
+STEPS = ("train.max_steps=12", "train.checkpoint_every=4", "train.log_every=1")
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def _run(workdir: Path, *args: str, nproc: int = 1) -> tuple[list[dict], dict]:
+    cmd = [sys.executable, WORKER, str(workdir), *args]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *cmd[1:]]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return [x for x in lines if "step" in x], next(x["summary"] for x in lines if "summary" in x)
+
+
+@pytest.fixture(scope="module")
+def target_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train-target")
+    train_fixtures.make_target(root / "target")
+    return root
+
+
+def _workdir(target_root: Path, tmp_path: Path, name: str) -> Path:
+    work = tmp_path / name
+    work.mkdir()
+    (work / "target").symlink_to(target_root / "target")
+    return work
+
+
+@pytest.fixture(scope="module")
+def one_process(target_root, tmp_path_factory):
+    work = _workdir(target_root, tmp_path_factory.mktemp("one"), "w")
+    records, summary = _run(work, *STEPS)
+    return work, records, summary
+
+
+def test_two_fsdp2_processes_give_the_loss_curve_of_one(one_process, target_root, tmp_path):
+    _, one, _ = one_process
+    two, summary = _run(_workdir(target_root, tmp_path, "two"), *STEPS, nproc=2)
+    assert summary["world_size"] == 2
+    assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, 13))
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+    assert one[-1]["loss"] < one[0]["loss"] - 0.1  # and it is a real training curve
+
+
+def test_sigkill_then_resume_auto_finishes_with_the_uninterrupted_loss(one_process, target_root, tmp_path):
+    _, uninterrupted, _ = one_process
+    work = _workdir(target_root, tmp_path, "killed")
+    cmd = [sys.executable, WORKER, str(work), *STEPS]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env(), cwd=ROOT)
+    killed_after = None
+    for line in proc.stdout:
+        if line.startswith("{") and json.loads(line).get("step") == 7:  # checkpoint at 4 done, 8 not yet
+            proc.send_signal(signal.SIGKILL)
+            killed_after = 7
+            break
+    proc.wait(timeout=60)
+    assert killed_after == 7 and proc.returncode == -signal.SIGKILL
+    ckpts = work / "run" / "train" / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step-000004"
+    assert not (work / "run" / "train" / "final").exists()
+
+    records, summary = _run(work, *STEPS, "--resume=auto")
+    assert summary["resumed_from"].endswith("step-000004")
+    assert killed_after - 4 <= 4  # lost at most one checkpoint interval of work
+    assert [r["step"] for r in records] == list(range(5, 13))
+    assert records[-1]["loss"] == pytest.approx(uninterrupted[-1]["loss"], rel=1e-6, abs=0)
+    steps = [json.loads(line)["step"] for line in (work / "run" / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 13))  # the killed run's steps 5-7 were replaced, not duplicated
+
+
+def test_outputs_are_loadable_without_torch_distributed(one_process):
+    from safetensors.torch import load_file
+
+    from dspark_cli.draft.model import DSparkDraftModel
+    from dspark_cli.export.source import build_model, load_draft_dir
+
+    work, records, summary = one_process
+    train_dir = work / "run" / "train"
+    manifest = json.loads((train_dir / "manifest.json").read_text())
+    assert manifest["kind"] == "dspark.train" and manifest["complete"]
+    assert manifest["contract"]["block_size"] == 4 and manifest["contract"]["target_layer_ids"] == [0, 2]
+    assert manifest["summary"]["steps"] == 12 and manifest["summary"]["tokens"] == 12 * 4 * 64
+    draft = load_draft_dir(train_dir)
+    model = build_model(draft.config, draft.state_dict)
+    assert set(load_file(str(train_dir / "final" / "model.safetensors"))) == set(DSparkDraftModel(draft.config).state_dict())
+    assert not any("embed_tokens" in k or "lm_head" in k for k in draft.state_dict)
+    assert model.config.mask_token_id == train_fixtures.VOCAB - 1
+    assert sorted(p.name for p in (train_dir / "checkpoints").iterdir()) == [
+        "latest", "step-000004", "step-000008", "step-000012"]
+    assert (train_dir / "recipe.yaml").is_file() and (train_dir / "checkpoints" / "step-000012" / "recipe.yaml").is_file()
+
+
+def test_resume_under_another_contract_fails_in_one_line(one_process, tmp_path):
+    import shutil
+
+    from dspark_cli.errors import ContractError, UsageError
+    from dspark_cli.training.run import run_train
+
+    work, _, _ = one_process
+    copy = tmp_path / "copy"
+    shutil.copytree(work / "run", copy / "run")
+    (copy / "target").symlink_to((work / "target").resolve())
+    seqs = train_fixtures.make_sequences(copy / "target", num=4)
+    recipe = train_fixtures.tiny_recipe(copy, [*STEPS, "draft.mask_token_id=254", "train.max_steps=16"])
+    with pytest.raises(ContractError) as err:
+        run_train(recipe, resume="auto", sequences=lambda: iter(seqs))
+    assert "mask_token_id: 254 here vs 255" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UsageError, match="already holds checkpoints"):
+        run_train(train_fixtures.tiny_recipe(copy, list(STEPS)), resume="never", sequences=lambda: iter(seqs))

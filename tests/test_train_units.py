@@ -1,0 +1,143 @@
+"""Trainer pieces against independent references: fused loss, metrics, schedule, anchors, packing, resume order.
+
+    .venv/bin/python -m pytest tests/test_train_units.py -q
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dspark_cli.training import loss as loss_mod
+from dspark_cli.training.data import Example, StepStream, collate, prepare, sample_anchors, trainable_labels
+from dspark_cli.training.loop import LoopConfig, lr_at
+from dspark_cli.training.metrics import stats_vector, summarize
+from dspark_cli.training.plan import plan_run
+from dspark_cli.training.step import LossConfig, trainable_slots
+
+
+def _loss_inputs(seed=0, slots=70, hidden=16, rank=8, vocab=97, rows=40):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(slots, hidden, generator=g, requires_grad=True)
+    e = torch.randn(slots, rank, generator=g, requires_grad=True)
+    w2 = torch.randn(vocab, rank, generator=g, requires_grad=True)
+    lm = torch.randn(vocab, hidden, generator=g)
+    target = torch.randn(rows, hidden, generator=g)
+    index = torch.randint(0, rows, (slots,), generator=g)
+    labels = torch.randint(0, vocab, (slots,), generator=g)
+    w_ce, w_l1 = torch.rand(slots, generator=g), torch.rand(slots, generator=g)
+    return h, e, w2, lm, target, index, labels, w_ce, w_l1
+
+
+@pytest.mark.parametrize("as_table", [True, False])
+def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table):
+    monkeypatch.setattr(loss_mod, "TABLE_BYTES", 1 << 30 if as_table else 0)
+    h, e, w2, lm, target, index, labels, w_ce, w_l1 = _loss_inputs()
+    loss, stats = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, chunk=16)  # 5 chunks
+    grads = torch.autograd.grad(loss, (h, e, w2))
+    # reference: float64, every [slots, vocab] tensor materialised, autograd end to end
+    h64, e64, w64 = (t.detach().double().requires_grad_() for t in (h, e, w2))
+    logits = h64 @ lm.double().T + e64 @ w64.T
+    ce, l1 = loss_mod.reference_loss_terms(logits, target[index].double() @ lm.double().T, labels)
+    ref = (w_ce.double() * ce).sum() + (w_l1.double() * l1).sum()
+    ref_grads = torch.autograd.grad(ref, (h64, e64, w64))
+    torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(stats[:, 0].double(), ce.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats[:, 1].double(), l1.detach(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(stats[:, 2].bool(), logits.argmax(-1).eq(labels))
+
+
+def test_fused_vocab_loss_under_bf16_autocast_is_close():
+    h, e, w2, lm, target, index, labels, w_ce, w_l1 = _loss_inputs(seed=1)
+    exact, _ = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low, _ = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1)
+    low.backward()
+    assert h.grad.dtype == torch.float32 and w2.grad.dtype == torch.float32
+    assert abs(float(low.detach()) - float(exact.detach())) / float(exact.detach()) < 0.03  # bf16 logits: ~3 significant digits
+
+
+def test_tau_and_slot_metrics_by_hand():
+    ok = torch.ones(1, 2, 3, dtype=torch.bool)  # one row, two anchors, N = 3, all trainable
+    flat = torch.arange(6)
+    greedy = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0])  # accepted prefixes: 2 and 0
+    t1 = torch.full((6,), 0.5)
+    per_slot = torch.stack([torch.ones(6), 2 * (1 - t1), greedy, greedy], dim=1)  # CE, L1, correct, greedy
+    vec = stats_vector(ok, flat, torch.ones(6), per_slot, t1, None, None)
+    out = summarize(vec.tolist(), 3, LossConfig())
+    assert out["tau_greedy"] == pytest.approx(1 + (2 + 0) / 2)
+    assert out["tau_t1"] == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert out["accept_greedy_slot"] == pytest.approx([0.5, 1.0, 0.5])
+    assert out["loss"] == pytest.approx(0.1 * 1.0 + 0.9 * 1.0)
+
+
+def test_lr_schedule_warmup_then_cosine_to_the_floor():
+    cfg = LoopConfig(num_steps=110, lr=1e-3, min_lr_ratio=0.1, warmup_steps=10, grad_clip=1.0, log_every=1,
+                     checkpoint_every=10, block_size=7, loss=LossConfig(), data_dtype=torch.float32, autocast_dtype=None)
+    lrs = [lr_at(s, cfg) for s in range(200)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[60] == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lrs[110] == pytest.approx(1e-4) and lrs[199] == pytest.approx(1e-4)
+
+
+def _seq(length, prompt, seed):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(length, dtype=torch.bool)
+    mask[prompt:] = True
+    last = torch.randn(length, 8, generator=g)
+    last[~mask] = 0  # as capture stores it
+    return SimpleNamespace(input_ids=torch.randint(0, 50, (length,), generator=g), loss_mask=mask,
+                           aux_hidden=torch.randn(length, 16, generator=g), last_hidden=last)
+
+
+def test_labels_anchors_and_slots_follow_the_capture_convention():
+    seq = _seq(20, prompt=6, seed=0)
+    ok = trainable_labels(seq.loss_mask, seq.last_hidden)
+    # label 6 (first response token) is predicted at prompt position 5, whose target state capture did not keep
+    assert ok.nonzero().flatten().tolist() == list(range(7, 20))
+    anchors = sample_anchors(ok, 100, torch.Generator().manual_seed(0))
+    assert anchors.tolist() == list(range(6, 19))  # every a with a trainable a + 1
+    ex = prepare(seq, epoch=0, index=3, seed=0, num_anchors=5, max_seq_len=64)
+    again = prepare(seq, epoch=0, index=3, seed=0, num_anchors=5, max_seq_len=64)
+    other = prepare(seq, epoch=1, index=3, seed=0, num_anchors=5, max_seq_len=64)
+    assert ex.anchors.tolist() == again.anchors.tolist() != other.anchors.tolist()
+    batch = collate([ex], torch.float32)
+    slots = trainable_slots(batch, 4)
+    for j, a in enumerate(ex.anchors.tolist()):
+        assert slots[0, j].tolist() == [a + i + 1 < 20 and a + i + 1 >= 7 for i in range(4)]
+    assert prepare(_seq(10, prompt=10, seed=1), epoch=0, index=0, seed=0, num_anchors=4, max_seq_len=64) is None
+
+
+def _stream(seqs, **kw):
+    args = dict(seed=5, num_anchors=4, max_seq_len=32, tokens_per_step=60, world_size=2, epochs=1.5,
+                num_items_per_epoch=len(seqs))
+    args.update(kw)
+    return StepStream(lambda: iter(seqs), **args)
+
+
+def test_plan_matches_the_stream_and_resume_replays_the_rest():
+    rng = random.Random(0)
+    seqs = [_seq(rng.randint(6, 40), prompt=3, seed=i) for i in range(23)]
+    steps = list(_stream(seqs))
+    lengths = [min(s.input_ids.shape[0], 32) for s in seqs]
+    plan = plan_run(lengths=lengths, tokens_per_step=60, epochs=1.5, max_steps=None, world_size=2, seed=5)
+    assert plan.num_steps == len(steps) > 5
+    assert all(len(s.examples) >= 2 and (s.num_tokens <= 60 or len(s.examples) == 2) for s in steps)
+    key = lambda step: [(e.epoch, e.index, e.anchors.tolist()) for e in step.examples]  # noqa: E731
+    resumed = list(_stream(seqs, start=steps[4].position))
+    assert [key(s) for s in resumed] == [key(s) for s in steps[5:]]
+    shares = [steps[0].for_rank(r, 2) for r in range(2)]
+    assert sorted(id(e) for part in shares for e in part) == sorted(id(e) for e in steps[0].examples)
+    assert all(shares)
+
+
+def test_examples_are_trimmed_to_max_seq_len():
+    ex = prepare(_seq(50, prompt=2, seed=3), epoch=0, index=0, seed=0, num_anchors=8, max_seq_len=32)
+    assert isinstance(ex, Example) and ex.num_tokens == 32 and int(ex.anchors.max()) < 31
