@@ -52,7 +52,11 @@ def run_datagen(recipe: Recipe) -> dict[str, Any]:
 
 
 def run_capture(recipe: Recipe) -> dict[str, Any]:
-    raise not_built("hidden-state capture", 6)
+    if recipe.capture.mode == "online":
+        return {"mode": "online", "detail": "captured while training (bounded queue)"}
+    from dspark_cli.capture import run_capture as capture
+
+    return capture(recipe)
 
 
 def run_train(recipe: Recipe) -> dict[str, Any]:
