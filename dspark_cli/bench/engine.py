@@ -1,0 +1,331 @@
+"""The reference speculative-decoding engine: a transformers target + a DSpark draft, as vLLM 0.33 serves it.
+
+    from dspark_cli.bench.engine import HFTarget, DSparkDrafter, SpeculativeEngine, Sampling, Speculation
+    target = HFTarget.load("dspark_cli/targets/tiny/tiny-mla", layer_ids=[0, 1, 2, 4, 5])
+    drafter = DSparkDrafter.from_dir("runs/tiny/draft", target)
+    engine = SpeculativeEngine(target, drafter, Speculation(7, "probabilistic", "block"))
+    out = engine.generate(prompt_ids, Sampling(temperature=1.0, top_p=1.0, max_tokens=128, stop_ids={1}), seed=0)
+    out.token_ids, out.accepted, out.tau
+
+One request at a time, CPU or GPU. Per request:
+1. prefill: the target reads the prompt (KV cache kept) -> logits of the last position and the aux
+   hidden states of every prompt position (outputs of `target_layer_ids`, concatenated); the first
+   token is sampled from the target; the drafter's context cache receives the prompt's states.
+2. each step, with anchor = the last emitted token at position p (not yet seen by the target):
+   the drafter drafts N tokens from context < p; with a confidence threshold only the leading drafts
+   whose cumulative confidence stays above it are kept (k <= N); the target runs ONE forward over
+   [anchor, d_1 .. d_k] at positions p .. p+k on its KV cache; `verify` accepts a drafts and picks the
+   next token; the target cache is cropped to p + a + 1 and the drafter appends the target states of
+   the verified positions p .. p+a (anchor + accepted drafts). Emitted: d_1 .. d_a, next (tau = a + 1).
+Sampling, top-p and verification follow vLLM (see verify.py); stop tokens end a request after they
+are emitted; `max_tokens` truncates the last step's tokens (its statistics are kept, as vLLM counts).
+
+Targets and drafters are small protocols, so the tests can run the same loop on table models.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from dspark_cli.bench.verify import confidence_prefix, sample_target, verify
+from dspark_cli.errors import ContractError, UsageError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop_ids: frozenset[int] = frozenset()
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How vLLM is asked to speculate (serve.* settings) plus the confidence schedule."""
+
+    num_speculative_tokens: int
+    draft_sample_method: str = "probabilistic"  # or "greedy"
+    rejection_sample_method: str = "standard"  # or "block"
+    confidence_threshold: float = 0.0  # > 0: verify only the confident prefix of each block
+
+    def __post_init__(self) -> None:
+        if self.draft_sample_method not in ("greedy", "probabilistic"):
+            raise ValueError(f"draft_sample_method must be greedy or probabilistic, got {self.draft_sample_method!r}")
+        if self.rejection_sample_method not in ("standard", "block"):
+            raise ValueError(f"rejection_sample_method must be standard or block, got {self.rejection_sample_method!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1")
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [N] drafted ids
+    logits: torch.Tensor | None  # [N, V] pre-temperature logits (None: greedy drafts, one-hot proposals)
+    confidence: torch.Tensor | None  # [N] acceptance estimates, None without a confidence head
+
+
+class Target(Protocol):
+    vocab_size: int
+
+    def reset(self) -> None: ...
+    def forward(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]: ...  # logits [m, V], aux [m, F]
+    def crop(self, length: int) -> None: ...
+
+
+class Drafter(Protocol):
+    has_confidence: bool
+
+    def begin(self, aux: torch.Tensor) -> None: ...
+    def propose(self, anchor: int, *, temperature: float, greedy: bool, num_tokens: int,
+                generator: torch.Generator | None) -> Proposal: ...
+    def accept(self, aux: torch.Tensor) -> None: ...
+    def end(self) -> None: ...
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    accepted: list[int] = field(default_factory=list)  # per verification step: drafts accepted
+    verified: list[int] = field(default_factory=list)  # per step: drafts sent to the target (k)
+    seconds: float = 0.0
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Tokens per verification step, bonus included (nan without steps)."""
+        return (sum(self.accepted) + len(self.accepted)) / len(self.accepted) if self.accepted else float("nan")
+
+
+def _decoder_layers(model: Any) -> list[Any]:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = next((getattr(decoder, n) for n in ("layers", "h", "blocks") if hasattr(decoder, n)), None)
+    if layers is None:
+        raise UsageError(f"{type(model).__name__}: cannot find its decoder layers",
+                         "the reference engine supports models with model.layers (Llama, Qwen, DeepSeek, ...)")
+    return list(layers)
+
+
+class HFTarget:
+    """A transformers causal LM run incrementally on its KV cache, returning logits and aux states.
+
+    Aux states are read with forward hooks on the decoder layers named by `layer_ids` (their outputs:
+    transformers `hidden_states[k+1]`, and the raw, pre-norm output for the last layer, as vLLM reads it).
+    """
+
+    def __init__(self, model: Any, layer_ids: list[int]) -> None:
+        self.model = model.eval()
+        layers = _decoder_layers(model)
+        if not layer_ids or max(layer_ids) >= len(layers) or min(layer_ids) < 0:
+            raise ContractError(f"draft target_layer_ids {layer_ids} do not fit the target's {len(layers)} layers",
+                                "bench the draft with the target it was trained for")
+        self.layer_ids = list(layer_ids)
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self._captured: dict[int, torch.Tensor] = {}
+        for k in self.layer_ids:
+            layers[k].register_forward_hook(self._keeper(k))
+        self.cache: Any = None
+        self.length = 0
+
+    @classmethod
+    def load(cls, path: str, layer_ids: list[int], *, dtype: str = "auto", device: str | None = None,
+             trust_remote_code: bool = False, revision: str | None = None) -> HFTarget:
+        from transformers import AutoModelForCausalLM
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32,
+                       "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                                                     revision=revision).to(device)
+        return cls(model, layer_ids)
+
+    def _keeper(self, key: int):
+        def hook(_module: Any, _args: Any, output: Any) -> None:
+            self._captured[key] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    def embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's (embed_tokens, lm_head) weights, both [V, H], which the draft borrows."""
+        return self.model.get_input_embeddings().weight, self.model.get_output_embeddings().weight
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the next tokens (positions length .. length+m-1): logits [m, V] fp32 and aux [m, F]."""
+        m = len(token_ids)
+        ids = torch.tensor([token_ids], device=self.device)
+        positions = torch.arange(self.length, self.length + m, device=self.device).unsqueeze(0)
+        self._captured.clear()
+        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        self.length += m
+        aux = torch.cat([self._captured[k][0] for k in self.layer_ids], dim=-1)
+        return out.logits[0].float(), aux
+
+    def crop(self, length: int) -> None:
+        """Forget positions >= length (drafts the verifier rejected)."""
+        if length < self.length:
+            self.cache.crop(length - self.length)  # negative: drop that many (positive values are deprecated)
+        self.length = length
+
+
+class DSparkDrafter:
+    """A DSpark draft drafting one block per step from its incremental context cache (drafting.py)."""
+
+    def __init__(self, model: Any, *, draft_topk: int | None = None) -> None:
+        from dspark_cli.draft.drafting import ContextCache
+
+        self.model = model.eval()
+        self.cache = ContextCache(model)
+        self.dtype = next(model.parameters()).dtype
+        self.draft_topk = draft_topk
+        self.has_confidence = model.confidence_head is not None
+        self.block_size = int(model.config.block_size)
+        self.slot: int | None = None
+
+    @classmethod
+    def from_dir(cls, draft_dir: str, target: HFTarget, *, dtype: torch.dtype | None = None) -> DSparkDrafter:
+        """Load an exported (or trained `final/`) draft and attach the target's embed_tokens / lm_head."""
+        from dspark_cli.export.source import build_model, load_draft_dir
+
+        loaded = load_draft_dir(draft_dir)
+        config = loaded.config
+        if list(config.target_layer_ids) != target.layer_ids:
+            raise ContractError(f"draft target_layer_ids {config.target_layer_ids} != the engine's {target.layer_ids}")
+        model = build_model(config, loaded.state_dict)
+        model = model.to(device=target.device, dtype=dtype or torch.float32)
+        embed, lm_head = target.embeddings()
+        if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
+            raise ContractError(
+                f"draft expects embeddings {config.vocab_size}x{config.hidden_size}, the target has "
+                f"{tuple(embed.shape)[0]}x{tuple(embed.shape)[1]}", "bench the draft with the target it was trained for")
+        model.set_target_embeddings(embed.to(model_dtype(model)), lm_head.to(model_dtype(model)))
+        return cls(model, draft_topk=getattr(config, "dspark_draft_topk", None))
+
+    def begin(self, aux: torch.Tensor) -> None:
+        self.slot = self.cache.add_request()
+        self.cache.append(self.slot, aux.to(self.dtype))
+
+    @torch.inference_mode()
+    def propose(self, anchor: int, *, temperature: float, greedy: bool, num_tokens: int,
+                generator: torch.Generator | None) -> Proposal:
+        from dspark_cli.draft.drafting import draft_block
+
+        assert self.slot is not None, "begin() first"
+        block = draft_block(self.model, self.cache, [self.slot], torch.tensor([anchor]),
+                            temperature=0.0 if greedy else temperature, generator=generator,
+                            block_size=num_tokens, draft_topk=self.draft_topk)
+        confidence = block.confidence[0] if block.confidence is not None else None
+        return Proposal(block.tokens[0], None if greedy else block.logits[0].float(), confidence)
+
+    def accept(self, aux: torch.Tensor) -> None:
+        self.cache.append(self.slot, aux.to(self.dtype))
+
+    def end(self) -> None:
+        if self.slot is not None:
+            self.cache.release(self.slot)
+            self.slot = None
+
+
+def model_dtype(model: Any) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+class SpeculativeEngine:
+    """Generation with DSpark speculation (drafter given) or plain target decoding (drafter None)."""
+
+    def __init__(self, target: Target, drafter: Drafter | None = None, speculation: Speculation | None = None) -> None:
+        if drafter is not None and speculation is None:
+            raise ValueError("a drafter needs a Speculation config")
+        if speculation is not None and speculation.confidence_threshold > 0 and drafter is not None \
+                and not drafter.has_confidence:
+            raise UsageError("confidence-scheduled verification needs a draft with a confidence head",
+                             "set bench.confidence_thresholds: [] for this draft")
+        self.target, self.drafter, self.speculation = target, drafter, speculation
+
+    def generate(self, prompt_ids: list[int], sampling: Sampling, *, seed: int = 0) -> Generation:
+        device = getattr(self.target, "device", torch.device("cpu"))
+        generator = torch.Generator(device=device).manual_seed(seed)
+        started = time.perf_counter()
+        self.target.reset()
+        logits, aux = self.target.forward(list(prompt_ids))
+        out = Generation([], "length")
+        token = int(sample_target(logits[-1], sampling.temperature, sampling.top_p, generator))
+        limit = sampling.max_tokens
+        if sampling.max_model_len is not None:
+            limit = min(limit, sampling.max_model_len - len(prompt_ids))
+        if self.drafter is not None:
+            self.drafter.begin(aux)
+        try:
+            done = self._emit(out, [token], sampling.stop_ids, limit)
+            while not done:
+                if self.drafter is None:
+                    logits, _ = self.target.forward([token])
+                    token = int(sample_target(logits[-1], sampling.temperature, sampling.top_p, generator))
+                    done = self._emit(out, [token], sampling.stop_ids, limit)
+                    continue
+                emitted, verified, accepted = self._speculative_step(
+                    token, sampling, generator, len(prompt_ids) + len(out.token_ids))
+                out.verified.append(verified)
+                out.accepted.append(accepted)
+                token = emitted[-1]
+                done = self._emit(out, emitted, sampling.stop_ids, limit)
+        finally:
+            if self.drafter is not None:
+                self.drafter.end()
+        out.seconds = time.perf_counter() - started
+        return out
+
+    def _speculative_step(self, anchor: int, sampling: Sampling, generator: torch.Generator,
+                          context_len: int) -> tuple[list[int], int, int]:
+        """One draft + verify step, anchor at position context_len - 1 -> (emitted tokens, k, accepted)."""
+        spec, drafter = self.speculation, self.drafter
+        assert spec is not None and drafter is not None
+        greedy = spec.draft_sample_method == "greedy" or sampling.temperature <= 0
+        proposal = drafter.propose(anchor, temperature=sampling.temperature, greedy=greedy,
+                                   num_tokens=spec.num_speculative_tokens, generator=generator)
+        k = spec.num_speculative_tokens
+        if spec.confidence_threshold > 0 and proposal.confidence is not None:
+            k = confidence_prefix(proposal.confidence, spec.confidence_threshold)
+        if sampling.max_model_len is not None:
+            k = max(0, min(k, sampling.max_model_len - context_len))
+        drafts = proposal.tokens[:k]
+        position = context_len - 1  # where the anchor goes
+        logits, aux = self.target.forward([anchor, *drafts.tolist()])
+        draft_logits = proposal.logits[:k].unsqueeze(0) if proposal.logits is not None else None
+        result = verify(logits.unsqueeze(0), draft_logits, drafts.unsqueeze(0).to(logits.device),
+                        temperature=sampling.temperature, top_p=sampling.top_p,
+                        method=spec.rejection_sample_method, generator=generator)
+        accepted = int(result.num_accepted[0])
+        self.target.crop(position + accepted + 1)
+        drafter.accept(aux[: accepted + 1])
+        return [*drafts[:accepted].tolist(), int(result.next_token[0])], k, accepted
+
+    def _emit(self, out: Generation, tokens: list[int], stop_ids: frozenset[int], limit: int) -> bool:
+        """Append emitted tokens; True when the request is done (stop token or length limit)."""
+        for token in tokens:
+            if len(out.token_ids) >= limit:
+                out.finish_reason = "length"
+                return True
+            out.token_ids.append(token)
+            if token in stop_ids:
+                out.finish_reason = "stop"
+                return True
+        if len(out.token_ids) >= limit:
+            out.finish_reason = "length"
+            return True
+        return False
