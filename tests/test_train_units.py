@@ -141,3 +141,26 @@ def test_plan_matches_the_stream_and_resume_replays_the_rest():
 def test_examples_are_trimmed_to_max_seq_len():
     ex = prepare(_seq(50, prompt=2, seed=3), epoch=0, index=0, seed=0, num_anchors=8, max_seq_len=32)
     assert isinstance(ex, Example) and ex.num_tokens == 32 and int(ex.anchors.max()) < 31
+
+
+@pytest.mark.parametrize("arch", ["mla", "gqa"])
+def test_block_states_with_anchor_rows_equal_the_drafts_forward(arch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from reference.tiny_drafts import tiny_model, tiny_sequence
+
+    from dspark_cli.training.data import Batch
+    from dspark_cli.training.step import block_states
+
+    model, _, _ = tiny_model(arch, block_size=3)
+    aux, ids = tiny_sequence(20, batch=2)
+    anchors = torch.tensor([[0, 3, 7, 8, 12, 19], [1, 2, 5, 9, 10, 11]])
+    batch = Batch(aux, ids, torch.zeros(2, 20, 64), torch.ones(2, 20, dtype=torch.bool), torch.tensor([20, 20]),
+                  anchors, torch.ones_like(anchors, dtype=torch.bool), 40)
+    ref = model(aux, ids, anchors, compute_logits=False)
+    for groups in (1, 2, 3, 6):
+        hidden, target_ids, prev_ids = block_states(model, batch, groups)
+        torch.testing.assert_close(hidden, ref.hidden, rtol=1e-5, atol=1e-5)
+        assert torch.equal(target_ids, ref.target_ids) and torch.equal(prev_ids, ref.prev_ids)

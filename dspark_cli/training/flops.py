@@ -4,8 +4,10 @@
     peak_flops(torch.device("cuda"), torch.bfloat16)     # dense peak of this device, or None
 
 FLOPs are counted by `torch.utils.flop_counter.FlopCounterMode` over one real training step
-(matmuls and attention, forward and backward, exactly as executed; the fused vocabulary pass is
-counted too because its matmuls run through aten). MFU = FLOPs/token * tokens/s / peak. The peak of
+(matmuls forward and backward, exactly as executed; the fused vocabulary pass is counted too because
+its matmuls run through aten). Attention is added analytically (`attention_flops`): FlopCounterMode
+does not count CPU SDPA kernels, and only the attended pairs are model FLOPs (a block sees the
+context before its anchor and its own N slots), not the masked ones a dense kernel also computes. MFU = FLOPs/token * tokens/s / peak. The peak of
 a CUDA device comes from a table of dense tensor-core numbers; on a CPU, or any device not in the
 table, set DSPARK_PEAK_TFLOPS (the benchmark measures one) or MFU is left out.
 """
@@ -29,6 +31,17 @@ def count_flops(fn: Callable[[], object]) -> int:
     with counter:
         fn()
     return int(counter.get_total_flops())
+
+
+def attention_flops(anchors: torch.Tensor, anchor_mask: torch.Tensor, config) -> int:
+    """Forward + backward (x3) FLOPs of the attended (query, key) pairs of one batch's blocks."""
+    n = config.block_size
+    if config.arch == "mla":
+        qk, v = config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim
+    else:
+        qk = v = config.head_dim
+    keys = int(((anchors + n) * anchor_mask).sum())  # per block: anchor context positions + its own N slots
+    return 3 * 2 * keys * n * config.num_attention_heads * (qk + v) * config.num_hidden_layers
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:

@@ -22,7 +22,7 @@ import torch
 
 from dspark_cli.training.data import Step, collate
 from dspark_cli.training.distributed import DistEnv, all_reduce_sum
-from dspark_cli.training.flops import count_flops
+from dspark_cli.training.flops import attention_flops, count_flops
 from dspark_cli.training.metrics import stats_size, summarize
 from dspark_cli.training.step import LossConfig, local_weight, trainable_slots
 
@@ -51,6 +51,10 @@ def lr_at(step: int, cfg: LoopConfig) -> float:
     progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def draft_config(module: torch.nn.Module):
+    return module.draft.config
 
 
 def memory_gib(device: torch.device) -> float:
@@ -103,6 +107,7 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
         if flops_per_token is None:
             holder: list[torch.Tensor] = []
             flops = count_flops(lambda: holder.append(forward_backward()))
+            flops += attention_flops(batch.anchors, batch.anchor_mask, draft_config(module))
             stats = holder[0]
             flops_per_token = flops / max(batch.num_tokens, 1)
         else:
