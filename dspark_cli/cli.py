@@ -350,13 +350,24 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Sets serve.port.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the `vllm serve` command; start nothing.")] = False,
 ) -> None:
-    """Serve the target with the draft in vLLM (`--speculative-config` with method dspark)."""
-    from dspark_cli.pipeline import not_built
+    """Serve the target with the draft in vLLM (`--speculative-config` with method dspark).
+
+    Settings come from the draft's manifest (block size, chat-template arguments, K3's AttnRes
+    stream flag) and the recipe's `serve` section. Needs a CUDA GPU; `--dry-run` prints the command.
+    """
+    from dspark_cli.serving.launch import launch, serve_command, shell_line
 
     draft_dir, rest = _split_positional(draft_dir, overrides)
-    if recipe is not None:
-        _load(recipe, rest, {"serve.port": port})
-    raise not_built("`dspark serve`", None)
+    if recipe is None and draft_dir is not None and (Path(draft_dir) / "recipe.yaml").is_file():
+        recipe = str(Path(draft_dir) / "recipe.yaml")
+    if recipe is None:
+        raise UsageError("serve needs a draft directory exported by dspark, or --recipe", "dspark serve runs/NAME/draft")
+    loaded = _load(recipe, rest, {"serve.port": port})
+    argv, env = serve_command(loaded, draft_dir or loaded.stage_dir("export"))
+    if dry_run:
+        stdout.print(shell_line(argv, env), markup=False, highlight=False)
+        return
+    launch(argv, env)
 
 
 @app.command()
@@ -369,13 +380,36 @@ def bench(
     endpoint: Annotated[str | None, typer.Option(help="Sets bench.endpoint (an OpenAI-compatible server).")] = None,
     output_format: FormatOpt = "text",
 ) -> None:
-    """Measure acceptance length (tau) offline, or throughput and tau of a running server."""
-    from dspark_cli.pipeline import run_bench
+    """Measure acceptance length (tau) offline, or throughput and tau of a running server.
+
+    `dspark bench DRAFT_DIR --offline` runs dspark's reference engine (the recipe the draft was made
+    with, unless `--recipe`); `dspark bench --endpoint URL` drives a server (`bench.baseline_endpoint=URL`
+    or `bench.baseline_report=FILE` adds speedups). Writes bench.json, bench.md and plots to
+    `bench.output_dir`.
+    """
+    from dspark_cli.bench.report import terminal_tables
+    from dspark_cli.bench.run import draft_recipe_path, run_bench
+    from dspark_cli.ui import progress_bar
 
     _check_format(output_format)
     draft_dir, rest = _split_positional(draft_dir, overrides)
+    if draft_dir is not None and not Path(draft_dir).is_dir():
+        raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
+    if recipe is None and draft_dir is not None:
+        recipe = draft_recipe_path(draft_dir)
     loaded = _load(recipe, rest, {"bench.endpoint": endpoint})
-    run_bench(loaded)
+    offline = offline or (draft_dir is not None and loaded.bench.endpoint is None)
+    if output_format == "json":
+        print_json(run_bench(loaded, draft_dir=draft_dir, offline=offline))
+        return
+    with progress_bar("bench", unit="turns") as update:
+        result = run_bench(loaded, draft_dir=draft_dir, offline=offline, on_progress=update)
+    for title, columns, rows in terminal_tables(result):
+        print_table(title, columns, rows)
+    for warning in result["warnings"]:
+        say(f"warning: {warning}", style="yellow")
+    files = result["files"]
+    say(f"report: {files['markdown']} and {files['json']}, {len(files['plots'])} plot(s)", style="green")
 
 
 @app.command()

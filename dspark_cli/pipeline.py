@@ -74,7 +74,9 @@ def run_export(recipe: Recipe) -> dict[str, Any]:
 
 
 def run_bench(recipe: Recipe) -> dict[str, Any]:
-    raise not_built("`dspark bench`", 9)
+    from dspark_cli.bench.run import run_bench as bench
+
+    return bench(recipe, draft_dir=recipe.stage_dir("export"), offline=True, endpoint=recipe.bench.endpoint)
 
 
 def run_publish(recipe: Recipe) -> dict[str, Any]:

@@ -148,3 +148,31 @@ def write_random_draft(directory: Path, *, block_size: int = 4, seed: int = 0, c
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(vllm_config_dict(cfg, "float32")), encoding="utf-8")
     return directory
+
+
+def export_random_draft(recipe, directory: Path, *, seed: int = 0) -> Path:
+    """A freshly initialised draft for the recipe's target, exported by `dspark export` (contract, manifest)."""
+    import dataclasses
+
+    from safetensors.torch import save_file
+
+    from dspark_cli.capture.plan import contract_for_recipe, resolve_layer_ids, target_geometry
+    from dspark_cli.draft.config import vllm_config_dict
+    from dspark_cli.draft.model import DSparkDraftModel
+    from dspark_cli.export.writer import export_draft
+    from dspark_cli.training.run import build_draft_config, target_directory
+
+    target_dir = target_directory(recipe)
+    config = build_draft_config(recipe, target_dir, resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers))
+    model = DSparkDraftModel(config)
+    model.init_weights(generator=torch.Generator().manual_seed(seed))
+    train = directory.parent / f"{directory.name}-train"
+    (train / "final").mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(train / "final" / "model.safetensors"))
+    (train / "final" / "config.json").write_text(json.dumps(vllm_config_dict(config, "float32")), encoding="utf-8")
+    contract = dataclasses.replace(contract_for_recipe(recipe), mask_token_id=config.mask_token_id,
+                                   block_size=config.block_size)
+    (train / "manifest.json").write_text(json.dumps({"contract": contract.to_dict(),
+                                                     "recipe": recipe.model_dump(mode="json")}), encoding="utf-8")
+    export_draft(train, directory, recipe=recipe, dtype="float32", force=True)
+    return directory

@@ -237,8 +237,19 @@ class BenchSection(Section):
     """`dspark bench`: acceptance length and serving speed."""
 
     datasets: list[str] = Field(
-        default_factory=lambda: ["mt_bench"], description="`mt_bench`, `speed_bench`, a JSONL path or a dataset name."
+        default_factory=lambda: ["mt_bench"],
+        description="`mt_bench`, `speed_bench` (or `speed_bench:CONFIG`), a bundled prompt set, a JSONL/JSON/Parquet "
+        "path or a Hugging Face dataset name (prompts or conversations; the target answers every turn).",
     )
+    mt_bench_path: str = Field(
+        "lighteval/mt-bench", description="Where `mt_bench` is read from: FastChat's question.jsonl (a local file) or a "
+        "Hugging Face dataset with `turns` and `category` columns."
+    )
+    speed_bench_subset: str = Field(
+        "qualitative", description="SPEED-Bench (`nvidia/SPEED-Bench`) configuration used by `speed_bench`, "
+        "e.g. `qualitative` or `throughput_1k`."
+    )
+    speed_bench_split: str = Field("test", description="SPEED-Bench split.")
     temperatures: list[float] = Field(default_factory=lambda: [0.0, 1.0], description="Sampling temperatures.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
     max_tokens: int = Field(256, gt=0, description="Longest response per turn.")
@@ -246,6 +257,9 @@ class BenchSection(Section):
     concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], description="Online: concurrent requests.")
     endpoint: str | None = Field(None, description="Online: OpenAI-compatible base URL to measure.")
     baseline_endpoint: str | None = Field(None, description="Online: the same target without speculation.")
+    baseline_report: str | None = Field(
+        None, description="Online: a saved `bench.json` whose online runs are the baseline (instead of `baseline_endpoint`)."
+    )
     confidence_thresholds: list[float] = Field(
         default_factory=lambda: [0.0, 0.1, 0.2, 0.3, 0.5, 0.7],
         description="Confidence-scheduled verification thresholds to sweep.",

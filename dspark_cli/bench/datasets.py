@@ -1,0 +1,69 @@
+"""Benchmark prompt sets: MT-Bench, SPEED-Bench, bundled sets, and any file or dataset of prompts.
+
+    for dataset in load_datasets(recipe.bench):
+        dataset.name, len(dataset.conversations), dataset.conversations[0].user_turns
+
+Entries of `bench.datasets`:
+- `mt_bench`: MT-Bench's 80 two-turn questions from `bench.mt_bench_path` (FastChat's
+  question.jsonl, e.g. ../shared/data/mt_bench_questions.jsonl, or a Hugging Face dataset with the
+  same `turns` / `category` columns; default `lighteval/mt-bench`);
+- `speed_bench` or `speed_bench:CONFIG`: NVIDIA's SPEED-Bench (`nvidia/SPEED-Bench`), configuration
+  `bench.speed_bench_subset` (default `qualitative`, 11 categories) or CONFIG (e.g. `throughput_1k`),
+  split `bench.speed_bench_split`;
+- a bundled prompt set (`tiny-eval`), a local .jsonl/.json/.parquet file, or a Hugging Face dataset
+  name, read exactly as datagen reads sources (prompts, OpenAI messages, ShareGPT, or `turns`).
+Only the user turns are kept: every assistant turn is answered by the target itself, turn by turn,
+as datagen regenerates conversations. A record's `category` groups the report (else `all`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import islice
+
+from dspark_cli.data.conversation import Conversation
+from dspark_cli.errors import UsageError
+from dspark_cli.recipe.schema import BenchSection, PromptSource
+
+SPEED_BENCH = "nvidia/SPEED-Bench"
+
+
+@dataclass
+class BenchDataset:
+    name: str  # the label in reports and in `bench.reference` keys (`mt_bench`, `speed_bench`, a file name)
+    conversations: list[Conversation]
+
+
+def dataset_source(entry: str, bench: BenchSection) -> tuple[str, PromptSource]:
+    """(report label, prompt source) for one `bench.datasets` entry."""
+    if entry == "mt_bench":
+        return "mt_bench", PromptSource(path=bench.mt_bench_path, split="train")
+    if entry == "speed_bench" or entry.startswith("speed_bench:"):
+        subset = entry.partition(":")[2] or bench.speed_bench_subset
+        label = "speed_bench" if subset == bench.speed_bench_subset else f"speed_bench:{subset}"
+        return label, PromptSource(path=SPEED_BENCH, subset=subset, split=bench.speed_bench_split)
+    from dspark_cli.data.sources import source_name
+
+    source = PromptSource(path=entry)
+    return source_name(source), source
+
+
+def load_datasets(bench: BenchSection) -> list[BenchDataset]:
+    """Every dataset of `bench.datasets`, at most `bench.num_prompts` conversations each."""
+    from dspark_cli.data.sources import read_source
+
+    if not bench.datasets:
+        raise UsageError("bench.datasets is empty", "add mt_bench, speed_bench, or a prompt file")
+    out = []
+    for entry in bench.datasets:
+        label, source = dataset_source(entry, bench)
+        conversations = list(islice(read_source(source), bench.num_prompts))
+        for conv in conversations:
+            conv.messages = [m for m in conv.messages if m["role"] != "assistant"]  # the target answers
+        out.append(BenchDataset(label, conversations))
+    return out
+
+
+def category(conv: Conversation) -> str:
+    value = conv.meta.get("category")
+    return str(value) if value not in (None, "") else "all"

@@ -1,0 +1,195 @@
+"""`dspark bench DRAFT_DIR --offline`: the reference engine over the bench datasets at every temperature.
+
+    dspark bench runs/tiny/draft --offline                                  # recipe from the draft dir
+    dspark bench runs/tiny/draft --offline bench.num_prompts=8 bench.max_tokens=64 bench.temperatures=[0.0]
+
+    from dspark_cli.bench.offline import run_offline
+    result = run_offline(recipe, "runs/tiny/draft")      # {"engine": {...}, "runs": [...], "confidence_sweep": [...]}
+
+Prompts are rendered with the target's chat template and `target.chat_template_kwargs` (`ChatFormat`,
+exactly as datagen and vLLM's chat endpoint render them); multi-turn conversations are answered turn
+by turn, each turn seeing the target's own earlier answers. Speculation uses the serving settings:
+`serve.num_speculative_tokens` (default: the draft's block size), `serve.draft_sample_method`,
+`serve.rejection_sample_method`. Every confidence threshold in `bench.confidence_thresholds` reruns
+the datasets with confidence-scheduled verification (threshold 0 = verify every draft).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.bench.datasets import BenchDataset, category, load_datasets
+from dspark_cli.bench.stats import TurnStats, summarize
+from dspark_cli.errors import ContractError, UsageError
+from dspark_cli.recipe import Recipe
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int, int, int], None]  # (turns done, total turns, tokens generated)
+DRAFT_MANIFEST = "dspark_manifest.json"
+
+
+def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:
+    path = Path(draft_dir) / DRAFT_MANIFEST
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _seed(base: int, *parts: object) -> int:
+    return int(hashlib.sha256(":".join(map(str, (base, *parts))).encode()).hexdigest()[:8], 16)
+
+
+def _stop_ids(tokenizer: Any, model: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+def check_contract(manifest: dict[str, Any], target_dir: str, template_hash: str) -> list[str]:
+    """Refuse a draft made for another target; warn when the chat template differs from training's."""
+    from dspark_cli.contract import config_sha256
+
+    contract = manifest.get("contract") or {}
+    warnings = []
+    expected, actual = contract.get("target_config_sha256"), config_sha256(target_dir)
+    if expected and actual and expected != actual:
+        raise ContractError(f"the draft was trained for target {contract.get('target')!r}, whose config differs "
+                            f"from {target_dir}", "set target.model to the draft's target (see dspark_manifest.json)")
+    trained = contract.get("chat_template_sha256")
+    if trained and trained != template_hash:
+        warnings.append("the chat template or target.chat_template_kwargs differ from the draft's training data: "
+                        "expect a lower tau than serving with the training settings")
+    return warnings
+
+
+class OfflineBench:
+    """The loaded target, tokenizer, chat format and drafter for one draft directory."""
+
+    def __init__(self, recipe: Recipe, draft_dir: str | Path) -> None:
+        from dspark_cli.bench.engine import DSparkDrafter, HFTarget
+        from dspark_cli.data.chat import ChatFormat
+        from dspark_cli.data.datagen import load_tokenizer, target_location
+        from dspark_cli.export.source import load_draft_dir
+
+        self.recipe = recipe
+        self.draft_dir = str(draft_dir)
+        if not Path(draft_dir).is_dir():
+            raise UsageError(f"draft directory not found: {draft_dir}", "export one with `dspark export`")
+        config = load_draft_dir(draft_dir).config
+        self.chat = ChatFormat(load_tokenizer(recipe), recipe.target.chat_template_kwargs)
+        self.target_path = target_location(recipe)
+        self.manifest = read_draft_manifest(draft_dir)
+        self.warnings = check_contract(self.manifest, self.target_path, self.chat.template_hash)
+        self.target = HFTarget.load(self.target_path, list(config.target_layer_ids), dtype=recipe.target.dtype,
+                                    trust_remote_code=recipe.target.trust_remote_code,
+                                    revision=recipe.target.revision)
+        self.drafter = DSparkDrafter.from_dir(self.draft_dir, self.target, dtype=self.target.model.dtype)
+        self.stop_ids = _stop_ids(self.chat.tokenizer, self.target.model)
+        self.num_speculative_tokens = recipe.serve.num_speculative_tokens or int(config.block_size)
+        if self.num_speculative_tokens > int(config.block_size):
+            raise UsageError(f"serve.num_speculative_tokens={self.num_speculative_tokens} exceeds the draft's "
+                             f"block size {config.block_size}", "use at most the block size the draft was trained with")
+
+    def describe(self) -> dict[str, Any]:
+        import torch
+
+        serve = self.recipe.serve
+        return {"engine": "dspark reference (transformers target + DSpark draft)", "target": self.target_path,
+                "draft_dir": self.draft_dir, "device": str(self.target.device),
+                "dtype": str(self.target.model.dtype).removeprefix("torch."), "torch": torch.__version__,
+                "num_speculative_tokens": self.num_speculative_tokens,
+                "draft_sample_method": serve.draft_sample_method,
+                "rejection_sample_method": serve.rejection_sample_method,
+                "top_p": self.recipe.bench.top_p, "max_tokens": self.recipe.bench.max_tokens,
+                "chat_template_kwargs": self.recipe.target.chat_template_kwargs,
+                "chat_template_sha256": self.chat.template_hash,
+                "has_confidence_head": self.drafter.has_confidence, "warnings": self.warnings}
+
+    def engine(self, threshold: float, speculate: bool = True):
+        from dspark_cli.bench.engine import Speculation, SpeculativeEngine
+
+        if not speculate:
+            return SpeculativeEngine(self.target)
+        serve = self.recipe.serve
+        spec = Speculation(self.num_speculative_tokens, serve.draft_sample_method, serve.rejection_sample_method,
+                           confidence_threshold=threshold)
+        return SpeculativeEngine(self.target, self.drafter, spec)
+
+    def run_dataset(self, engine: Any, dataset: BenchDataset, temperature: float,
+                    on_turn: Callable[[int], None] | None = None) -> list[TurnStats]:
+        """Answer every turn of every conversation; one TurnStats per generated turn."""
+        from dspark_cli.bench.engine import Sampling
+
+        bench, tokenizer = self.recipe.bench, self.chat.tokenizer
+        max_len = self.recipe.target.max_model_len
+        sampling = Sampling(temperature, bench.top_p, bench.max_tokens, self.stop_ids, max_len)
+        turns = []
+        for conv in dataset.conversations:
+            history = [m for m in conv.messages if m["role"] == "system"][:1]
+            for index, text in enumerate(conv.user_turns):
+                messages = [*history, {"role": "user", "content": text}]
+                prompt = self.chat.prompt_ids(messages)
+                if len(prompt) >= max_len:
+                    log.warning("%s turn %d: prompt of %d tokens does not fit target.max_model_len", conv.id, index,
+                                len(prompt))
+                    break
+                out = engine.generate(prompt, sampling, seed=_seed(self.recipe.seed, conv.id, index, temperature))
+                answer = tokenizer.decode(out.token_ids, skip_special_tokens=True)
+                history = [*messages, {"role": "assistant", "content": answer}]
+                turns.append(TurnStats(category(conv), out.accepted, out.verified, len(out.token_ids), out.seconds))
+                if on_turn is not None:
+                    on_turn(len(out.token_ids))
+        return turns
+
+
+def thresholds_for(recipe: Recipe, has_confidence: bool) -> list[float]:
+    """0 (verify everything: the main runs) first, then the sweep's thresholds."""
+    if not has_confidence:
+        if any(t > 0 for t in recipe.bench.confidence_thresholds):
+            log.warning("the draft has no confidence head: skipping the confidence-threshold sweep")
+        return [0.0]
+    return sorted({0.0, *recipe.bench.confidence_thresholds})
+
+
+def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress | None = None) -> dict[str, Any]:
+    """Run the engine over every dataset x temperature x threshold; return runs, sweep and engine info."""
+    bench = OfflineBench(recipe, draft_dir)
+    datasets = load_datasets(recipe.bench)
+    thresholds = thresholds_for(recipe, bench.drafter.has_confidence)
+    temperatures = recipe.bench.temperatures
+    total = sum(len(c.user_turns) for d in datasets for c in d.conversations) * len(temperatures) * len(thresholds)
+    progress = {"done": 0, "tokens": 0}
+
+    def on_turn(tokens: int) -> None:
+        progress["done"] += 1
+        progress["tokens"] += tokens
+        if on_progress is not None:
+            on_progress(progress["done"], total, progress["tokens"])
+
+    runs, sweep = [], []
+    n = bench.num_speculative_tokens
+    for dataset in datasets:
+        for temperature in temperatures:
+            for threshold in thresholds:
+                turns = bench.run_dataset(bench.engine(threshold), dataset, temperature, on_turn)
+                summary = summarize(turns, n)
+                row = {"dataset": dataset.name, "temperature": temperature, "threshold": threshold, **summary}
+                tau, verified = summary["tau"]["mean"], summary["verified_per_step"]
+                sweep.append({"dataset": dataset.name, "temperature": temperature, "threshold": threshold,
+                              "tau": tau, "tau_ci95": summary["tau"]["ci95"], "verified_per_step": verified,
+                              "drafts_per_step": summary["drafts_per_step"],
+                              "tokens_per_verified": tau / verified if tau and verified else None,
+                              "tokens_per_second": summary["tokens_per_second"]})
+                if threshold == 0.0:
+                    runs.append(row)
+                log.info("bench %s T=%g threshold %g: tau %.3f over %d steps", dataset.name, temperature, threshold,
+                         tau or float("nan"), summary["num_steps"])
+    return {"engine": bench.describe(), "runs": runs,
+            "confidence_sweep": sweep if len(thresholds) > 1 else []}

@@ -1,0 +1,339 @@
+"""`dspark bench --endpoint URL`: serving speed and acceptance of a running OpenAI-compatible server (vLLM).
+
+    dspark bench --endpoint http://127.0.0.1:8000 --recipe my.yaml bench.concurrency=[1,8,32]
+    dspark bench --endpoint http://127.0.0.1:8000 bench.baseline_endpoint=http://127.0.0.1:8001
+    dspark bench --endpoint http://127.0.0.1:8000 bench.baseline_report=runs/x/bench-baseline/bench.json
+
+For every temperature and concurrency level, `concurrency` workers answer the bench conversations
+through streaming `/v1/chat/completions` (turn by turn, each turn with the server's own earlier
+answers; `target.chat_template_kwargs` are sent, so the server renders prompts as datagen did). Per
+request: time to first token (TTFT), time per output token after the first (TPOT), gaps between
+streamed chunks (ITL; with speculation a chunk may hold several tokens), output tokens from the
+`usage` record. Per level: output tokens/s over the wall time, requests/s, and the deltas of vLLM's
+`/metrics` counters `vllm:spec_decode_num_drafts`, `_num_draft_tokens`, `_num_accepted_tokens`,
+`_num_accepted_tokens_per_pos`: tau = 1 + accepted / drafts (tokens per drafting step, bonus
+included), per-position acceptance = accepted_per_pos[i] / drafts. Counters are server-wide: run
+the benchmark on a server nobody else is using. The baseline (the same target without speculation)
+is another endpoint measured the same way, or the online runs of a saved report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.bench.datasets import BenchDataset, load_datasets
+from dspark_cli.bench.stats import mean, percentile
+from dspark_cli.errors import DataError, DsparkError, UsageError
+from dspark_cli.recipe import Recipe
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int, int, int], None]
+SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft: float | None = None  # seconds to the first content chunk
+    latency: float = 0.0
+    output_tokens: int = 0
+    chunk_gaps: list[float] = field(default_factory=list)
+    text: str = ""
+    error: str | None = None
+
+    @property
+    def tpot(self) -> float | None:
+        if self.ttft is None or self.output_tokens < 2:
+            return None
+        return (self.latency - self.ttft) / (self.output_tokens - 1)
+
+
+class Client:
+    """A minimal OpenAI-compatible client (standard library only): models, streaming chat, /metrics."""
+
+    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
+        self.base = base_url.rstrip("/").removesuffix("/v1")
+        self.timeout = timeout
+        models = json.loads(self._get("/v1/models")).get("data", [])
+        if not models:
+            raise DsparkError(f"{self.base} serves no model", "start the server with the target model")
+        self.model = models[0]["id"]
+
+    def _get(self, path: str) -> str:
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=self.timeout) as response:
+                return response.read().decode("utf-8", errors="replace")
+        except urllib.error.HTTPError as exc:
+            raise DsparkError(f"{self.base}{path}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            raise UsageError(f"cannot reach {self.base}: {exc}", "is the server running? check bench.endpoint") from None
+
+    def metrics(self) -> str:
+        return self._get("/metrics")
+
+    def chat(self, messages: list[dict[str, str]], *, max_tokens: int, temperature: float, top_p: float,
+             seed: int | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> RequestResult:
+        """One streaming chat completion, timed chunk by chunk."""
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
+                                "temperature": temperature, "top_p": top_p, "stream": True,
+                                "stream_options": {"include_usage": True, "continuous_usage_stats": False}}
+        if seed is not None:
+            body["seed"] = seed
+        if chat_template_kwargs:
+            body["chat_template_kwargs"] = chat_template_kwargs
+        request = urllib.request.Request(self.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        result = RequestResult(ok=False)
+        parts: list[str] = []
+        start = last = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                for raw in response:
+                    line = raw.decode("utf-8", errors="replace").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = json.loads(payload)
+                    if chunk.get("usage"):
+                        result.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+                    choices = chunk.get("choices") or []
+                    content = (choices[0].get("delta") or {}).get("content") if choices else None
+                    if content:
+                        now = time.perf_counter()
+                        if result.ttft is None:
+                            result.ttft = now - start
+                        else:
+                            result.chunk_gaps.append(now - last)
+                        last = now
+                        parts.append(content)
+        except urllib.error.HTTPError as exc:
+            result.error = f"HTTP {exc.code}: {exc.read().decode(errors='replace')[:200]}"
+            return result
+        except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+            return result
+        result.latency = time.perf_counter() - start
+        result.text = "".join(parts)
+        result.ok = True
+        return result
+
+
+def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition -> {metric name: [(labels, value), ...]} (comments skipped)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name_part, _, value_part = line.rpartition(" ")
+        labels: dict[str, str] = {}
+        name = name_part
+        if "{" in name_part:
+            name, _, rest = name_part.partition("{")
+            for item in _split_labels(rest.rstrip("}")):
+                key, _, raw = item.partition("=")
+                labels[key.strip()] = raw.strip().strip('"')
+        try:
+            out[name.strip()].append((labels, float(value_part)))
+        except ValueError:
+            continue
+    return out
+
+
+def _split_labels(text: str) -> list[str]:
+    items, current, quoted = [], "", False
+    for char in text:
+        if char == '"':
+            quoted = not quoted
+        if char == "," and not quoted:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    if current.strip():
+        items.append(current)
+    return items
+
+
+def spec_counters(text: str) -> dict[str, Any] | None:
+    """vLLM's speculative-decoding counters (summed over engines); None when the server has none."""
+    metrics = parse_prometheus(text)
+
+    def total(name: str) -> tuple[float, list[tuple[dict[str, str], float]]] | None:
+        for candidate in (f"vllm:spec_decode_{name}_total", f"vllm:spec_decode_{name}"):
+            if candidate in metrics:
+                rows = metrics[candidate]
+                return sum(v for _, v in rows), rows
+        return None
+
+    found = {name: total(name) for name in SPEC_COUNTERS}
+    if any(v is None for v in found.values()):
+        return None
+    counters: dict[str, Any] = {name: value[0] for name, value in found.items()}  # type: ignore[index]
+    per_pos = total("num_accepted_tokens_per_pos")
+    positions: dict[int, float] = defaultdict(float)
+    for labels, value in (per_pos[1] if per_pos else []):
+        if "position" in labels:
+            positions[int(labels["position"])] += value
+    counters["num_accepted_tokens_per_pos"] = [positions[i] for i in sorted(positions)]
+    return counters
+
+
+def counter_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """tau and per-position acceptance over the counters' change between two scrapes."""
+    if before is None or after is None:
+        return None
+    delta = {name: after[name] - before[name] for name in SPEC_COUNTERS}
+    after_pos, before_pos = after["num_accepted_tokens_per_pos"], before["num_accepted_tokens_per_pos"]
+    before_pos = before_pos + [0.0] * (len(after_pos) - len(before_pos))
+    per_pos = [a - b for a, b in zip(after_pos, before_pos, strict=False)]
+    drafts = delta["num_drafts"]
+    return {**{k: int(v) for k, v in delta.items()}, "num_accepted_tokens_per_pos": [int(v) for v in per_pos],
+            "tau": 1.0 + delta["num_accepted_tokens"] / drafts if drafts > 0 else None,
+            "acceptance_rate": delta["num_accepted_tokens"] / delta["num_draft_tokens"] if delta["num_draft_tokens"] else None,
+            "acceptance_per_position": [v / drafts for v in per_pos] if drafts > 0 else []}
+
+
+def _seed(base: int, *parts: object) -> int:
+    import hashlib
+
+    return int(hashlib.sha256(":".join(map(str, (base, *parts))).encode()).hexdigest()[:8], 16)
+
+
+def measure_level(client: Client, conversations: list[Any], *, concurrency: int, temperature: float, recipe: Recipe,
+                  on_request: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """All conversations at one concurrency level: speed, latency percentiles and counter deltas."""
+    bench = recipe.bench
+    kwargs = recipe.target.chat_template_kwargs or None
+    results: list[RequestResult] = []
+    lock = threading.Lock()
+
+    def converse(conv: Any) -> None:
+        history = [m for m in conv.messages if m["role"] == "system"][:1]
+        for index, text in enumerate(conv.user_turns):
+            messages = [*history, {"role": "user", "content": text}]
+            seed = _seed(recipe.seed, conv.id, index, temperature) if temperature > 0 else None
+            result = client.chat(messages, max_tokens=bench.max_tokens, temperature=temperature, top_p=bench.top_p,
+                                 seed=seed, chat_template_kwargs=kwargs)
+            with lock:
+                results.append(result)
+            if on_request is not None:
+                on_request(result.output_tokens)
+            if not result.ok:
+                return
+            history = [*messages, {"role": "assistant", "content": result.text}]
+
+    before = spec_counters(client.metrics())
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(converse, conversations))
+    wall = time.perf_counter() - started
+    after = spec_counters(client.metrics())
+    good = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    if failed and not good:
+        raise DsparkError(f"{client.base}: every request failed ({failed[0].error})", "check the server log")
+    tokens = sum(r.output_tokens for r in good)
+    ttft = [r.ttft for r in good if r.ttft is not None]
+    tpot = [r.tpot for r in good if r.tpot is not None]
+    gaps = [g for r in good for g in r.chunk_gaps]
+    return {
+        "concurrency": concurrency, "temperature": temperature, "num_requests": len(good), "num_failed": len(failed),
+        "errors": sorted({r.error for r in failed if r.error})[:3], "output_tokens": tokens, "seconds": wall,
+        "output_tokens_per_second": tokens / wall if wall > 0 else None,
+        "requests_per_second": len(good) / wall if wall > 0 else None,
+        "ttft_mean": mean(ttft), "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+        "tpot_mean": mean(tpot), "tpot_p50": percentile(tpot, 50), "tpot_p99": percentile(tpot, 99),
+        "itl_mean": mean(gaps), "itl_p50": percentile(gaps, 50), "itl_p99": percentile(gaps, 99),
+        "spec_decode": counter_delta(before, after),
+    }
+
+
+def sweep(base_url: str, datasets: list[BenchDataset], recipe: Recipe, *,
+          on_request: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Every temperature x concurrency level against one endpoint (after one warm-up request)."""
+    client = Client(base_url)
+    warm = client.chat([{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0.0, top_p=1.0,
+                       chat_template_kwargs=recipe.target.chat_template_kwargs or None)
+    if not warm.ok:
+        raise DsparkError(f"{client.base}: the warm-up request failed ({warm.error})", "check the server log")
+    conversations = [c for d in datasets for c in d.conversations]
+    levels = []
+    for temperature in recipe.bench.temperatures:
+        for concurrency in recipe.bench.concurrency:
+            level = measure_level(client, conversations, concurrency=concurrency, temperature=temperature,
+                                  recipe=recipe, on_request=on_request)
+            log.info("online %s T=%g c=%d: %.1f output tok/s", client.base, temperature, concurrency,
+                     level["output_tokens_per_second"] or 0.0)
+            levels.append(level)
+    return {"endpoint": client.base, "model": client.model, "datasets": [d.name for d in datasets], "levels": levels}
+
+
+def load_baseline_report(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"bench.baseline_report not found: {path}", "point it at a bench.json written by dspark bench")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: invalid JSON ({exc.msg})") from None
+    online = data.get("online") or {}
+    if not online.get("endpoint_runs"):
+        raise DataError(f"{path} has no online runs to use as a baseline", "run dspark bench --endpoint on the baseline")
+    return {**online["endpoint_runs"], "source": str(file)}
+
+
+def speedups(measured: dict[str, Any], baseline: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per (temperature, concurrency) present in both: throughput and TPOT ratios."""
+    by_key = {(b["temperature"], b["concurrency"]): b for b in baseline["levels"]}
+    out = []
+    for level in measured["levels"]:
+        base = by_key.get((level["temperature"], level["concurrency"]))
+        if base is None:
+            continue
+        spec_tps, base_tps = level["output_tokens_per_second"], base["output_tokens_per_second"]
+        out.append({"temperature": level["temperature"], "concurrency": level["concurrency"],
+                    "output_tokens_per_second": spec_tps, "baseline_output_tokens_per_second": base_tps,
+                    "speedup": spec_tps / base_tps if spec_tps and base_tps else None,
+                    "tpot_speedup": base["tpot_mean"] / level["tpot_mean"]
+                    if base.get("tpot_mean") and level.get("tpot_mean") else None})
+    return out
+
+
+def run_online(recipe: Recipe, endpoint: str, *, on_progress: Progress | None = None) -> dict[str, Any]:
+    """Measure `endpoint` (and the baseline endpoint, when set); speedups against the baseline."""
+    bench = recipe.bench
+    datasets = load_datasets(bench)
+    turns = sum(len(c.user_turns) for d in datasets for c in d.conversations)
+    passes = len(bench.temperatures) * len(bench.concurrency) * (2 if bench.baseline_endpoint else 1)
+    total, progress = turns * passes, {"done": 0, "tokens": 0}
+
+    def on_request(tokens: int) -> None:
+        progress["done"] += 1
+        progress["tokens"] += tokens
+        if on_progress is not None:
+            on_progress(progress["done"], total, progress["tokens"])
+
+    result: dict[str, Any] = {"endpoint_runs": sweep(endpoint, datasets, recipe, on_request=on_request)}
+    baseline = None
+    if bench.baseline_endpoint:
+        baseline = sweep(bench.baseline_endpoint, datasets, recipe, on_request=on_request)
+    elif bench.baseline_report:
+        baseline = load_baseline_report(bench.baseline_report)
+    if baseline is not None:
+        result["baseline_runs"] = baseline
+        result["speedup"] = speedups(result["endpoint_runs"], baseline)
+    return result

@@ -1,0 +1,170 @@
+"""PNG plots of a bench result (matplotlib, imported here only, with the non-interactive Agg backend).
+
+    files = write_plots(result, Path("runs/tiny/bench"))   # {"acceptance_per_position": ".../x.png", ...}
+
+Each PNG records what it shows in its metadata (`Description`: JSON with the plot kind and its series
+labels), so tests and scripts can check a plot without reading pixels:
+`json.loads(PIL.Image.open(path).text["Description"])["series"]`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path, kind: str, series: list[str]) -> str:
+    meta = {"Description": json.dumps({"kind": kind, "series": series}), "Software": "dspark bench"}
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=110, format="png", metadata=meta)
+    tmp.replace(path)
+    _pyplot().close(fig)
+    return str(path)
+
+
+def run_label(run: dict[str, Any]) -> str:
+    return f"{run['dataset']} T={run['temperature']:g}"
+
+
+def online_per_temperature(online: dict[str, Any]) -> dict[float, list[float]]:
+    """Per temperature: per-position acceptance pooled over the concurrency levels' counter deltas."""
+    pooled: dict[float, tuple[float, list[float]]] = {}
+    for level in online["endpoint_runs"]["levels"]:
+        spec = level.get("spec_decode")
+        if not spec or not spec["num_drafts"]:
+            continue
+        drafts, per_pos = pooled.get(level["temperature"], (0.0, []))
+        counts = spec["num_accepted_tokens_per_pos"]
+        per_pos = [a + b for a, b in zip(per_pos + [0.0] * (len(counts) - len(per_pos)), counts, strict=False)]
+        pooled[level["temperature"]] = (drafts + spec["num_drafts"], per_pos)
+    return {t: [c / d for c in counts] for t, (d, counts) in pooled.items()}
+
+
+def plot_acceptance(result: dict[str, Any], path: Path) -> str | None:
+    plt = _pyplot()
+    series = []
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for run in (result.get("offline") or {}).get("runs", []):
+        rates = [p["mean"] for p in run["acceptance_per_position"]]
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"offline {run_label(run)}")
+        series.append(f"offline {run_label(run)}")
+    if result.get("online"):
+        for temperature, rates in sorted(online_per_temperature(result["online"]).items()):
+            label = f"online T={temperature:g}"
+            ax.plot(range(1, len(rates) + 1), rates, marker="s", linestyle="--", label=label)
+            series.append(label)
+    if not series:
+        plt.close(fig)
+        return None
+    ax.set(xlabel="draft position", ylabel="acceptance rate (per drafting step)", ylim=(0, 1.02),
+           title="Per-position acceptance")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path, "acceptance_per_position", series)
+
+
+def plot_tau_by_category(result: dict[str, Any], reference: list[dict[str, Any]], path: Path) -> str | None:
+    runs = (result.get("offline") or {}).get("runs", [])
+    if not runs:
+        return None
+    plt = _pyplot()
+    categories = ["overall", *sorted({c for run in runs for c in run["by_category"]} - {"overall"})]
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(categories) * max(1, len(runs)) / 2), 4.2))
+    width = 0.8 / len(runs)
+    series = []
+    for i, run in enumerate(runs):
+        stats = {"overall": run["tau"], **{c: v["tau"] for c, v in run["by_category"].items()}}
+        xs, ys, errs = [], [], [[], []]
+        for j, name in enumerate(categories):
+            tau = stats.get(name)
+            if tau is None or tau["mean"] is None:
+                continue
+            xs.append(j + (i - (len(runs) - 1) / 2) * width)
+            ys.append(tau["mean"])
+            low, high = tau["ci95"]
+            errs[0].append(tau["mean"] - low if low is not None else 0.0)
+            errs[1].append(high - tau["mean"] if high is not None else 0.0)
+        ax.bar(xs, ys, width=width, yerr=errs, capsize=3, label=run_label(run))
+        series.append(run_label(run))
+    shown = {f"{run['dataset']}_tau_t{run['temperature']:g}" for run in runs}
+    for row in reference:
+        if row.get("reference") is not None and row["key"] in shown:
+            ax.axhline(row["reference"], linestyle=":", color="black", linewidth=1)
+            ax.annotate(f"reference {row['key']} = {row['reference']:g}", (len(categories) - 0.5, row["reference"]),
+                        ha="right", va="bottom", fontsize=7)
+            series.append(f"reference {row['key']}")
+    ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right", fontsize=8)
+    ax.set(ylabel="tau (tokens per verification step)", title="Acceptance length by category (95% CI)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return _save(fig, path, "tau_by_category", series)
+
+
+def plot_throughput(result: dict[str, Any], path: Path) -> str | None:
+    online = result.get("online")
+    if not online:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    series = []
+    for name, key, style in (("speculative", "endpoint_runs", "-"), ("baseline", "baseline_runs", "--")):
+        runs = online.get(key)
+        if not runs:
+            continue
+        for temperature in sorted({lv["temperature"] for lv in runs["levels"]}):
+            levels = sorted((lv for lv in runs["levels"] if lv["temperature"] == temperature),
+                            key=lambda lv: lv["concurrency"])
+            label = f"{name} T={temperature:g}"
+            ax.plot([lv["concurrency"] for lv in levels], [lv["output_tokens_per_second"] or 0 for lv in levels],
+                    marker="o", linestyle=style, label=label)
+            series.append(label)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="concurrent requests", ylabel="output tokens / s", title="Throughput vs concurrency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path, "throughput_vs_concurrency", series)
+
+
+def plot_confidence(result: dict[str, Any], path: Path) -> str | None:
+    sweep = (result.get("offline") or {}).get("confidence_sweep") or []
+    if not sweep:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    series = []
+    for key in sorted({(r["dataset"], r["temperature"]) for r in sweep}):
+        rows = sorted((r for r in sweep if (r["dataset"], r["temperature"]) == key), key=lambda r: r["threshold"])
+        label = f"{key[0]} T={key[1]:g}"
+        xs, ys = [r["verified_per_step"] for r in rows], [r["tau"] for r in rows]
+        ax.plot(xs, ys, marker="o", label=label)
+        for r in rows:
+            ax.annotate(f"{r['threshold']:g}", (r["verified_per_step"], r["tau"]), fontsize=7,
+                        textcoords="offset points", xytext=(3, 3))
+        series.append(label)
+    ax.set(xlabel="tokens verified per step (target positions)", ylabel="tau (tokens per step)",
+           title="Confidence-scheduled verification (labels: threshold)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path, "confidence_tradeoff", series)
+
+
+def write_plots(result: dict[str, Any], reference: list[dict[str, Any]], out_dir: Path) -> dict[str, str]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    made = {
+        "acceptance_per_position": plot_acceptance(result, out_dir / "acceptance_per_position.png"),
+        "tau_by_category": plot_tau_by_category(result, reference, out_dir / "tau_by_category.png"),
+        "throughput_vs_concurrency": plot_throughput(result, out_dir / "throughput_vs_concurrency.png"),
+        "confidence_tradeoff": plot_confidence(result, out_dir / "confidence_tradeoff.png"),
+    }
+    return {k: v for k, v in made.items() if v is not None}

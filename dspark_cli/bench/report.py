@@ -1,0 +1,160 @@
+"""The bench report: bench.json (machines), bench.md (people), PNG plots, and rows for the terminal.
+
+    files = write_report(result, "runs/tiny/bench")      # {"json": ..., "markdown": ..., "plots": {...}}
+    for title, columns, rows in terminal_tables(result): ...
+
+Reference numbers (`bench.reference`, e.g. `{mt_bench_tau_t1: 3.72}`: the DSpark paper's MT-Bench tau
+for Qwen3-8B at T = 1) are matched to runs by `<dataset>_tau_t<temperature>` and shown beside ours.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.manifest import write_json_atomic
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.1f}"
+
+
+def _tau(stats: dict[str, Any]) -> str:
+    low, high = stats["ci95"]
+    if stats["mean"] is None:
+        return "-"
+    if low is None:
+        return f"{stats['mean']:.2f}"
+    return f"{stats['mean']:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def reference_key(dataset: str, temperature: float) -> str:
+    return f"{dataset}_tau_t{temperature:g}"
+
+
+def reference_rows(result: dict[str, Any], reference: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per reference number: ours (offline tau, and online tau when measured) beside it."""
+    offline = {reference_key(r["dataset"], r["temperature"]): r["tau"]["mean"]
+               for r in (result.get("offline") or {}).get("runs", [])}
+    online: dict[str, float] = {}
+    online_part = result.get("online") or {}
+    datasets = online_part.get("endpoint_runs", {}).get("datasets", [])
+    if len(datasets) == 1:
+        for level in online_part["endpoint_runs"]["levels"]:
+            tau = (level.get("spec_decode") or {}).get("tau")
+            if tau is not None:
+                online.setdefault(reference_key(datasets[0], level["temperature"]), tau)
+    return [{"key": key, "reference": value, "offline": offline.get(key), "online": online.get(key)}
+            for key, value in reference.items()]
+
+
+def terminal_tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, columns, rows) for the CLI to render."""
+    tables = []
+    offline = result.get("offline")
+    refs = {r["key"]: r["reference"] for r in result.get("reference", [])}
+    if offline:
+        n = offline["engine"]["num_speculative_tokens"]
+        rows = []
+        for run in offline["runs"]:
+            accept = " ".join(f"{p['mean']:.2f}" if p["mean"] is not None else "-" for p in run["acceptance_per_position"])
+            rows.append([run["dataset"], f"{run['temperature']:g}", _tau(run["tau"]),
+                         _fmt(refs.get(reference_key(run["dataset"], run["temperature"]))), accept,
+                         str(run["num_turns"]), _fmt(run["tokens_per_second"], 1)])
+        tables.append((f"offline: reference engine, {offline['engine']['rejection_sample_method']} verification, "
+                       f"{offline['engine']['draft_sample_method']} drafts, N={n}",
+                       ["dataset", "T", "tau [95% CI]", "reference", "acceptance by position", "turns", "tok/s"], rows))
+        if offline.get("confidence_sweep"):
+            rows = [[r["dataset"], f"{r['temperature']:g}", f"{r['threshold']:g}", _fmt(r["tau"]),
+                     _fmt(r["verified_per_step"]), _fmt(r["tokens_per_verified"])]
+                    for r in offline["confidence_sweep"]]
+            tables.append(("confidence-scheduled verification",
+                           ["dataset", "T", "threshold", "tau", "verified/step", "tau/verified"], rows))
+    online = result.get("online")
+    if online:
+        speed = {(s["temperature"], s["concurrency"]): s for s in online.get("speedup", [])}
+        rows = []
+        for level in online["endpoint_runs"]["levels"]:
+            spec = level.get("spec_decode") or {}
+            s = speed.get((level["temperature"], level["concurrency"]), {})
+            rows.append([f"{level['temperature']:g}", str(level["concurrency"]), _fmt(level["output_tokens_per_second"], 1),
+                         _ms(level["ttft_mean"]), _ms(level["tpot_mean"]), _fmt(spec.get("tau")),
+                         _fmt(s.get("baseline_output_tokens_per_second"), 1), _fmt(s.get("speedup"))])
+        tables.append((f"online: {online['endpoint_runs']['endpoint']}",
+                       ["T", "concurrency", "out tok/s", "TTFT ms", "TPOT ms", "tau", "baseline tok/s", "speedup"], rows))
+    return tables
+
+
+def markdown(result: dict[str, Any], plots: dict[str, str]) -> str:
+    lines = [f"# dspark bench: {result.get('name', '')}", ""]
+    lines.append(f"- target: `{result.get('target')}`")
+    if result.get("draft_dir"):
+        lines.append(f"- draft: `{result['draft_dir']}`")
+    lines += [f"- created: {result.get('created')} (dspark {result.get('dspark')})", ""]
+    for warning in result.get("warnings", []):
+        lines.append(f"> warning: {warning}")
+    offline = result.get("offline")
+    if offline:
+        engine = offline["engine"]
+        lines += ["## Offline: reference engine", "",
+                  f"{engine['rejection_sample_method']} verification, {engine['draft_sample_method']} drafts, "
+                  f"N = {engine['num_speculative_tokens']} speculative tokens, top_p {engine['top_p']}, "
+                  f"max_tokens {engine['max_tokens']}, {engine['device']} {engine['dtype']}. tau = tokens per "
+                  "verification step (bonus included); 95% intervals treat each turn as a cluster.", ""]
+        for title, columns, rows in terminal_tables({"offline": offline, "reference": result.get("reference", [])})[:1]:
+            lines += _md_table(columns, rows)
+        lines += ["", "### By category", ""]
+        rows = [[run["dataset"], f"{run['temperature']:g}", name, _tau(stats["tau"]), str(stats["num_turns"])]
+                for run in offline["runs"] for name, stats in run["by_category"].items()]
+        lines += _md_table(["dataset", "T", "category", "tau [95% CI]", "turns"], rows)
+        if offline.get("confidence_sweep"):
+            lines += ["", "### Confidence-scheduled verification", "",
+                      "Only the drafted prefix whose cumulative confidence stays above the threshold is verified "
+                      "(vLLM's `enable_adaptive_verification` is the serving-side counterpart).", ""]
+            _, columns, rows = terminal_tables({"offline": offline})[1]
+            lines += _md_table(columns, rows)
+    if result.get("reference"):
+        lines += ["", "## Reference numbers", ""]
+        rows = [[r["key"], _fmt(r["reference"]), _fmt(r["offline"]), _fmt(r["online"])] for r in result["reference"]]
+        lines += _md_table(["key", "reference", "ours (offline)", "ours (online)"], rows)
+    online = result.get("online")
+    if online:
+        lines += ["", "## Online", ""]
+        title, columns, rows = terminal_tables({"online": online})[0]
+        lines += [f"{title}; baseline: "
+                  f"{(online.get('baseline_runs') or {}).get('endpoint') or (online.get('baseline_runs') or {}).get('source') or 'none'}",
+                  ""]
+        lines += _md_table(columns, rows)
+    if plots:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    return out
+
+
+def write_report(result: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
+    """Write bench.json, bench.md and the plots into out_dir; return their paths."""
+    from dspark_cli.bench.plots import write_plots
+
+    out = Path(out_dir)
+    plots = write_plots(result, result.get("reference", []), out)
+    files = {"json": str(out / "bench.json"), "markdown": str(out / "bench.md"), "plots": plots}
+    result["files"] = files
+    write_json_atomic(out / "bench.json", result)
+    tmp = out / ".bench.md.tmp"
+    tmp.write_text(markdown(result, plots), encoding="utf-8")
+    tmp.replace(out / "bench.md")
+    return files
