@@ -1,0 +1,147 @@
+"""The `dspark` command line, driven as users drive it (typer's CliRunner and a real subprocess)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_cli.cli import app
+
+runner = CliRunner()
+COMMANDS = ["datagen", "train", "export", "serve", "bench", "publish", "run", "validate", "init"]
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):
+    return runner.invoke(app, list(args), env=env)
+
+
+def test_help_lists_all_nine_commands():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in COMMANDS:
+        assert f" {command} " in result.output, command
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command):
+    result = invoke(command, "--help")
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_help_and_completion_import_nothing_heavy():
+    heavy = ("torch", "transformers", "vllm", "datasets", "huggingface_hub", "modelscope")
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['dspark'] + sys.argv[1:]\n"
+        "try:\n    runpy.run_module('dspark_cli.cli', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        f"print('LOADED', [m for m in {heavy!r} if m in sys.modules])\n"
+    )
+    for args in (["--help"], ["train", "--help"], ["export", "--help"]):
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True).stdout
+        assert "LOADED []" in out, (args, out[-300:])
+    # Shell completion runs the program with _DSPARK_COMPLETE set.
+    env = dict(os.environ, _DSPARK_COMPLETE="complete_bash", COMP_WORDS="dspark tr", COMP_CWORD="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert "train" in out and "LOADED []" in out, out[-300:]
+
+
+def test_validate_every_template_passes():
+    for name in ("tiny", "qwen3-8b", "llama-3.1-8b", "kimi-k3"):
+        result = invoke("validate", f"templates/recipes/{name}.yaml")
+        assert result.exit_code == 0, result.output
+        assert "ok" in result.output
+
+
+def test_validate_typo_exits_2_with_did_you_mean(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trian:\n  lr: 1.0\n")
+    result = invoke("validate", str(bad))
+    assert result.exit_code == 2
+    assert "error: trian: unknown section (did you mean 'train'?)" in result.output
+    assert "Traceback" not in result.output
+    result = invoke("validate", "tiny", "train.lrr=1")
+    assert result.exit_code == 2 and "did you mean 'train.lr'?" in result.output
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [("draft.block_size=0", "draft.block_size: must be greater than 0"), ("train.lr=fast", "train.lr: expected a number")],
+)
+def test_validate_bad_values_exit_2_naming_the_path(override, expected):
+    result = invoke("validate", "tiny", override)
+    assert result.exit_code == 2 and expected in result.output and "Traceback" not in result.output
+
+
+def test_validate_prints_resolved_recipe_and_json():
+    result = invoke("validate", "tiny", "train.lr=3e-4", "--print")
+    assert result.exit_code == 0 and "lr: 0.0003" in result.output
+    result = invoke("validate", "tiny", "draft.num_layers=3", "--format", "json")
+    import json
+
+    assert json.loads(result.output)["draft"]["num_layers"] == 3
+
+
+def test_overrides_are_accepted_by_every_recipe_command():
+    # Each command validates its recipe (overrides included) before doing anything else.
+    for args in (
+        ["datagen", "tiny", "draft.block_size=0"],
+        ["train", "tiny", "draft.block_size=0"],
+        ["run", "tiny", "draft.block_size=0"],
+        ["export", "--recipe", "tiny", "draft.block_size=0"],
+        ["bench", "--recipe", "tiny", "draft.block_size=0"],
+        ["publish", "--recipe", "tiny", "draft.block_size=0"],
+        ["serve", "--recipe", "tiny", "draft.block_size=0"],
+    ):
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "draft.block_size: must be greater than 0" in result.output, args
+
+
+def test_unbuilt_commands_say_so_and_exit_2():
+    from dspark_cli.pipeline import STAGES
+
+    for command in ("publish",):
+        result = invoke(command, "--recipe", "tiny")
+        assert result.exit_code == 2, (command, result.output)
+        assert "not built yet" in result.output and len(result.output.strip().splitlines()) == 2
+    assert {s.name for s in STAGES} >= {"datagen", "capture", "train", "export", "bench", "publish"}
+
+
+def test_run_runs_what_exists_and_does_not_pretend(tmp_path):
+    result = invoke("run", "tiny", f"output_dir={tmp_path}", "datagen.sources=[{path: tiny-prompts, max_samples: 3}]",
+                    "datagen.max_tokens=8")
+    assert result.exit_code == 2, result.output
+    assert "datagen: done" in result.output
+    assert "not built" in result.output and "skipped" in result.output
+    assert (tmp_path / "data" / "manifest.json").is_file()
+
+
+def test_init_copies_a_template_and_refuses_to_overwrite(tmp_path):
+    out = tmp_path / "mine.yaml"
+    result = invoke("init", "qwen3-8b", "-o", str(out))
+    assert result.exit_code == 0 and out.read_text() == Path("templates/recipes/qwen3-8b.yaml").read_text()
+    result = invoke("init", "qwen3-8b", "-o", str(out))
+    assert result.exit_code == 2 and "already exists" in result.output
+    result = invoke("init", "qwen-8b", "-o", str(tmp_path / "x.yaml"))
+    assert result.exit_code == 2 and "did you mean the template 'qwen3-8b'" in result.output
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_debug_env_shows_traceback():
+    result = invoke("validate", "tiny", "train.lr=fast", env={"DSPARK_DEBUG": "1"})
+    assert result.exit_code != 0 and result.exception is not None
+    assert type(result.exception).__name__ == "RecipeError"
+
+
+def test_the_installed_console_script_runs():
+    script = Path(sys.executable).with_name("dspark")
+    proc = subprocess.run([str(script), "validate", "tiny", "trian.lr=1"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[0] == "error: trian: unknown section (did you mean 'train'?)"
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
