@@ -5,8 +5,10 @@
         tests/train_fixtures.py WORKDIR train.max_steps=6                        # FSDP2 on gloo
 
 The target (hidden 64, 4 layers, vocab 256) has a large init range so its next-token distributions
-are peaked; each sequence is a random 16-token prompt followed by the target's own greedy
-continuation (loss-masked), captured by capture's `HFCapturer` exactly as `dspark train` reads it.
+are peaked, and no attention output, so its next token depends on the current token only: greedy
+text walks a random functional graph into its cycles -- structure a small draft can learn from a
+few thousand tokens (a fully random target is chaos no draft learns on a CPU budget). Each sequence
+is a random 16-token prompt followed by the target's own greedy continuation (loss-masked), captured by capture's `HFCapturer` exactly as `dspark train` reads it.
 Everything is seeded, so every process (and every rank) builds identical data.
 The worker prints one JSON line per log step (`{"step": .., "loss": ..}`) and the summary last.
 """
@@ -35,7 +37,11 @@ def make_target(directory: Path) -> Path:
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                          tie_word_embeddings=False, initializer_range=0.2, rope_theta=10000.0)
     torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(directory)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():  # no attention output: the next token is a fixed function of the current one,
+        for layer in model.model.layers:  # so greedy text walks a random functional graph into cycles
+            layer.self_attn.o_proj.weight.zero_()
+    model.save_pretrained(directory)
     return directory
 
 

@@ -20,9 +20,11 @@ buffers, not parameters: they are never in a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,8 @@ def save_checkpoint(env: DistEnv, out_dir: Path, *, step: int, module: torch.nn.
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier(env)
-    dcp.save(_state(module, optimizer), checkpoint_id=str(tmp), no_dist=not env.distributed)
+    with _quiet_single_process(env):
+        dcp.save(_state(module, optimizer), checkpoint_id=str(tmp), no_dist=not env.distributed)
     barrier(env)
     if env.is_main:
         write_json_atomic(tmp / META, {"step": step, **meta})
@@ -75,6 +78,15 @@ def save_checkpoint(env: DistEnv, out_dir: Path, *, step: int, module: torch.nn.
         _prune(root)
     barrier(env)
     return final
+
+
+@contextlib.contextmanager
+def _quiet_single_process(env: DistEnv):
+    """DCP warns that it assumes one process when there is no process group: here that is the intent."""
+    with warnings.catch_warnings():
+        if not env.distributed:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -162,6 +174,7 @@ def load_checkpoint(env: DistEnv, path: Path, *, module: torch.nn.Module, optimi
     meta = read_meta(path)
     check_contract(meta, contract, path)
     state = _state(module, optimizer)
-    dcp.load(state, checkpoint_id=str(path), no_dist=not env.distributed)
+    with _quiet_single_process(env):
+        dcp.load(state, checkpoint_id=str(path), no_dist=not env.distributed)
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return meta
