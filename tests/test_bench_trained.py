@@ -2,20 +2,19 @@
 
     .venv/bin/python -m pytest tests/test_bench_trained.py -q          # ~40 s on 2 cores
 
-Set-up (tests/train_fixtures.py, the training tests' fixtures): a random Qwen3 target with peaked
-next-token laws, 64 sequences of a random 16-token prompt + the target's greedy continuation,
-captured by capture's `HFCapturer`; `run_train` trains a 2-layer GQA draft on them for 400 steps
-(one process, one thread). The engine then answers the same prompts greedily (T = 0).
+Set-up (tests/train_fixtures.py, the training tests' fixtures): a random Qwen3 target whose greedy
+text walks into short cycles, 64 sequences of a random 16-token prompt + the target's greedy
+continuation, captured by capture's `HFCapturer`; `run_train` trains a 2-layer GQA draft on them for
+400 steps (one process, one thread). The engine then answers the same prompts greedily (T = 0).
 
 What must hold:
 - at T = 0 a verification step from anchor position p accepts exactly the teacher-forced accepted
   prefix of the training forward at anchor p (same context states, same Markov inputs): checked
   step by step (>= 99.5% identical: training read bf16-stored states, the engine fp32 ones, so a rare
-  near-tie may flip; measured 0-1 of ~2,100 steps), so the engine is the model training optimised;
-- the engine's tau (tokens per step) is the train-time expected tau up to anchor weighting: training
-  averages over *uniformly* drawn anchors, serving visits only the anchors its steps land on and jumps
-  over accepted runs, so with runs of easy tokens the served tau sits a little below the uniform
-  average; measured 1.22 vs 1.29 here, bounded below by 0.1;
+  near-tie may flip; measured 0 of ~600 steps), so the engine is the model training optimised;
+- the engine's tau equals the train-time expected tau (`tau_greedy` of the last metrics.jsonl record,
+  a harmonic mean over anchors, which weights positions as decoding visits them) within noise:
+  |difference| <= twice the engine's 95% half-width (two independent estimates; measured 4.74 vs 4.71);
 - an untrained (freshly initialised) draft gives tau close to 1.
 """
 
@@ -83,12 +82,13 @@ def test_engine_steps_accept_the_teacher_forced_prefix_and_tau_matches_training(
         agree += sum(int(acc == int(t)) for (_, acc), t in zip(inside, teacher, strict=True))
         checked += len(inside)
     # training read bf16-stored states, the engine fp32 ones: a rare near-tie argmax may flip (measured: 0-1 step)
-    assert checked > 1000 and agree >= 0.995 * checked, f"{checked - agree} of {checked} steps disagree with training"
+    assert checked > 300 and agree >= 0.995 * checked, f"{checked - agree} of {checked} steps disagree with training"
     tau = summarize(turns, BLOCK)["tau"]
     train_tau = last["tau_greedy"]
     print(f"engine tau {tau['mean']:.3f} {tau['ci95']}, train-time tau_greedy {train_tau:.3f}")
-    assert tau["mean"] > 1.15, "the trained draft must accept tokens"
-    assert train_tau - 0.1 <= tau["mean"] <= train_tau + 0.02, (tau, train_tau)
+    assert tau["mean"] > 2.0, "the trained draft must accept tokens"
+    half_width = (tau["ci95"][1] - tau["ci95"][0]) / 2
+    assert abs(tau["mean"] - train_tau) <= 2 * half_width, (tau, train_tau)
 
 
 def test_untrained_draft_gives_tau_close_to_one(trained, tmp_path):

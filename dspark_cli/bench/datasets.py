@@ -57,7 +57,12 @@ def load_datasets(bench: BenchSection) -> list[BenchDataset]:
     out = []
     for entry in bench.datasets:
         label, source = dataset_source(entry, bench)
-        conversations = list(islice(read_source(source), bench.num_prompts))
+        try:
+            conversations = list(islice(read_source(source), bench.num_prompts))
+        except UsageError as exc:
+            hint = ("set bench.mt_bench_path to a local question.jsonl (FastChat's MT-Bench questions)"
+                    if entry == "mt_bench" else "check bench.datasets (a local file works offline)")
+            raise UsageError(f"bench dataset {entry}: {exc.message}", hint) from None
         for conv in conversations:
             conv.messages = [m for m in conv.messages if m["role"] != "assistant"]  # the target answers
         out.append(BenchDataset(label, conversations))
