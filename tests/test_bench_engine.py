@@ -90,6 +90,8 @@ def test_engine_output_law_is_the_targets(method, draft_method, temperature, top
         steps += out.num_steps
     stat, df, pvalue = chi_square_pvalue(counts, 6000 * table_law(target_lm, [0], 4, temperature, top_p))
     assert 0.2 < accepted / steps < 1.8, "the case must exercise partial acceptance"
+    print(f"{method}/{draft_method} T={temperature} top_p={top_p}: chi2 {stat:.1f} on {df} df, p = {pvalue:.3f}, "
+          f"accepted per step {accepted / steps:.2f}")
     assert pvalue > ALPHA, f"chi2 = {stat:.1f} on {df} df, p = {pvalue:.2e}"
 
 

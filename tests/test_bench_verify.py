@@ -9,10 +9,11 @@ completes each output to L = k + 1 tokens by sampling the rest from the target i
 next engine steps would emit if they were lossless), so the completed sequence must follow the
 target's exact joint law over 3^4 = 81 sequences, computed by enumeration.
 
-Statistics: Pearson chi-square over the 81 cells (df = 80), 200,000 independent trials per case, one
-fixed seed (deterministic). A correct verifier fails at level alpha = 1e-3 with probability 1e-3
-over seeds; the negative controls (a textbook mistake each) show the same test at the same sample
-size rejects a lossy verifier with p < 1e-12, so alpha could be far smaller without losing power.
+Statistics: Pearson chi-square over the sequences the target can produce (all 81 without top-p,
+fewer with it; df = cells - 1), 200,000 independent trials per case, one fixed seed (deterministic).
+A correct verifier fails at level alpha = 1e-3 with probability 1e-3 over seeds (measured p-values:
+0.16 to 0.95); the negative controls (a textbook mistake each) give chi2 > 24,000 at the same sample
+size (p = 0 in double precision), so the test has power far beyond what alpha costs.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ V, K = 3, 3
 L = K + 1
 TRIALS = 200_000
 ALPHA = 1e-3
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small tensors on 2 busy cores: OpenMP hand-offs cost more than they save."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def prefix_index(prefix: tuple[int, ...]) -> int:
@@ -150,7 +160,7 @@ def test_verification_is_lossless(method, probabilistic, temperature, top_p):
                               probabilistic=probabilistic, method=method, gen=gen)
     stat, pvalue = chi_square_pvalue(seqs, exact_law(target, temperature, top_p))
     assert 0.3 < accepted.float().mean() < K - 0.3, "the case must exercise partial acceptance"
-    assert pvalue > ALPHA, f"{method}: chi2 = {stat:.1f} on 80 df, p = {pvalue:.2e}"
+    assert pvalue > ALPHA, f"{method}: chi2 = {stat:.1f}, p = {pvalue:.2e}"
 
 
 def _residual_is_target(p, q, drafts, gen):  # the classic bug: resample from p, not from max(p - q, 0)
