@@ -47,7 +47,7 @@ class TableTarget:
     def reset(self) -> None:
         self.tokens = []
 
-    def forward(self, token_ids: list[int]):
+    def forward(self, token_ids: list[int], last_only: bool = False):
         logits = []
         for token in token_ids:
             self.tokens.append(token)

@@ -73,7 +73,8 @@ class Target(Protocol):
     vocab_size: int
 
     def reset(self) -> None: ...
-    def forward(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]: ...  # logits [m, V], aux [m, F]
+    def forward(self, token_ids: list[int], last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]: ...
+    # -> logits [m, V] (just [1, V] with last_only) and the aux states [m, F] of the m new positions
     def crop(self, length: int) -> None: ...
 
 
@@ -164,13 +165,15 @@ class HFTarget:
         self.length = 0
 
     @torch.inference_mode()
-    def forward(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed the next tokens (positions length .. length+m-1): logits [m, V] fp32 and aux [m, F]."""
+    def forward(self, token_ids: list[int], last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the next tokens (positions length .. length+m-1): logits [m, V] fp32 (only the last
+        row with `last_only`, as for a prompt) and aux [m, F]."""
         m = len(token_ids)
         ids = torch.tensor([token_ids], device=self.device)
         positions = torch.arange(self.length, self.length + m, device=self.device).unsqueeze(0)
         self._captured.clear()
-        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True)
+        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1 if last_only else 0)
         self.cache = out.past_key_values
         self.length += m
         aux = torch.cat([self._captured[k][0] for k in self.layer_ids], dim=-1)
@@ -208,6 +211,8 @@ class DSparkDrafter:
             raise ContractError(f"draft target_layer_ids {config.target_layer_ids} != the engine's {target.layer_ids}")
         model = build_model(config, loaded.state_dict)
         model = model.to(device=target.device, dtype=dtype or torch.float32)
+        if model.confidence_head is not None:
+            model.confidence_head.float()  # fp32 as vLLM builds it (export stores it in fp32 too)
         embed, lm_head = target.embeddings()
         if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
             raise ContractError(
@@ -262,7 +267,7 @@ class SpeculativeEngine:
         generator = torch.Generator(device=device).manual_seed(seed)
         started = time.perf_counter()
         self.target.reset()
-        logits, aux = self.target.forward(list(prompt_ids))
+        logits, aux = self.target.forward(list(prompt_ids), last_only=True)
         out = Generation([], "length")
         token = int(sample_target(logits[-1], sampling.temperature, sampling.top_p, generator))
         limit = sampling.max_tokens
