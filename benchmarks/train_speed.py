@@ -11,16 +11,19 @@ The issue does not give the vocabulary: we run 1024 and 4096 (the bundled tiny t
 
 Measured:
 - `dspark`: the shipped trainer end to end (`run_train` with in-memory captured sequences: packing,
-  anchors, collation, the fused loss, AdamW, clipping, metrics), 1 process x 1 thread, 1 process x
-  2 threads, and 2 processes x 1 thread (torchrun, FSDP2 on gloo). tokens/s = sequence tokens per
+  anchors, collation, the fused loss, AdamW, clipping, metrics), 1 process x 1 thread and
+  2 processes x 1 thread (torchrun, FSDP2 on gloo). tokens/s = sequence tokens per
   second over the steady-state log intervals (the first interval, with FLOP counting, is dropped).
 - `naive`: the same draft model and optimiser with the textbook objective -- full [B, A, N, V]
   logits from the model, target logits per slot, autograd softmax / L1 / CE / BCE -- which is how
-  the public trainers compute it. The peers themselves cannot run here (no network for their code;
+  the public trainers compute it. dspark's `train_step` (what `run_train` runs per step: collation,
+  the loss, backward, clipping, AdamW) and the naive step are alternated step by step in one
+  process, so load drift hits both alike; `run_train end to end` rows add the data pipeline and
+  metrics and are measured in separate processes (repeated, median). The peers themselves cannot run here (no network for their code;
   their CUDA wheels would replace our torch); the issue's numbers for them are quoted beside ours.
-- MFU: FLOPs per token counted by torch's FlopCounterMode on a real step (matmuls + attention,
-  forward + backward) x tokens/s, over (a) the measured peak of a 2048^3 fp32 matmul with the same
-  threads and (b) the theoretical fp32 peak, cores x clock x 32 FLOP/cycle (AVX-512 on Zen 4 is
+- MFU: model FLOPs per token (torch's FlopCounterMode over a real step's matmuls, forward +
+  backward, plus the attended attention pairs; see dspark_cli/training/flops.py) x tokens/s, over
+  (a) the measured 1-thread peak of a 2048^3 fp32 matmul x the cores used and (b) the theoretical fp32 peak, cores x clock x 32 FLOP/cycle (AVX-512 on Zen 4 is
   2 x 256-bit FMA per cycle).
 The machine is shared (2 cores): the load average is recorded; compare rows of one run.
 """
@@ -118,53 +121,72 @@ def run_ours(target: Path, vocab: int, steps: int, threads: int, nproc: int) -> 
     return {"tokens_per_s": round(rate), "flops_per_token": round(flops_per_token)}
 
 
-def run_naive(vocab: int, steps: int, threads: int) -> dict:
-    """The textbook objective on the same draft (see the module docstring)."""
+def interleaved(target: Path, vocab: int, steps: int) -> dict:
+    """dspark's `train_step` and the naive step, alternated step by step in one process (1 thread).
+
+    On a shared machine the load drifts; alternating makes both see the same drift, so their ratio is
+    trustworthy even when their absolute rates are not."""
     import torch
     import torch.nn.functional as F
 
-    from dspark_cli.draft.build import draft_config_from_values
+    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
     from dspark_cli.draft.model import DSparkDraftModel
-    from dspark_cli.training.flops import count_flops
+    from dspark_cli.training.data import StepStream
+    from dspark_cli.training.distributed import DistEnv
+    from dspark_cli.training.loop import LoopConfig, train_step
+    from dspark_cli.training.run import build_draft_config
+    from dspark_cli.training.session import build_step_module, make_optimizer
 
-    torch.set_num_threads(threads)
-    cfg = draft_config_from_values(arch="gqa", target_hidden_size=HIDDEN, vocab_size=vocab, num_layers=2, block_size=7,
-                                   target_layer_ids=[0, 1, 2, 3], target_num_hidden_layers=LAYERS, markov_rank=32,
-                                   mask_token_id=vocab - 1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   intermediate_size=128, rope_theta=1e6)
-    torch.manual_seed(0)
-    model = DSparkDraftModel(cfg)
-    model.init_weights()
-    model.set_target_embeddings(torch.randn(vocab, HIDDEN), torch.randn(vocab, HIDDEN) * 0.1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.set_num_threads(1)
+    recipe = recipe_for(target, Path(tempfile.mkdtemp()), steps, vocab)
+    layer_ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
+    config = build_draft_config(recipe, target, layer_ids)
+    env = DistEnv(0, 1, 0, torch.device("cpu"))
+    module = build_step_module(recipe, config, target, env, torch.float32)
+    optimizer = make_optimizer(module, recipe, env)
+    cfg = LoopConfig(num_steps=steps, lr=1e-3, min_lr_ratio=0.1, warmup_steps=5, grad_clip=1.0, log_every=10,
+                     checkpoint_every=steps, block_size=7, loss=module.loss_config, data_dtype=torch.float32,
+                     autocast_dtype=None)
+    data = sequences(vocab, SEQS_PER_STEP * 16, HIDDEN * len(layer_ids))
+    stream = iter(StepStream(lambda: iter(data), seed=0, num_anchors=ANCHORS, max_seq_len=SEQ,
+                             tokens_per_step=SEQ * SEQS_PER_STEP, world_size=1, epochs=None))
+
+    naive_model = DSparkDraftModel(config)
+    naive_model.init_weights()
+    naive_model.set_target_embeddings(module.draft.target_embed, module.draft.target_lm_head)
+    naive_opt = torch.optim.AdamW(naive_model.parameters(), lr=1e-3, foreach=True)
     b, n = SEQS_PER_STEP, 7
-    aux, ids, last = torch.randn(b, SEQ, 4 * HIDDEN), torch.randint(0, vocab - 1, (b, SEQ)), torch.randn(b, SEQ, HIDDEN)
-    anchors = torch.sort(torch.stack([PROMPT - 1 + torch.randperm(SEQ - PROMPT - 1)[:ANCHORS] for _ in range(b)]), 1).values
+    aux, ids = torch.randn(b, SEQ, HIDDEN * len(layer_ids)), torch.randint(0, vocab - 1, (b, SEQ))
+    last = torch.randn(b, SEQ, HIDDEN)
+    anchors = torch.sort(torch.stack([PROMPT + torch.randperm(SEQ - PROMPT - 1)[:ANCHORS] for _ in range(b)]), 1).values
     decay = torch.exp(-torch.arange(n) / 4.0)
 
-    def step():
-        out = model(aux, ids, anchors)
+    def naive_step():
+        out = naive_model(aux, ids, anchors)
         pos = (anchors[..., None] + torch.arange(n)).clamp(max=SEQ - 1).view(b, -1, 1).expand(-1, -1, HIDDEN)
-        q = F.linear(last.gather(1, pos), model.target_lm_head).view(b, ANCHORS, n, vocab).softmax(-1)
+        q = F.linear(last.gather(1, pos), naive_model.target_lm_head).view(b, ANCHORS, n, vocab).softmax(-1)
         logp = out.logits.log_softmax(-1)
         ce = -logp.gather(-1, out.target_ids[..., None])[..., 0]
         l1 = (logp.exp() - q).abs().sum(-1)
         bce = F.binary_cross_entropy(out.confidence, (1 - l1.detach() / 2).clamp(0, 1), reduction="none")
         w = decay * out.valid
         loss = ((0.1 * ce + 0.9 * l1 + bce) * w).sum() / w.sum()
-        opt.zero_grad(set_to_none=True)
+        naive_opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        torch.nn.utils.clip_grad_norm_(naive_model.parameters(), 1.0)
+        naive_opt.step()
 
-    flops = count_flops(step)
-    for _ in range(3):
-        step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    rate = steps * b * SEQ / (time.perf_counter() - start)
-    return {"tokens_per_s": round(rate), "flops_per_token": round(flops / (b * SEQ))}
+    def ours_step():
+        train_step(env, module, optimizer, next(stream), cfg, 1e-3)
+
+    times: dict[str, list[float]] = {"dspark": [], "naive": []}
+    for i in range(steps + 3):
+        for name, fn in (("dspark", ours_step), ("naive", naive_step)):
+            start = time.perf_counter()
+            fn()
+            if i >= 3:  # warm-up
+                times[name].append(time.perf_counter() - start)
+    return {name: round(b * SEQ / statistics.median(t)) for name, t in times.items()}
 
 
 def matmul_peak(threads: int) -> float:
@@ -190,10 +212,10 @@ def markdown(result: dict) -> str:
              f"Theoretical fp32 peak {result['theoretical_peak_gflops']:.0f} GFLOP/s (2 cores x {CLOCK_GHZ} GHz x "
              f"{FLOPS_PER_CYCLE}); measured 2048^3 matmul: {result['matmul_gflops']['1']:.0f} GFLOP/s (1 thread), "
              f"{result['matmul_gflops']['2']:.0f} (2 threads).", "",
-             "| vocab | trainer | processes x threads | tokens/s | vs naive | FLOPs/token | MFU (matmul peak) | MFU (theoretical) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| vocab | trainer | measured | processes x threads | tokens/s | vs naive | model FLOPs/token | MFU (matmul peak) | MFU (theoretical) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
-        lines.append(f"| {row['vocab']} | {row['trainer']} | {row['procs']} x {row['threads']} | {row['tokens_per_s']:,} | "
+        lines.append(f"| {row['vocab']} | {row['trainer']} | {row['measured']} | {row['procs']} x {row['threads']} | {row['tokens_per_s']:,} | "
                      f"{row['speedup_vs_naive']:.2f}x | {row['flops_per_token'] / 1e6:.2f} M | {row['mfu_matmul']:.1%} | "
                      f"{row['mfu_theoretical']:.1%} |")
     lines += ["", "Peers on the same setup, as given by the issue (not runnable here): "
@@ -209,7 +231,7 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)  # worker only
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -218,41 +240,40 @@ def main() -> None:
 
     vocabs = [1024] if args.quick else [1024, 4096]
     steps = 30 if args.quick else 60
-    configs = [(1, 1)] if args.quick else [(1, 1), (1, 2), (2, 1)]
+    repeats = 1 if args.quick else 3
     result = {"command": "python benchmarks/train_speed.py" + (" --quick" if args.quick else ""),
               "machine": f"{platform.machine()} {os.cpu_count()} cores ({platform.processor() or 'x86_64'})",
               "torch": torch.__version__, "load_before": [round(x, 2) for x in os.getloadavg()],
               "theoretical_peak_gflops": (os.cpu_count() or 1) * CLOCK_GHZ * FLOPS_PER_CYCLE,
-              "matmul_gflops": {str(t): matmul_peak(t) / 1e9 for t in (1, 2)}, "rows": []}
+              "matmul_gflops": {str(t): matmul_peak(t) / 1e9 for t in (1, 2)}, "repeats": repeats, "rows": []}
     for vocab in vocabs:
         target = make_target(Path(tempfile.mkdtemp(prefix="dspark-speed-target-")), vocab)
-        for procs, threads in configs:
-            naive = run_naive(vocab, steps // 2, threads * procs) if procs == 1 else None
-            ours = run_ours(target, vocab, steps, threads, procs)
-            base = naive or next(r for r in result["rows"] if r["vocab"] == vocab and r["trainer"] == "naive"
-                                 and r["threads"] == 2)
-            used = procs * threads
-            peak_matmul = result["matmul_gflops"][str(used)] * 1e9
-            peak_theory = used * CLOCK_GHZ * FLOPS_PER_CYCLE * 1e9
-            for name, row in (("naive", naive), ("dspark", ours)):
-                if row is None:
-                    continue
-                flops = ours["flops_per_token"]  # model FLOPs: what the work needs, counted on our step
-                result["rows"].append({"vocab": vocab, "trainer": name, "procs": procs if name == "dspark" else 1,
-                                       "threads": threads if name == "dspark" else used,
-                                       "tokens_per_s": row["tokens_per_s"], "flops_per_token": flops,
-                                       "executed_flops_per_token": row["flops_per_token"],
-                                       "speedup_vs_naive": row["tokens_per_s"] / base["tokens_per_s"],
-                                       "mfu_matmul": flops * row["tokens_per_s"] / peak_matmul,
-                                       "mfu_theoretical": flops * row["tokens_per_s"] / peak_theory})
+        step_rates = interleaved(target, vocab, steps)
+        runs = {(name, 1, "train_step, interleaved"): [{"tokens_per_s": rate}] for name, rate in step_rates.items()}
+        for _ in range(repeats):  # interleaved, so drifting load hits both alike
+            runs.setdefault(("dspark", 1, "run_train end to end"), []).append(run_ours(target, vocab, steps, 1, 1))
+            if not args.quick:
+                runs.setdefault(("dspark", 2, "run_train end to end"), []).append(run_ours(target, vocab, steps, 1, 2))
+        flops = statistics.median(r["flops_per_token"] for r in runs[("dspark", 1, "run_train end to end")])
+        base = step_rates["naive"]
+        for (name, procs, how), samples in runs.items():
+            rate = statistics.median(r["tokens_per_s"] for r in samples)
+            result["rows"].append({
+                "vocab": vocab, "trainer": name, "measured": how, "procs": procs, "threads": 1,
+                "tokens_per_s": round(rate), "samples": [r["tokens_per_s"] for r in samples], "flops_per_token": flops,
+                "speedup_vs_naive": rate / base,
+                "mfu_matmul": flops * rate / (procs * result["matmul_gflops"]["1"] * 1e9),
+                "mfu_theoretical": flops * rate / (procs * CLOCK_GHZ * FLOPS_PER_CYCLE * 1e9)})
             print(json.dumps(result["rows"][-1]), flush=True)
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     result["notes"] = (
-        "Notes: model FLOPs per token are counted on dspark's step (the naive step executes more: it "
-        "computes logits for every slot, valid or not, and the target's logits per slot instead of per "
-        "position). The 2-process rows use FSDP2 on gloo with one thread each; `vs naive` compares "
-        "with the naive trainer on the same number of cores. A shared machine: other engineers' jobs ran "
-        "alongside (load average above), which costs multi-threaded rows most.")
+        "Notes: medians of interleaved repeats (all samples in the JSON). Model FLOPs per token are "
+        "counted on dspark's step (matmuls by FlopCounterMode + attended attention pairs); the naive "
+        "step executes more (logits for every slot, target logits per slot). The 2-process row is "
+        "FSDP2 on gloo, one thread per process; `vs naive` compares it with the 1-core naive trainer, "
+        "so it includes the second core. Intra-op threading (1 process x 2 threads) is not in the table: "
+        "with other jobs on the 2 cores it collapsed to ~500 tokens/s for both trainers (OpenMP threads "
+        "wait for each other), while separate processes do not. A shared machine: compare rows of one run.")
     out = ROOT / "benchmarks" / "results"
     (out / "train_speed.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "train_speed.md").write_text(markdown(result))

@@ -68,6 +68,36 @@ def _scalar(value: torch.Tensor) -> float:
     return float(full)
 
 
+def train_step(env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Step,
+               cfg: LoopConfig, lr: float, *, count: bool = False):
+    """One optimiser step on this rank's share of `data`: (batch, stats, grad norm, FLOPs if `count`)."""
+    batch = collate(data.for_rank(env.rank, env.world_size), cfg.data_dtype).to(env.device)
+    ok = trainable_slots(batch, cfg.block_size)
+    weight = all_reduce_sum(local_weight(ok, cfg.loss.gamma), env)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    autocast = torch.autocast(env.device.type, dtype=cfg.autocast_dtype) if cfg.autocast_dtype else nullcontext()
+
+    def forward_backward():
+        with autocast:
+            loss, stats = module(batch, ok, weight, float(env.world_size))
+        loss.backward()
+        return stats
+
+    optimizer.zero_grad(set_to_none=True)
+    flops = None
+    if count:
+        holder: list[torch.Tensor] = []
+        flops = count_flops(lambda: holder.append(forward_backward()))
+        flops += attention_flops(batch.anchors, batch.anchor_mask, draft_config(module))
+        stats = holder[0]
+    else:
+        stats = forward_backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in module.parameters() if p.requires_grad], cfg.grad_clip)
+    optimizer.step()
+    return batch, stats, grad_norm, flops
+
+
 def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: Iterator[Step],
                start_step: int, cfg: LoopConfig, log: Callable[[dict[str, Any]], None],
                checkpoint: Callable[[int, dict[str, int], dict[str, Any] | None, int], None],
@@ -77,7 +107,6 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
     `checkpoint(step, data_position, last_record, tokens_done)` is called every `checkpoint_every`
     steps and at the end. Returns {"record": last logged record, "step": steps done, "tokens": tokens done}.
     """
-    params = [p for p in module.parameters() if p.requires_grad]
     n = cfg.block_size
     acc = torch.zeros(stats_size(n), device=env.device)
     acc_tokens = acc_seqs = 0
@@ -85,35 +114,15 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
     interval_start = time.perf_counter()
     record: dict[str, Any] | None = None
     done, saved, position = start_step, start_step, None
-    autocast = (torch.autocast(env.device.type, dtype=cfg.autocast_dtype) if cfg.autocast_dtype else nullcontext())
     for step in range(start_step, cfg.num_steps):
         data = next(steps, None)
         if data is None:  # the data ran out early (online queue finished): stop cleanly
             break
-        batch = collate(data.for_rank(env.rank, env.world_size), cfg.data_dtype).to(env.device)
-        ok = trainable_slots(batch, n)
-        weight = all_reduce_sum(local_weight(ok, cfg.loss.gamma), env)
         lr = lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-
-        def forward_backward():
-            with autocast:
-                loss, stats = module(batch, ok, weight, float(env.world_size))
-            loss.backward()
-            return stats
-
-        optimizer.zero_grad(set_to_none=True)
-        if flops_per_token is None:
-            holder: list[torch.Tensor] = []
-            flops = count_flops(lambda: holder.append(forward_backward()))
-            flops += attention_flops(batch.anchors, batch.anchor_mask, draft_config(module))
-            stats = holder[0]
+        batch, stats, grad_norm, flops = train_step(env, module, optimizer, data, cfg, lr,
+                                                    count=flops_per_token is None)
+        if flops is not None:
             flops_per_token = flops / max(batch.num_tokens, 1)
-        else:
-            stats = forward_backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
         acc += stats.detach()
         acc_tokens += batch.num_tokens
         acc_seqs += batch.input_ids.shape[0]

@@ -59,6 +59,10 @@ class _VocabLoss(torch.autograd.Function):
         num_slots = hidden.shape[0]
         device = hidden.device
         lm, w2 = lm_head.to(compute_dtype), markov_w2.to(compute_dtype)
+        # z = [h, m] @ [lm_head, markov_w2]^T: one matmul (K = H + r) instead of two, and likewise
+        # [grad_h, grad_e] = g @ [lm_head, markov_w2] in backward
+        joint = torch.cat([lm, w2], dim=1)  # [V, H + r]
+        split = hidden.shape[1]
         loss = torch.zeros((), dtype=torch.float32, device=device)
         stats = torch.empty(num_slots, NUM_SLOT_STATS, dtype=torch.float32, device=device)
         grad_h = torch.empty(hidden.shape, dtype=compute_dtype, device=device) if grads_wanted else None
@@ -75,7 +79,7 @@ class _VocabLoss(torch.autograd.Function):
             else:
                 q = torch.softmax(F.linear(target[rows].to(compute_dtype), lm).float(), -1)
                 top = q.argmax(dim=-1)
-            z = torch.addmm(F.linear(h, lm), m, w2.t()).float()  # [c, V] logits
+            z = F.linear(torch.cat([h, m], dim=1), joint).float()  # [c, V] logits
             # softmax by hand: the label's and the target top-1's logits are all CE and the metrics need
             z_max = z.amax(dim=-1, keepdim=True)
             z_label, z_top = z.gather(1, lab[:, None]), z.gather(1, top[:, None])
@@ -99,8 +103,8 @@ class _VocabLoss(torch.autograd.Function):
                 g = p_sign.mul_(w_l1[s:e, None]).addcmul_(p, row_scale)
                 g[torch.arange(e - s, device=device), lab] -= w_ce[s:e]
                 g = g.to(compute_dtype)
-                torch.matmul(g, lm, out=grad_h[s:e])
-                torch.matmul(g, w2, out=grad_e[s:e])
+                grad_he = torch.matmul(g, joint)
+                grad_h[s:e], grad_e[s:e] = grad_he[:, :split], grad_he[:, split:]
                 grad_w2.addmm_(g.t().float(), m.float())
         ctx.mark_non_differentiable(stats)
         if grads_wanted:
