@@ -167,11 +167,9 @@ def train(
     nproc: Annotated[int | None, typer.Option(help="Sets train.nproc_per_node; >1 launches torchrun.")] = None,
     dry_run: DryRunOpt = False,
 ) -> None:
-    """Capture hidden states and train the draft (FSDP2; torchrun when several processes).
-
-    `--resume auto` continues from the latest checkpoint in the output directory (a crash costs at
-    most `train.checkpoint_every` steps); `--nproc 2` relaunches itself under torchrun.
-    """
+    """Capture hidden states and train the draft (FSDP2; torchrun when several processes)."""
+    # --resume auto continues from the latest checkpoint (a crash costs at most train.checkpoint_every
+    # steps); --nproc N > 1 relaunches this command under torchrun, whose children train.
     import os
     import subprocess
 
