@@ -11,12 +11,14 @@ Importing this package is free (no torch); the pieces import it themselves.
 - loss.py        the DSpark objective with a fused, chunked vocabulary pass (CE + L1 + their gradients)
 - metrics.py     per-slot accuracy, expected acceptance length (tau, greedy and T=1), sinks
 - flops.py       model FLOPs per step (for MFU)
-- step.py        `TrainStep`: the draft plus its loss as one module (what FSDP2 wraps)
+- step.py        `TrainStep`: the draft plus its loss as one module (what FSDP2 wraps); anchor rows
 - distributed.py process groups, FSDP2 `fully_shard`, the torchrun command line
 - checkpoint.py  DCP checkpoints written atomically, `latest` pointer, contract check on resume
 - target.py      the target's frozen embed_tokens / lm_head, read straight from safetensors
-- loop.py        the training loop (optimiser, schedule, clipping, logging, checkpoints)
-- run.py         `run_train(recipe, resume=...)`: data source + loop + outputs (the CLI calls this)
+- loop.py        `train_step` and the training loop (schedule, clipping, logging, checkpoints)
+- session.py     one process's session: build, resume, loop, final draft and manifest
+- run.py         `run_train(recipe, resume=...)` (the CLI calls this) and `plan_train` (--dry-run)
+- evaluate.py    `evaluate_draft`: the same metrics for any draft on captured sequences, no training
 
 Output layout under `recipe.stage_dir("train")`:
 `checkpoints/step-NNNNNN/` (DCP + meta.json) and `checkpoints/latest`, `metrics.jsonl`,

@@ -136,7 +136,8 @@ class StepStream:
         for epoch, count in epochs:
             if epoch < self.start["epoch"]:
                 continue
-            skip = self.start["consumed"] if epoch == self.start["epoch"] else 0
+            # an online queue forgets what was read, so a resumed run takes it from where it is now
+            skip = self.start["consumed"] if epoch == self.start["epoch"] and not self.single_pass else 0
             prepared = self._prepared(epoch)
             stream = prepared if self.single_pass else shuffle_stream(prepared, self.seed, epoch)
             for n, (example, num_tokens) in enumerate(stream):

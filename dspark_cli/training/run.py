@@ -102,13 +102,11 @@ def _online_source(recipe: Recipe, out_dir: Path, env) -> tuple[Callable[[], Ite
     if recipe.train.max_steps is None:
         raise UsageError("capture.mode=online reads the data once: set train.max_steps",
                          "e.g. train.max_steps=1000, or use capture.mode=offline for epochs")
+    if env.world_size > 1:  # one consumer per queue; sharing it across ranks is not built
+        raise UsageError("capture.mode=online trains in one process", "use capture.mode=offline with --nproc > 1")
     queue = Path(recipe.stage_dir("capture") + "-queue")
-    producer = None
-    if env.is_main:
-        recipe_file = write_resolved(recipe, out_dir / "online-producer")
-        producer = subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.online", str(recipe_file), str(queue)])
-    if env.world_size > 1:
-        raise UsageError("capture.mode=online is single-process for now", "use capture.mode=offline with --nproc > 1")
+    recipe_file = write_resolved(recipe, out_dir / "online-producer")
+    producer = subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.online", str(recipe_file), str(queue)])
     return (lambda: iter_queue(queue, delete=True, timeout_s=3600)), producer
 
 
