@@ -191,8 +191,11 @@ def train(
     from dspark_cli.training.distributed import torchrun_command, under_torchrun
 
     if loaded.train.nproc_per_node > 1 and not under_torchrun():
-        args = ["train", recipe, *(overrides or []), "--resume", resume, "--nproc", str(loaded.train.nproc_per_node)]
-        args += ["--output-dir", output_dir] if output_dir else []
+        # flags travel as key=value overrides or --flag=value: torchrun's parser would take `--nproc` as
+        # an abbreviation of its own --nproc-per-node
+        args = ["train", recipe, *(overrides or []), f"train.nproc_per_node={loaded.train.nproc_per_node}",
+                f"--resume={resume}"]
+        args += [f"train.output_dir={output_dir}"] if output_dir else []
         cmd = torchrun_command(args, nproc=loaded.train.nproc_per_node, nnodes=loaded.train.nnodes,
                                rdzv_endpoint=loaded.train.rdzv_endpoint, run_id=loaded.name)
         say(f"launching {loaded.train.nproc_per_node} processes: {' '.join(cmd[1:5])} ...")

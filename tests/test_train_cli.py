@@ -1,0 +1,97 @@
+"""`dspark train` from the command line: the dry-run plan, torchrun relaunch with --nproc, errors.
+
+    .venv/bin/python -m pytest tests/test_train_cli.py -q        # ~40 s on 2 cores
+
+The capture output is written with capture's own shard writer from the fixture target's sequences
+(tests/train_fixtures.py), so the command reads exactly what `dspark train` reads after capture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import train_fixtures  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DSPARK = str(Path(sys.executable).with_name("dspark"))
+
+
+def _overrides(work: Path) -> list[str]:
+    return [f"target.model={work / 'target'}", "target.dtype=float32", f"output_dir={work / 'run'}",
+            "draft.arch=gqa", "draft.num_layers=2", "draft.block_size=4", "draft.markov_rank=16",
+            f"draft.mask_token_id={train_fixtures.VOCAB - 1}", "draft.target_layer_ids=[0, 2]",
+            "train.num_anchors=12", "train.max_seq_len=64", "train.tokens_per_step=256", "train.epochs=2.0",
+            "train.max_steps=null", "train.warmup_steps=1",
+            "train.log_every=2", "train.checkpoint_every=4", "capture.max_seq_len=64"]
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """A complete capture directory for the fixture target, as capture writes it."""
+    from dspark_cli.capture.plan import contract_for_recipe
+    from dspark_cli.capture.shards import shard_name, write_shard
+    from dspark_cli.manifest import write_json_atomic
+    from dspark_cli.recipe import load_recipe
+
+    work = tmp_path_factory.mktemp("train-cli")
+    train_fixtures.make_target(work / "target")
+    sequences = train_fixtures.make_sequences(work / "target", num=10)
+    recipe = load_recipe("tiny", _overrides(work))
+    out = Path(recipe.stage_dir("capture"))
+    out.mkdir(parents=True)
+    layer_ids = train_fixtures.LAYER_IDS
+    shards = [write_shard(out / shard_name(i), sequences[i * 5:(i + 1) * 5], layer_ids=layer_ids,
+                          hidden_size=train_fixtures.HIDDEN) for i in range(2)]
+    write_json_atomic(out / "manifest.json", {
+        "kind": "dspark.capture", "format_version": 1, "complete": True,
+        "contract": contract_for_recipe(recipe).to_dict(),
+        "layout": {"target_layer_ids": layer_ids, "hidden_size": train_fixtures.HIDDEN}, "shards": shards})
+    return work
+
+
+def _dspark(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "COLUMNS": "200"}
+    return subprocess.run([DSPARK, *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def test_dry_run_prints_the_exact_plan_and_writes_nothing(captured):
+    out = _dspark("train", "tiny", *_overrides(captured), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "train plan (exact; nothing written)" in out.stdout
+    # 10 sequences of 64 tokens, 4 per step, 2 epochs: 20 sequences -> 5 steps
+    table = {cells[0]: cells[1] for line in out.stdout.splitlines()
+             if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 2}
+    assert table["steps"] == "5" and table["sequences per epoch"] == "10" and table["processes"] == "1"
+    assert table["tokens per step (all ranks)"] == "256"
+    assert not (captured / "run" / "train").exists()
+
+
+def test_nproc_2_relaunches_under_torchrun_and_trains(captured):
+    out = _dspark("train", "tiny", *_overrides(captured), "--nproc", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "launching 2 processes" in out.stdout
+    assert out.stdout.count("train: 5 steps") == 1  # rank 0 alone reports
+    train_dir = captured / "run" / "train"
+    manifest = json.loads((train_dir / "manifest.json").read_text())
+    assert manifest["summary"]["world_size"] == 2 and manifest["summary"]["steps"] == 5
+    lines = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [2, 4, 5]
+    assert (train_dir / "final" / "model.safetensors").is_file()
+
+    again = _dspark("train", "tiny", *_overrides(captured), "--resume", "never")
+    assert again.returncode == 2 and "already holds checkpoints" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 2  # one error line, one hint
+
+
+def test_resume_from_a_bad_path_is_one_line(captured, tmp_path):
+    out = _dspark("train", "tiny", *_overrides(captured), "-o", str(tmp_path / "t"), "--resume", str(tmp_path))
+    assert out.returncode == 2
+    assert "not a complete dspark checkpoint" in out.stderr and len(out.stderr.strip().splitlines()) == 2
