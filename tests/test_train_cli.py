@@ -95,3 +95,17 @@ def test_resume_from_a_bad_path_is_one_line(captured, tmp_path):
     out = _dspark("train", "tiny", *_overrides(captured), "-o", str(tmp_path / "t"), "--resume", str(tmp_path))
     assert out.returncode == 2
     assert "not a complete dspark checkpoint" in out.stderr and len(out.stderr.strip().splitlines()) == 2
+
+
+def test_plan_lengths_from_shard_metadata_equal_the_prepared_sequences(captured):
+    from dspark_cli.capture import iter_captured
+    from dspark_cli.recipe import load_recipe
+    from dspark_cli.training.data import prepare
+    from dspark_cli.training.run import capture_lengths
+
+    recipe = load_recipe("tiny", _overrides(captured))
+    for max_len in (64, 20):
+        prepared = [e.num_tokens for i, s in enumerate(iter_captured(recipe.stage_dir("capture")))
+                    if (e := prepare(s, epoch=0, index=i, seed=0, num_anchors=1, max_seq_len=max_len))]
+        assert capture_lengths(recipe.stage_dir("capture"), max_len) == prepared
+    assert prepared == [] or set(prepared) == {20}  # truncated

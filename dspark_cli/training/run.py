@@ -78,6 +78,33 @@ def train_contract(recipe: Recipe, draft_config) -> Contract:
     return dataclasses.replace(base, mask_token_id=draft_config.mask_token_id, block_size=draft_config.block_size)
 
 
+def capture_lengths(directory: str | Path, max_seq_len: int) -> list[int]:
+    """Prepared lengths of an offline capture, read from each shard's `seq_lens` and `loss_mask` only.
+
+    The plan needs every sequence's length before training (the LR schedule ends at the last step);
+    reading the hidden states for that would be a whole extra epoch of I/O. A sequence trains when
+    some position p has loss_mask[p] and a target state at p - 1, and capture stores the state on
+    exactly the loss-masked rows, so `prepare` keeps it iff loss_mask[p] & loss_mask[p - 1] somewhere.
+    """
+    from safetensors import safe_open
+
+    from dspark_cli.manifest import read_manifest
+
+    directory = Path(directory)
+    lengths = []
+    for entry in read_manifest(directory)["shards"]:
+        with safe_open(str(directory / entry["file"]), "pt") as handle:
+            seq_lens, mask = handle.get_tensor("seq_lens").tolist(), handle.get_tensor("loss_mask").bool()
+        start = 0
+        for length in seq_lens:
+            kept = min(length, max_seq_len)
+            seq = mask[start:start + kept]
+            if bool((seq[1:] & seq[:-1]).any()):
+                lengths.append(kept)
+            start += length
+    return lengths
+
+
 def _offline_source(recipe: Recipe, contract: Contract, env) -> Callable[[], Iterable[Any]]:
     from dspark_cli.capture import iter_captured
     from dspark_cli.manifest import read_manifest
@@ -124,13 +151,8 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
     lengths = None
     directory = Path(recipe.stage_dir("capture"))
     if (directory / "manifest.json").is_file():
-        from dspark_cli.capture import iter_captured
-        from dspark_cli.training.data import prepare
-
         try:
-            lengths = [e.num_tokens for i, s in enumerate(iter_captured(directory))
-                       if (e := prepare(s, epoch=0, index=i, seed=train.seed, num_anchors=1,
-                                        max_seq_len=train.max_seq_len)) is not None]
+            lengths = capture_lengths(directory, train.max_seq_len)
         except Exception as exc:  # noqa: BLE001 - an incomplete capture: fall back to the estimate
             log.info("capture not readable yet (%s); estimating", exc)
     if lengths is not None:
@@ -159,18 +181,20 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         draft_config = build_draft_config(recipe, target_dir, layer_ids)
         contract = train_contract(recipe, draft_config)
         out_dir = Path(recipe.stage_dir("train"))
-        producer = None
+        producer = lengths = None
         if sequences is None:
             if recipe.capture.mode == "online":
                 sequences, producer = _online_source(recipe, out_dir, env)
             else:
                 sequences = _offline_source(recipe, contract, env)
+                lengths = lambda: capture_lengths(recipe.stage_dir("capture"), recipe.train.max_seq_len)  # noqa: E731
         try:
             from dspark_cli.training.session import train_session
 
             return train_session(recipe, env=env, target_dir=target_dir, draft_config=draft_config,
                                  contract=contract, out_dir=out_dir, sequences=sequences, resume=resume,
-                                 on_log=on_log, single_pass=recipe.capture.mode == "online" and producer is not None)
+                                 on_log=on_log, single_pass=recipe.capture.mode == "online" and producer is not None,
+                                 lengths=lengths)
         finally:
             if producer is not None and producer.poll() is None:
                 producer.terminate()

@@ -93,7 +93,10 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
 
 def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_config: Any, contract: Contract,
                   out_dir: Path, sequences: Callable[[], Iterable[Any]], resume: str,
-                  on_log: Callable[[dict[str, Any]], None] | None, single_pass: bool = False) -> dict[str, Any]:
+                  on_log: Callable[[dict[str, Any]], None] | None, single_pass: bool = False,
+                  lengths: Callable[[], list[int]] | None = None) -> dict[str, Any]:
+    """`lengths()`: the prepared sequence lengths without reading hidden states (default: one pass
+    over `sequences()`), needed to plan an epochs-based run."""
     train = recipe.train
     started = time.time()
     bf16 = train.precision == "bf16" or (train.precision == "auto" and env.device.type == "cuda")
@@ -108,11 +111,13 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
         start_step, position, tokens_done = meta["step"], meta["position"], meta.get("tokens", 0)
         log.info("resumed from %s (step %d)", checkpoint_path, start_step)
 
-    lengths = None if (train.max_steps or single_pass) else count_lengths(sequences, recipe)
+    seq_lengths = None
+    if not (train.max_steps or single_pass):
+        seq_lengths = lengths() if lengths is not None else count_lengths(sequences, recipe)
     if train.max_steps:
         num_steps = train.max_steps
     else:
-        num_steps = plan_run(lengths=lengths, tokens_per_step=train.tokens_per_step, epochs=train.epochs,
+        num_steps = plan_run(lengths=seq_lengths, tokens_per_step=train.tokens_per_step, epochs=train.epochs,
                              max_steps=None, world_size=env.world_size, seed=train.seed).num_steps
     if num_steps == 0:
         raise DataError("no trainable sequences: every captured sequence lacks loss-masked tokens with target states",
@@ -138,7 +143,8 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
     stream = StepStream(sequences, seed=train.seed, num_anchors=train.num_anchors, max_seq_len=train.max_seq_len,
                         tokens_per_step=train.tokens_per_step, world_size=env.world_size,
                         epochs=None if train.max_steps else train.epochs,
-                        num_items_per_epoch=len(lengths) if lengths else None, single_pass=single_pass, start=position)
+                        num_items_per_epoch=len(seq_lengths) if seq_lengths else None, single_pass=single_pass,
+                        start=position)
     cfg = LoopConfig(num_steps=num_steps, lr=train.lr, min_lr_ratio=train.min_lr_ratio, warmup_steps=train.warmup_steps,
                      grad_clip=train.grad_clip, log_every=train.log_every, checkpoint_every=train.checkpoint_every,
                      block_size=draft_config.block_size, loss=module.loss_config, data_dtype=dtype,
