@@ -105,7 +105,7 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
     barrier(env)
     module = build_step_module(recipe, draft_config, target_dir, env, dtype)
     optimizer = make_optimizer(module, recipe, env)
-    start_step, position, tokens_done = 0, {"epoch": 0, "consumed": 0}, 0
+    start_step, position, tokens_done, meta = 0, {"epoch": 0, "consumed": 0}, 0, {}
     if checkpoint_path is not None:
         meta = load_checkpoint(env, checkpoint_path, module=module, optimizer=optimizer, contract=contract)
         start_step, position, tokens_done = meta["step"], meta["position"], meta.get("tokens", 0)
@@ -158,7 +158,8 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
     files = write_final(module, draft_config, out_dir, env)
     summary = {"output_dir": str(out_dir), "steps": result["step"], "num_steps": num_steps,
                "resumed_from": str(checkpoint_path) if checkpoint_path else None, "tokens": result["tokens"],
-               "world_size": env.world_size, "final_metrics": result["record"], "wall_s": round(time.time() - started, 1),
+               "world_size": env.world_size, "final_metrics": result["record"] or meta.get("metrics"),
+               "wall_s": round(time.time() - started, 1),
                "final": str(out_dir / "final")}
     if env.is_main:
         write_json_atomic(out_dir / "manifest.json", {
