@@ -83,13 +83,14 @@ def block_states(draft: nn.Module, batch: Batch, groups: int):
 
 def choose_groups(num_anchors: int, block_size: int, seq_len: int, attn_impl: str) -> int:
     """Anchor rows per sequence for dense-mask attention: the largest of 8, 4, 2 dividing the anchors
-    that keeps at least seq_len / 2 block keys per row (measured on CPU SDPA, 4 x 128 tokens with 32
-    anchors of 7: 1 row 9.0 ms, 2 rows 4.3, 4 rows 4.1, 8 rows 4.7 per layer forward + backward).
+    that keeps at least seq_len / 4 block keys per row (measured on CPU SDPA, 4 x 128 tokens with 32
+    anchors of 7, per layer forward + backward: 1 row 5.8-9.0 ms, 2 rows 4.3-5.1, 4 rows 3.6-4.1,
+    8 rows 3.6-4.7; the ranges are two runs on a shared machine).
     Flex attention skips masked tiles by itself, so it keeps one row."""
     if attn_impl == "flex":
         return 1
     for groups in (8, 4, 2):
-        if num_anchors % groups == 0 and num_anchors * block_size // groups >= seq_len // 2:
+        if num_anchors % groups == 0 and num_anchors * block_size // groups >= seq_len // 4:
             return groups
     return 1
 
