@@ -1,0 +1,105 @@
+"""`dspark bench DRAFT_DIR --offline` on the bundled tiny targets with exported random drafts.
+
+    .venv/bin/python -m pytest tests/test_bench_offline.py -q
+
+Random drafts accept almost nothing, so tau ~ 1; the engine must still reproduce the target's
+greedy text token for token (MT-Bench prompts through the tiny chat template), and the command
+must write the report and its plots. The trained-draft comparison is tests/test_bench_trained.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_support import export_random_draft  # noqa: E402
+
+from dspark_cli.cli import app  # noqa: E402
+from dspark_cli.recipe import load_recipe  # noqa: E402
+from dspark_cli.targets.registry import BUNDLED_TARGETS  # noqa: E402
+
+MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench_questions.jsonl"
+pytestmark = [
+    pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-mla"] / "config.json").is_file(), reason="tiny targets not built"),
+    pytest.mark.skipif(not MT_BENCH.is_file(), reason=f"{MT_BENCH} not found"),
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _recipe(tmp_path: Path, target: str):
+    arch = "mla" if target == "tiny-mla" else "gqa"
+    return load_recipe("tiny", [f"target.model={target}", f"draft.arch={arch}", f"output_dir={tmp_path / 'run'}",
+                                f"bench.mt_bench_path={MT_BENCH}", "bench.num_prompts=2", "bench.max_tokens=32",
+                                "bench.confidence_thresholds=[0.0, 0.6]"])
+
+
+@pytest.mark.parametrize("target", ["tiny-mla", "tiny-gqa"])
+def test_engine_equals_target_greedy_on_mt_bench(tmp_path, target):
+    from dspark_cli.bench.datasets import load_datasets
+    from dspark_cli.bench.engine import Sampling
+    from dspark_cli.bench.offline import OfflineBench
+
+    recipe = _recipe(tmp_path, target)
+    bench = OfflineBench(recipe, export_random_draft(recipe, tmp_path / "draft"))
+    conv = load_datasets(recipe.bench)[0].conversations[0]
+    prompt = bench.chat.prompt_ids([{"role": "user", "content": conv.user_turns[0]}])
+    sampling = Sampling(0.0, 1.0, 48, bench.stop_ids, recipe.target.max_model_len)
+    out = bench.engine(0.0).generate(prompt, sampling)
+    model = bench.target.model
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=48, do_sample=False, eos_token_id=sorted(bench.stop_ids),
+                             pad_token_id=bench.chat.tokenizer.pad_token_id)[0, len(prompt):].tolist()
+    assert out.token_ids == ref[: len(out.token_ids)] and len(out.token_ids) == len(ref)
+    assert out.num_steps >= 1 and 1.0 <= out.tau < 1.3
+
+
+def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
+    recipe = _recipe(tmp_path, "tiny-mla")
+    draft = export_random_draft(recipe, tmp_path / "draft")
+    result = CliRunner().invoke(app, ["bench", str(draft), "--offline", "bench.temperatures=[0.0, 1.0]",
+                                      "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    runs = data["offline"]["runs"]
+    assert [(r["dataset"], r["temperature"]) for r in runs] == [("mt_bench", 0.0), ("mt_bench", 1.0)]
+    for run in runs:
+        assert run["num_turns"] == 4  # 2 MT-Bench questions x 2 turns, answered turn by turn
+        assert set(run["by_category"]) == {"writing"}
+        assert len(run["acceptance_per_position"]) == recipe.draft.block_size
+    assert runs[0]["tau"]["mean"] < 1.1  # an untrained draft: almost nothing accepted
+    sweep = data["offline"]["confidence_sweep"]
+    assert [s["threshold"] for s in sweep] == [0.0, 0.6, 0.0, 0.6]
+    assert sweep[1]["verified_per_step"] <= sweep[0]["verified_per_step"] == recipe.draft.block_size + 1
+    bench_dir = tmp_path / "run" / "bench"  # the output_dir of the recipe recorded in the draft dir
+    assert Path(data["files"]["json"]) == bench_dir / "bench.json" and (bench_dir / "bench.md").is_file()
+    expected = {"acceptance_per_position": ["offline mt_bench T=0", "offline mt_bench T=1"],
+                "tau_by_category": ["mt_bench T=0", "mt_bench T=1"],
+                "confidence_tradeoff": ["mt_bench T=0", "mt_bench T=1"]}
+    assert set(data["files"]["plots"]) == set(expected)
+    for name, series in expected.items():
+        with Image.open(bench_dir / f"{name}.png") as image:
+            assert image.format == "PNG" and image.size[0] > 300
+            assert json.loads(image.text["Description"])["series"] == series
+
+
+def test_cli_refuses_nothing_to_do_and_missing_dirs(tmp_path):
+    result = CliRunner().invoke(app, ["bench", str(tmp_path / "nope"), "--offline"])
+    assert result.exit_code == 2 and "draft directory not found" in result.output
+    result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}"])
+    assert result.exit_code == 2 and "nothing to benchmark" in result.output
