@@ -1,0 +1,40 @@
+"""Shared by the capture tests: one real datagen run per bundled tiny target per session, and recipes on it.
+
+    from capture_support import capture_recipe
+    recipe = capture_recipe("tiny-mla", tmp_path, "capture.batch_size=3")
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from dspark_cli.recipe import Recipe, load_recipe
+
+_DATAGEN: dict[str, Path] = {}  # target -> finished datagen dir, made once per session
+DATAGEN_OVERRIDES = ("datagen.engine=hf", "datagen.sources=[{path: tiny-prompts, max_samples: 6}]",
+                     "datagen.max_tokens=24", "datagen.temperature=0.0", "datagen.batch_size=6", "datagen.shard_size=4")
+
+
+def _recipe(target: str, root: Path, *overrides: str) -> Recipe:
+    return load_recipe("tiny", [f"target.model={target}", f"output_dir={root}", *DATAGEN_OVERRIDES, *overrides])
+
+
+def datagen_dir(target: str) -> Path:
+    """A finished datagen output of 6 bundled prompts answered by `target` (greedy, 24 tokens)."""
+    if target not in _DATAGEN:
+        from dspark_cli.data.datagen import run_datagen
+
+        root = Path(tempfile.mkdtemp(prefix=f"dspark-capture-{target}-"))
+        run_datagen(_recipe(target, root))
+        _DATAGEN[target] = root / "data"
+    return _DATAGEN[target]
+
+
+def capture_recipe(target: str, tmp_path: Path, *overrides: str) -> Recipe:
+    """A recipe whose datagen output is the shared one (copied) and whose capture goes under tmp_path."""
+    source = datagen_dir(target)
+    if not (tmp_path / "run" / "data").exists():
+        shutil.copytree(source, tmp_path / "run" / "data")
+    return _recipe(target, tmp_path / "run", *overrides)
