@@ -5,10 +5,10 @@
 Target: the random tiny Qwen3 of train_fixtures (hidden 64, 4 layers, vocab 256, peaked), data: its
 own greedy continuations. The draft is trained in-process with `run_train`, then measured twice on
 held-out prompts: teacher-forced (`evaluate_draft`, every position an anchor: the metric training
-logs) and by greedy speculative decoding in the reference engine (dspark_cli/bench/engine.py, the
-target verifying every block as vLLM does). With greedy data, teacher forcing sees exactly the
-prefixes real decoding sees while drafts are accepted; the two differ only in which positions start
-a block (all of them vs. wherever the previous step ended), so they agree to within sampling noise.
+logs, and decoding replayed on those acceptances) and by greedy speculative decoding in the reference
+engine (dspark_cli/bench/engine.py, the target verifying every block as vLLM does). With greedy data,
+teacher forcing sees exactly the prefixes real decoding sees while drafts are accepted, so the replay
+matches decoding; the logged mean differs only in weighting every position alike.
 """
 
 from __future__ import annotations
@@ -76,6 +76,12 @@ def test_logged_tau_agrees_with_real_greedy_speculative_decoding(trained):
         accepted += sum(out.accepted)
         steps += out.num_steps
     real_tau = (accepted + steps) / steps
-    print(f"teacher-forced tau {metric['tau_greedy']:.2f}, speculative decoding tau {real_tau:.2f}")
+    print(f"teacher-forced tau: mean {metric['tau_greedy']:.2f}, replayed {metric['tau_greedy_decode']:.2f}; "
+          f"speculative decoding tau {real_tau:.2f}")
     assert real_tau > 2.0
-    assert abs(real_tau - metric["tau_greedy"]) <= 0.15 * real_tau
+    # replaying decoding on the teacher-forced acceptances is what decoding measures (up to the end of each
+    # text, where the engine keeps drafting past max_tokens as vLLM counts it)
+    assert abs(real_tau - metric["tau_greedy_decode"]) <= 0.08 * real_tau
+    # the logged mean over anchors: within 20% even on this cyclic text (easy cycles, hard tails), the case
+    # that biases it most; on natural text it was within 3% (benchmarks/results/train_tau.md)
+    assert abs(real_tau - metric["tau_greedy"]) <= 0.2 * real_tau

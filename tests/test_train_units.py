@@ -71,7 +71,7 @@ def test_tau_and_slot_metrics_by_hand():
     per_slot = torch.stack([torch.ones(6), 2 * (1 - t1), greedy, greedy], dim=1)  # CE, L1, correct, greedy
     vec = stats_vector(ok, flat, torch.ones(6), per_slot, t1, None, None)
     out = summarize(vec.tolist(), 3, LossConfig())
-    assert out["tau_greedy"] == pytest.approx(2 / (1 / 3 + 1 / 1))  # harmonic mean of L = 3 and 1
+    assert out["tau_greedy"] == pytest.approx((3 + 1) / 2)  # L = 3 and 1
     assert out["tau_t1"] == pytest.approx(1 + 0.5 + 0.25 + 0.125)  # both anchors alike
     assert out["accept_greedy_slot"] == pytest.approx([0.5, 1.0, 0.5])
     assert out["loss"] == pytest.approx(0.1 * 1.0 + 0.9 * 1.0)

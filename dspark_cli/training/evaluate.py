@@ -5,8 +5,12 @@
     evaluate_draft(model, sequences, num_anchors=10_000)             # {"tau_greedy": .., "tau_t1": .., ...}
 
 The numbers are the ones training logs (`metrics.summarize`): per-slot accuracy and acceptance, and
-the expected acceptance length tau under greedy and T=1 verification. With every position as an
-anchor they are the teacher-forced estimate of what speculative decoding measures on the same text.
+the expected acceptance length tau under greedy and T=1 verification, plus `tau_greedy_decode` and
+`tau_t1_decode`: with every position an anchor, decoding itself is replayed on each response --
+start at its first token, accept the teacher-forced block there, continue where it ends (greedy:
+exactly; T=1: the expected number of steps by dynamic programming over the per-slot acceptance
+probabilities) -- which is the teacher-forced estimate of the tau speculative decoding measures on
+the same text (tests/test_train_tau.py, benchmarks/train_tau.py compare it with the reference engine).
 """
 
 from __future__ import annotations
@@ -34,20 +38,65 @@ def load_trained_draft(train_dir: str | Path, target_dir: str | Path) -> Any:
     return model
 
 
+def replay(anchors: list[int], greedy: torch.Tensor, accept: torch.Tensor) -> tuple[float, float, float]:
+    """(tokens, greedy steps, expected T=1 steps) of decoding one row whose anchors are `anchors`.
+
+    greedy / accept [A, N]: per anchor and slot, 0/1 greedy acceptance and T=1 acceptance probability
+    (0 past the end of the response). Runs of consecutive anchors are responses; each is decoded from
+    its first anchor, a step at p accepting m drafts moves to p + m + 1.
+    """
+    tokens = greedy_steps = expected_steps = 0.0
+    index = {p: j for j, p in enumerate(anchors)}
+    runs, start = [], 0
+    for j in range(1, len(anchors) + 1):
+        if j == len(anchors) or anchors[j] != anchors[j - 1] + 1:
+            runs.append((anchors[start], anchors[j - 1]))
+            start = j
+    for first, last in runs:
+        tokens += last - first + 1
+        p = first
+        while p <= last:  # greedy: deterministic
+            greedy_steps += 1
+            p += 1 + int(greedy[index[p]].cumprod(0).sum())
+        steps = {}  # T=1: expected steps from p, from the end backwards
+        for p in range(last, first - 1, -1):
+            alpha, reach, total = accept[index[p]].tolist(), 1.0, 1.0
+            for m in range(len(alpha) + 1):  # m drafts accepted
+                stop = 1.0 - alpha[m] if m < len(alpha) else 1.0
+                total += reach * stop * steps.get(p + m + 1, 0.0)
+                if m < len(alpha):
+                    reach *= alpha[m]
+            steps[p] = total
+        expected_steps += steps[first]
+    return tokens, greedy_steps, expected_steps
+
+
 @torch.no_grad()
-def evaluate_draft(model: Any, sequences: Iterable[Any], *, num_anchors: int = 512, max_seq_len: int = 4096,
+def evaluate_draft(model: Any, sequences: Iterable[Any], *, num_anchors: int = 1 << 20, max_seq_len: int = 4096,
                    batch_size: int = 8, loss: LossConfig | None = None, seed: int = 0) -> dict[str, Any]:
-    """Sum the training statistics over `sequences` (anchors drawn as training does) and summarize."""
+    """Sum the training statistics over `sequences` and summarize; with anchors at every position (the
+    default), also replay decoding (`tau_greedy_decode`, `tau_t1_decode`)."""
     loss = loss or LossConfig()
     step = TrainStep(model, loss).eval()
     n = model.config.block_size
     dtype = next(model.parameters()).dtype
     totals = torch.zeros(stats_size(n))
+    tokens = greedy_steps = t1_steps = 0.0
     examples = [e for i, s in enumerate(sequences)
                 if (e := prepare(s, epoch=0, index=i, seed=seed, num_anchors=num_anchors, max_seq_len=max_seq_len))]
     for start in range(0, len(examples), batch_size):
         batch = collate(examples[start:start + batch_size], dtype)
         ok = trainable_slots(batch, n)
-        _, stats = step(batch, ok, local_weight(ok, loss.gamma))
+        _, stats, (flat, greedy, accept) = step(batch, ok, local_weight(ok, loss.gamma), slots=True)
         totals += stats.float().cpu()
-    return {"sequences": len(examples), **summarize(totals.tolist(), n, loss)}
+        grids = []
+        for values in (greedy, accept):
+            grid = torch.zeros(ok.numel())
+            grid[flat.cpu()] = values.float().cpu()
+            grids.append(grid.view(ok.shape))
+        for b, example in enumerate(examples[start:start + batch_size]):
+            count = example.anchors.numel()
+            row = replay(example.anchors.tolist(), grids[0][b, :count], grids[1][b, :count])
+            tokens, greedy_steps, t1_steps = tokens + row[0], greedy_steps + row[1], t1_steps + row[2]
+    return {"sequences": len(examples), **summarize(totals.tolist(), n, loss),
+            "tau_greedy_decode": tokens / max(greedy_steps, 1.0), "tau_t1_decode": tokens / max(t1_steps, 1e-12)}

@@ -107,7 +107,10 @@ class TrainStep(nn.Module):
         self.loss_config = loss
         self.anchor_groups = anchor_groups
 
-    def forward(self, batch: Batch, ok: torch.Tensor, global_weight: torch.Tensor, scale: float = 1.0):
+    def forward(self, batch: Batch, ok: torch.Tensor, global_weight: torch.Tensor, scale: float = 1.0,
+                slots: bool = False):
+        """(loss * scale, stats sums); with `slots`, also (flat slot index, greedy accept, T=1 accept) per
+        trainable slot, for evaluation."""
         draft, cfg = self.draft, self.loss_config
         n = draft.config.block_size
         bsz, num_anchors = batch.anchors.shape
@@ -137,4 +140,6 @@ class TrainStep(nn.Module):
             loss = loss + cfg.confidence * (w * bce).sum()
             conf = torch.sigmoid(logit.detach())
         stats = stats_vector(ok, flat, w_slot, per_slot, accept_t1, bce, conf)
+        if slots:
+            return loss * scale, stats, (flat, per_slot[:, 3], accept_t1)
         return loss * scale, stats
