@@ -25,15 +25,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TARGETS = sorted(BUNDLED_TARGETS)
 MAX_BYTES = 8_000_000
 
-# Thresholds (measured values of the shipped weights are in each card and in build.json; untrained = the
-# same architecture at step 0, measured by the build's 3-step smoke run):
-#   next-token accuracy on the 50 held-out prompts: shipped MEASURED_ACC, untrained ~0.03-0.05.
-#   responses ending with EOS before 256 tokens:     shipped MEASURED_EOS, untrained 0.0 (never says <|end|>).
-#   code responses that parse and define a function: shipped MEASURED_AST, untrained 0.0.
+# Thresholds. Shipped weights measure (tiny-mla / tiny-gqa, also in each card and build.json):
+#   next-token accuracy on the 50 held-out prompts  0.494 / 0.569   threshold 0.40
+#   held-out loss (nats per assistant token)         2.75  / 2.27    threshold 3.2
+#   responses ending with EOS before 256 tokens      0.94  / 0.96    threshold 0.80
+#   code responses that parse and define a function  0.80  / 0.77    threshold 0.50
+# Failing models: random weights score ~0 accuracy and ~8.3 nats (ln 4096); after 3 training steps accuracy
+# is 0.03-0.05, parse share 0.00, and EOS share 0.00 (never stops) or 1.00 (stops at once, empty answer).
+# So each threshold sits far above a broken or untrained model, with ~0.1-0.3 headroom below the shipped
+# numbers so a deterministic rebuild on another CPU (last-bit float differences) still passes. EOS share
+# alone could be gamed by an empty answer; the parse share and accuracy close that hole.
 MIN_ACCURACY = 0.40
-MIN_EOS_SHARE = 0.70
-MIN_AST_SHARE = 0.30
-MAX_LOSS = 3.0  # nats/token on held-out assistant tokens; untrained ~8.3 (= ln 4096)
+MAX_LOSS = 3.2
+MIN_EOS_SHARE = 0.80
+MIN_AST_SHARE = 0.50
 
 
 # ----------------------------------------------------------------------------- resolution (no torch needed)
@@ -208,17 +213,22 @@ def test_vllm_and_hf_greedy_are_token_identical_and_chat_like(hf_target, eval_se
     llm = tiny_vllm(name)
     outputs = _vllm_greedy(llm, tok, eval_set, MAX_NEW_TOKENS)
     mismatches = []
+    seqs = [(prompt_ids(tok, pair), out) for pair, out in zip(eval_set, outputs)]
     with torch.no_grad():
-        for pair, out in zip(eval_set, outputs):
-            prompt = prompt_ids(tok, pair)
-            logits = model(input_ids=torch.tensor([prompt + out])).logits[0]
-            hf_next = logits[len(prompt) - 1 : len(prompt) - 1 + len(out)].argmax(-1).tolist()
-            if hf_next != out:
-                mismatches.append(pair.prompt)
+        for start in range(0, len(seqs), 25):  # right-padded batches: pads come after, causal masks hide them
+            chunk = seqs[start : start + 25]
+            width = max(len(p) + len(o) for p, o in chunk)
+            ids = torch.tensor([p + o + [tok.pad_token_id] * (width - len(p) - len(o)) for p, o in chunk])
+            argmax = model(input_ids=ids).logits.argmax(-1)  # [batch, width]
+            for row, (prompt, out) in enumerate(chunk):
+                if argmax[row, len(prompt) - 1 : len(prompt) - 1 + len(out)].tolist() != out:
+                    mismatches.append(eval_set[start + row].prompt)
     assert not mismatches, f"{name}: vLLM and transformers disagree on {len(mismatches)}/50: {mismatches[:3]}"
-    # And transformers' own generate() loop reproduces vLLM on a code and a text prompt.
-    picks = [eval_set[0], eval_set[-1]]
-    assert hf_generate(model, tok, picks) == [outputs[0], outputs[-1]]
+    # And transformers' own generate() loop reproduces vLLM on the shortest code and text answers (the loop
+    # is slow on CPU; the argmax check above already covers every position of all 50).
+    code = min((i for i, p in enumerate(eval_set) if p.task == "code"), key=lambda i: len(outputs[i]))
+    text = min((i for i, p in enumerate(eval_set) if p.task != "code"), key=lambda i: len(outputs[i]))
+    assert hf_generate(model, tok, [eval_set[code], eval_set[text]]) == [outputs[code], outputs[text]]
 
     g = generation_metrics(tok, eval_set, outputs)
     assert g.eos_share >= MIN_EOS_SHARE and g.ast_share >= MIN_AST_SHARE, (name, g)
@@ -249,7 +259,7 @@ def test_untrained_model_fails_the_thresholds(hf_target, eval_set):
     torch.manual_seed(0)
     random_model = AutoModelForCausalLM.from_config(model.config).eval()
     m = held_out_metrics(random_model, tok, eval_set[:10])
-    assert m.accuracy < MIN_ACCURACY / 2 and m.loss > MAX_LOSS * 2, (name, m)
+    assert m.accuracy < MIN_ACCURACY / 4 and m.loss > MAX_LOSS * 2, (name, m)
 
 
 def test_card_reports_the_numbers():
