@@ -164,3 +164,38 @@ def test_block_states_with_anchor_rows_equal_the_drafts_forward(arch):
         hidden, target_ids, prev_ids = block_states(model, batch, groups)
         torch.testing.assert_close(hidden, ref.hidden, rtol=1e-5, atol=1e-5)
         assert torch.equal(target_ids, ref.target_ids) and torch.equal(prev_ids, ref.prev_ids)
+
+
+def test_replay_matches_a_monte_carlo_of_decoding():
+    from dspark_cli.training.evaluate import replay
+
+    g = torch.Generator().manual_seed(0)
+    anchors = [3, 4, 5, 6, 7, 8, 9, 10, 20, 21, 22]  # two responses: 3..10 and 20..22
+    accept = torch.rand(len(anchors), 3, generator=g)
+    for j, p in enumerate(anchors):  # slots past a response's end accept nothing
+        last = 10 if p <= 10 else 22
+        accept[j, max(0, last - p):] = 0.0
+    greedy = (accept > 0.5).float()
+    tokens, greedy_steps, t1_steps = replay(anchors, greedy, accept)
+    assert tokens == 8 + 3
+    index = {p: j for j, p in enumerate(anchors)}
+    walk = 0  # greedy by hand
+    for first, last in ((3, 10), (20, 22)):
+        p = first
+        while p <= last:
+            m = 0
+            while m < 3 and greedy[index[p], m] > 0:
+                m += 1
+            walk, p = walk + 1, p + m + 1
+    assert greedy_steps == walk
+    rng = random.Random(1)
+    runs, total = 20000, 0
+    for _ in range(runs):
+        for first, last in ((3, 10), (20, 22)):
+            p = first
+            while p <= last:
+                m = 0
+                while m < 3 and rng.random() < float(accept[index[p], m]):
+                    m += 1
+                total, p = total + 1, p + m + 1
+    assert t1_steps == pytest.approx(total / runs, rel=0.01)
