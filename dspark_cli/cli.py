@@ -457,6 +457,10 @@ def run(
 
 def entrypoint() -> None:
     """Console-script entry point (`dspark`)."""
+    import os
+
+    # transformers' per-file "Loading weights" bars would interleave with dspark's own progress lines.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     app()
 
 

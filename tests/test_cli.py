@@ -113,13 +113,17 @@ def test_unbuilt_commands_say_so_and_exit_2():
     assert {s.name for s in STAGES} >= {"datagen", "capture", "train", "export", "bench", "publish"}
 
 
-def test_run_runs_what_exists_and_does_not_pretend(tmp_path):
-    result = invoke("run", "tiny", f"output_dir={tmp_path}", "datagen.sources=[{path: tiny-prompts, max_samples: 3}]",
-                    "datagen.max_tokens=8")
-    assert result.exit_code == 2, result.output
-    assert "datagen: done" in result.output
-    assert "not built" in result.output and "skipped" in result.output
-    assert (tmp_path / "data" / "manifest.json").is_file()
+def test_run_chains_every_stage_on_the_tiny_target(tmp_path):
+    result = invoke("run", "tiny", f"output_dir={tmp_path}", "datagen.sources=[{path: tiny-prompts, max_samples: 4}]",
+                    "datagen.max_tokens=12", "train.max_steps=2", "train.checkpoint_every=2", "train.log_every=1",
+                    "bench.num_prompts=2", "bench.max_tokens=8", "bench.temperatures=[0.0]")
+    assert result.exit_code == 0, result.output
+    for stage in ("datagen", "capture", "train", "export", "bench"):
+        assert f"{stage}: done" in result.output, stage
+    assert "publish" not in result.output  # only with --publish
+    for artifact in ("data/manifest.json", "hidden/manifest.json", "train/manifest.json",
+                     "draft/dspark_manifest.json", "draft/model.safetensors"):
+        assert (tmp_path / artifact).is_file(), artifact
 
 
 def test_init_copies_a_template_and_refuses_to_overwrite(tmp_path):
