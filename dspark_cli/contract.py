@@ -27,6 +27,31 @@ LAYER_CONVENTION = "output_of_layer_k == transformers hidden_states[k+1]"
 LAST_HIDDEN = "post_final_norm"
 
 
+DEFAULT_NUM_TARGET_LAYERS = 5  # as Kimi-K3-DSpark and DFlash/DeepSpec Qwen3 drafts: five target layers
+
+
+def spread_layer_ids(num_target_layers: int, count: int) -> list[int]:
+    """`count` 0-based target layer ids, DFlash/DeepSpec's rule: evenly from layer 1 to L-3
+    (one id: the middle layer; a very shallow target: its whole depth).
+    Qwen3-8B (36 layers, 5 ids): [1, 9, 17, 25, 33]; Llama-3.1-8B (32): [1, 8, 15, 22, 29]."""
+    if not 1 <= count <= num_target_layers:
+        raise ContractError(f"draft.target_layer_ids: cannot pick {count} distinct layers "
+                            f"of a {num_target_layers}-layer target", "list the ids explicitly")
+    if count == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    if end - start + 1 < count:
+        start, end = 0, num_target_layers - 1
+    return [round(start + i * (end - start) / (count - 1)) for i in range(count)]
+
+
+def default_target_layer_ids(num_target_layers: int) -> list[int]:
+    """The layers a draft reads when the recipe leaves `draft.target_layer_ids` empty: five of them
+    (fewer for a shallower target), spread by `spread_layer_ids`, whatever the draft's own depth.
+    Capture, training, export and `--meta` dry runs all use this one rule."""
+    return spread_layer_ids(num_target_layers, min(DEFAULT_NUM_TARGET_LAYERS, num_target_layers))
+
+
 def vllm_aux_layer_ids(target_layer_ids: list[int]) -> list[int]:
     """vLLM numbers aux hidden states by the layer *input* they are read at: our id + 1."""
     return [i + 1 for i in target_layer_ids]

@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from dspark_cli.errors import ContractError
+
 from dspark_cli.draft.build import (
     draft_config_from_recipe,
     draft_config_from_target,
@@ -130,7 +132,7 @@ def test_spread_layer_ids_follows_dflash():
     assert spread_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert spread_layer_ids(32, 5) == [1, 8, 15, 22, 29]
     assert spread_layer_ids(6, 4) == [0, 2, 3, 5]
-    with pytest.raises(DraftConfigError):
+    with pytest.raises(ContractError):
         spread_layer_ids(3, 4)
 
 

@@ -24,7 +24,6 @@ from dspark_cli.recipe import Recipe
 
 log = logging.getLogger(__name__)
 # How many target layers feed the draft when the recipe does not list them (Kimi-K3-DSpark reads 5).
-DEFAULT_NUM_TARGET_LAYERS = 5
 # Bytes per captured token besides the hidden states: input id (int32) + loss mask (bool).
 ID_BYTES, MASK_BYTES, HIDDEN_BYTES = 4, 1, 2
 SEQ_LEN_BYTES = 4  # one int32 length per sequence
@@ -83,9 +82,9 @@ def resolve_layer_ids(recipe: Recipe, num_hidden_layers: int) -> list[int]:
     """`draft.target_layer_ids`, or the default spread; one-line ContractError when beyond the target."""
     ids = recipe.draft.target_layer_ids
     if ids is None:
-        from dspark_cli.draft.build import spread_layer_ids
+        from dspark_cli.contract import default_target_layer_ids
 
-        return spread_layer_ids(num_hidden_layers, min(DEFAULT_NUM_TARGET_LAYERS, num_hidden_layers))
+        return default_target_layer_ids(num_hidden_layers)
     if not ids or sorted(set(ids)) != list(ids) or ids[0] < 0:
         raise UsageError(f"draft.target_layer_ids: must be unique, increasing and >= 0, got {ids}",
                          "list 0-based target layers, e.g. [1, 9, 17, 25, 33]")

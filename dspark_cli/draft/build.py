@@ -20,6 +20,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from dspark_cli.contract import default_target_layer_ids, spread_layer_ids  # noqa: F401 - re-exported
 from dspark_cli.draft.config import GQA_FIELDS, MLA_FIELDS, DraftConfigError, DSparkDraftConfig
 
 logger = logging.getLogger(__name__)
@@ -47,20 +48,6 @@ def gqa_defaults(hidden_size: int) -> dict[str, Any]:
     return {"head_dim": head_dim, "num_attention_heads": heads,
             "num_key_value_heads": max(1, heads // 4) if heads % 4 == 0 else heads,
             "intermediate_size": 3 * hidden_size, "rope_theta": 1e6}
-
-
-def spread_layer_ids(num_target_layers: int, count: int) -> list[int]:
-    """`count` 0-based target layer ids, DFlash/DeepSpec's rule: evenly from layer 1 to L-3
-    (one id: the middle layer). Qwen3 (36 layers, 5 ids): [1, 9, 17, 25, 33]."""
-    if not 1 <= count <= num_target_layers:
-        raise DraftConfigError(f"draft.target_layer_ids: cannot pick {count} distinct layers "
-                               f"of a {num_target_layers}-layer target")
-    if count == 1:
-        return [num_target_layers // 2]
-    start, end = 1, num_target_layers - 3
-    if end - start + 1 < count:  # a very shallow target: use its whole depth
-        start, end = 0, num_target_layers - 1
-    return [round(start + i * (end - start) / (count - 1)) for i in range(count)]
 
 
 def _check_geometry_names(geometry: Mapping[str, Any]) -> None:
@@ -150,7 +137,7 @@ def draft_config_from_target(
     `arch="auto"` picks "mla" when the target uses MLA (has `kv_lora_rank`), else "gqa".
     The draft copies the target's attention geometry (as DeepSpec does for Qwen3 drafts);
     `geometry_overrides` (names in `GEOMETRY_FIELDS`, None = unset) win over it.
-    `target_layer_ids=None` spreads `num_layers` ids over the target (`spread_layer_ids`).
+    `target_layer_ids=None` takes `contract.default_target_layer_ids` (five layers, spread).
     """
     _check_geometry_names(geometry_overrides)
     target = _target_text_config(target_config)
@@ -169,7 +156,7 @@ def draft_config_from_target(
     return draft_config_from_values(
         arch=arch, target_hidden_size=int(target["hidden_size"]),
         vocab_size=int(target["vocab_size"]), num_layers=num_layers, block_size=block_size,
-        target_layer_ids=target_layer_ids or spread_layer_ids(depth, num_layers),
+        target_layer_ids=target_layer_ids or default_target_layer_ids(depth),
         target_num_hidden_layers=depth, markov_rank=markov_rank,
         enable_confidence_head=enable_confidence_head,
         confidence_head_with_markov=confidence_head_with_markov, mask_token_id=mask_token_id,
@@ -210,7 +197,7 @@ def draft_config_from_recipe(
         arch = "mla" if any(values.get(f) is not None for f in MLA_FIELDS) else "gqa"
     depth = int(target["num_hidden_layers"])
     if common["target_layer_ids"] is None:
-        common["target_layer_ids"] = spread_layer_ids(depth, common["num_layers"])
+        common["target_layer_ids"] = default_target_layer_ids(depth)
     return draft_config_from_values(
         arch=arch, target_hidden_size=int(target["hidden_size"]),
         vocab_size=int(target["vocab_size"]), target_num_hidden_layers=depth, **common, **values,
