@@ -3,7 +3,7 @@
 A draft that breaks the contract still loads and runs -- it just never gets a token accepted --
 so every artifact records its part (in its manifest) and every stage checks it at the boundary:
 
-    contract = Contract.for_recipe(recipe, target_dir)        # what this run expects
+    contract = contract_for_recipe(recipe)      # dspark_cli.capture: what this run expects
     contract.check_against(manifest["contract"], "runs/tiny/hidden")   # ContractError, one line
 
 Conventions (one everywhere, translated per engine in one place):
