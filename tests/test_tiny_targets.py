@@ -145,15 +145,22 @@ def test_tokenizer_specials_and_chat_template(hf_target):
 
 # ----------------------------------------------------------------------------- the build's determinism
 
-def test_tokenizer_and_training_are_deterministic():
-    """Same inputs, same seeds -> bit-identical tokenizer and weights (the build's promise, in miniature)."""
+@pytest.fixture(scope="module")
+def corpus():
+    from dspark_cli.targets.corpus import build_corpus
+
+    return build_corpus()
+
+
+def test_tokenizer_and_training_are_deterministic(corpus):
+    """Same inputs, same seeds -> bit-identical tokenizer and weights (the build's promise, in miniature;
+    two full `--steps 3` builds also gave byte-identical model.safetensors and tokenizer.json)."""
     torch = pytest.importorskip("torch")
     from dspark_cli.targets.architectures import ARCHITECTURES
-    from dspark_cli.targets.corpus import build_corpus
     from dspark_cli.targets.tokenizer import encode_chat, train_tokenizer
     from dspark_cli.targets.train_tiny import TrainConfig, pack_rows, train
 
-    pairs = build_corpus().train[:300]
+    pairs = corpus.train[:300]
     toks = [train_tokenizer((p.prompt + "\n" + p.response for p in pairs), 512) for _ in range(2)]
     assert toks[0].get_vocab() == toks[1].get_vocab()
     rows = pack_rows([encode_chat(toks[0], p.messages()) for p in pairs], 64, 0, seed=0)
@@ -169,10 +176,9 @@ def test_tokenizer_and_training_are_deterministic():
 # ----------------------------------------------------------------------------- quality and engine agreement
 
 @pytest.fixture(scope="module")
-def eval_set():
-    from dspark_cli.targets.corpus import build_corpus, eval_prompts, is_held_out
+def eval_set(corpus):
+    from dspark_cli.targets.corpus import eval_prompts, is_held_out
 
-    corpus = build_corpus()
     prompts = eval_prompts(corpus)
     assert len(prompts) == 50 and all(is_held_out(p.key) for p in prompts)
     train_keys = {p.key for p in corpus.train}
