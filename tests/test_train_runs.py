@@ -72,6 +72,12 @@ def test_two_fsdp2_processes_give_the_loss_curve_of_one(one_process, target_root
     work_two = _workdir(target_root, tmp_path, "two")
     two, summary = _run(work_two, *STEPS, nproc=2)
     assert summary["world_size"] == 2
+    # mixed lengths: each rank splits its share into its own micro-batches (padded to a common count)
+    mixed_one, _ = _run(_workdir(target_root, tmp_path, "mixed-one"), *STEPS, "--vary")
+    mixed_two, _ = _run(_workdir(target_root, tmp_path, "mixed-two"), *STEPS, "--vary", nproc=2)
+    for a, b in zip(mixed_one, mixed_two, strict=True):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+    assert summary["world_size"] == 2
     assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, 13))
     for a, b in zip(one, two):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)

@@ -199,3 +199,22 @@ def test_replay_matches_a_monte_carlo_of_decoding():
                     m += 1
                 total, p = total + 1, p + m + 1
     assert t1_steps == pytest.approx(total / runs, rel=0.01)
+
+
+def test_micro_batches_group_alike_rows_and_pad_to_a_common_count():
+    from dspark_cli.training.data import micro_batches, row_cost, split_to
+
+    rng = random.Random(3)
+    examples = [prepare(_seq(rng.randint(8, 60), prompt=4, seed=i), epoch=0, index=i, seed=0, num_anchors=12,
+                        max_seq_len=64) for i in range(20)]
+    groups = micro_batches(examples)
+    assert sorted(id(e) for g in groups for e in g) == sorted(id(e) for e in examples)
+    assert 1 < len(groups) < len(examples)
+    for group in groups:
+        assert min(row_cost(e) for e in group) >= 0.7 * max(row_cost(e) for e in group)
+    more = split_to(groups, len(groups) + 3)
+    assert len(more) == len(groups) + 3 and sum(len(g) for g in more) == len(examples)
+    padded = split_to([[examples[0]]], 3)
+    assert [len(g) for g in padded] == [1, 0, 0]
+    empty = collate([], torch.float32, like=examples[0])
+    assert not trainable_slots(empty, 4).any() and empty.num_tokens == 0

@@ -1,6 +1,6 @@
 """Tiny training fixtures: a random Qwen3 target on disk and its captured sequences, plus a runnable worker.
 
-    .venv/bin/python tests/train_fixtures.py WORKDIR train.max_steps=6          # one process
+    .venv/bin/python tests/train_fixtures.py WORKDIR train.max_steps=6          # one process (--vary: mixed lengths)
     .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         tests/train_fixtures.py WORKDIR train.max_steps=6                        # FSDP2 on gloo
 
@@ -45,7 +45,7 @@ def make_target(directory: Path) -> Path:
     return directory
 
 
-def make_sequences(target_dir: Path, num: int = 16, seed: int = 0) -> list:
+def make_sequences(target_dir: Path, num: int = 16, seed: int = 0, vary: bool = False) -> list:
     """`num` prompt + greedy-continuation sequences, captured (aux at LAYER_IDS, post-norm last state)."""
     import torch
 
@@ -58,6 +58,9 @@ def make_sequences(target_dir: Path, num: int = 16, seed: int = 0) -> list:
         ids = capturer.model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=LENGTH - PROMPT,
                                       min_new_tokens=LENGTH - PROMPT, do_sample=False, pad_token_id=0)
     samples = [(f"seq/{i}", row.tolist(), [0] * PROMPT + [1] * (LENGTH - PROMPT)) for i, row in enumerate(ids)]
+    if vary:  # mixed lengths (PROMPT + 6 .. LENGTH tokens), as chat data has
+        samples = [(name, ids_[: PROMPT + 6 + (i * 13) % (LENGTH - PROMPT - 5)], mask[: PROMPT + 6 + (i * 13) % (LENGTH - PROMPT - 5)])
+                   for i, (name, ids_, mask) in enumerate(samples)]
     return capturer.capture(samples)
 
 
@@ -81,7 +84,7 @@ def main(argv: list[str]) -> int:
     make_target(workdir / "target")
     recipe = tiny_recipe(workdir, [a for a in argv[1:] if "=" in a and not a.startswith("--")])
     resume = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--resume=")), "auto")
-    sequences = make_sequences(workdir / "target")
+    sequences = make_sequences(workdir / "target", vary="--vary" in argv)
 
     from dspark_cli.training.run import run_train
 

@@ -167,6 +167,42 @@ def _forever() -> Iterator[tuple[int, None]]:
         epoch += 1
 
 
+MICRO_BATCH_SLACK = 0.7  # a micro-batch takes sequences costing >= 70% of its largest one
+
+
+def row_cost(example: Example, block_size: int = 7) -> int:
+    """Padded work of a row: its block slots plus its context positions."""
+    return example.anchors.numel() * block_size + example.num_tokens
+
+
+def micro_batches(examples: list[Example], slack: float = MICRO_BATCH_SLACK) -> list[list[Example]]:
+    """Split one rank's sequences into micro-batches of alike cost, largest first.
+
+    A batch pads every row to its longest sequence and its largest anchor count; with chat data of
+    mixed lengths that wasted ~45% of block slots and ~70% of context positions on the tiny targets.
+    Each extra micro-batch costs one more forward/backward (a few ms of per-op overhead on CPU).
+    """
+    order = sorted(examples, key=lambda e: (-row_cost(e), -e.num_tokens, e.epoch, e.index))
+    groups: list[list[Example]] = []
+    for example in order:
+        if groups and row_cost(example) >= slack * row_cost(groups[-1][0]):
+            groups[-1].append(example)
+        else:
+            groups.append([example])
+    return groups
+
+
+def split_to(groups: list[list[Example]], count: int) -> list[list[Example]]:
+    """Exactly `count` micro-batches: split the largest ones, then pad with empty ones (an empty
+    micro-batch trains nothing but takes part in the collectives)."""
+    groups = [list(g) for g in groups]
+    while len(groups) < count and any(len(g) > 1 for g in groups):
+        big = max(range(len(groups)), key=lambda i: (len(groups[i]), -i))
+        half = len(groups[big]) // 2
+        groups[big:big + 1] = [groups[big][:half], groups[big][half:]]
+    return groups + [[] for _ in range(count - len(groups))]
+
+
 @dataclass
 class Batch:
     """One rank's share of a step, right-padded to its longest sequence."""
@@ -186,8 +222,17 @@ class Batch:
         return Batch(**moved)
 
 
-def collate(examples: list[Example], dtype: torch.dtype) -> Batch:
-    """Stack examples into a right-padded batch; hidden states cast to the compute dtype."""
+def collate(examples: list[Example], dtype: torch.dtype, like: Example | None = None) -> Batch:
+    """Stack examples into a right-padded batch; hidden states cast to the compute dtype.
+    No examples: a one-row batch of `like`'s shape with no anchors (trains nothing)."""
+    if not examples:
+        assert like is not None, "an empty micro-batch needs an example to take its shapes from"
+        empty = Example(like.epoch, like.index, like.input_ids[:2], like.aux[:2], like.last_hidden[:2],
+                        torch.zeros(2, dtype=torch.bool), torch.zeros(1, dtype=torch.long))
+        batch = collate([empty], dtype)
+        batch.anchor_mask.zero_()
+        batch.num_tokens = 0
+        return batch
     bsz = len(examples)
     width = max(e.num_tokens for e in examples)
     num_anchors = max(e.anchors.numel() for e in examples)

@@ -77,6 +77,14 @@ def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_max(value: int, env: DistEnv) -> int:
+    if not env.distributed:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=env.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()

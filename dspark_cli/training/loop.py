@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from dspark_cli.training.data import Step, collate
-from dspark_cli.training.distributed import DistEnv, all_reduce_sum
+from dspark_cli.training.data import Step, collate, micro_batches, split_to
+from dspark_cli.training.distributed import DistEnv, all_reduce_max, all_reduce_sum
 from dspark_cli.training.flops import attention_flops, count_flops
 from dspark_cli.training.metrics import stats_size, summarize
 from dspark_cli.training.step import LossConfig, local_weight, trainable_slots
@@ -68,34 +68,54 @@ def _scalar(value: torch.Tensor) -> float:
     return float(full)
 
 
+@dataclass
+class StepResult:
+    tokens: int  # this rank's sequence tokens
+    sequences: int
+    stats: torch.Tensor  # summed metric stats (metrics.STATS layout)
+    grad_norm: torch.Tensor
+    flops: int | None  # counted when asked
+
+
 def train_step(env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Step,
-               cfg: LoopConfig, lr: float, *, count: bool = False):
-    """One optimiser step on this rank's share of `data`: (batch, stats, grad norm, FLOPs if `count`)."""
-    batch = collate(data.for_rank(env.rank, env.world_size), cfg.data_dtype).to(env.device)
-    ok = trainable_slots(batch, cfg.block_size)
-    weight = all_reduce_sum(local_weight(ok, cfg.loss.gamma), env)
+               cfg: LoopConfig, lr: float, *, count: bool = False) -> StepResult:
+    """One optimiser step on this rank's share of `data`, in micro-batches of alike sequences
+    (`data.micro_batches`: less padding) whose gradients add up to the whole step's."""
+    mine = data.for_rank(env.rank, env.world_size)
+    groups = micro_batches(mine)
+    if env.distributed:  # every rank runs as many forward/backward passes (FSDP2 collectives pair up)
+        groups = split_to(groups, all_reduce_max(len(groups), env))
+    batches = [collate(g, cfg.data_dtype, like=mine[0]).to(env.device) for g in groups]
+    oks = [trainable_slots(b, cfg.block_size) for b in batches]
+    weight = all_reduce_sum(sum(local_weight(ok, cfg.loss.gamma) for ok in oks), env)
     for group in optimizer.param_groups:
         group["lr"] = lr
     autocast = torch.autocast(env.device.type, dtype=cfg.autocast_dtype) if cfg.autocast_dtype else nullcontext()
 
     def forward_backward():
-        with autocast:
-            loss, stats = module(batch, ok, weight, float(env.world_size))
-        loss.backward()
-        return stats
+        total = None
+        for i, (batch, ok) in enumerate(zip(batches, oks)):
+            if hasattr(module, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter once, after the last
+                module.set_requires_gradient_sync(i == len(batches) - 1)
+            with autocast:
+                loss, stats = module(batch, ok, weight, float(env.world_size))
+            loss.backward()
+            total = stats.detach() if total is None else total + stats.detach()
+        return total
 
     optimizer.zero_grad(set_to_none=True)
     flops = None
     if count:
         holder: list[torch.Tensor] = []
         flops = count_flops(lambda: holder.append(forward_backward()))
-        flops += attention_flops(batch.anchors, batch.anchor_mask, draft_config(module))
+        flops += sum(attention_flops(b.anchors, b.anchor_mask, draft_config(module)) for b in batches)
         stats = holder[0]
     else:
         stats = forward_backward()
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in module.parameters() if p.requires_grad], cfg.grad_clip)
     optimizer.step()
-    return batch, stats, grad_norm, flops
+    real = [g for g in groups if g]
+    return StepResult(sum(e.num_tokens for g in real for e in g), sum(len(g) for g in real), stats, grad_norm, flops)
 
 
 def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: Iterator[Step],
@@ -119,13 +139,13 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
         if data is None:  # the data ran out early (online queue finished): stop cleanly
             break
         lr = lr_at(step, cfg)
-        batch, stats, grad_norm, flops = train_step(env, module, optimizer, data, cfg, lr,
-                                                    count=flops_per_token is None)
-        if flops is not None:
-            flops_per_token = flops / max(batch.num_tokens, 1)
+        result = train_step(env, module, optimizer, data, cfg, lr, count=flops_per_token is None)
+        stats, grad_norm = result.stats, result.grad_norm
+        if result.flops is not None:
+            flops_per_token = result.flops / max(result.tokens, 1)
         acc += stats.detach()
-        acc_tokens += batch.num_tokens
-        acc_seqs += batch.input_ids.shape[0]
+        acc_tokens += result.tokens
+        acc_seqs += result.sequences
         tokens_done += data.num_tokens
         done, position = step + 1, data.position
         last = step + 1 == cfg.num_steps
