@@ -1,0 +1,73 @@
+"""Regeneration speed of `dspark datagen` on a bundled tiny target: the hf engine vs the vLLM engine.
+
+    .venv/bin/python benchmarks/datagen_speed.py                         # tiny-mla, 64 prompts, 128 tokens
+    .venv/bin/python benchmarks/datagen_speed.py --target tiny-gqa --prompts 32
+
+Both engines regenerate the same conversations (greedy, so the outputs are identical); the time
+is the whole `run_datagen` call after the engine is up (vLLM's start-up is reported separately),
+so it includes chat rendering, tokenisation of the training samples and shard writing.
+Results go to results/datagen_speed.json (one entry per target, overwritten on re-run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="tiny-mla")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from dspark_cli.data.datagen import run_datagen
+    from dspark_cli.recipe import load_recipe
+    from dspark_cli.targets import resolve_target
+
+    def recipe(engine: str, out: str):
+        return load_recipe("tiny", [
+            f"target.model={args.target}", f"output_dir={out}", f"datagen.engine={engine}",
+            f"datagen.sources=[{{path: tiny-prompts, max_samples: {args.prompts}}}]", "datagen.temperature=0.0",
+            f"datagen.max_tokens={args.max_tokens}", f"datagen.batch_size={args.batch_size}",
+        ])
+
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        summary = run_datagen(recipe("hf", f"{tmp}/hf"))
+        results["hf"] = {"tokens": summary["generated_tokens"], "seconds": round(time.perf_counter() - start, 2)}
+
+        from vllm import LLM
+
+        start = time.perf_counter()
+        extra = {"compilation_config": {"custom_ops": ["-rotary_embedding"]}} if args.target == "tiny-mla" else {}
+        llm = LLM(model=str(resolve_target(args.target)), dtype="float32", max_model_len=1024,
+                  kv_cache_memory_bytes=256 * 2**20, enforce_eager=True, seed=0, **extra)
+        startup = time.perf_counter() - start
+        start = time.perf_counter()
+        summary = run_datagen(recipe("vllm", f"{tmp}/vllm"), llm=llm)
+        results["vllm"] = {"tokens": summary["generated_tokens"], "seconds": round(time.perf_counter() - start, 2),
+                           "engine_startup_seconds": round(startup, 1)}
+    for name, row in results.items():
+        row["tokens_per_second"] = round(row["tokens"] / row["seconds"], 1)
+        print(f"{name:5} {row['tokens']} tokens in {row['seconds']} s = {row['tokens_per_second']} tokens/s")
+    out = Path(__file__).parent / "results" / "datagen_speed.json"
+    record = json.loads(out.read_text()) if out.is_file() else {}
+    record[args.target] = {"machine": f"{platform.machine()}, {os.cpu_count()} cpus", "load_avg_1m": os.getloadavg()[0],
+                           "prompts": args.prompts, "max_tokens": args.max_tokens, "batch_size": args.batch_size,
+                           "engines": results}
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
