@@ -87,7 +87,7 @@ class Client:
         """One streaming chat completion, timed chunk by chunk."""
         body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                                 "temperature": temperature, "top_p": top_p, "stream": True,
-                                "stream_options": {"include_usage": True, "continuous_usage_stats": False}}
+                                "stream_options": {"include_usage": True}}
         if seed is not None:
             body["seed"] = seed
         if chat_template_kwargs:
@@ -127,6 +127,8 @@ class Client:
             return result
         result.latency = time.perf_counter() - start
         result.text = "".join(parts)
+        if not result.output_tokens:  # a server without usage records: one token per streamed chunk
+            result.output_tokens = len(parts)
         result.ok = True
         return result
 
