@@ -44,7 +44,8 @@ def one_thread():
 def _recipe(tmp_path: Path, target: str):
     arch = "mla" if target == "tiny-mla" else "gqa"
     return load_recipe("tiny", [f"target.model={target}", f"draft.arch={arch}", f"output_dir={tmp_path / 'run'}",
-                                f"bench.mt_bench_path={MT_BENCH}", "bench.num_prompts=2", "bench.max_tokens=32",
+                                "bench.datasets=[mt_bench]", f"bench.mt_bench_path={MT_BENCH}", "bench.num_prompts=2",
+                                "bench.max_tokens=32",
                                 "bench.confidence_thresholds=[0.0, 0.6]"])
 
 
