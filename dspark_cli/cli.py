@@ -445,7 +445,11 @@ def run(
     loaded = _load(recipe, overrides)
     say(f"dspark run: {loaded.name} on target {loaded.target.model}")
     wanted = [s.name for s in STAGES if s.name != "publish" or publish]
-    results = run_pipeline(loaded, stages=wanted, on_stage=lambda r: say(f"  {r.name}: {r.status} {r.detail}".rstrip()))
+    from dspark_cli.ui import progress_bar
+
+    results = run_pipeline(loaded, stages=wanted, on_stage=lambda r: say(f"  {r.name}: {r.status} {r.detail}".rstrip()),
+                           progress=lambda stage, unit: progress_bar(f"  {stage}", unit=unit),
+                           log_line=lambda line: say(f"  train: {line}"))
     print_table("stages", ["stage", "status", "detail"], [[r.name, r.status, r.detail] for r in results])
     missing = [r.name for r in results if r.status == "not built"]
     if missing:

@@ -10,7 +10,8 @@ functions. A stage that is not built yet raises `NotBuiltError` -- it never pret
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +21,18 @@ from dspark_cli.recipe import Recipe
 log = logging.getLogger(__name__)
 
 
+Update = Callable[..., None]  # update(done, total, tokens=0)
+# progress(stage, unit) -> a context manager yielding `update`; the CLI passes ui.progress_bar.
+ProgressFactory = Callable[[str, str], Any]
+LogLine = Callable[[str], None]
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
     issue: int | None
     summary: str
-    run: Callable[[Recipe], dict[str, Any]]
+    run: Callable[..., dict[str, Any]]  # run(recipe, progress=None, log_line=None)
 
 
 @dataclass
@@ -45,27 +52,36 @@ def not_built(what: str, issue: int | None) -> NotBuiltError:
     )
 
 
-def run_datagen(recipe: Recipe) -> dict[str, Any]:
+@contextmanager
+def _quiet(_stage: str, _unit: str) -> Iterator[Update]:
+    yield lambda *args, **kwargs: None
+
+
+def run_datagen(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
     from dspark_cli.data.datagen import run_datagen as regenerate
 
-    return regenerate(recipe)
+    with (progress or _quiet)("datagen", "conversations") as update:
+        return regenerate(recipe, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
 
 
-def run_capture(recipe: Recipe) -> dict[str, Any]:
+def run_capture(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
     if recipe.capture.mode == "online":
         return {"mode": "online", "detail": "captured while training (bounded queue)"}
     from dspark_cli.capture import run_capture as capture
 
-    return capture(recipe)
+    with (progress or _quiet)("capture", "sequences") as update:
+        return capture(recipe, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
 
 
-def run_train(recipe: Recipe) -> dict[str, Any]:
+def run_train(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
+    from dspark_cli.training.metrics import format_line
     from dspark_cli.training.run import run_train as train
 
-    return train(recipe, resume="auto")
+    on_log = (lambda record: log_line(format_line(record))) if log_line is not None else None
+    return train(recipe, resume="auto", on_log=on_log)
 
 
-def run_export(recipe: Recipe) -> dict[str, Any]:
+def run_export(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
     from dspark_cli.export.writer import export_draft
 
     return export_draft(recipe.stage_dir("train"), recipe.stage_dir("export"), recipe=recipe,
@@ -73,13 +89,15 @@ def run_export(recipe: Recipe) -> dict[str, Any]:
                         include_embeddings=recipe.export.include_embeddings, force=True)
 
 
-def run_bench(recipe: Recipe) -> dict[str, Any]:
+def run_bench(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
     from dspark_cli.bench.run import run_bench as bench
 
-    return bench(recipe, draft_dir=recipe.stage_dir("export"), offline=True, endpoint=recipe.bench.endpoint)
+    with (progress or _quiet)("bench", "turns") as update:
+        return bench(recipe, draft_dir=recipe.stage_dir("export"), offline=True, endpoint=recipe.bench.endpoint,
+                     on_progress=update)
 
 
-def run_publish(recipe: Recipe) -> dict[str, Any]:
+def run_publish(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
     raise not_built("`dspark publish`", None)
 
 
@@ -98,6 +116,8 @@ def run_pipeline(
     *,
     stages: list[str] | None = None,
     on_stage: Callable[[StageResult], None] | None = None,
+    progress: ProgressFactory | None = None,
+    log_line: LogLine | None = None,
 ) -> list[StageResult]:
     """Run `stages` (default: all but publish) in order; stop at the first one that cannot run."""
     wanted = stages or [s.name for s in STAGES if s.name != "publish"]
@@ -110,7 +130,7 @@ def run_pipeline(
             result = StageResult(stage.name, "skipped", f"needs {blocked_by}")
         else:
             try:
-                outputs = stage.run(recipe)
+                outputs = stage.run(recipe, progress=progress, log_line=log_line)
                 result = StageResult(stage.name, "done", stage.summary, outputs)
             except NotBuiltError:
                 result = StageResult(stage.name, "not built", f"issue {stage.issue}" if stage.issue else "")
