@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_support import (  # noqa: E402
+    one_thread,  # noqa: F401 - autouse fixture
     TINY_LAYER_IDS,
     TableDrafter,
     TableLM,
@@ -45,13 +46,6 @@ from dspark_cli.bench.engine import (  # noqa: E402
 ALPHA = 1e-3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: with 2 busy cores, OpenMP hand-offs make softmax ~1000x slower than single-threaded."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def table_pair(seed: int = 1) -> tuple[TableLM, TableLM]:

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_support import export_random_draft  # noqa: E402
+from bench_support import export_random_draft, one_thread  # noqa: E402, F401 - one_thread: autouse fixture
 
 from dspark_cli.cli import app  # noqa: E402
 from dspark_cli.recipe import load_recipe  # noqa: E402
@@ -33,12 +33,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _recipe(tmp_path: Path, target: str):

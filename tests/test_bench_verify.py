@@ -19,11 +19,17 @@ size (p = 0 in double precision), so the test has power far beyond what alpha co
 from __future__ import annotations
 
 import itertools
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from dspark_cli.bench.verify import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_support import one_thread  # noqa: E402, F401 - autouse fixture
+
+from dspark_cli.bench.verify import (  # noqa: E402
     Verified,
     confidence_prefix,
     target_probs,
@@ -40,13 +46,6 @@ TRIALS = 200_000
 ALPHA = 1e-3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small tensors on 2 busy cores: OpenMP hand-offs cost more than they save."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def prefix_index(prefix: tuple[int, ...]) -> int:
