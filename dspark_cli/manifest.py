@@ -29,11 +29,25 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def make_public(path: str | os.PathLike[str]) -> None:
+    """Give a file made by mkstemp / a dir made by mkdtemp (0600 / 0700) the permissions a plain
+    open() / mkdir() would have, so artifacts stay readable by the other users of a shared cluster."""
+    mode = 0o777 if os.path.isdir(path) else 0o666
+    os.chmod(path, mode & ~_umask())
+
+
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     """Write JSON to `path` so that readers see the old file or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    make_public(tmp)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2, sort_keys=False)

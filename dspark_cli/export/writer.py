@@ -27,7 +27,7 @@ from dspark_cli import __version__
 from dspark_cli.errors import DsparkError, NotBuiltError, UsageError
 from dspark_cli.export.rules import FP32_TENSORS, Finding, check_against_target, check_draft_dir, num_bytes
 from dspark_cli.export.source import LoadedDraft, load_draft_dir
-from dspark_cli.manifest import sha256_file, write_json_atomic
+from dspark_cli.manifest import make_public, sha256_file, write_json_atomic
 
 MANIFEST = "dspark_manifest.json"
 log = logging.getLogger(__name__)
@@ -168,6 +168,7 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
         raise UsageError(f"{final} already exists", "pass --force to replace it, or -o another directory")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    make_public(tmp)
     try:
         (tmp / "config.json").write_text(json.dumps(plan["config"], indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "dspark": __version__})

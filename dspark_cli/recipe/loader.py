@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dspark_cli.errors import RecipeError, UsageError
+from dspark_cli.manifest import make_public
 from dspark_cli.recipe.schema import Recipe
 
 RESOLVED_NAME = "recipe.yaml"
@@ -138,6 +139,7 @@ def write_resolved(recipe: Recipe, directory: str | os.PathLike[str]) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     text = "# Resolved by dspark: defaults < recipe file < overrides < flags.\n" + dump_recipe(recipe)
     fd, tmp = tempfile.mkstemp(prefix=".recipe.", suffix=".tmp", dir=directory)
+    make_public(tmp)  # mkstemp makes 0600; a resolved recipe is for everyone to read
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     final = directory / RESOLVED_NAME

@@ -26,7 +26,7 @@ import torch
 from dspark_cli import __version__
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
-from dspark_cli.manifest import sha256_file, write_json_atomic
+from dspark_cli.manifest import make_public, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
 from dspark_cli.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from dspark_cli.training.data import StepStream, prepare
@@ -82,6 +82,7 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
         return None
     final = out_dir / "final"
     tmp = Path(tempfile.mkdtemp(prefix=".final.tmp-", dir=out_dir))
+    make_public(tmp)
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
               metadata={"format": "pt", "dspark": __version__})
     write_json_atomic(tmp / "config.json", vllm_config_dict(draft_config, "float32"))
