@@ -451,12 +451,27 @@ def run(
                            progress=lambda stage, unit: progress_bar(f"  {stage}", unit=unit),
                            log_line=lambda line: say(f"  train: {line}"))
     print_table("stages", ["stage", "status", "detail"], [[r.name, r.status, r.detail] for r in results])
+    _say_results({r.name: r.outputs for r in results if r.status == "done"})
     missing = [r.name for r in results if r.status == "not built"]
     if missing:
         raise NotBuiltError(
             f"pipeline incomplete: stage {missing[0]} is not built yet; later stages were skipped",
             "the stages marked done ran for real",
         )
+
+
+def _say_results(outputs: dict[str, Any]) -> None:
+    """The few numbers a finished run is for: where the draft is and its acceptance length."""
+    if "export" in outputs:
+        say(f"draft: {outputs['export']['output_dir']} ({outputs['export']['architecture']})")
+    bench_result = outputs.get("bench") or {}
+    for run_ in (bench_result.get("offline") or {}).get("runs", []):
+        if run_.get("threshold", 0.0) == 0.0:
+            low, high = run_["tau"]["ci95"]
+            say(f"tau on {run_['dataset']} at T={run_['temperature']:g}: {run_['tau']['mean']:.2f} "
+                f"[{low:.2f}, {high:.2f}] tokens per verification step", style="green")
+    if bench_result.get("files"):
+        say(f"report: {bench_result['files']['markdown']}")
 
 
 def entrypoint() -> None:

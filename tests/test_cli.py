@@ -121,6 +121,7 @@ def test_run_chains_every_stage_on_the_tiny_target(tmp_path):
     for stage in ("datagen", "capture", "train", "export", "bench"):
         assert f"{stage}: done" in result.output, stage
     assert "publish" not in result.output  # only with --publish
+    assert "tau on tiny-eval at T=0:" in result.output and f"draft: {tmp_path / 'draft'}" in result.output
     for artifact in ("data/manifest.json", "hidden/manifest.json", "train/manifest.json",
                      "draft/dspark_manifest.json", "draft/model.safetensors"):
         assert (tmp_path / artifact).is_file(), artifact
