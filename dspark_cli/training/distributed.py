@@ -27,6 +27,9 @@ class DistEnv:
     world_size: int
     local_rank: int
     device: torch.device
+    # True when this run joined torchrun's process group. A group someone else initialised in this
+    # process (e.g. an in-process vLLM engine) is neither used for collectives nor destroyed by us.
+    owns_group: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -34,7 +37,7 @@ class DistEnv:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1 or dist.is_initialized()
+        return self.world_size > 1 or self.owns_group
 
 
 def under_torchrun() -> bool:
@@ -50,9 +53,10 @@ def init_distributed(device: str | None = None) -> DistEnv:
     dev = torch.device("cuda", local) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
-    if under_torchrun() and not dist.is_initialized():
+    owns = under_torchrun()
+    if owns and not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo", device_id=dev if use_cuda else None)
-    return DistEnv(rank, world, local, dev)
+    return DistEnv(rank, world, local, dev, owns_group=owns)
 
 
 def shard(module: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
@@ -92,7 +96,7 @@ def barrier(env: DistEnv) -> None:
 
 def shutdown(env: DistEnv) -> None:
     """Barrier first: destroying the group while a peer is still in a collective hangs it."""
-    if dist.is_initialized():
+    if env.owns_group and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
