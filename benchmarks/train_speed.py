@@ -226,7 +226,7 @@ def markdown(result: dict) -> str:
               f"Goal: >= {goal:,.0f} tokens/s (1.5x the fastest). Best dspark row here: "
               + ", ".join(f"{rate:,} at vocab {v}" for v, rate in best.items())
               + (" -- goal met." if all(rate >= goal for rate in best.values()) else
-                 " -- not met in absolute terms on this loaded machine; the like-for-like comparison is the "
+                 " -- not met in absolute terms on this machine (load average above); the like-for-like comparison is the "
                  "`vs naive` column (same model, same machine, same moment)."), "", result["notes"]]
     return "\n".join(lines) + "\n"
 
