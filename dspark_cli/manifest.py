@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.errors import DataError
+from dspark_cli.errors import DataError, UsageError
 
 MANIFEST_NAME = "manifest.json"
 
@@ -70,3 +70,22 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: corrupt manifest ({exc.msg} at line {exc.lineno})", "re-run the stage") from None
+
+
+def resumable_manifest(out_dir: Path, *, kind: str, fingerprint: str, shard_glob: str, section: str,
+                       changed: str) -> dict[str, Any]:
+    """The manifest a previous run of the same plan left in a resumable stage's `out_dir` ({} if none).
+
+    One-line errors for a directory holding shards but no manifest, or the output of another plan
+    (`changed` says what such a plan differs in). `section` names the recipe section (`datagen`).
+    """
+    path = Path(out_dir) / MANIFEST_NAME
+    if not path.is_file():
+        if any(Path(out_dir).glob(shard_glob)):
+            raise DataError(f"{out_dir} has shards but no manifest", f"use a new {section}.output_dir or delete this one")
+        return {}
+    previous = read_manifest(out_dir)
+    if previous.get("kind") != kind or previous.get("fingerprint") != fingerprint:
+        raise UsageError(f"{out_dir} holds {section} output of a different plan ({changed} changed)",
+                         f"use a new {section}.output_dir, or delete it to start over")
+    return previous

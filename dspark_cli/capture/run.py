@@ -22,8 +22,7 @@ from typing import Any
 from dspark_cli import __version__
 from dspark_cli.capture.plan import CapturePlan, build_plan, goal_bytes_per_token
 from dspark_cli.capture.shards import MANIFEST_KIND, shard_name, write_shard
-from dspark_cli.errors import DataError, UsageError
-from dspark_cli.manifest import MANIFEST_NAME, write_json_atomic
+from dspark_cli.manifest import MANIFEST_NAME, resumable_manifest, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
 
 log = logging.getLogger(__name__)
@@ -71,17 +70,9 @@ def _manifest(plan: CapturePlan, backend: dict[str, Any], shards: list[dict[str,
 
 def _previous_shards(out_dir: Path, plan: CapturePlan) -> dict[str, dict[str, Any]]:
     """Shards a previous run of the same plan finished (name -> entry); refuse another plan's output."""
-    import json
-
-    path = out_dir / MANIFEST_NAME
-    if not path.is_file():
-        if any(out_dir.glob("shard-*.safetensors")):
-            raise DataError(f"{out_dir} has shards but no manifest", "use a new capture.output_dir or delete this one")
-        return {}
-    previous = json.loads(path.read_text(encoding="utf-8"))
-    if previous.get("kind") != MANIFEST_KIND or previous.get("fingerprint") != plan.fingerprint:
-        raise UsageError(f"{out_dir} holds a capture of a different plan (datagen output, target, layer ids or shard size changed)",
-                         "use a new capture.output_dir, or delete it to start over")
+    previous = resumable_manifest(out_dir, kind=MANIFEST_KIND, fingerprint=plan.fingerprint,
+                                  shard_glob="shard-*.safetensors", section="capture",
+                                  changed="datagen output, target, layer ids or shard size")
     done = {}
     for entry in previous.get("shards", []):
         file = out_dir / entry["file"]

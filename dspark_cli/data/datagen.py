@@ -31,7 +31,7 @@ from dspark_cli.data.filters import FilterReport, eval_fingerprints, filter_conv
 from dspark_cli.data.shards import PartialShard, read_jsonl, shard_path
 from dspark_cli.data.sources import read_source, source_name
 from dspark_cli.errors import DataError, UsageError
-from dspark_cli.manifest import MANIFEST_NAME, sha256_file, write_json_atomic
+from dspark_cli.manifest import MANIFEST_NAME, resumable_manifest, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
 
 log = logging.getLogger(__name__)
@@ -217,18 +217,8 @@ def _manifest(recipe: Recipe, plan: DatagenPlan, engine_info: dict[str, Any], sh
 
 def _check_resumable(out_dir: Path, plan: DatagenPlan) -> dict[str, Any]:
     """The previous manifest of `out_dir` ({} if none); refuse output of a different plan."""
-    manifest = out_dir / MANIFEST_NAME
-    if not manifest.is_file():
-        if any(out_dir.glob("shard-*.jsonl")):
-            raise DataError(f"{out_dir} has shards but no manifest", "use a new datagen.output_dir or delete this one")
-        return {}
-    previous = json.loads(manifest.read_text(encoding="utf-8"))
-    if previous.get("fingerprint") != plan.fingerprint:
-        raise UsageError(
-            f"{out_dir} holds datagen output of a different plan (sources, filters, target, template or sampling changed)",
-            "use a new datagen.output_dir, or delete it to start over",
-        )
-    return previous
+    return resumable_manifest(out_dir, kind="dspark.datagen", fingerprint=plan.fingerprint, shard_glob="shard-*.jsonl",
+                              section="datagen", changed="sources, filters, target, template or sampling")
 
 
 def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress | None = None,
