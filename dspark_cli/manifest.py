@@ -36,8 +36,9 @@ def _umask() -> int:
 
 
 def make_public(path: str | os.PathLike[str]) -> None:
-    """Give a file made by mkstemp / a dir made by mkdtemp (0600 / 0700) the permissions a plain
-    open() / mkdir() would have, so artifacts stay readable by the other users of a shared cluster."""
+    """Give a file made by mkstemp / a dir made by mkdtemp (0600 / 0700) -- or by safetensors'
+    `save_file`, which also writes 0600 -- the permissions a plain open() / mkdir() would have, so
+    artifacts stay readable by the other users of a shared cluster (and by a vLLM running as another user)."""
     mode = 0o777 if os.path.isdir(path) else 0o666
     os.chmod(path, mode & ~_umask())
 

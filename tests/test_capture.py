@@ -277,6 +277,8 @@ def test_killed_capture_resumes_without_missing_or_duplicated_shards(tmp_path):
     out = Path(recipe.stage_dir("capture"))
     first = out / "shard-00000.safetensors"
     first_mtime = first.stat().st_mtime_ns
+    (tmp_path / "plain").touch()  # the mode open() gives under this umask; safetensors alone would give 0600
+    assert first.stat().st_mode == (tmp_path / "plain").stat().st_mode
     manifest = json.loads((out / "manifest.json").read_text())
     assert not manifest["complete"] and [s["file"] for s in manifest["shards"]] == [first.name]
     # The other two kill points: a shard renamed into place but not yet listed, and a half-written temp file.

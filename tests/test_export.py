@@ -70,6 +70,10 @@ def test_round_trip_fp32_is_bitwise(tmp_path, arch):
     assert manifest["contract"]["target_layer_ids"] == LAYER_IDS and manifest["training"]["steps"] == 10
     assert manifest["serving"]["env"] == {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": "0"}
     assert set(manifest["files"]) == {"config.json", "model.safetensors"}
+    # safetensors writes 0600; the export must be as readable as any file open() makes (vLLM may run as another user)
+    (tmp_path / "plain").touch()
+    for name in ("config.json", "model.safetensors", "dspark_manifest.json"):
+        assert (tmp_path / "draft" / name).stat().st_mode == (tmp_path / "plain").stat().st_mode, name
     assert not any(n.startswith("embed_tokens") or n.startswith("lm_head") for n in load_file(
         str(tmp_path / "draft" / "model.safetensors")))
 

@@ -74,7 +74,7 @@ def test_dry_run_prints_the_exact_plan_and_writes_nothing(captured):
     assert not (captured / "run" / "train").exists()
 
 
-def test_nproc_2_relaunches_under_torchrun_and_trains(captured):
+def test_nproc_2_relaunches_under_torchrun_and_trains(captured, tmp_path):
     out = _dspark("train", "tiny", *_overrides(captured), "--nproc", "2")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "launching 2 processes" in out.stdout
@@ -84,7 +84,8 @@ def test_nproc_2_relaunches_under_torchrun_and_trains(captured):
     assert manifest["summary"]["world_size"] == 2 and manifest["summary"]["steps"] == 5
     lines = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [2, 4, 5]
-    assert (train_dir / "final" / "model.safetensors").is_file()
+    (tmp_path / "plain").touch()  # the mode open() gives under this umask; safetensors alone would give 0600
+    assert (train_dir / "final" / "model.safetensors").stat().st_mode == (tmp_path / "plain").stat().st_mode
 
     again = _dspark("train", "tiny", *_overrides(captured), "--resume", "never")
     assert again.returncode == 2 and "already holds checkpoints" in again.stderr

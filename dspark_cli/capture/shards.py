@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
-from dspark_cli.manifest import read_manifest, sha256_file
+from dspark_cli.manifest import make_public, read_manifest, sha256_file
 
 SHARD_FORMAT = "dspark.capture.v1"
 MANIFEST_KIND = "dspark.capture"
@@ -62,6 +62,7 @@ def write_shard(path: Path, sequences: list[CapturedSequence], *, layer_ids: lis
             "target_layer_ids": json.dumps(list(layer_ids)), "hidden_size": str(hidden_size)}
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(tensors, str(tmp), metadata=meta)
+    make_public(tmp)
     with open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)

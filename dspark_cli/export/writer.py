@@ -172,6 +172,7 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     try:
         (tmp / "config.json").write_text(json.dumps(plan["config"], indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "dspark": __version__})
+        make_public(tmp / "model.safetensors")
         findings = check_draft_dir(tmp, target_config, include_embeddings)
         if any(f.severity == "error" for f in findings):
             raise ExportError(findings, str(final))

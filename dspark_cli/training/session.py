@@ -85,6 +85,7 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
     make_public(tmp)
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
               metadata={"format": "pt", "dspark": __version__})
+    make_public(tmp / "model.safetensors")
     write_json_atomic(tmp / "config.json", vllm_config_dict(draft_config, "float32"))
     if final.exists():
         shutil.rmtree(final)
