@@ -246,8 +246,6 @@ def export(
     `dspark export --recipe kimi-k3 --meta --dry-run --format json` lists the config.json and every
     tensor (name, shape, dtype) of the draft a recipe describes, without weights or memory.
     """
-    from dspark_cli.pipeline import not_built
-
     _check_format(output_format)
     checkpoint, rest = _split_positional(checkpoint, overrides)
     if check is not None:
@@ -419,16 +417,47 @@ def publish(
     draft_dir: Annotated[str | None, typer.Argument(help="Exported draft directory.", show_default=False)] = None,
     overrides: OverridesArg = None,
     recipe: RecipeOpt = None,
-    repo_id: Annotated[str | None, typer.Option(help="Sets publish.repo_id.")] = None,
+    repo_id: Annotated[str | None, typer.Option(help="Sets publish.repo_id (`owner/name`).")] = None,
     public: Annotated[bool, typer.Option("--public", help="Create public repos (private by default).")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be uploaded; upload nothing.")] = False,
+    hub: Annotated[
+        list[str] | None,
+        typer.Option("--hub", help="Sets publish.hubs (repeatable): `huggingface`.", show_default=False),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check and list what would be uploaded; upload nothing.")
+    ] = False,
+    output_format: FormatOpt = "text",
 ) -> None:
-    """Upload an exported draft with its model card to Hugging Face and/or ModelScope."""
-    from dspark_cli.pipeline import run_publish
+    """Upload an exported draft, with a generated model card, to Hugging Face.
 
+    Before anything is sent, the draft must pass every static vLLM loader check and match its
+    manifest's checksums, and a token must be found (`hf auth login` or HF_TOKEN). Everything goes
+    up in one commit. The recipe is the one the draft was exported with, unless `--recipe`.
+    """
+    from dspark_cli.publish import publish_draft
+
+    _check_format(output_format)
     draft_dir, rest = _split_positional(draft_dir, overrides)
-    loaded = _load(recipe, rest, {"publish.repo_id": repo_id, "publish.private": False if public else None})
-    run_publish(loaded)
+    if recipe is None and draft_dir is not None and (Path(draft_dir) / "recipe.yaml").is_file():
+        recipe = str(Path(draft_dir) / "recipe.yaml")
+    if recipe is None:
+        raise UsageError("publish needs a draft directory exported by dspark, or --recipe",
+                         "dspark publish runs/NAME/draft --repo-id OWNER/NAME")
+    loaded = _load(recipe, rest, {"publish.repo_id": repo_id, "publish.private": False if public else None,
+                                  "publish.hubs": hub or None})
+    result = publish_draft(loaded, draft_dir, dry_run=dry_run)
+    if output_format == "json":
+        print_json(result)
+        return
+    visibility = "private" if result["private"] else "public"
+    title = f"{result['repo_id']} ({visibility}) on {', '.join(result['hubs'])}"
+    print_table(title + (" -- dry run, nothing uploaded" if dry_run else ""), ["path in repo", "bytes", "from"],
+                [[f["path"], f"{f['bytes']:,}", f["source"]] for f in result["files"]])
+    if dry_run:
+        say(f"model card: {result['card']}; the draft passes every static vLLM loader check")
+        return
+    for hub_name, url in result["urls"].items():
+        say(f"published to {hub_name}: {url}", style="green")
 
 
 @app.command()

@@ -43,15 +43,6 @@ class StageResult:
     outputs: dict[str, Any] = field(default_factory=dict)
 
 
-def not_built(what: str, issue: int | None) -> NotBuiltError:
-    """The one-line refusal of something that does not exist yet, e.g. `not_built("`dspark train`", 7)`."""
-    tracked = f" (issue {issue})" if issue is not None else ""
-    return NotBuiltError(
-        f"{what} is not built yet{tracked}",
-        "`dspark validate RECIPE` checks a recipe today; README lists what works",
-    )
-
-
 @contextmanager
 def _quiet(_stage: str, _unit: str) -> Iterator[Update]:
     yield lambda *args, **kwargs: None
@@ -98,7 +89,9 @@ def run_bench(recipe: Recipe, progress: ProgressFactory | None = None, log_line:
 
 
 def run_publish(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
-    raise not_built("`dspark publish`", None)
+    from dspark_cli.publish import publish_draft
+
+    return publish_draft(recipe, recipe.stage_dir("export"))
 
 
 STAGES: tuple[Stage, ...] = (

@@ -103,13 +103,13 @@ def test_overrides_are_accepted_by_every_recipe_command():
         assert "draft.block_size: must be greater than 0" in result.output, args
 
 
-def test_unbuilt_commands_say_so_and_exit_2():
+def test_unbuilt_options_say_so_and_exit_2():
     from dspark_cli.pipeline import STAGES
 
-    for command in ("publish",):
-        result = invoke(command, "--recipe", "tiny")
-        assert result.exit_code == 2, (command, result.output)
-        assert "not built yet" in result.output and len(result.output.strip().splitlines()) == 2
+    for args in (["publish", "--recipe", "tiny", "publish.repo_id=me/draft", "publish.hubs=[modelscope]"],):
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "not built yet" in result.output and len(result.output.strip().splitlines()) == 2, result.output
     assert {s.name for s in STAGES} >= {"datagen", "capture", "train", "export", "bench", "publish"}
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.contract import Contract, config_sha256, vllm_aux_layer_ids
+from dspark_cli.contract import Contract, config_sha256
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.recipe import Recipe
 

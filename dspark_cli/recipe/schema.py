@@ -271,22 +271,25 @@ class BenchSection(Section):
 
 
 class PublishSection(Section):
-    """`dspark publish`: Hugging Face and ModelScope."""
+    """`dspark publish`: Hugging Face, with a generated model card (ModelScope is not built yet)."""
 
     hubs: list[Literal["huggingface", "modelscope"]] = Field(
-        default_factory=lambda: ["huggingface"], description="Where to upload."
+        default_factory=lambda: ["huggingface"],
+        description="Where to upload (`modelscope` is not built yet and is refused).",
     )
     repo_id: str | None = Field(None, description="Destination repo, e.g. `my-org/Qwen3-8B-DSpark`.")
     private: bool = Field(True, description="Create private repos unless `--public` is passed.")
     hf_endpoint: str | None = Field(None, description="Hugging Face endpoint (default: HF_ENDPOINT or the public hub).")
-    modelscope_endpoint: str | None = Field(None, description="ModelScope endpoint (default: MODELSCOPE_ENDPOINT).")
-    license: str = Field("apache-2.0", description="License written into the model card.")
+    modelscope_endpoint: str | None = Field(
+        None, description="ModelScope endpoint (default: MODELSCOPE_ENDPOINT); for when ModelScope publishing is built."
+    )
+    license: str = Field("apache-2.0", description="License in the model card's metadata (a Hub license id).")
 
 
 class Recipe(Section):
     """A whole dspark run: the target, then one section per stage."""
 
-    name: str = Field("dspark-run", description="Run name; used in output paths and the model card.")
+    name: str = Field("dspark-run", description="Run name; used in output paths.")
     output_dir: str = Field("runs/{name}", description="Root of every stage's outputs (`{name}` is substituted).")
     seed: int = Field(0, description="Global seed.")
     target: TargetSection = Field(default_factory=TargetSection, description="The target model.")

@@ -28,8 +28,10 @@ def _draft_manifest(draft_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def serve_command(recipe: Any, draft_dir: str | Path) -> tuple[list[str], dict[str, str]]:
-    """(argv, extra environment) of the `vllm serve` launch for `recipe` and the draft at `draft_dir`."""
+def serve_command(recipe: Any, draft_dir: str | Path, *,
+                  draft_ref: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, extra environment) of the `vllm serve` launch for `recipe` and the draft at `draft_dir`;
+    `draft_ref` names the draft in the command instead of its local path (a hub repo id, for model cards)."""
     from dspark_cli.targets.registry import resolve_target
 
     draft_dir = Path(draft_dir)
@@ -37,7 +39,8 @@ def serve_command(recipe: Any, draft_dir: str | Path) -> tuple[list[str], dict[s
     serving = manifest.get("serving", {})
     serve = recipe.serve
     block = serve.num_speculative_tokens or serving.get("num_speculative_tokens") or recipe.draft.block_size
-    spec: dict[str, Any] = {"method": "dspark", "model": str(draft_dir.resolve()), "num_speculative_tokens": block,
+    spec: dict[str, Any] = {"method": "dspark", "model": draft_ref or str(draft_dir.resolve()),
+                            "num_speculative_tokens": block,
                             "draft_sample_method": serve.draft_sample_method,
                             "rejection_sample_method": serve.rejection_sample_method}
     if serve.attention_backend:

@@ -1,0 +1,15 @@
+"""`dspark publish`: an exported draft, checked, with a generated model card, to Hugging Face.
+
+    from dspark_cli.publish import publish_draft
+    result = publish_draft(recipe, "runs/qwen3-8b-dspark/draft", dry_run=True)
+
+Order of work, so that a bad input never reaches a hub: the draft directory must pass every static
+vLLM loader check (`dspark export --check`), the repo id must be `owner/name`, and every hub asked
+for must have a token -- all before the first byte is sent. Then one commit per hub uploads the
+draft's files, a README.md model card (unless the directory already has one) and, when the recipe's
+bench stage measured this draft, its report under `bench/`.
+"""
+
+from dspark_cli.publish.run import publish_draft
+
+__all__ = ["publish_draft"]

@@ -1,0 +1,108 @@
+"""The model card (README.md) a published draft carries: what it is, how to serve it, what it measured.
+
+    text = model_card(draft_dir, repo_id="my-org/Qwen3-8B-DSpark", recipe=recipe, bench=bench_json)
+
+Everything on the card comes from files dspark wrote: the draft's `dspark_manifest.json` (contract,
+serving settings, training summary), its `config.json` (architecture) and, when the recipe's bench
+stage measured this very draft, `bench.json` (tau with confidence intervals). The serving command is
+built by the same code as `dspark serve`, with the draft referenced by its repo id.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dspark_cli import __version__
+
+
+def _front_matter(license_id: str, base_model: str | None) -> list[str]:
+    lines = ["---", f"license: {license_id}", "library_name: vllm", "pipeline_tag: text-generation"]
+    if base_model:
+        lines.append(f"base_model: {base_model}")
+    lines += ["tags:", "  - dspark", "  - speculative-decoding", "  - draft-model", "---", ""]
+    return lines
+
+
+def _serve_block(recipe: Any, draft_dir: Path, repo_id: str) -> list[str]:
+    from dspark_cli.serving.launch import serve_command, shell_line
+
+    argv, env = serve_command(recipe, draft_dir, draft_ref=repo_id)
+    # the card is for other machines: the target by its hub id, not this machine's path to it
+    argv[2] = recipe.target.model
+    return ["```bash", shell_line(argv, env), "```"]
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:.{digits}f}"
+
+
+def _bench_rows(bench: dict[str, Any]) -> list[str]:
+    rows = []
+    for run in (bench.get("offline") or {}).get("runs", []):
+        if run.get("threshold", 0.0) != 0.0:
+            continue
+        low, high = run["tau"]["ci95"]
+        rows.append(f"| {run['dataset']} | {run['temperature']:g} | {run['num_turns']} | "
+                    f"{run['tau']['mean']:.2f} [{low:.2f}, {high:.2f}] |")
+    return rows
+
+
+def model_card(draft_dir: str | Path, *, repo_id: str, recipe: Any, license_id: str,
+               bench: dict[str, Any] | None = None) -> str:
+    draft_dir = Path(draft_dir)
+    manifest = json.loads((draft_dir / "dspark_manifest.json").read_text(encoding="utf-8"))
+    config = json.loads((draft_dir / "config.json").read_text(encoding="utf-8"))
+    contract = manifest.get("contract", {})
+    training = manifest.get("training", {})
+    final = training.get("final_metrics") or {}
+    target = contract.get("target") or recipe.target.model
+    arch = manifest.get("architecture", (config.get("architectures") or ["?"])[0])
+    name = repo_id.split("/")[-1]
+    num_states = len(contract.get("target_layer_ids", []))
+
+    lines = _front_matter(license_id, target if "/" in str(target) else None)
+    lines += [f"# {name}", "",
+              f"A DSpark speculative-decoding draft for `{target}`: it reads {num_states} "
+              f"of the target's hidden states, drafts a block of {contract.get('block_size')} tokens in one parallel "
+              "pass, and adds a low-rank sequential Markov head and a confidence head. Trained and exported with "
+              f"dspark {manifest.get('dspark', __version__)}; the target's embeddings and "
+              "LM head are borrowed at load time, not stored here.", "",
+              "## Serve with vLLM (>= 0.33, CUDA GPU)", ""]
+    lines += _serve_block(recipe, draft_dir, repo_id)
+    lines += ["", "Serve with the chat template and template arguments the draft was trained with: a mismatch "
+              "costs acceptance silently.", "",
+              "## Draft", "", "| field | value |", "|---|---|",
+              f"| architecture | `{arch}` |",
+              f"| decoder layers | {config.get('num_hidden_layers')} |",
+              f"| hidden size | {config.get('hidden_size')} |",
+              f"| block size | {contract.get('block_size')} |",
+              f"| target layer ids | {contract.get('target_layer_ids')} |",
+              f"| mask token id | {contract.get('mask_token_id')} |",
+              f"| Markov rank | {config.get('markov_rank')} |",
+              f"| confidence head | {bool(config.get('enable_confidence_head'))} |",
+              f"| weights dtype | {manifest.get('dtype')} |", ""]
+    if training:
+        lines += ["## Training", "", "| field | value |", "|---|---|",
+                  f"| steps | {training.get('steps')} |",
+                  f"| tokens | {_fmt(training.get('tokens'))} |",
+                  f"| processes | {training.get('world_size')} |"]
+        for key, label in (("loss", "final loss"), ("acc", "top-1 accuracy (all slots)"),
+                           ("tau_greedy", "expected tau, greedy (training batches)"),
+                           ("tau_t1", "expected tau, T=1 (training batches)")):
+            if key in final:
+                lines.append(f"| {label} | {_fmt(final[key])} |")
+        lines.append("")
+    rows = _bench_rows(bench) if bench else []
+    if rows:
+        lines += ["## Measured acceptance", "",
+                  "Tokens accepted per verification step (tau, bonus token included), 95% confidence interval, "
+                  "measured by `dspark bench` on held-out prompts:", "",
+                  "| prompts | temperature | turns | tau |", "|---|---|---|---|", *rows, ""]
+    lines += ["## Contract", "",
+              "What serving must repeat for the draft to behave as it did in training:", "", "```json",
+              json.dumps(contract, indent=2), "```", ""]
+    return "\n".join(lines)

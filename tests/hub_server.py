@@ -1,0 +1,180 @@
+"""A loopback Hugging Face Hub: the HTTP endpoints `huggingface_hub` uses to create a repo and commit files.
+
+    with LoopbackHub(token="hf_test") as hub:        # hub.url -> http://127.0.0.1:PORT
+        ... HF_ENDPOINT=hub.url HF_TOKEN=hf_test HF_HUB_DISABLE_XET=1 dspark publish ...
+        hub.repos["me/draft"].files["model.safetensors"]   # the bytes that arrived
+
+Implemented from the client's side of the protocol (huggingface_hub's `create_repo` and
+`create_commit`): POST /api/repos/create, POST /api/models/{repo}/preupload/{rev}, the git-LFS
+batch API (POST /{repo}.git/info/lfs/objects/batch, then a PUT of each object to the URL it
+returns), POST /api/validate-yaml (the model card's front matter), and
+POST /api/models/{repo}/commit/{rev} with its NDJSON body. Xet storage is not
+emulated: clients must set HF_HUB_DISABLE_XET=1, which makes huggingface_hub use plain LFS. Every
+request must carry `Authorization: Bearer <token>`; objects are checked against their sha256.
+A commit is applied all at once or not at all, as on the Hub.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import yaml
+
+LFS_SUFFIXES = (".safetensors", ".png", ".bin")
+
+
+@dataclass
+class Repo:
+    private: bool
+    files: dict[str, bytes] = field(default_factory=dict)
+    commits: list[str] = field(default_factory=list)  # commit messages, oldest first
+
+
+class LoopbackHub:
+    def __init__(self, token: str, *, fail_commits: int = 0) -> None:
+        self.token = token
+        self.repos: dict[str, Repo] = {}
+        self.objects: dict[str, bytes] = {}  # LFS objects by sha256
+        self.requests: list[tuple[str, str]] = []
+        self.card_metadata: list[dict[str, Any]] = []  # every model card front matter validated
+        self.fail_commits = fail_commits  # answer the next N commits with HTTP 500
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> LoopbackHub:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self):
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _body(self) -> bytes:
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _send(self, status: int, data: Any = None) -> None:
+                payload = json.dumps(data if data is not None else {}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _authorised(self) -> bool:
+                if self.headers.get("Authorization") == f"Bearer {hub.token}":
+                    return True
+                self._body()
+                self._send(401, {"error": "Invalid credentials in Authorization header"})
+                return False
+
+            def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+                hub.requests.append(("PUT", self.path))
+                if not self.path.startswith("/lfs-upload/"):
+                    return self._send(404, {"error": "not found"})
+                oid, data = self.path.rsplit("/", 1)[-1], self._body()
+                if hashlib.sha256(data).hexdigest() != oid:
+                    return self._send(400, {"error": "sha256 mismatch"})
+                with hub._lock:
+                    hub.objects[oid] = data
+                return self._send(200)
+
+            def do_POST(self) -> None:  # noqa: N802
+                hub.requests.append(("POST", self.path))
+                if not self._authorised():
+                    return None
+                path = self.path.split("?", 1)[0]
+                if path == "/api/repos/create":
+                    return self._create(json.loads(self._body()))
+                if path == "/api/validate-yaml":
+                    return self._validate_yaml(json.loads(self._body())["content"])
+                if path.endswith(".git/info/lfs/objects/batch"):
+                    return self._lfs_batch(json.loads(self._body()))
+                parts = path.split("/")
+                if path.startswith("/api/models/") and len(parts) >= 7 and parts[5] in ("preupload", "commit"):
+                    repo_id = f"{parts[3]}/{parts[4]}"
+                    if repo_id not in hub.repos:
+                        self._body()
+                        return self._send(404, {"error": "Repository not found"})
+                    if parts[5] == "preupload":
+                        return self._preupload(json.loads(self._body()))
+                    return self._commit(repo_id, self._body())
+                self._body()
+                return self._send(404, {"error": f"no route for {path}"})
+
+            def _create(self, payload: dict[str, Any]) -> None:
+                repo_id = f"{payload['organization']}/{payload['name']}"
+                with hub._lock:
+                    if repo_id in hub.repos:
+                        return self._send(409, {"error": "You already created this model repo",
+                                                "url": f"{hub.url}/{repo_id}"})
+                    visibility = payload.get("visibility") or ("private" if payload.get("private") else "public")
+                    hub.repos[repo_id] = Repo(private=visibility == "private")
+                return self._send(200, {"url": f"{hub.url}/{repo_id}", "name": repo_id})
+
+            def _validate_yaml(self, content: str) -> None:
+                """The model card's front matter must be a YAML mapping (the Hub checks its fields further)."""
+                if not content.startswith("---\n") or "\n---\n" not in content[4:]:
+                    return self._send(400, {"errors": [{"message": "no YAML front matter"}]})
+                try:
+                    meta = yaml.safe_load(content[4:].split("\n---\n", 1)[0])
+                except yaml.YAMLError as exc:
+                    return self._send(400, {"errors": [{"message": f"invalid YAML: {exc}"}]})
+                if not isinstance(meta, dict):
+                    return self._send(400, {"errors": [{"message": "front matter is not a mapping"}]})
+                hub.card_metadata.append(meta)
+                return self._send(200, {"warnings": []})
+
+            def _preupload(self, payload: dict[str, Any]) -> None:
+                files = [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular",
+                          "shouldIgnore": False, "oid": None} for f in payload["files"]]
+                return self._send(200, {"files": files, "commitOid": "0" * 40})
+
+            def _lfs_batch(self, payload: dict[str, Any]) -> None:
+                objects = [{"oid": o["oid"], "size": o["size"], "authenticated": True,
+                            "actions": {"upload": {"href": f"{hub.url}/lfs-upload/{o['oid']}"}}}
+                           for o in payload["objects"] if o["oid"] not in hub.objects]
+                return self._send(200, {"transfer": "basic", "objects": objects})
+
+            def _commit(self, repo_id: str, body: bytes) -> None:
+                with hub._lock:
+                    if hub.fail_commits > 0:
+                        hub.fail_commits -= 1
+                        return self._send(500, {"error": "commit failed (injected)"})
+                    staged: dict[str, bytes] = {}
+                    message = ""
+                    for line in body.splitlines():
+                        item = json.loads(line)
+                        value = item["value"]
+                        if item["key"] == "header":
+                            message = value["summary"]
+                        elif item["key"] == "file":
+                            staged[value["path"]] = base64.b64decode(value["content"])
+                        elif item["key"] == "lfsFile":
+                            if value["oid"] not in hub.objects:
+                                return self._send(422, {"error": f"LFS object {value['oid']} was never uploaded"})
+                            staged[value["path"]] = hub.objects[value["oid"]]
+                        else:
+                            return self._send(400, {"error": f"unsupported commit item {item['key']}"})
+                    repo = hub.repos[repo_id]
+                    repo.files.update(staged)
+                    repo.commits.append(message)
+                    oid = hashlib.sha1(body).hexdigest()
+                return self._send(200, {"commitUrl": f"{hub.url}/{repo_id}/commit/{oid}", "commitOid": oid,
+                                        "pullRequestUrl": None})
+
+        return Handler

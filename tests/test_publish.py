@@ -1,0 +1,173 @@
+"""`dspark publish`: a real `dspark` process uploads to a loopback Hugging Face Hub over HTTP.
+
+The hub (tests/hub_server.py) speaks the endpoints huggingface_hub uses (create repo, validate the
+card's YAML, preupload, git-LFS batch + PUT, NDJSON commit). Xet storage is the one part not
+emulated, so the processes run with HF_HUB_DISABLE_XET=1 (huggingface_hub's own switch to plain LFS).
+The draft is a freshly initialised tiny-mla draft exported by `dspark export`: publishing does not
+care how good it is. The bench report beside it is written by the test (its numbers are inputs the
+card must repeat, not measurements).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_support import export_random_draft  # noqa: E402
+from hub_server import LoopbackHub  # noqa: E402
+
+from dspark_cli.cli import app  # noqa: E402
+from dspark_cli.recipe import load_recipe  # noqa: E402
+
+DSPARK = str(Path(sys.executable).with_name("dspark"))
+TOKEN = "hf_loopback_test_token"
+REPO = "dspark-tests/tiny-mla-dspark"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    """runs/<tmp>/draft as `dspark export` leaves it, plus a bench report that measured it."""
+    root = tmp_path_factory.mktemp("publish")
+    recipe = load_recipe("tiny", [f"output_dir={root}"])
+    draft = export_random_draft(recipe, root / "draft")
+    bench = root / "bench"
+    bench.mkdir()
+    (bench / "bench.json").write_text(json.dumps({"draft_dir": str(draft), "offline": {"runs": [
+        {"dataset": "tiny-eval", "temperature": 0.0, "threshold": 0.0, "num_turns": 20,
+         "tau": {"mean": 2.25, "ci95": [2.0, 2.5], "n": 100}},
+        {"dataset": "tiny-eval", "temperature": 0.0, "threshold": 0.5, "num_turns": 20,
+         "tau": {"mean": 2.0, "ci95": [1.8, 2.2], "n": 100}}]}}), encoding="utf-8")
+    (bench / "bench.md").write_text("# bench\n", encoding="utf-8")
+    return draft
+
+
+def copy_of(exported: Path, tmp_path: Path) -> Path:
+    """A private copy of the run (draft + bench), with its recipe pointing at the copy."""
+    shutil.copytree(exported.parent, tmp_path / "run")
+    draft = tmp_path / "run" / "draft"
+    recipe = yaml.safe_load((draft / "recipe.yaml").read_text())
+    recipe["output_dir"] = str(tmp_path / "run")
+    (draft / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    bench = json.loads((tmp_path / "run" / "bench" / "bench.json").read_text())
+    bench["draft_dir"] = str(draft)
+    (tmp_path / "run" / "bench" / "bench.json").write_text(json.dumps(bench))
+    return draft
+
+
+def publish(*args: str, hub: LoopbackHub | None, token: str | None = TOKEN, home: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update({"HF_HOME": str(home), "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+                "PYTHONWARNINGS": "ignore", "COLUMNS": "200"})
+    if hub is not None:
+        env["HF_ENDPOINT"] = hub.url
+    if token is not None:
+        env["HF_TOKEN"] = token
+    return subprocess.run([DSPARK, "publish", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_publish_commits_the_draft_and_its_model_card_in_one_commit(exported, tmp_path):
+    with LoopbackHub(TOKEN) as hub:
+        out = publish(str(exported), "--repo-id", REPO, hub=hub, home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"published to huggingface: {hub.url}/{REPO}/commit/" in out.stdout
+    repo = hub.repos[REPO]
+    assert repo.private and len(repo.commits) == 1 and "K3DSparkModel" in repo.commits[0]
+    expected = {"config.json", "model.safetensors", "dspark_manifest.json", "recipe.yaml", "README.md",
+                "bench/bench.json", "bench/bench.md"}
+    assert set(repo.files) == expected
+    for name in ("config.json", "model.safetensors", "dspark_manifest.json", "recipe.yaml"):
+        assert repo.files[name] == (exported / name).read_bytes(), name  # byte for byte, LFS included
+    assert [method for method, _ in hub.requests].count("PUT") == 1  # model.safetensors went through git-LFS
+
+    card = repo.files["README.md"].decode()
+    (meta,) = hub.card_metadata  # the hub validated the card's front matter
+    assert meta["license"] == "apache-2.0" and "dspark" in meta["tags"] and meta["library_name"] == "vllm"
+    manifest = json.loads((exported / "dspark_manifest.json").read_text())
+    spec = json.loads(card.split("--speculative-config '")[1].split("'")[0])
+    assert spec == {"method": "dspark", "model": REPO, "num_speculative_tokens": manifest["contract"]["block_size"],
+                    "draft_sample_method": "probabilistic", "rejection_sample_method": "block"}
+    assert "vllm serve tiny-mla " in card and str(exported.parent) not in card  # no local paths on the card
+    assert "| tiny-eval | 0 | 20 | 2.25 [2.00, 2.50] |" in card  # threshold-0 runs only
+    assert card.count("| tiny-eval |") == 1
+    assert f"| target layer ids | {manifest['contract']['target_layer_ids']} |" in card
+
+
+def test_public_flag_and_republishing_to_an_existing_repo(exported, tmp_path):
+    with LoopbackHub(TOKEN) as hub:
+        first = publish(str(exported), "--repo-id", REPO, "--public", hub=hub, home=tmp_path)
+        second = publish(str(exported), "--repo-id", REPO, hub=hub, home=tmp_path)
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    assert not hub.repos[REPO].private and len(hub.repos[REPO].commits) == 2
+
+
+def test_refusals_before_anything_is_sent(exported, tmp_path):
+    with LoopbackHub(TOKEN) as hub:
+        no_token = publish(str(exported), "--repo-id", REPO, hub=hub, token=None, home=tmp_path)
+        assert no_token.returncode == 2 and "no Hugging Face token found" in no_token.stderr
+        no_repo = publish(str(exported), hub=hub, home=tmp_path)
+        assert no_repo.returncode == 2 and "publish needs a destination repo" in no_repo.stderr
+
+        draft = copy_of(exported, tmp_path)
+        with (draft / "model.safetensors").open("r+b") as handle:  # one flipped byte in the weights
+            handle.seek(-1, os.SEEK_END)
+            last = handle.read(1)
+            handle.seek(-1, os.SEEK_END)
+            handle.write(bytes([last[0] ^ 1]))
+        changed = publish(str(draft), "--repo-id", REPO, hub=hub, home=tmp_path)
+        assert changed.returncode == 1 and "changed since export" in changed.stderr
+
+        draft = copy_of(exported, tmp_path / "b")
+        config = json.loads((draft / "config.json").read_text())
+        config["num_target_layers"] += 1  # a rule vLLM's loader enforces
+        (draft / "config.json").write_text(json.dumps(config))
+        broken = publish(str(draft), "--repo-id", REPO, hub=hub, home=tmp_path)
+        assert broken.returncode == 1 and "num_target_layers" in broken.stderr
+        assert "nothing was uploaded" in broken.stderr
+    for out in (no_token, no_repo, changed, broken):
+        assert len(out.stderr.strip().splitlines()) == 2, out.stderr  # one error line, one hint, no traceback
+    assert hub.requests == [] and hub.repos == {}
+
+
+def test_hub_errors_are_one_line_and_leave_no_partial_repo(exported, tmp_path):
+    with LoopbackHub(TOKEN, fail_commits=1) as hub:
+        wrong = publish(str(exported), "--repo-id", REPO, hub=hub, token="hf_wrong", home=tmp_path)
+        failed = publish(str(exported), "--repo-id", REPO, hub=hub, home=tmp_path)
+    assert wrong.returncode == 1 and "Hugging Face refused the upload" in wrong.stderr and "401" in wrong.stderr
+    assert failed.returncode == 1 and "500" in failed.stderr
+    for out in (wrong, failed):
+        assert len(out.stderr.strip().splitlines()) == 2, out.stderr
+    assert hub.repos[REPO].files == {}  # the commit failed as a whole: nothing half-published
+    with LoopbackHub(TOKEN) as hub:
+        pass  # closed: nothing listens on its port any more
+    unreachable = publish(str(exported), "--repo-id", REPO, hub=hub, home=tmp_path)
+    assert unreachable.returncode == 1 and "cannot reach Hugging Face" in unreachable.stderr
+
+
+def test_dry_run_lists_the_upload_and_the_card_without_a_network(exported):
+    result = runner.invoke(app, ["publish", str(exported), "--repo-id", REPO, "--dry-run", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)
+    assert plan["dry_run"] and plan["urls"] == {} and plan["card"] == "generated"
+    assert {f["path"] for f in plan["files"]} >= {"README.md", "model.safetensors", "bench/bench.json"}
+    assert plan["card_text"].startswith("---\nlicense: apache-2.0\n")
+    text = runner.invoke(app, ["publish", str(exported), "--repo-id", REPO, "--dry-run"])
+    assert text.exit_code == 0 and "dry run, nothing uploaded" in text.output
+
+
+def test_an_existing_readme_is_published_as_is(exported, tmp_path):
+    draft = copy_of(exported, tmp_path)
+    (draft / "README.md").write_text("---\nlicense: mit\n---\n# my own card\n")
+    result = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run", "--format", "json"])
+    plan = json.loads(result.output)
+    assert plan["card"] == "README.md in the draft directory" and plan["card_text"].endswith("# my own card\n")
