@@ -421,18 +421,19 @@ def publish(
     public: Annotated[bool, typer.Option("--public", help="Create public repos (private by default).")] = False,
     hub: Annotated[
         list[str] | None,
-        typer.Option("--hub", help="Sets publish.hubs (repeatable): `huggingface`.", show_default=False),
+        typer.Option("--hub", help="Sets publish.hubs (repeatable): `huggingface`, `modelscope`.", show_default=False),
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check and list what would be uploaded; upload nothing.")
     ] = False,
     output_format: FormatOpt = "text",
 ) -> None:
-    """Upload an exported draft, with a generated model card, to Hugging Face.
+    """Upload an exported draft, with a generated model card, to Hugging Face and/or ModelScope.
 
     Before anything is sent, the draft must pass every static vLLM loader check and match its
-    manifest's checksums, and a token must be found (`hf auth login` or HF_TOKEN). Everything goes
-    up in one commit. The recipe is the one the draft was exported with, unless `--recipe`.
+    manifest's checksums, and every hub asked for must have a token (`hf auth login` or HF_TOKEN;
+    `modelscope login` or MODELSCOPE_API_TOKEN). Each hub gets one commit. The recipe is the one
+    the draft was exported with, unless `--recipe`.
     """
     from dspark_cli.publish import publish_draft
 

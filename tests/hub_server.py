@@ -178,3 +178,123 @@ class LoopbackHub:
                                         "pullRequestUrl": None})
 
         return Handler
+
+
+class LoopbackModelScope:
+    """A loopback ModelScope: the `/api/v1` endpoints modelscope's HubApi uses to create a model repo and
+    commit files, implemented from the client's side (modelscope_hub 0.5 `_legacy_api.py`).
+
+        with LoopbackModelScope(token="ms_test") as hub:   # MODELSCOPE_ENDPOINT=hub.url MODELSCOPE_API_TOKEN=ms_test
+            hub.repos["me/draft"].files["model.safetensors"]
+
+    POST /api/v1/models creates (`Visibility` 1 private, 5 public; an existing repo answers the
+    "already exists" business code), POST /api/v1/repos/models/{repo}/info/lfs/objects/batch returns
+    upload URLs for blobs it lacks (PUT, checked against sha256), and
+    POST /api/v1/repos/models/{repo}/commit/{rev} applies `normal` (base64) and `lfs` (sha256)
+    actions all at once. Responses use ModelScope's envelope {"Code", "Success", "Data", "Message"}.
+    Every request must carry `Authorization: Bearer <token>`.
+    """
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.repos: dict[str, Repo] = {}
+        self.objects: dict[str, bytes] = {}
+        self.requests: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> LoopbackModelScope:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self):
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _body(self) -> bytes:
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _send(self, status: int, code: int = 200, data: Any = None, message: str = "ok") -> None:
+                payload = json.dumps({"Code": code, "Success": code == 200, "Data": data if data is not None else {},
+                                      "Message": message, "RequestId": "loopback"}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _authorised(self) -> bool:
+                if self.headers.get("Authorization") == f"Bearer {hub.token}":
+                    return True
+                self._body()
+                self._send(401, 401, message="token is invalid or expired")
+                return False
+
+            def do_PUT(self) -> None:  # noqa: N802
+                hub.requests.append(("PUT", self.path))
+                if not self._authorised():
+                    return None
+                oid, data = self.path.rsplit("/", 1)[-1], self._body()
+                if not self.path.startswith("/lfs-put/") or hashlib.sha256(data).hexdigest() != oid:
+                    return self._send(400, 400, message="bad blob")
+                with hub._lock:
+                    hub.objects[oid] = data
+                return self._send(200)
+
+            def do_POST(self) -> None:  # noqa: N802
+                hub.requests.append(("POST", self.path))
+                if not self._authorised():
+                    return None
+                path = self.path.split("?", 1)[0]
+                body = json.loads(self._body() or b"{}")
+                if path == "/api/v1/models":
+                    return self._create(body)
+                parts = path.split("/")  # ['', 'api', 'v1', 'repos', 'models', owner, name, ...]
+                if path.startswith("/api/v1/repos/models/") and len(parts) >= 9:
+                    repo_id = f"{parts[5]}/{parts[6]}"
+                    if repo_id not in hub.repos:
+                        return self._send(404, 404, message=f"model {repo_id} not found")
+                    if parts[7:] == ["info", "lfs", "objects", "batch"]:
+                        objects = [{"oid": o["oid"], "size": o["size"],
+                                    "actions": {"upload": {"href": f"{hub.url}/lfs-put/{o['oid']}"}}}
+                                   for o in body["objects"] if o["oid"] not in hub.objects]
+                        return self._send(200, data={"objects": objects})
+                    if parts[7] == "commit":
+                        return self._commit(repo_id, body)
+                return self._send(404, 404, message=f"no route for {path}")
+
+            def _create(self, body: dict[str, Any]) -> None:
+                repo_id = f"{body['Path']}/{body['Name']}"
+                with hub._lock:
+                    if repo_id in hub.repos:
+                        return self._send(400, 10010101001, message="model already exists")
+                    hub.repos[repo_id] = Repo(private=int(body.get("Visibility", 5)) == 1)
+                return self._send(200, data={"Path": body["Path"], "Name": body["Name"]})
+
+            def _commit(self, repo_id: str, body: dict[str, Any]) -> None:
+                staged: dict[str, bytes] = {}
+                with hub._lock:
+                    for action in body["actions"]:
+                        if action["action"] not in ("create", "update"):
+                            return self._send(400, 400, message=f"unsupported action {action['action']}")
+                        if action["type"] == "lfs":
+                            if action["sha256"] not in hub.objects:
+                                return self._send(400, 400, message=f"blob {action['sha256']} was never uploaded")
+                            staged[action["path"]] = hub.objects[action["sha256"]]
+                        else:
+                            staged[action["path"]] = base64.b64decode(action["content"])
+                    repo = hub.repos[repo_id]
+                    repo.files.update(staged)
+                    repo.commits.append(body["commit_message"])
+                return self._send(200, data={"CommitId": hashlib.sha1(json.dumps(body).encode()).hexdigest()})
+
+        return Handler

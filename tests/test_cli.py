@@ -103,10 +103,10 @@ def test_overrides_are_accepted_by_every_recipe_command():
         assert "draft.block_size: must be greater than 0" in result.output, args
 
 
-def test_unbuilt_options_say_so_and_exit_2():
+def test_unbuilt_options_say_so_and_exit_2(tmp_path):
     from dspark_cli.pipeline import STAGES
 
-    for args in (["publish", "--recipe", "tiny", "publish.repo_id=me/draft", "publish.hubs=[modelscope]"],):
+    for args in (["export", str(tmp_path), "--export-format", "speculators", "-o", str(tmp_path / "out")],):
         result = invoke(*args)
         assert result.exit_code == 2, (args, result.output)
         assert "not built yet" in result.output and len(result.output.strip().splitlines()) == 2, result.output

@@ -1,8 +1,9 @@
-"""`dspark publish`: a real `dspark` process uploads to a loopback Hugging Face Hub over HTTP.
+"""`dspark publish`: a real `dspark` process uploads over HTTP to a loopback Hugging Face Hub and ModelScope.
 
-The hub (tests/hub_server.py) speaks the endpoints huggingface_hub uses (create repo, validate the
-card's YAML, preupload, git-LFS batch + PUT, NDJSON commit). Xet storage is the one part not
-emulated, so the processes run with HF_HUB_DISABLE_XET=1 (huggingface_hub's own switch to plain LFS).
+The servers (tests/hub_server.py) speak the endpoints the two clients use: for huggingface_hub,
+create repo, validate the card's YAML, preupload, git-LFS batch + PUT, NDJSON commit; for
+modelscope, /api/v1/models, its LFS batch + PUT and its JSON commit. Xet storage is the one part
+not emulated, so the processes run with HF_HUB_DISABLE_XET=1 (huggingface_hub's own switch to plain LFS).
 The draft is a freshly initialised tiny-mla draft exported by `dspark export`: publishing does not
 care how good it is. The bench report beside it is written by the test (its numbers are inputs the
 card must repeat, not measurements).
@@ -10,6 +11,7 @@ card must repeat, not measurements).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -24,13 +26,14 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_support import export_random_draft  # noqa: E402
-from hub_server import LoopbackHub  # noqa: E402
+from hub_server import LoopbackHub, LoopbackModelScope  # noqa: E402
 
 from dspark_cli.cli import app  # noqa: E402
 from dspark_cli.recipe import load_recipe  # noqa: E402
 
 DSPARK = str(Path(sys.executable).with_name("dspark"))
 TOKEN = "hf_loopback_test_token"
+MS_TOKEN = "ms_loopback_test_token"
 REPO = "dspark-tests/tiny-mla-dspark"
 runner = CliRunner()
 
@@ -65,14 +68,21 @@ def copy_of(exported: Path, tmp_path: Path) -> Path:
     return draft
 
 
-def publish(*args: str, hub: LoopbackHub | None, token: str | None = TOKEN, home: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update({"HF_HOME": str(home), "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-                "PYTHONWARNINGS": "ignore", "COLUMNS": "200"})
+def publish(*args: str, hub: LoopbackHub | None, token: str | None = TOKEN, home: Path,
+            ms: LoopbackModelScope | None = None, ms_token: str | None = MS_TOKEN) -> subprocess.CompletedProcess:
+    """`dspark publish ARGS` with only these hubs and tokens visible (HOME too: no stored logins)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
+    env.update({"HOME": str(home), "HF_HOME": str(home / "hf"), "MODELSCOPE_CACHE": str(home / "ms"),
+                "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONWARNINGS": "ignore",
+                "COLUMNS": "200"})
     if hub is not None:
         env["HF_ENDPOINT"] = hub.url
     if token is not None:
         env["HF_TOKEN"] = token
+    if ms is not None:
+        env["MODELSCOPE_ENDPOINT"] = ms.url
+    if ms_token is not None:
+        env["MODELSCOPE_API_TOKEN"] = ms_token
     return subprocess.run([DSPARK, "publish", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -171,3 +181,31 @@ def test_an_existing_readme_is_published_as_is(exported, tmp_path):
     result = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run", "--format", "json"])
     plan = json.loads(result.output)
     assert plan["card"] == "README.md in the draft directory" and plan["card_text"].endswith("# my own card\n")
+
+
+def test_both_hubs_get_the_same_files_in_one_commit_each(exported, tmp_path):
+    with LoopbackHub(TOKEN) as hub, LoopbackModelScope(MS_TOKEN) as ms:
+        out = publish(str(exported), "--repo-id", REPO, "--hub", "huggingface", "--hub", "modelscope",
+                      hub=hub, ms=ms, home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"published to modelscope: {ms.url}/models/{REPO}" in out.stdout
+    hf_repo, ms_repo = hub.repos[REPO], ms.repos[REPO]
+    assert ms_repo.private and len(ms_repo.commits) == 1 and len(hf_repo.commits) == 1
+    assert ms_repo.files == hf_repo.files  # README.md and bench/ included
+    assert ms_repo.files["model.safetensors"] == (exported / "model.safetensors").read_bytes()
+    assert ("PUT", f"/lfs-put/{hashlib.sha256(ms_repo.files['model.safetensors']).hexdigest()}") in ms.requests
+    assert not list(exported.parent.glob(".draft.publish-*"))  # the staging folder is gone
+
+
+def test_modelscope_refusals(exported, tmp_path):
+    with LoopbackHub(TOKEN) as hub, LoopbackModelScope(MS_TOKEN) as ms:
+        no_token = publish(str(exported), "--repo-id", REPO, "--hub", "huggingface", "--hub", "modelscope",
+                           hub=hub, ms=ms, ms_token=None, home=tmp_path)
+        assert no_token.returncode == 2 and "no ModelScope token found" in no_token.stderr
+        assert hub.requests == [] and ms.requests == []  # every token is checked before the first upload
+        wrong = publish(str(exported), "--repo-id", REPO, "--hub", "modelscope", hub=None, ms=ms,
+                        ms_token="ms_wrong", home=tmp_path)
+    assert wrong.returncode == 1 and "ModelScope refused the upload" in wrong.stderr
+    for out in (no_token, wrong):
+        assert len(out.stderr.strip().splitlines()) == 2, out.stderr
+    assert ms.repos == {} and not list(exported.parent.glob(".draft.publish-*"))

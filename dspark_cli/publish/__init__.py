@@ -1,4 +1,4 @@
-"""`dspark publish`: an exported draft, checked, with a generated model card, to Hugging Face.
+"""`dspark publish`: an exported draft, checked, with a generated model card, to Hugging Face and ModelScope.
 
     from dspark_cli.publish import publish_draft
     result = publish_draft(recipe, "runs/qwen3-8b-dspark/draft", dry_run=True)

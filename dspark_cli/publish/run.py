@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.errors import DataError, NotBuiltError, UsageError
+from dspark_cli.errors import DataError, UsageError
 from dspark_cli.manifest import sha256_file
 from dspark_cli.publish.card import model_card
-from dspark_cli.publish.hubs import HUB_NAMES, huggingface_token, upload_huggingface
+from dspark_cli.publish.hubs import huggingface_token, modelscope_token, upload_huggingface, upload_modelscope
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 MANIFEST = "dspark_manifest.json"
@@ -76,8 +76,6 @@ def publish_draft(recipe: Any, draft_dir: str | Path | None = None, *, dry_run: 
     hubs = list(dict.fromkeys(settings.hubs))
     if not hubs:
         raise UsageError("publish.hubs is empty", "set publish.hubs=[huggingface]")
-    if "modelscope" in hubs:
-        raise NotBuiltError("publishing to ModelScope is not built yet", "publish.hubs=[huggingface] works today")
     draft_dir = Path(draft_dir or recipe.stage_dir("export"))
     if not draft_dir.is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
@@ -92,12 +90,15 @@ def publish_draft(recipe: Any, draft_dir: str | Path | None = None, *, dry_run: 
         readme = files["README.md"]
         result["card_text"] = readme.decode("utf-8") if isinstance(readme, bytes) else readme.read_text("utf-8")
         return result
-    tokens = {"huggingface": huggingface_token()}  # every token before the first upload
+    lookup = {"huggingface": huggingface_token, "modelscope": modelscope_token}
+    tokens = {hub: lookup[hub]() for hub in hubs}  # every token before the first upload
     message = f"dspark publish: {manifest.get('architecture')} draft for {manifest.get('contract', {}).get('target')}"
     for hub in hubs:
         if hub == "huggingface":
             result["urls"][hub] = upload_huggingface(files, repo_id, private=settings.private,
                                                      endpoint=settings.hf_endpoint, token=tokens[hub], message=message)
-        else:  # pragma: no cover - refused above
-            raise NotBuiltError(f"publishing to {HUB_NAMES.get(hub, hub)} is not built yet")
+        else:
+            result["urls"][hub] = upload_modelscope(files, repo_id, private=settings.private,
+                                                    endpoint=settings.modelscope_endpoint, token=tokens[hub],
+                                                    message=message, license_id=settings.license, near=draft_dir)
     return result

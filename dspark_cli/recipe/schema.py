@@ -271,17 +271,17 @@ class BenchSection(Section):
 
 
 class PublishSection(Section):
-    """`dspark publish`: Hugging Face, with a generated model card (ModelScope is not built yet)."""
+    """`dspark publish`: Hugging Face and ModelScope, with a generated model card."""
 
     hubs: list[Literal["huggingface", "modelscope"]] = Field(
         default_factory=lambda: ["huggingface"],
-        description="Where to upload (`modelscope` is not built yet and is refused).",
+        description="Where to upload: `huggingface`, `modelscope`, or both (every token is checked first).",
     )
     repo_id: str | None = Field(None, description="Destination repo, e.g. `my-org/Qwen3-8B-DSpark`.")
     private: bool = Field(True, description="Create private repos unless `--public` is passed.")
     hf_endpoint: str | None = Field(None, description="Hugging Face endpoint (default: HF_ENDPOINT or the public hub).")
     modelscope_endpoint: str | None = Field(
-        None, description="ModelScope endpoint (default: MODELSCOPE_ENDPOINT); for when ModelScope publishing is built."
+        None, description="ModelScope endpoint (default: MODELSCOPE_ENDPOINT or the public site)."
     )
     license: str = Field("apache-2.0", description="License in the model card's metadata (a Hub license id).")
 
