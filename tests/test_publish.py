@@ -70,8 +70,11 @@ def copy_of(exported: Path, tmp_path: Path) -> Path:
 
 def publish(*args: str, hub: LoopbackHub | None, token: str | None = TOKEN, home: Path,
             ms: LoopbackModelScope | None = None, ms_token: str | None = MS_TOKEN) -> subprocess.CompletedProcess:
-    """`dspark publish ARGS` with only these hubs and tokens visible (HOME too: no stored logins)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
+    """`dspark publish ARGS` with only these hubs and tokens visible (HOME too: no stored logins). The suite
+    runs offline (scripts/dev.sh sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE, which huggingface_hub also
+    honours); these processes may reach the loopback servers only."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HF_", "MODELSCOPE_")) and k != "TRANSFORMERS_OFFLINE"}
     env.update({"HOME": str(home), "HF_HOME": str(home / "hf"), "MODELSCOPE_CACHE": str(home / "ms"),
                 "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONWARNINGS": "ignore",
                 "COLUMNS": "200"})
