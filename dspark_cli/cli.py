@@ -299,11 +299,11 @@ def _export_checkpoint(checkpoint, loaded, output, dtype, export_format, include
 def _export_check(directory: str, target: str | None, output_format: str) -> None:
     from dspark_cli.errors import DsparkError
     from dspark_cli.export.rules import check_draft_dir
-    from dspark_cli.export.writer import _target_config
+    from dspark_cli.export.writer import target_config_of
 
     if not Path(directory).is_dir():
         raise UsageError(f"draft directory not found: {directory}")
-    findings = check_draft_dir(directory, _target_config(target))
+    findings = check_draft_dir(directory, target_config_of(target))
     if output_format == "json":
         print_json([{"key": f.key, "message": f.message, "fix": f.fix, "severity": f.severity} for f in findings])
     else:

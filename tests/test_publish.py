@@ -206,9 +206,11 @@ def test_modelscope_refusals(exported, tmp_path):
                            hub=hub, ms=ms, ms_token=None, home=tmp_path)
         assert no_token.returncode == 2 and "no ModelScope token found" in no_token.stderr
         assert hub.requests == [] and ms.requests == []  # every token is checked before the first upload
-        wrong = publish(str(exported), "--repo-id", REPO, "--hub", "modelscope", hub=None, ms=ms,
-                        ms_token="ms_wrong", home=tmp_path)
+        wrong = publish(str(exported), "--repo-id", REPO, "--hub", "huggingface", "--hub", "modelscope", hub=hub,
+                        ms=ms, ms_token="ms_wrong", home=tmp_path)
     assert wrong.returncode == 1 and "ModelScope refused the upload" in wrong.stderr
+    # the first hub did get it: the error says so rather than leaving the user to guess
+    assert f"already published to huggingface ({hub.url}/{REPO}/commit/" in wrong.stderr
     for out in (no_token, wrong):
         assert len(out.stderr.strip().splitlines()) == 2, out.stderr
     assert ms.repos == {} and not list(exported.parent.glob(".draft.publish-*"))

@@ -43,7 +43,8 @@ class ExportError(DsparkError):
         super().__init__(f"{where}: {errors[0].line()}{more}", "`dspark export --check DIR` lists every finding")
 
 
-def _target_config(target: str | None) -> dict[str, Any] | None:
+def target_config_of(target: str | None) -> dict[str, Any] | None:
+    """The target's config.json when it is on this machine (a bundled name or a local path), else None."""
     if target is None:
         return None
     from dspark_cli.targets.registry import resolve_target
@@ -152,7 +153,7 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     tensors = export_tensors(draft, dtype, embeddings)
     plan = plan_export(draft, dtype, tensors)
     try:
-        target_config = _target_config(target)
+        target_config = target_config_of(target)
     except UsageError:
         if explicit:
             raise

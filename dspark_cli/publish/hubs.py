@@ -87,6 +87,15 @@ def modelscope_token() -> str:
 def _stage(files: dict[str, Path | bytes], near: Path) -> Path:
     """A folder holding exactly `files` (hard links where possible), hidden beside `near`."""
     stage = Path(tempfile.mkdtemp(prefix=f".{near.name}.publish-", dir=near.parent))
+    try:
+        _fill(stage, files)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return stage
+
+
+def _fill(stage: Path, files: dict[str, Path | bytes]) -> None:
     for path, src in files.items():
         dest = stage / path
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +106,6 @@ def _stage(files: dict[str, Path | bytes], near: Path) -> Path:
             os.link(src, dest)
         except OSError:
             shutil.copyfile(src, dest)
-    return stage
 
 
 def upload_modelscope(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,
@@ -108,10 +116,11 @@ def upload_modelscope(files: dict[str, Path | bytes], repo_id: str, *, private: 
 
     api = HubApi(endpoint=endpoint, token=token)
     where = api.endpoint
-    stage = _stage(files, near)
+    stage: Path | None = None
     quiet = logging.getLogger("modelscope_hub")
     level = quiet.level
     try:
+        stage = _stage(files, near)
         quiet.setLevel(logging.WARNING)
         api.create_repo(repo_id, visibility="private" if private else "public", repo_type="model",
                         license=license_id, exist_ok=True)
@@ -126,5 +135,6 @@ def upload_modelscope(files: dict[str, Path | bytes], repo_id: str, *, private: 
                           "check that the token may write to that namespace") from exc
     finally:
         quiet.setLevel(level)
-        shutil.rmtree(stage, ignore_errors=True)
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
     return f"{where}/models/{repo_id}"

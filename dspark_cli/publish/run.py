@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.errors import DataError, UsageError
+from dspark_cli.errors import DataError, DsparkError, UsageError
 from dspark_cli.manifest import sha256_file
 from dspark_cli.publish.card import model_card
 from dspark_cli.publish.hubs import huggingface_token, modelscope_token, upload_huggingface, upload_modelscope
@@ -20,13 +20,13 @@ BENCH_FILES = ("bench.json", "bench.md")
 def _check_draft(draft_dir: Path, target: str | None) -> dict[str, Any]:
     """The draft's manifest, once every static loader rule passes and the files match their checksums."""
     from dspark_cli.export.rules import check_draft_dir
-    from dspark_cli.export.writer import _target_config
+    from dspark_cli.export.writer import target_config_of
 
     if not (draft_dir / MANIFEST).is_file():
         raise UsageError(f"{draft_dir} is not a draft directory written by `dspark export` (no {MANIFEST})",
                          "export one first: dspark export runs/NAME/train -o DIR")
     manifest = json.loads((draft_dir / MANIFEST).read_text(encoding="utf-8"))
-    errors = [f for f in check_draft_dir(draft_dir, _target_config(target)) if f.severity == "error"]
+    errors = [f for f in check_draft_dir(draft_dir, target_config_of(target)) if f.severity == "error"]
     if errors:
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
         raise DataError(f"{draft_dir}: {errors[0].line()}{more}; nothing was uploaded",
@@ -94,11 +94,18 @@ def publish_draft(recipe: Any, draft_dir: str | Path | None = None, *, dry_run: 
     tokens = {hub: lookup[hub]() for hub in hubs}  # every token before the first upload
     message = f"dspark publish: {manifest.get('architecture')} draft for {manifest.get('contract', {}).get('target')}"
     for hub in hubs:
-        if hub == "huggingface":
-            result["urls"][hub] = upload_huggingface(files, repo_id, private=settings.private,
-                                                     endpoint=settings.hf_endpoint, token=tokens[hub], message=message)
-        else:
-            result["urls"][hub] = upload_modelscope(files, repo_id, private=settings.private,
-                                                    endpoint=settings.modelscope_endpoint, token=tokens[hub],
-                                                    message=message, license_id=settings.license, near=draft_dir)
+        try:
+            if hub == "huggingface":
+                result["urls"][hub] = upload_huggingface(files, repo_id, private=settings.private,
+                                                         endpoint=settings.hf_endpoint, token=tokens[hub],
+                                                         message=message)
+            else:
+                result["urls"][hub] = upload_modelscope(files, repo_id, private=settings.private,
+                                                        endpoint=settings.modelscope_endpoint, token=tokens[hub],
+                                                        message=message, license_id=settings.license, near=draft_dir)
+        except DsparkError as exc:
+            if not result["urls"]:
+                raise
+            done = ", ".join(f"{name} ({url})" for name, url in result["urls"].items())
+            raise DsparkError(f"{exc.message}; already published to {done}", exc.hint) from exc
     return result
