@@ -466,13 +466,18 @@ def publish(
 def run(
     recipe: RecipeArg,
     overrides: OverridesArg = None,
-    publish: Annotated[bool, typer.Option("--publish", help="Also publish at the end.")] = False,
+    publish: Annotated[bool, typer.Option(
+        "--publish", help="Also publish at the end (repo and tokens are checked before the first stage).")] = False,
 ) -> None:
     """Run the whole pipeline from one recipe: datagen, capture, train, export, bench (and publish)."""
     from dspark_cli.errors import NotBuiltError
     from dspark_cli.pipeline import STAGES, run_pipeline
 
     loaded = _load(recipe, overrides)
+    if publish:  # a destination and tokens now, not after hours of training
+        from dspark_cli.publish import preflight
+
+        preflight(loaded)
     say(f"dspark run: {loaded.name} on target {loaded.target.model}")
     wanted = [s.name for s in STAGES if s.name != "publish" or publish]
     from dspark_cli.ui import progress_bar

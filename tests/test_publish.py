@@ -214,3 +214,14 @@ def test_modelscope_refusals(exported, tmp_path):
     for out in (no_token, wrong):
         assert len(out.stderr.strip().splitlines()) == 2, out.stderr
     assert ms.repos == {} and not list(exported.parent.glob(".draft.publish-*"))
+
+
+def test_run_with_publish_checks_the_destination_and_tokens_before_the_first_stage(tmp_path):
+    no_repo = runner.invoke(app, ["run", "tiny", f"output_dir={tmp_path / 'a'}", "--publish"])
+    assert no_repo.exit_code == 2 and "publish needs a destination repo" in no_repo.output
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
+    env.update({"HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "PYTHONWARNINGS": "ignore"})
+    no_token = subprocess.run([DSPARK, "run", "tiny", f"output_dir={tmp_path / 'b'}", f"publish.repo_id={REPO}",
+                               "--publish"], capture_output=True, text=True, env=env, timeout=120)
+    assert no_token.returncode == 2 and "no Hugging Face token found" in no_token.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # no stage ran

@@ -10,6 +10,6 @@ draft's files, a README.md model card (unless the directory already has one) and
 bench stage measured this draft, its report under `bench/`.
 """
 
-from dspark_cli.publish.run import publish_draft
+from dspark_cli.publish.run import preflight, publish_draft
 
-__all__ = ["publish_draft"]
+__all__ = ["preflight", "publish_draft"]

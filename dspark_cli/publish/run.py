@@ -65,17 +65,34 @@ def _gather(recipe: Any, draft_dir: Path, repo_id: str) -> tuple[dict[str, Path 
     return files, "generated"
 
 
-def publish_draft(recipe: Any, draft_dir: str | Path | None = None, *, dry_run: bool = False) -> dict[str, Any]:
-    """Upload `draft_dir` (default: the recipe's export directory) to every hub in `publish.hubs`."""
-    settings = recipe.publish
-    repo_id = settings.repo_id
+def _destination(recipe: Any) -> tuple[str, list[str]]:
+    """(repo id, hubs) from the recipe, or a one-line UsageError."""
+    repo_id = recipe.publish.repo_id
     if not repo_id:
         raise UsageError("publish needs a destination repo", "pass --repo-id OWNER/NAME or set publish.repo_id")
     if not REPO_ID.match(repo_id):
         raise UsageError(f"publish.repo_id {repo_id!r} is not of the form owner/name")
-    hubs = list(dict.fromkeys(settings.hubs))
+    hubs = list(dict.fromkeys(recipe.publish.hubs))
     if not hubs:
         raise UsageError("publish.hubs is empty", "set publish.hubs=[huggingface]")
+    return repo_id, hubs
+
+
+def _tokens(hubs: list[str]) -> dict[str, str]:
+    lookup = {"huggingface": huggingface_token, "modelscope": modelscope_token}
+    return {hub: lookup[hub]() for hub in hubs}
+
+
+def preflight(recipe: Any) -> None:
+    """What `dspark run --publish` checks before its first stage: a destination and a token for every hub,
+    so a long run does not end in a publish that could never have worked. No network."""
+    _tokens(_destination(recipe)[1])
+
+
+def publish_draft(recipe: Any, draft_dir: str | Path | None = None, *, dry_run: bool = False) -> dict[str, Any]:
+    """Upload `draft_dir` (default: the recipe's export directory) to every hub in `publish.hubs`."""
+    settings = recipe.publish
+    repo_id, hubs = _destination(recipe)
     draft_dir = Path(draft_dir or recipe.stage_dir("export"))
     if not draft_dir.is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
@@ -90,8 +107,7 @@ def publish_draft(recipe: Any, draft_dir: str | Path | None = None, *, dry_run: 
         readme = files["README.md"]
         result["card_text"] = readme.decode("utf-8") if isinstance(readme, bytes) else readme.read_text("utf-8")
         return result
-    lookup = {"huggingface": huggingface_token, "modelscope": modelscope_token}
-    tokens = {hub: lookup[hub]() for hub in hubs}  # every token before the first upload
+    tokens = _tokens(hubs)  # every token before the first upload
     message = f"dspark publish: {manifest.get('architecture')} draft for {manifest.get('contract', {}).get('target')}"
     for hub in hubs:
         try:
