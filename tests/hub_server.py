@@ -36,20 +36,39 @@ class Repo:
     commits: list[str] = field(default_factory=list)  # commit messages, oldest first
 
 
-class LoopbackHub:
-    def __init__(self, token: str, *, fail_commits: int = 0) -> None:
+class JSONHandler(BaseHTTPRequestHandler):
+    """Request plumbing both loopback hubs share: a quiet log, the request body, a JSON reply."""
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _reply(self, status: int, obj: Any) -> None:
+        payload = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+class LoopbackServer:
+    """A hub's state (repos, LFS objects by sha256, the request log) behind a threaded HTTP server on a free
+    loopback port; a subclass's `_handler()` returns the request handler class that speaks its protocol."""
+
+    def __init__(self, token: str) -> None:
         self.token = token
         self.repos: dict[str, Repo] = {}
-        self.objects: dict[str, bytes] = {}  # LFS objects by sha256
+        self.objects: dict[str, bytes] = {}
         self.requests: list[tuple[str, str]] = []
-        self.card_metadata: list[dict[str, Any]] = []  # every model card front matter validated
-        self.fail_commits = fail_commits  # answer the next N commits with HTTP 500
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
-    def __enter__(self) -> LoopbackHub:
+    def __enter__(self):
         self._thread.start()
         return self
 
@@ -57,23 +76,22 @@ class LoopbackHub:
         self._server.shutdown()
         self._server.server_close()
 
-    def _handler(self):
+    def _handler(self) -> type[JSONHandler]:
+        raise NotImplementedError
+
+
+class LoopbackHub(LoopbackServer):
+    def __init__(self, token: str, *, fail_commits: int = 0) -> None:
+        self.card_metadata: list[dict[str, Any]] = []  # every model card front matter validated
+        self.fail_commits = fail_commits  # answer the next N commits with HTTP 500
+        super().__init__(token)
+
+    def _handler(self) -> type[JSONHandler]:
         hub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # quiet
-                pass
-
-            def _body(self) -> bytes:
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
+        class Handler(JSONHandler):
             def _send(self, status: int, data: Any = None) -> None:
-                payload = json.dumps(data if data is not None else {}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                self._reply(status, data if data is not None else {})
 
             def _authorised(self) -> bool:
                 if self.headers.get("Authorization") == f"Bearer {hub.token}":
@@ -180,7 +198,7 @@ class LoopbackHub:
         return Handler
 
 
-class LoopbackModelScope:
+class LoopbackModelScope(LoopbackServer):
     """A loopback ModelScope: the `/api/v1` endpoints modelscope's HubApi uses to create a model repo and
     commit files, implemented from the client's side (modelscope_hub 0.5 `_legacy_api.py`).
 
@@ -195,42 +213,13 @@ class LoopbackModelScope:
     Every request must carry `Authorization: Bearer <token>`.
     """
 
-    def __init__(self, token: str) -> None:
-        self.token = token
-        self.repos: dict[str, Repo] = {}
-        self.objects: dict[str, bytes] = {}
-        self.requests: list[tuple[str, str]] = []
-        self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def __enter__(self) -> LoopbackModelScope:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def _handler(self):
+    def _handler(self) -> type[JSONHandler]:
         hub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _body(self) -> bytes:
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
+        class Handler(JSONHandler):
             def _send(self, status: int, code: int = 200, data: Any = None, message: str = "ok") -> None:
-                payload = json.dumps({"Code": code, "Success": code == 200, "Data": data if data is not None else {},
-                                      "Message": message, "RequestId": "loopback"}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                self._reply(status, {"Code": code, "Success": code == 200, "Data": data if data is not None else {},
+                                     "Message": message, "RequestId": "loopback"})
 
             def _authorised(self) -> bool:
                 if self.headers.get("Authorization") == f"Bearer {hub.token}":
