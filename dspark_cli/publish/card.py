@@ -1,6 +1,7 @@
 """The model card (README.md) a published draft carries: what it is, how to serve it, what it measured.
 
-    text = model_card(draft_dir, repo_id="my-org/Qwen3-8B-DSpark", recipe=recipe, bench=bench_json)
+    text = model_card(draft_dir, manifest, repo_id="my-org/Qwen3-8B-DSpark", recipe=recipe,
+                      license_id="apache-2.0", bench=bench_json)
 
 Everything on the card comes from files dspark wrote: the draft's `dspark_manifest.json` (contract,
 serving settings, training summary), its `config.json` (architecture) and, when the recipe's bench
@@ -51,10 +52,10 @@ def _bench_rows(bench: dict[str, Any]) -> list[str]:
     return rows
 
 
-def model_card(draft_dir: str | Path, *, repo_id: str, recipe: Any, license_id: str,
+def model_card(draft_dir: str | Path, manifest: dict[str, Any], *, repo_id: str, recipe: Any, license_id: str,
                bench: dict[str, Any] | None = None) -> str:
+    """README.md text for the draft at `draft_dir`, whose dspark_manifest.json is `manifest`."""
     draft_dir = Path(draft_dir)
-    manifest = json.loads((draft_dir / "dspark_manifest.json").read_text(encoding="utf-8"))
     config = json.loads((draft_dir / "config.json").read_text(encoding="utf-8"))
     contract = manifest.get("contract", {})
     training = manifest.get("training", {})

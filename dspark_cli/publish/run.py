@@ -13,24 +13,20 @@ from dspark_cli.publish.card import model_card
 from dspark_cli.publish.hubs import huggingface_token, modelscope_token, upload_huggingface, upload_modelscope
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-MANIFEST = "dspark_manifest.json"
 BENCH_FILES = ("bench.json", "bench.md")
 
 
 def _check_draft(draft_dir: Path, target: str | None) -> dict[str, Any]:
     """The draft's manifest, once every static loader rule passes and the files match their checksums."""
     from dspark_cli.export.rules import check_draft_dir
-    from dspark_cli.export.writer import target_config_of
+    from dspark_cli.export.writer import MANIFEST, ExportError, target_config_of
+    from dspark_cli.serving.launch import draft_manifest
 
-    if not (draft_dir / MANIFEST).is_file():
-        raise UsageError(f"{draft_dir} is not a draft directory written by `dspark export` (no {MANIFEST})",
-                         "export one first: dspark export runs/NAME/train -o DIR")
-    manifest = json.loads((draft_dir / MANIFEST).read_text(encoding="utf-8"))
-    errors = [f for f in check_draft_dir(draft_dir, target_config_of(target)) if f.severity == "error"]
-    if errors:
-        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise DataError(f"{draft_dir}: {errors[0].line()}{more}; nothing was uploaded",
-                        f"`dspark export --check {draft_dir}` lists every finding")
+    manifest = draft_manifest(draft_dir)
+    findings = check_draft_dir(draft_dir, target_config_of(target))
+    if any(f.severity == "error" for f in findings):
+        refused = ExportError(findings, str(draft_dir))  # export's own one-line summary of the findings
+        raise DataError(f"{refused.message}; nothing was uploaded", refused.hint)
     for name, digest in manifest.get("files", {}).items():
         if sha256_file(draft_dir / name) != digest:
             raise DataError(f"{draft_dir / name} changed since export (sha256 differs from {MANIFEST}); "
@@ -52,7 +48,8 @@ def _bench_report(recipe: Any, draft_dir: Path) -> tuple[dict[str, Any] | None, 
     return data, files
 
 
-def _gather(recipe: Any, draft_dir: Path, repo_id: str) -> tuple[dict[str, Path | bytes], str]:
+def _gather(recipe: Any, draft_dir: Path, manifest: dict[str, Any],
+            repo_id: str) -> tuple[dict[str, Path | bytes], str]:
     """(path in repo -> local file or bytes, where the card came from)."""
     files: dict[str, Path | bytes] = {p.name: p for p in sorted(draft_dir.iterdir())
                                       if p.is_file() and not p.name.startswith(".")}
@@ -60,7 +57,8 @@ def _gather(recipe: Any, draft_dir: Path, repo_id: str) -> tuple[dict[str, Path 
     files.update(bench_files)
     if "README.md" in files:
         return files, "README.md in the draft directory"
-    card = model_card(draft_dir, repo_id=repo_id, recipe=recipe, license_id=recipe.publish.license, bench=bench)
+    card = model_card(draft_dir, manifest, repo_id=repo_id, recipe=recipe, license_id=recipe.publish.license,
+                      bench=bench)
     files["README.md"] = card.encode("utf-8")
     return files, "generated"
 
@@ -97,7 +95,7 @@ def publish_draft(recipe: Any, draft_dir: str | Path | None = None, *, dry_run: 
     if not draft_dir.is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
     manifest = _check_draft(draft_dir, recipe.target.model)
-    files, card_source = _gather(recipe, draft_dir, repo_id)
+    files, card_source = _gather(recipe, draft_dir, manifest, repo_id)
     table = [{"path": path, "bytes": len(src) if isinstance(src, bytes) else src.stat().st_size,
               "source": "generated" if isinstance(src, bytes) else str(src)} for path, src in sorted(files.items())]
     result: dict[str, Any] = {"repo_id": repo_id, "hubs": hubs, "private": settings.private,

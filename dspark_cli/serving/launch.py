@@ -20,7 +20,8 @@ from typing import Any
 from dspark_cli.errors import DsparkError, UsageError
 
 
-def _draft_manifest(draft_dir: Path) -> dict[str, Any]:
+def draft_manifest(draft_dir: Path) -> dict[str, Any]:
+    """The dspark_manifest.json of an exported draft, or a one-line UsageError (serve and publish need it)."""
     path = draft_dir / "dspark_manifest.json"
     if not path.is_file():
         raise UsageError(f"{draft_dir} is not a dspark draft directory (no dspark_manifest.json)",
@@ -35,7 +36,7 @@ def serve_command(recipe: Any, draft_dir: str | Path, *,
     from dspark_cli.targets.registry import resolve_target
 
     draft_dir = Path(draft_dir)
-    manifest = _draft_manifest(draft_dir) if draft_dir.exists() else {}
+    manifest = draft_manifest(draft_dir) if draft_dir.exists() else {}
     serving = manifest.get("serving", {})
     serve = recipe.serve
     block = serve.num_speculative_tokens or serving.get("num_speculative_tokens") or recipe.draft.block_size
