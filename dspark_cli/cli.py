@@ -67,6 +67,13 @@ def _split_positional(first: str | None, overrides: list[str] | None) -> tuple[s
     return first, rest
 
 
+def _recipe_beside(recipe: str | None, directory: str | None) -> str | None:
+    """`recipe` if given, else the resolved recipe.yaml a dspark stage wrote into `directory` (if any)."""
+    if recipe is None and directory is not None and (Path(directory) / "recipe.yaml").is_file():
+        return str(Path(directory) / "recipe.yaml")
+    return recipe
+
+
 def _load(recipe: str | None, overrides: list[str] | None, flags: dict[str, Any] | None = None):
     """Load and fully check a recipe; every problem at once, exit 2."""
     from dspark_cli.errors import RecipeError
@@ -255,8 +262,7 @@ def export(
         raise UsageError("export needs a CHECKPOINT, or --recipe with --meta --dry-run, or --check DIR")
     flags = {"export.output_dir": output, "export.format": export_format, "export.dtype": dtype,
              "export.include_embeddings": include_embeddings or None}
-    if recipe is None and checkpoint is not None and (Path(checkpoint) / "recipe.yaml").is_file():
-        recipe = str(Path(checkpoint) / "recipe.yaml")  # the resolved recipe training wrote
+    recipe = _recipe_beside(recipe, checkpoint)  # the resolved recipe training wrote
     loaded = _load(recipe, rest, flags) if recipe else None
     if meta:
         if loaded is None or not dry_run:
@@ -357,8 +363,7 @@ def serve(
     from dspark_cli.serving.launch import launch, serve_command, shell_line
 
     draft_dir, rest = _split_positional(draft_dir, overrides)
-    if recipe is None and draft_dir is not None and (Path(draft_dir) / "recipe.yaml").is_file():
-        recipe = str(Path(draft_dir) / "recipe.yaml")
+    recipe = _recipe_beside(recipe, draft_dir)
     if recipe is None:
         raise UsageError("serve needs a draft directory exported by dspark, or --recipe", "dspark serve runs/NAME/draft")
     loaded = _load(recipe, rest, {"serve.port": port})
@@ -439,8 +444,7 @@ def publish(
 
     _check_format(output_format)
     draft_dir, rest = _split_positional(draft_dir, overrides)
-    if recipe is None and draft_dir is not None and (Path(draft_dir) / "recipe.yaml").is_file():
-        recipe = str(Path(draft_dir) / "recipe.yaml")
+    recipe = _recipe_beside(recipe, draft_dir)
     if recipe is None:
         raise UsageError("publish needs a draft directory exported by dspark, or --recipe",
                          "dspark publish runs/NAME/draft --repo-id OWNER/NAME")
