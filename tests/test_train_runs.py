@@ -72,11 +72,15 @@ def test_two_fsdp2_processes_give_the_loss_curve_of_one(one_process, target_root
     work_two = _workdir(target_root, tmp_path, "two")
     two, summary = _run(work_two, *STEPS, nproc=2)
     assert summary["world_size"] == 2
-    # mixed lengths: each rank splits its share into its own micro-batches (padded to a common count)
-    mixed_one, _ = _run(_workdir(target_root, tmp_path, "mixed-one"), *STEPS, "--vary")
-    mixed_two, _ = _run(_workdir(target_root, tmp_path, "mixed-two"), *STEPS, "--vary", nproc=2)
+    # mixed lengths: each rank splits its share into its own micro-batches (padded to a common count);
+    # a low clip threshold makes every step go through the clipping of sharded gradients
+    clip = ("train.grad_clip=0.3",)
+    mixed_one, _ = _run(_workdir(target_root, tmp_path, "mixed-one"), *STEPS, *clip, "--vary")
+    mixed_two, _ = _run(_workdir(target_root, tmp_path, "mixed-two"), *STEPS, *clip, "--vary", nproc=2)
+    assert all(r["grad_norm"] > 0.3 for r in mixed_one), [r["grad_norm"] for r in mixed_one]
     for a, b in zip(mixed_one, mixed_two, strict=True):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (a, b)
     assert summary["world_size"] == 2
     assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, 13))
     for a, b in zip(one, two):

@@ -218,3 +218,38 @@ def test_micro_batches_group_alike_rows_and_pad_to_a_common_count():
     assert [len(g) for g in padded] == [1, 0, 0]
     empty = collate([], torch.float32, like=examples[0])
     assert not trainable_slots(empty, 4).any() and empty.num_tokens == 0
+
+
+def test_clip_grad_norm_matches_torch():
+    """`clip_grad_norm` (local shards, one all-reduce) against torch's own, clipping and not clipping;
+    the sharded path is compared 1 vs 2 FSDP2 processes in test_train_runs.py."""
+    from dspark_cli.training.distributed import DistEnv, clip_grad_norm
+
+    env = DistEnv(0, 1, 0, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(7, 5), (3,), (1, 1), (4, 2, 2)]
+    for max_norm in (0.5, 100.0):
+        ours = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+        theirs = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        ours[1].grad = None  # parameters without a gradient are skipped, as torch does
+        theirs[1].grad = None
+        norm = clip_grad_norm(ours, max_norm, env)
+        expected = torch.nn.utils.clip_grad_norm_(theirs, max_norm)
+        assert torch.allclose(norm, expected, rtol=1e-6), (norm, expected)
+        for a, b in zip(ours, theirs):
+            if a.grad is not None:
+                assert torch.allclose(a.grad, b.grad, rtol=1e-6, atol=0), max_norm
+
+
+def test_keep_freed_memory_is_applied_once_on_glibc():
+    import platform
+
+    from dspark_cli.training.host import keep_freed_memory
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    assert keep_freed_memory() is True
+    assert keep_freed_memory() is True  # idempotent

@@ -90,7 +90,8 @@ def main(argv: list[str]) -> int:
 
     summary = run_train(recipe, resume=resume, sequences=lambda: iter(sequences),
                         on_log=lambda r: print(json.dumps({"step": r["step"], "loss": r["loss"],
-                                                           "tau_greedy": r["tau_greedy"]}), flush=True))
+                                                           "tau_greedy": r["tau_greedy"], "grad_norm": r["grad_norm"]}),
+                                                flush=True))
     import os
 
     if int(os.environ.get("RANK", 0)) == 0:

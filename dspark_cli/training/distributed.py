@@ -75,6 +75,29 @@ def shard(module: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
     return module
 
 
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, env: DistEnv) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` (2-norm, same coefficient), computed on FSDP2's local gradient
+    shards: one norm pass and one scalar all-reduce, instead of torch's per-tensor DTensor dispatches
+    (~1 ms per step at 2 gloo ranks on the issue-7 setup). Every FSDP2 gradient is Shard(0) over one
+    mesh dimension, so each element lives on exactly one rank and the squared norms add up; any other
+    placement goes to torch's implementation."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    if any(len(g.placements) != 1 or not g.placements[0].is_shard() for g in sharded):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if not grads:
+        return torch.zeros((), device=env.device)
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    squares = torch.stack([n.float() for n in torch._foreach_norm(local, 2.0)]).square().sum()
+    if sharded and env.distributed:
+        dist.all_reduce(squares, op=dist.ReduceOp.SUM)
+    total = squares.sqrt()
+    torch._foreach_mul_(local, (max_norm / (total + 1e-6)).clamp(max=1.0))
+    return total
+
+
 def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
     if env.distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from dspark_cli.training.data import Step, collate, micro_batches, split_to
-from dspark_cli.training.distributed import DistEnv, all_reduce_max, all_reduce_sum
+from dspark_cli.training.distributed import DistEnv, all_reduce_max, all_reduce_sum, clip_grad_norm
 from dspark_cli.training.flops import attention_flops, count_flops
 from dspark_cli.training.metrics import stats_size, summarize
 from dspark_cli.training.step import LossConfig, local_weight, trainable_slots
@@ -112,7 +112,7 @@ def train_step(env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Opt
         stats = holder[0]
     else:
         stats = forward_backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in module.parameters() if p.requires_grad], cfg.grad_clip)
+    grad_norm = clip_grad_norm([p for p in module.parameters() if p.requires_grad], cfg.grad_clip, env)
     optimizer.step()
     real = [g for g in groups if g]
     return StepResult(sum(e.num_tokens for g in real for e in g), sum(len(g) for g in real), stats, grad_norm, flops)

@@ -175,6 +175,10 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
     from dspark_cli.training.distributed import init_distributed, shutdown
 
     env = init_distributed()
+    if env.device.type == "cpu":
+        from dspark_cli.training.host import keep_freed_memory
+
+        keep_freed_memory()
     try:
         target_dir = target_directory(recipe)
         layer_ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
