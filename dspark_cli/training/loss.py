@@ -65,9 +65,15 @@ class _VocabLoss(torch.autograd.Function):
         split = hidden.shape[1]
         loss = torch.zeros((), dtype=torch.float32, device=device)
         stats = torch.empty(num_slots, NUM_SLOT_STATS, dtype=torch.float32, device=device)
-        grad_h = torch.empty(hidden.shape, dtype=compute_dtype, device=device) if grads_wanted else None
-        grad_e = torch.empty(markov_embed.shape, dtype=compute_dtype, device=device) if grads_wanted else None
-        grad_w2 = torch.zeros(markov_w2.shape, dtype=torch.float32, device=device) if grads_wanted else None
+        grad_he = torch.empty(num_slots, joint.shape[1], dtype=compute_dtype, device=device) if grads_wanted else None
+        # grad of markov_w2, transposed: [r, V] += m^T g reads g row-major (measured 0.20 vs 0.34 ms per
+        # 256-slot chunk at vocab 1024 for g^T m)
+        grad_w2_t = torch.zeros(markov_w2.shape[::-1], dtype=torch.float32, device=device) if grads_wanted else None
+        # the vocabulary-sized gradient is kept divided by the slot's L1 weight (all L1 weights are > 0
+        # or all are 0): g = w_l1 * (p s + p * scale - w_ce / w_l1 * onehot), and the row factor w_l1 is
+        # applied after the matmuls, on [c, H + r] instead of [c, V]
+        by_l1 = bool((w_l1 > 0).all())
+        out_scale = w_l1 if by_l1 else torch.ones_like(w_l1)
         # the target's top-1 per table row, once (blocks of neighbouring anchors share rows)
         target_top = target.argmax(dim=-1) if target_is_table else None
         for s in range(0, num_slots, chunk):
@@ -75,40 +81,42 @@ class _VocabLoss(torch.autograd.Function):
             h, m, lab = hidden[s:e].to(compute_dtype), markov_embed[s:e].to(compute_dtype), labels[s:e]
             rows = target_index[s:e]
             if target_is_table:
-                q, top = target[rows], target_top[rows]
+                diff, top = target.index_select(0, rows), target_top[rows]
             else:
-                q = torch.softmax(F.linear(target[rows].to(compute_dtype), lm).float(), -1)
-                top = q.argmax(dim=-1)
+                diff = torch.softmax(F.linear(target[rows].to(compute_dtype), lm).float(), -1)
+                top = diff.argmax(dim=-1)
             z = F.linear(torch.cat([h, m], dim=1), joint).float()  # [c, V] logits
-            # softmax by hand: the label's and the target top-1's logits are all CE and the metrics need
+            # (amax, not max: on CPU the reductions that return indices are ~15x slower)
             z_max = z.amax(dim=-1, keepdim=True)
             z_label, z_top = z.gather(1, lab[:, None]), z.gather(1, top[:, None])
-            p = z.sub_(z_max).exp_()
-            total = p.sum(dim=-1, keepdim=True)
-            p.div_(total)
-            ce = (z_max + total.log() - z_label).squeeze(1)
+            p = torch.softmax(z, dim=-1)
+            # log-sum-exp from the softmax itself: max_v p_v = exp(z_max - lse) >= 1 / V never underflows
+            ce = (z_max - p.amax(dim=-1, keepdim=True).log() - z_label).squeeze(1)
             stats[s:e, 2] = z_label.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == label
             stats[s:e, 3] = z_top.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == target top-1
-            diff = p - q
-            l1 = torch.linalg.vector_norm(diff, ord=1, dim=-1)
+            diff = torch.sub(p, diff, out=diff)  # p - q, in the buffer q was gathered into
+            l1 = diff.abs().sum(dim=-1)  # (6x faster than linalg.vector_norm(ord=1) on CPU)
             stats[s:e, 0] = ce
             stats[s:e, 1] = l1
             loss += (w_ce[s:e] * ce).sum() + (w_l1[s:e] * l1).sum()
             if grads_wanted:
-                # d/dz of w_ce*CE + w_l1*L1 = p * (w_ce + w_l1 * (s - sum_v p_v s_v)) - w_ce * onehot(label)
-                #                          = w_l1 * (p s) + p * (w_ce - w_l1 * sum_v p_v s_v) - ...
-                p_sign = diff.sign_().mul_(p)
+                # d/dz of w_ce*CE + w_l1*L1 = w_l1 * p s + p * (w_ce - w_l1 * sum_v p_v s_v) - w_ce * onehot(label),
+                # s = sign(p - q); p s = copysign(p, p - q) (p >= 0; where p == q exactly either sign
+                # is a subgradient)
+                p_sign = torch.copysign(p, diff, out=diff) if by_l1 else diff.zero_()
                 centre = p_sign.sum(dim=-1, keepdim=True)
-                row_scale = w_ce[s:e, None] - w_l1[s:e, None] * centre
-                g = p_sign.mul_(w_l1[s:e, None]).addcmul_(p, row_scale)
-                g[torch.arange(e - s, device=device), lab] -= w_ce[s:e]
+                row_scale = (w_ce[s:e, None] - w_l1[s:e, None] * centre) / out_scale[s:e, None]
+                g = p_sign.addcmul_(p, row_scale)
+                g[torch.arange(e - s, device=device), lab] -= w_ce[s:e] / out_scale[s:e]
                 g = g.to(compute_dtype)
-                grad_he = torch.matmul(g, joint)
-                grad_h[s:e], grad_e[s:e] = grad_he[:, :split], grad_he[:, split:]
-                grad_w2.addmm_(g.t().float(), m.float())
+                torch.mm(g, joint, out=grad_he[s:e])
+                grad_w2_t.addmm_((m.float() * out_scale[s:e, None]).t().to(compute_dtype), g)
         ctx.mark_non_differentiable(stats)
         if grads_wanted:
-            ctx.save_for_backward(grad_h.to(hidden.dtype), grad_e.to(markov_embed.dtype), grad_w2.to(markov_w2.dtype))
+            grad_he.mul_(out_scale[:, None].to(compute_dtype))
+            grad_h, grad_e = grad_he[:, :split], grad_he[:, split:]
+            ctx.save_for_backward(grad_h.to(hidden.dtype), grad_e.to(markov_embed.dtype),
+                                  grad_w2_t.t().to(markov_w2.dtype))
         return loss, stats
 
     @staticmethod
