@@ -33,10 +33,13 @@ def _loss_inputs(seed=0, slots=70, hidden=16, rank=8, vocab=97, rows=40):
     return h, e, w2, lm, target, index, labels, w_ce, w_l1
 
 
-@pytest.mark.parametrize("as_table", [True, False])
-def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table):
+@pytest.mark.parametrize("as_table,l1_weights", [(True, "positive"), (False, "positive"), (True, "some zero"),
+                                                  (True, "zero")])
+def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weights):
     monkeypatch.setattr(loss_mod, "TABLE_BYTES", 1 << 30 if as_table else 0)
     h, e, w2, lm, target, index, labels, w_ce, w_l1 = _loss_inputs()
+    if l1_weights != "positive":  # the gradient takes another form unless every L1 weight is > 0
+        w_l1 = w_l1 * (torch.arange(len(w_l1)) % 3 != 0) if l1_weights == "some zero" else w_l1 * 0
     loss, stats = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, chunk=16)  # 5 chunks
     grads = torch.autograd.grad(loss, (h, e, w2))
     # reference: float64, every [slots, vocab] tensor materialised, autograd end to end
