@@ -78,7 +78,7 @@ def sequences(vocab: int, num: int, features: int):
     return out
 
 
-def recipe_for(target: Path, out: Path, steps: int, vocab: int):
+def recipe_for(target: Path, out: Path, steps: int, vocab: int, compile: bool = False):
     from dspark_cli.recipe import load_recipe
 
     return load_recipe("tiny", [
@@ -86,7 +86,7 @@ def recipe_for(target: Path, out: Path, steps: int, vocab: int):
         "draft.num_layers=2", "draft.block_size=7", "draft.markov_rank=32", f"draft.mask_token_id={vocab - 1}",
         f"train.num_anchors={ANCHORS}", f"train.max_seq_len={SEQ}", f"train.tokens_per_step={SEQ * SEQS_PER_STEP}",
         f"train.max_steps={steps}", "train.log_every=10", f"train.checkpoint_every={steps}", "train.precision=fp32",
-        "train.warmup_steps=5"])
+        "train.warmup_steps=5", f"train.compile={str(compile).lower()}"])
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -95,7 +95,7 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     target = Path(args.target)
-    recipe = recipe_for(target, Path(args.out), args.steps, args.vocab)
+    recipe = recipe_for(target, Path(args.out), args.steps, args.vocab, args.compile)
     from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
     from dspark_cli.training.run import run_train
 
@@ -107,10 +107,10 @@ def worker(args: argparse.Namespace) -> None:
         print(json.dumps([{k: r[k] for k in ("step", "tokens_per_s", "tflops", "loss")} for r in records]))
 
 
-def run_ours(target: Path, vocab: int, steps: int, threads: int, nproc: int) -> dict:
+def run_ours(target: Path, vocab: int, steps: int, threads: int, nproc: int, compile: bool = False) -> dict:
     out = Path(tempfile.mkdtemp(prefix="dspark-train-speed-"))
     cmd = [__file__, "--worker", "--target", str(target), "--out", str(out), "--vocab", str(vocab),
-           "--steps", str(steps), "--threads", str(threads)]
+           "--steps", str(steps), "--threads", str(threads)] + (["--compile"] if compile else [])
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *cmd]
            if nproc > 1 else [sys.executable, *cmd])
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
@@ -260,6 +260,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)  # worker only
+    parser.add_argument("--compile", action="store_true")  # worker only
     args = parser.parse_args()
     if args.worker:
         worker(args)

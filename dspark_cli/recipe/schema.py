@@ -186,6 +186,10 @@ class TrainSection(Section):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="`auto`: bf16 autocast on GPU, fp32 on CPU."
     )
+    compile: bool = Field(
+        False, description="torch.compile the draft's forward and backward: faster steps after a one-off compile "
+        "(seconds); needs a C++ compiler on CPU."
+    )
     nproc_per_node: int = Field(1, gt=0, description="Processes per machine (one per GPU); >1 launches torchrun.")
     nnodes: int = Field(1, gt=0, description="Machines (torchrun rendezvous).")
     rdzv_endpoint: str | None = Field(None, description="torchrun rendezvous host:port for several machines.")

@@ -53,7 +53,7 @@ def build_step_module(recipe: Recipe, draft_config: Any, target_dir: Path, env: 
     model.set_target_embeddings(embed, lm_head)
     loss = LossConfig(ce=train.loss.ce, l1=train.loss.l1, confidence=train.loss.confidence,
                       gamma=train.loss.slot_decay_gamma)
-    return shard(TrainStep(model, loss).to(env.device), env)
+    return shard(TrainStep(model, loss, compile=train.compile).to(env.device), env)
 
 
 def make_optimizer(module: torch.nn.Module, recipe: Recipe, env: DistEnv) -> torch.optim.Optimizer:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from dspark_cli.draft.attention import BlockLayout, resolve_attn_impl
 from dspark_cli.training.data import Batch
@@ -100,12 +101,17 @@ def local_weight(ok: torch.Tensor, gamma: float) -> torch.Tensor:
 
 
 class TrainStep(nn.Module):
-    def __init__(self, draft: nn.Module, loss: LossConfig, anchor_groups: int | None = None) -> None:
-        """`anchor_groups`: rows each sequence's anchors are split into (None: `choose_groups`)."""
+    def __init__(self, draft: nn.Module, loss: LossConfig, anchor_groups: int | None = None,
+                 compile: bool = False) -> None:
+        """`anchor_groups`: rows each sequence's anchors are split into (None: `choose_groups`).
+        `compile`: run `block_states` (context K/V, the block backbone) through `torch.compile`, which
+        fuses its element-wise chains (norms, RoPE, SiLU, residual adds) forward and backward; shapes
+        that change between steps make it dynamic after the first change rather than recompiling."""
         super().__init__()
         self.draft = draft
         self.loss_config = loss
         self.anchor_groups = anchor_groups
+        self._block_states = torch.compile(block_states) if compile else block_states
 
     def forward(self, batch: Batch, ok: torch.Tensor, global_weight: torch.Tensor, scale: float = 1.0,
                 slots: bool = False):
@@ -117,7 +123,10 @@ class TrainStep(nn.Module):
         groups = self.anchor_groups or choose_groups(num_anchors, n, batch.input_ids.shape[1],
                                                      resolve_attn_impl(draft.attn_impl, ok.device))
         groups = groups if num_anchors % groups == 0 else 1
-        block_hidden, target_ids, prev_ids = block_states(draft, batch, groups)
+        # under a dispatch mode (the loop's FLOP counter) dynamo cannot trace, and a frame it gives up
+        # on stays eager for good: run that step eagerly instead
+        states = block_states if _get_current_dispatch_mode() is not None else self._block_states
+        block_hidden, target_ids, prev_ids = states(draft, batch, groups)
         width, hidden_size = batch.input_ids.shape[1], block_hidden.shape[-1]
         flat = ok.reshape(-1).nonzero().squeeze(1)  # [S] trainable slots
         hidden = block_hidden.reshape(-1, hidden_size)[flat]
