@@ -82,6 +82,17 @@ class BlockLayout:
             self._cache["dense"] = self.mask_mod(b, None, q, k)
         return self._cache["dense"]
 
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """`dense_mask` as 0 / -inf in `dtype`, for SDPA: given a boolean mask, CPU SDPA converts it to
+        this on every call, forward and backward (measured per layer at 16 x 56 queries x 184 keys,
+        1 thread: 4.1 ms forward + backward with the boolean mask, 3.4 ms with this one)."""
+        key = f"additive-{dtype}"
+        if key not in self._cache:
+            allowed = self.dense_mask()
+            self._cache[key] = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+                ~allowed, float("-inf"))
+        return self._cache[key]
+
     def block_mask(self):
         if "block" not in self._cache:
             from torch.nn.attention.flex_attention import create_block_mask
@@ -130,7 +141,7 @@ def block_attention(
     """q [B, Hq, Q, D], k [B, Hk, K, D], v [B, Hk, K, Dv] -> [B, Hq, Q, Dv]; Hk divides Hq."""
     if impl == "sdpa":
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=layout.dense_mask(), scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+            q, k, v, attn_mask=layout.additive_mask(q.dtype), scale=scale, enable_gqa=q.shape[1] != k.shape[1]
         )
     if impl == "flex":
         return _flex(q, k, v, layout.block_mask(), scale)
