@@ -138,6 +138,9 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
     from dspark_cli.training.session import build_step_module, make_optimizer
 
     torch.set_num_threads(1)
+    from dspark_cli.training.host import keep_freed_memory
+
+    keep_freed_memory()  # as run_train does on CPU; both trainers below share this process
     recipe = recipe_for(target, Path(tempfile.mkdtemp()), steps, vocab)
     layer_ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
     config = build_draft_config(recipe, target, layer_ids)
@@ -189,24 +192,40 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
     return {name: round(b * SEQ / statistics.median(t)) for name, t in times.items()}
 
 
-# What a step is made of and what was tried, measured on this machine (2026-11-30, load < 1, vocab 1024,
-# 1 thread, 512 tokens per step); kept here so the next attempt starts from numbers, not guesses.
-DIAGNOSIS = """Where a 1-thread step goes (~38 ms for 512 tokens, ~0.95 GFLOP): backbone forward ~9 ms (SDPA 2 x 1.2),
-fused vocabulary loss ~13 ms (of which ~8 ms matmuls), backbone backward ~13 ms (SDPA backward 2 x 2.1),
-clipping + AdamW 1.6 ms, collation 0.4 ms. The FLOP floor at the measured matmul rate is ~10 ms, so
-30,000 tokens/s (17 ms per step) needs both cores -- and both cores do not add up here:
-- intra-op threads barely speed up this model's GEMMs ([256, 96] x [96, 1024]: 97 GFLOP/s on 1 thread,
-  102 on 2), so 1 x 2 gains ~1.3x, from the attention and element-wise ops;
-- two independent 1-thread processes slow each other by 15-33% on this VM (shared cache and memory);
-- FSDP2 on gloo adds ~8-12 ms per step at 2 ranks (all-gather, reduce-scatter, DTensor clipping and AdamW);
-  `reshard_after_forward=False` did not change it.
-Tried and not adopted: torch.compile of the block forward (-2 ms forward, -2.5 ms backward in isolation,
-+2-7% end to end, ~20 s compile); an inductor-fused vocabulary element-wise pass (12.4 vs 15 ms in isolation,
-no gain in the real step where the slot count varies); attention split into context and own-block parts with
-explicit matmuls (5.4-5.6 ms per layer forward + backward vs SDPA's 3.8, also when compiled); the eager
-masked attention (51 ms per step vs 38); data parallelism on two Python threads inside one process (each
-thread the forward + backward of half the sequences, 1 intra-op thread each): 16.8k tokens/s vs 17.0k for
-plain 2 intra-op threads and 12.7k for 1 thread -- the second core buys ~1.3x however it is used."""
+# What a step is made of and what was tried, measured on this machine (2026-11-30, vocab 1024, 512 tokens per
+# step, in-process phase timers and torch.profiler); kept here so the next attempt starts from numbers, not guesses.
+DIAGNOSIS = """Where a step goes now (1 thread, eager): 32.9 ms = block forward 8.5 (context K/V + 2 layers) + fused
+vocabulary loss 8.8 (of which ~5.3 ms are its 4 matmuls, near the ~100 GFLOP/s one core gives these
+shapes) + the rest of the forward 1.3 + backward 12.8 + clipping and AdamW 1.0 + collation 0.5. With
+`train.compile` the block forward is 6.1 ms and the backward 10.0 (step ~28 ms). By operator (compiled,
+1 thread): matmuls 10.2 ms, SDPA forward + backward 6.5 ms (CPU flash kernel at head dim 16, ~37 GFLOP/s),
+fused element-wise 2.6 ms, vocabulary element-wise ~2.5 ms. On 2 threads matmuls drop to 6.3 ms but SDPA
+only to 5.5 ms, and a step takes 20-21 ms at best. So 30,000 tokens/s (17 ms per step) is out of reach of
+this design on 2 cores: the matmuls and SDPA alone need ~12 ms on 2 threads.
+
+Adopted (each measured on this machine in one process, alternating settings or implementations):
+- glibc keeps freed memory (mallopt, dspark_cli/training/host.py): 43.3 -> 35.7 ms per step on 1 thread,
+  35.3 -> 28.2 ms on 2; it also removed most of the slowdown two processes caused each other (page faults);
+- fused AdamW: 36.5 -> 32.6 ms per step at 2 FSDP2 ranks (foreach on DTensors dispatches a dozen times);
+- gradient clipping on local FSDP2 shards with one all-reduce: -0.5 to -1 ms at 2 ranks;
+- vocabulary loss with fewer passes (one softmax, amax instead of max-with-index, abs-sum instead of
+  vector_norm: the index-returning reductions and ord-1 norms are 6-15x slower on CPU): 12.0 -> 10.2 ms
+  for 896 slots; 4 MiB chunks instead of 1 MiB: 9.6 -> 9.2 ms (1 thread), 6.2 -> 5.7 (2 threads);
+- SDPA given an additive mask built once instead of a boolean one: 34.1 -> 32.9 ms per eager step;
+- `train.compile` (opt-in, torch.compile of the block states): -15 to -20% per step after a one-off compile
+  (3-20 s; each new shape class costs another 20-35 s, which is why it is not the default).
+Tried and not adopted: attention per anchor group on the context prefix the group can see (2.9 vs 3.3 ms
+per layer in isolation, but 35.3 vs 34.1 ms per eager step and 29.0 vs 28.9 compiled: the extra slicing
+and calls eat the saving); one matmul for q/k/v and for gate/up (34.1 vs 34.0 ms); a compiled element-wise
+vocabulary pass (1.56 vs 1.86 ms for 880 slots); explicit-softmax attention under torch.compile (38.2 vs
+29.1 ms); data parallelism on two Python threads in one process (28.0-30.6 ms vs 25.8-26.3 for 2 intra-op
+threads: the GIL); OMP_WAIT_POLICY=ACTIVE/PASSIVE (neither beats libgomp's default).
+FSDP2 on 2 gloo ranks adds ~10 ms per step over one process with half the data: ~3 ms is FSDP2's own
+bookkeeping (measured at 1 rank), the rest gloo collectives and waits (all-reduce of a scalar 0.2 ms,
+all-gather of the 640 KB of parameters 0.6 ms, reduce-scatter 1.4 ms) on 2 busy cores.
+The 2-thread rows are bimodal on this VM: a run is ~23.5k tokens/s when the main thread lands on vCPU 1
+and ~17k when it lands on vCPU 0 (seen with `ps -L -o psr` over 5 runs); 1 thread is equally fast on
+either vCPU. The medians below mix both."""
 
 
 def matmul_peak(threads: int) -> float:
@@ -232,11 +251,12 @@ def markdown(result: dict) -> str:
              f"Theoretical fp32 peak {result['theoretical_peak_gflops']:.0f} GFLOP/s (2 cores x {CLOCK_GHZ} GHz x "
              f"{FLOPS_PER_CYCLE}); measured 2048^3 matmul: {result['matmul_gflops']['1']:.0f} GFLOP/s (1 thread), "
              f"{result['matmul_gflops']['2']:.0f} (2 threads).", "",
-             "| vocab | trainer | measured | processes x threads | tokens/s | vs naive | model FLOPs/token | MFU (matmul peak) | MFU (theoretical) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| vocab | trainer | measured | processes x threads | tokens/s | repeats (tokens/s) | vs naive | model FLOPs/token | MFU (matmul peak) | MFU (theoretical) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
+        samples = ", ".join(f"{x / 1000:.1f}k" for x in row["samples"])
         lines.append(f"| {row['vocab']} | {row['trainer']} | {row['measured']} | {row['procs']} x {row['threads']} | {row['tokens_per_s']:,} | "
-                     f"{row['speedup_vs_naive']:.2f}x | {row['flops_per_token'] / 1e6:.2f} M | {row['mfu_matmul']:.1%} | "
+                     f"{samples} | {row['speedup_vs_naive']:.2f}x | {row['flops_per_token'] / 1e6:.2f} M | {row['mfu_matmul']:.1%} | "
                      f"{row['mfu_theoretical']:.1%} |")
     goal = 1.5 * max(ISSUE_PEERS.values())
     best = {v: max(r["tokens_per_s"] for r in result["rows"] if r["vocab"] == v and r["trainer"] == "dspark")
@@ -279,11 +299,14 @@ def main() -> None:
         target = make_target(Path(tempfile.mkdtemp(prefix="dspark-speed-target-")), vocab)
         step_rates = interleaved(target, vocab, steps)
         runs = {(name, 1, 1, "train_step, interleaved"): [{"tokens_per_s": rate}] for name, rate in step_rates.items()}
-        layouts = [(1, 1)] if args.quick else [(1, 1), (1, 2), (2, 1)]  # (processes, threads each)
+        # (processes, threads each, train.compile)
+        layouts = ([(1, 1, False), (1, 1, True)] if args.quick else
+                   [(1, 1, False), (1, 2, False), (2, 1, False), (1, 1, True), (1, 2, True), (2, 1, True)])
         for _ in range(repeats):  # interleaved, so drifting load hits all alike
-            for procs, threads in layouts:
-                runs.setdefault(("dspark", procs, threads, "run_train end to end"), []).append(
-                    run_ours(target, vocab, steps, threads, procs))
+            for procs, threads, compiled in layouts:
+                how = "run_train end to end" + (", train.compile" if compiled else "")
+                runs.setdefault(("dspark", procs, threads, how), []).append(
+                    run_ours(target, vocab, steps, threads, procs, compiled))
         flops = statistics.median(r["flops_per_token"] for r in runs[("dspark", 1, 1, "run_train end to end")])
         base = step_rates["naive"]
         for (name, procs, threads, how), samples in runs.items():
