@@ -91,6 +91,9 @@ def recipe_for(target: Path, out: Path, steps: int, vocab: int, compile: bool = 
 
 def worker(args: argparse.Namespace) -> None:
     """One `dspark` run (also each torchrun rank); prints the steady-state records as JSON."""
+    from dspark_cli.training.host import bind_threads
+
+    bind_threads()  # as `dspark train` does for one process on every core (1 x 2 here), before torch loads
     import torch
 
     torch.set_num_threads(args.threads)

@@ -195,7 +195,11 @@ def train(
                 ["output", plan["output_dir"]]]
         print_table(f"train plan ({'exact' if plan['exact'] else 'estimated'}; nothing written)", ["", "value"], rows)
         return
-    from dspark_cli.training.distributed import torchrun_command, under_torchrun
+    from dspark_cli.training.host import bind_threads, under_torchrun
+
+    if loaded.train.nproc_per_node == 1:  # one process on every core: keep its threads on their cores
+        bind_threads()
+    from dspark_cli.training.distributed import torchrun_command
 
     if loaded.train.nproc_per_node > 1 and not under_torchrun():
         # flags travel as key=value overrides or --flag=value: torchrun's parser would take `--nproc` as

@@ -256,3 +256,28 @@ def test_keep_freed_memory_is_applied_once_on_glibc():
         pytest.skip("mallopt is glibc's")
     assert keep_freed_memory() is True
     assert keep_freed_memory() is True  # idempotent
+
+
+def test_thread_binding_only_for_one_process_on_every_core():
+    from dspark_cli.training.host import BOUND_MARK, thread_binding
+
+    bound = {"OMP_PROC_BIND": "true", BOUND_MARK: "1"}
+    assert thread_binding({}, cpus=8) == bound
+    assert thread_binding({"OMP_NUM_THREADS": "8"}, cpus=8) == bound
+    assert thread_binding({"OMP_NUM_THREADS": "4"}, cpus=8) == {}  # fewer threads than cores: would stack up
+    assert thread_binding({}, cpus=1) == {}
+    assert thread_binding({"RANK": "0", "WORLD_SIZE": "2"}, cpus=8) == {}  # torchrun ranks share the cores
+    assert thread_binding({"OMP_PLACES": "cores"}, cpus=8) == {}  # the user's own binding wins
+    assert thread_binding({"DSPARK_BIND_THREADS": "0"}, cpus=8) == {}
+
+
+def test_the_cli_loads_a_recipe_without_importing_torch():
+    """`dspark train` binds threads through environment variables that libgomp reads when torch loads:
+    everything the command does before that point must leave torch unimported."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from dspark_cli.cli import _load; _load('tiny', ['train.max_steps=3']); "
+            "import dspark_cli.training.host; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

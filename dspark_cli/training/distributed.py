@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dspark_cli.training.host import under_torchrun
+
 LAUNCHED_ENV = "DSPARK_TORCHRUN_CHILD"  # set for the children so they do not launch torchrun again
 
 
@@ -38,10 +40,6 @@ class DistEnv:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1 or self.owns_group
-
-
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
 def init_distributed(device: str | None = None) -> DistEnv:

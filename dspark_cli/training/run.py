@@ -133,7 +133,10 @@ def _online_source(recipe: Recipe, out_dir: Path, env) -> tuple[Callable[[], Ite
         raise UsageError("capture.mode=online trains in one process", "use capture.mode=offline with --nproc > 1")
     queue = Path(recipe.stage_dir("capture") + "-queue")
     recipe_file = write_resolved(recipe, out_dir / "online-producer")
-    producer = subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.online", str(recipe_file), str(queue)])
+    from dspark_cli.training.host import child_environ
+
+    producer = subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.online", str(recipe_file), str(queue)],
+                                env=child_environ())
     return (lambda: iter_queue(queue, delete=True, timeout_s=3600)), producer
 
 
