@@ -202,9 +202,14 @@ vocabulary loss 8.8 (of which ~5.3 ms are its 4 matmuls, near the ~100 GFLOP/s o
 shapes) + the rest of the forward 1.3 + backward 12.8 + clipping and AdamW 1.0 + collation 0.5. With
 `train.compile` the block forward is 6.1 ms and the backward 10.0 (step ~28 ms). By operator (compiled,
 1 thread): matmuls 10.2 ms, SDPA forward + backward 6.5 ms (CPU flash kernel at head dim 16, ~37 GFLOP/s),
-fused element-wise 2.6 ms, vocabulary element-wise ~2.5 ms. On 2 threads matmuls drop to 6.3 ms but SDPA
-only to 5.5 ms, and a step takes 20-21 ms at best. So 30,000 tokens/s (17 ms per step) is out of reach of
-this design on 2 cores: the matmuls and SDPA alone need ~12 ms on 2 threads.
+fused element-wise 2.6 ms, vocabulary element-wise ~2.5 ms. On 2 threads (compiled, threads bound) a
+step is 19.8 ms: block forward 4.3, vocabulary loss 5.1, rest of the forward 1.4, backward 7.4, clipping
+and AdamW 1.0, collation 0.5; matmuls drop to 6.3 ms but SDPA only to 5.5 ms. 30,000 tokens/s needs
+17 ms per step: the matmuls and SDPA alone take ~12 ms on 2 threads, and what is left (the loss tail,
+metrics, collation, optimizer, the loop) is ~70 small operations whose Python and dispatch cost do not
+shrink with threads. Untried: compiling the loss tail (gathers, Markov embedding, confidence head,
+metric sums) with the slot indices computed ahead, and collating the next step on a background thread
+(together ~1.5 ms by the timings above).
 
 Adopted (each measured on this machine in one process, alternating settings or implementations):
 - glibc keeps freed memory (mallopt, dspark_cli/training/host.py): 43.3 -> 35.7 ms per step on 1 thread,
@@ -216,19 +221,21 @@ Adopted (each measured on this machine in one process, alternating settings or i
   for 896 slots; 4 MiB chunks instead of 1 MiB: 9.6 -> 9.2 ms (1 thread), 6.2 -> 5.7 (2 threads);
 - SDPA given an additive mask built once instead of a boolean one: 34.1 -> 32.9 ms per eager step;
 - `train.compile` (opt-in, torch.compile of the block states): -15 to -20% per step after a one-off compile
-  (3-20 s; each new shape class costs another 20-35 s, which is why it is not the default).
+  (3-20 s; each new shape class costs another 20-35 s, which is why it is not the default);
+- one process on every core binds its OpenMP threads (OMP_PROC_BIND=true, host.bind_threads): unbound,
+  a 2-thread run settles in one of two placements for its whole life, ~23.5k or ~17k tokens/s (4 of 8
+  runs slow); bound, 8 of 8 compiled runs were 22.6-25.9k.
 Tried and not adopted: attention per anchor group on the context prefix the group can see (2.9 vs 3.3 ms
 per layer in isolation, but 35.3 vs 34.1 ms per eager step and 29.0 vs 28.9 compiled: the extra slicing
 and calls eat the saving); one matmul for q/k/v and for gate/up (34.1 vs 34.0 ms); a compiled element-wise
 vocabulary pass (1.56 vs 1.86 ms for 880 slots); explicit-softmax attention under torch.compile (38.2 vs
 29.1 ms); data parallelism on two Python threads in one process (28.0-30.6 ms vs 25.8-26.3 for 2 intra-op
-threads: the GIL); OMP_WAIT_POLICY=ACTIVE/PASSIVE (neither beats libgomp's default).
+threads: the GIL); OMP_WAIT_POLICY=ACTIVE/PASSIVE (neither beats libgomp's default); mode="max-autotune-no-cudagraphs"
+(29.3 vs 29.5 ms).
 FSDP2 on 2 gloo ranks adds ~10 ms per step over one process with half the data: ~3 ms is FSDP2's own
 bookkeeping (measured at 1 rank), the rest gloo collectives and waits (all-reduce of a scalar 0.2 ms,
 all-gather of the 640 KB of parameters 0.6 ms, reduce-scatter 1.4 ms) on 2 busy cores.
-The 2-thread rows are bimodal on this VM: a run is ~23.5k tokens/s when the main thread lands on vCPU 1
-and ~17k when it lands on vCPU 0 (seen with `ps -L -o psr` over 5 runs); 1 thread is equally fast on
-either vCPU. The medians below mix both."""
+Pinning each torchrun rank to its own core (sched_setaffinity) did not change the 2-process rows."""
 
 
 def matmul_peak(threads: int) -> float:
