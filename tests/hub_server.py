@@ -37,7 +37,8 @@ class Repo:
 
 
 class JSONHandler(BaseHTTPRequestHandler):
-    """Request plumbing both loopback hubs share: a quiet log, the request body, a JSON reply."""
+    """Request plumbing both loopback hubs share: a quiet log, the request body, a JSON reply, the bearer
+    token check (the refusal is each protocol's own `_deny`). `self.server.hub` is the LoopbackServer."""
 
     def log_message(self, *args: Any) -> None:  # quiet
         pass
@@ -53,6 +54,17 @@ class JSONHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
+    def _deny(self) -> None:
+        """Reply 401 in the protocol's own error format."""
+        raise NotImplementedError
+
+    def _authorised(self) -> bool:
+        if self.headers.get("Authorization") == f"Bearer {self.server.hub.token}":
+            return True
+        self._body()
+        self._deny()
+        return False
+
 
 class LoopbackServer:
     """A hub's state (repos, LFS objects by sha256, the request log) behind a threaded HTTP server on a free
@@ -65,6 +77,7 @@ class LoopbackServer:
         self.requests: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.hub = self  # the handlers' way back to this state
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -78,6 +91,14 @@ class LoopbackServer:
 
     def _handler(self) -> type[JSONHandler]:
         raise NotImplementedError
+
+    def store_object(self, oid: str, data: bytes) -> bool:
+        """Keep an uploaded LFS object under its sha256; False (nothing kept) when `oid` is not its sha256."""
+        if hashlib.sha256(data).hexdigest() != oid:
+            return False
+        with self._lock:
+            self.objects[oid] = data
+        return True
 
 
 class LoopbackHub(LoopbackServer):
@@ -93,22 +114,15 @@ class LoopbackHub(LoopbackServer):
             def _send(self, status: int, data: Any = None) -> None:
                 self._reply(status, data if data is not None else {})
 
-            def _authorised(self) -> bool:
-                if self.headers.get("Authorization") == f"Bearer {hub.token}":
-                    return True
-                self._body()
+            def _deny(self) -> None:
                 self._send(401, {"error": "Invalid credentials in Authorization header"})
-                return False
 
             def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
                 hub.requests.append(("PUT", self.path))
                 if not self.path.startswith("/lfs-upload/"):
                     return self._send(404, {"error": "not found"})
-                oid, data = self.path.rsplit("/", 1)[-1], self._body()
-                if hashlib.sha256(data).hexdigest() != oid:
+                if not hub.store_object(self.path.rsplit("/", 1)[-1], self._body()):
                     return self._send(400, {"error": "sha256 mismatch"})
-                with hub._lock:
-                    hub.objects[oid] = data
                 return self._send(200)
 
             def do_POST(self) -> None:  # noqa: N802
@@ -221,22 +235,16 @@ class LoopbackModelScope(LoopbackServer):
                 self._reply(status, {"Code": code, "Success": code == 200, "Data": data if data is not None else {},
                                      "Message": message, "RequestId": "loopback"})
 
-            def _authorised(self) -> bool:
-                if self.headers.get("Authorization") == f"Bearer {hub.token}":
-                    return True
-                self._body()
+            def _deny(self) -> None:
                 self._send(401, 401, message="token is invalid or expired")
-                return False
 
             def do_PUT(self) -> None:  # noqa: N802
                 hub.requests.append(("PUT", self.path))
                 if not self._authorised():
                     return None
-                oid, data = self.path.rsplit("/", 1)[-1], self._body()
-                if not self.path.startswith("/lfs-put/") or hashlib.sha256(data).hexdigest() != oid:
+                data = self._body()
+                if not self.path.startswith("/lfs-put/") or not hub.store_object(self.path.rsplit("/", 1)[-1], data):
                     return self._send(400, 400, message="bad blob")
-                with hub._lock:
-                    hub.objects[oid] = data
                 return self._send(200)
 
             def do_POST(self) -> None:  # noqa: N802
