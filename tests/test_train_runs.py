@@ -96,9 +96,10 @@ def test_two_fsdp2_processes_give_the_loss_curve_of_one(one_process, target_root
 
 
 def test_compiled_training_gives_the_loss_curve_of_eager(one_process, target_root, tmp_path):
-    """`train.compile=true` fuses the backbone with inductor: the same math in another rounding order
-    (measured ~1e-8 relative over 12 steps; same tolerance argument as 1 vs 2 processes). The first
-    step runs eagerly under the loop's FLOP counter, every later step through the compiled graph."""
+    """`train.compile=true` fuses the backbone with inductor and, on CPU, switches `auto` attention
+    from SDPA to the blockwise kernel: the same math in another rounding order (measured ~1e-8
+    relative over 12 steps; same tolerance argument as 1 vs 2 processes). The first step runs
+    eagerly under the loop's FLOP counter, every later step through the compiled graph."""
     _, eager, _ = one_process
     compiled, _ = _run(_workdir(target_root, tmp_path, "compiled"), *STEPS, "train.compile=true")
     assert [r["step"] for r in compiled] == [r["step"] for r in eager]

@@ -143,8 +143,9 @@ class DraftSection(Section):
     mask_token_id: int | None = Field(
         None, ge=0, description="Token id of the query-block mask slots; default: the tokenizer's mask token."
     )
-    attention: Literal["auto", "sdpa", "flex", "eager"] = Field(
-        "auto", description="Training attention kernel (`auto`: flex on GPU, SDPA with block masks on CPU)."
+    attention: Literal["auto", "blockwise", "sdpa", "flex", "eager"] = Field(
+        "auto", description="Training attention kernel (`auto`: flex on GPU; on CPU blockwise with "
+        "`train.compile`, SDPA with block masks otherwise)."
     )
     intermediate_size: int | None = Field(None, gt=0, description="MLP width (default: the target's).")
     num_attention_heads: int | None = Field(None, gt=0, description="Attention heads (default: the target's).")
