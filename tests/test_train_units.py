@@ -163,8 +163,10 @@ def test_block_states_with_anchor_rows_equal_the_drafts_forward(arch):
     batch = Batch(aux, ids, torch.zeros(2, 20, 64), torch.ones(2, 20, dtype=torch.bool), torch.tensor([20, 20]),
                   anchors, torch.ones_like(anchors, dtype=torch.bool), 40)
     ref = model(aux, ids, anchors, compute_logits=False)
-    for groups, impl in ((1, None), (2, None), (3, None), (6, None), (1, "blockwise")):
-        hidden, target_ids, prev_ids = block_states(model, batch, groups, impl)
+    table = model.rope_table(20 + 3, aux.device)
+    for groups, impl, rope in ((1, None, None), (2, None, None), (3, None, table), (6, None, None),
+                               (1, "blockwise", table)):
+        hidden, target_ids, prev_ids = block_states(model, batch, groups, impl, rope)
         torch.testing.assert_close(hidden, ref.hidden, rtol=1e-5, atol=1e-5)
         assert torch.equal(target_ids, ref.target_ids) and torch.equal(prev_ids, ref.prev_ids)
 

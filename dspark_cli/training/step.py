@@ -50,9 +50,11 @@ def trainable_slots(batch: Batch, block_size: int) -> torch.Tensor:
     return ok & inside & batch.anchor_mask.unsqueeze(-1)
 
 
-def block_states(draft: nn.Module, batch: Batch, groups: int, attn_impl: str | None = None):
+def block_states(draft: nn.Module, batch: Batch, groups: int, attn_impl: str | None = None,
+                 rope_table=None):
     """(hidden [B, A, N, H], target_ids, prev_ids) exactly as `draft.forward` (attention kernel
-    `attn_impl`, default the draft's), with the anchors of each row split into `groups` rows that
+    `attn_impl`, default the draft's; RoPE angles gathered from `rope_table` when given, see
+    `DSparkDraftModel.rope_table`), with the anchors of each row split into `groups` rows that
     share the row's context K/V.
 
     Attention cost is queries x keys, and a row's keys are its T context positions plus all A*N
@@ -65,7 +67,7 @@ def block_states(draft: nn.Module, batch: Batch, groups: int, attn_impl: str | N
     num_anchors = batch.anchors.shape[1]
     device = batch.input_ids.device
     positions = torch.arange(seq_len, device=device).expand(bsz, seq_len)
-    ctx = draft.context_kv(batch.aux, positions)
+    ctx = draft.context_kv(batch.aux, positions, rope_table)
     anchors = batch.anchors
     if groups > 1:
         ctx = [tuple(t.repeat_interleave(groups, dim=0) for t in layer) for layer in ctx]
@@ -77,7 +79,7 @@ def block_states(draft: nn.Module, batch: Batch, groups: int, attn_impl: str | N
     block_ids[..., 0] = anchor_ids.reshape(rows, -1)
     layout = BlockLayout(num_ctx=seq_len, block_size=n, ctx_limit=anchors)
     hidden = draft.backbone(draft.embed(block_ids.view(rows, -1)), block_pos.view(rows, -1), ctx, layout,
-                            attn_impl=attn_impl)
+                            attn_impl=attn_impl, rope_table=rope_table)
     label_pos = label_positions(batch.anchors, n).clamp(max=seq_len - 1)
     target_ids = batch.input_ids.gather(1, label_pos.view(bsz, -1)).view(bsz, num_anchors, n)
     prev_ids = torch.cat([anchor_ids.unsqueeze(-1), target_ids[..., :-1]], dim=-1)
@@ -141,7 +143,10 @@ class TrainStep(nn.Module):
         # under a dispatch mode (the loop's FLOP counter) dynamo cannot trace, and a frame it gives up
         # on stays eager for good: run that step eagerly instead
         states = block_states if _get_current_dispatch_mode() is not None else self._block_states
-        block_hidden, target_ids, prev_ids = states(draft, batch, groups, impl)
+        # positions reach seq_len - 1 + n - 1 (the last anchor's block); the table is built here,
+        # outside the compiled function, so that inductor reads it instead of recomputing sin / cos
+        rope = draft.rope_table(batch.input_ids.shape[1] + n, ok.device)
+        block_hidden, target_ids, prev_ids = states(draft, batch, groups, impl, rope)
         width, hidden_size = batch.input_ids.shape[1], block_hidden.shape[-1]
         flat = ok.reshape(-1).nonzero().squeeze(1)  # [S] trainable slots
         hidden = block_hidden.reshape(-1, hidden_size)[flat]
