@@ -283,3 +283,17 @@ def test_the_cli_loads_a_recipe_without_importing_torch():
             "import dspark_cli.training.host; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_count_flops_leaves_attention_kernels_to_the_analytic_count():
+    """Model FLOPs must not depend on the attention kernel: 2-D matmuls are counted, the batched
+    matmuls of blockwise attention and SDPA are not (`attention_flops` adds the attended pairs)."""
+    import torch.nn.functional as F
+
+    from dspark_cli.training.flops import count_flops
+
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    q = k = v = torch.randn(2, 3, 5, 16)
+    assert count_flops(lambda: a @ b) == 2 * 8 * 16 * 4
+    assert count_flops(lambda: (a @ b, torch.bmm(q[0], k[0].transpose(1, 2)),
+                                F.scaled_dot_product_attention(q, k, v))) == 2 * 8 * 16 * 4

@@ -5,9 +5,11 @@
 
 FLOPs are counted by `torch.utils.flop_counter.FlopCounterMode` over one real training step
 (matmuls forward and backward, exactly as executed; the fused vocabulary pass is counted too because
-its matmuls run through aten). Attention is added analytically (`attention_flops`): FlopCounterMode
-does not count CPU SDPA kernels, and only the attended pairs are model FLOPs (a block sees the
-context before its anchor and its own N slots), not the masked ones a dense kernel also computes. MFU = FLOPs/token * tokens/s / peak. The peak of
+its matmuls run through aten). Attention is added analytically (`attention_flops`) and whatever the
+attention kernels execute is left out of the count (SDPA and flex ops, and the batched matmuls of the
+blockwise kernel -- the step's other matmuls are 2-D): only the attended pairs are model FLOPs (a
+block sees the context before its anchor and its own N slots), not the masked ones a dense kernel
+also computes, so MFU does not depend on the attention kernel. MFU = FLOPs/token * tokens/s / peak. The peak of
 a CUDA device comes from a table of dense tensor-core numbers; on a CPU, or any device not in the
 table, set DSPARK_PEAK_TFLOPS (the benchmark measures one) or MFU is left out.
 """
@@ -24,13 +26,18 @@ CUDA_PEAKS = {"H200": (989.0, 494.0), "H100": (989.0, 494.0), "H800": (989.0, 49
               "A100": (312.0, 156.0), "A800": (312.0, 156.0), "L40S": (362.0, 183.0), "B200": (2250.0, 1100.0)}
 
 
+ATTENTION_OPS = ("bmm", "scaled_dot_product", "flex_attention")  # counted by `attention_flops` instead
+
+
 def count_flops(fn: Callable[[], object]) -> int:
+    """FLOPs `fn` executes, attention kernels excepted (see the module docstring)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     with counter:
         fn()
-    return int(counter.get_total_flops())
+    counts = counter.get_flop_counts().get("Global", {})
+    return int(sum(flops for op, flops in counts.items() if not any(name in str(op) for name in ATTENTION_OPS)))
 
 
 def attention_flops(anchors: torch.Tensor, anchor_mask: torch.Tensor, config) -> int:

@@ -128,7 +128,16 @@ class TrainStep(nn.Module):
         self.loss_config = loss
         self.anchor_groups = anchor_groups
         self.compiled = compile
+        self._rope_tables: dict = {}  # device -> RoPE cos / sin table; never trained, never saved
         self._block_states = torch.compile(block_states) if compile else block_states
+
+    def rope_table(self, length: int, device: torch.device):
+        """The draft's RoPE table for positions < length at least, kept across steps (a longer table
+        gathers the same rows; one length, a power of two, keeps the compiled graph's shapes)."""
+        table = self._rope_tables.get(device)
+        if table is None or table[0].shape[0] < length:
+            table = self._rope_tables[device] = self.draft.rope_table(1 << (length - 1).bit_length(), device)
+        return table
 
     def forward(self, batch: Batch, ok: torch.Tensor, global_weight: torch.Tensor, scale: float = 1.0,
                 slots: bool = False):
@@ -145,7 +154,7 @@ class TrainStep(nn.Module):
         states = block_states if _get_current_dispatch_mode() is not None else self._block_states
         # positions reach seq_len - 1 + n - 1 (the last anchor's block); the table is built here,
         # outside the compiled function, so that inductor reads it instead of recomputing sin / cos
-        rope = draft.rope_table(batch.input_ids.shape[1] + n, ok.device)
+        rope = self.rope_table(batch.input_ids.shape[1] + n, ok.device)
         block_hidden, target_ids, prev_ids = states(draft, batch, groups, impl, rope)
         width, hidden_size = batch.input_ids.shape[1], block_hidden.shape[-1]
         flat = ok.reshape(-1).nonzero().squeeze(1)  # [S] trainable slots
