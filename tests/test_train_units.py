@@ -33,14 +33,26 @@ def _loss_inputs(seed=0, slots=70, hidden=16, rank=8, vocab=97, rows=40):
     return h, e, w2, lm, target, index, labels, w_ce, w_l1
 
 
+def _kernel_or_skip(use_kernel: bool):
+    from dspark_cli.training.cpu_kernel import vocab_kernel
+
+    if use_kernel and vocab_kernel() is None:
+        pytest.skip("the fused CPU kernel could not be built here (no gcc?): the torch path is tested")
+
+
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["cpu-kernel", "torch"])
 @pytest.mark.parametrize("as_table,l1_weights", [(True, "positive"), (False, "positive"), (True, "some zero"),
                                                   (True, "zero")])
-def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weights):
+def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weights, use_kernel):
+    """Both implementations (the fused CPU kernel runs for fp32 tables on CPU) against float64
+    autograd on every [slots, vocab] tensor; vocab 97 is no multiple of the SIMD width."""
+    _kernel_or_skip(use_kernel)
     monkeypatch.setattr(loss_mod, "TABLE_BYTES", 1 << 30 if as_table else 0)
     h, e, w2, lm, target, index, labels, w_ce, w_l1 = _loss_inputs()
     if l1_weights != "positive":  # the gradient takes another form unless every L1 weight is > 0
         w_l1 = w_l1 * (torch.arange(len(w_l1)) % 3 != 0) if l1_weights == "some zero" else w_l1 * 0
-    loss, stats = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, chunk=16)  # 5 chunks
+    loss, stats = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, chunk=16,
+                                      use_kernel=use_kernel)  # 5 chunks
     grads = torch.autograd.grad(loss, (h, e, w2))
     # reference: float64, every [slots, vocab] tensor materialised, autograd end to end
     h64, e64, w64 = (t.detach().double().requires_grad_() for t in (h, e, w2))
@@ -54,6 +66,25 @@ def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weigh
     torch.testing.assert_close(stats[:, 0].double(), ce.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(stats[:, 1].double(), l1.detach(), rtol=1e-5, atol=1e-5)
     assert torch.equal(stats[:, 2].bool(), logits.argmax(-1).eq(labels))
+    assert torch.equal(stats[:, 3].bool(), logits.argmax(-1).eq((target[index].double() @ lm.double().T).argmax(-1)))
+
+
+def test_cpu_kernel_argmax_and_extreme_logits():
+    """Row argmax with ties (first index, as torch) and a loss whose logits span 200 nats (exp of
+    the far tail underflows in both implementations) agree with torch's."""
+    _kernel_or_skip(True)
+    from dspark_cli.training.cpu_kernel import vocab_kernel
+
+    x = torch.randn(33, 130)
+    x[3, [5, 77]] = 10.0  # a tie
+    x[4] = 1.0  # all equal
+    assert torch.equal(vocab_kernel().argmax(x), x.argmax(-1))
+    h, e, w2, lm, target, index, labels, w_ce, w_l1 = _loss_inputs(seed=2)
+    lm = lm * 40  # logits of +-200
+    got = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1)
+    want = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, use_kernel=False)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
 
 
 def test_fused_vocab_loss_under_bf16_autocast_is_close():

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dspark_cli.training.cpu_kernel import vocab_kernel
+
 TABLE_BYTES = 256 << 20  # largest target-probability table kept; beyond it q is recomputed per chunk
 NUM_SLOT_STATS = 4  # per slot: CE, L1, draft top-1 == label, draft top-1 == target top-1
 
@@ -56,7 +58,7 @@ def target_table(target_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int)
 class _VocabLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, markov_embed, markov_w2, lm_head, target, target_index, target_is_table,
-                labels, w_ce, w_l1, chunk, compute_dtype):
+                labels, w_ce, w_l1, chunk, compute_dtype, use_kernel):
         grads_wanted = any(ctx.needs_input_grad[:3])
         num_slots = hidden.shape[0]
         device = hidden.device
@@ -76,12 +78,26 @@ class _VocabLoss(torch.autograd.Function):
         # w_l1 is applied after the matmuls, on [c, H + r] instead of [c, V]
         by_l1 = bool((w_l1 > 0).all())
         out_scale = w_l1 if by_l1 else torch.ones_like(w_l1)
+        # fp32 on CPU: the row-wise passes below as one fused kernel (cpu_kernel), same results
+        kernel = (vocab_kernel() if device.type == "cpu" and compute_dtype == torch.float32 and target_is_table
+                  and use_kernel else None)
         # the target's top-1 per table row, once (blocks of neighbouring anchors share rows)
-        target_top = target.argmax(dim=-1) if target_is_table else None
+        target_top = None
+        if target_is_table:
+            target_top = kernel.argmax(target) if kernel is not None else target.argmax(dim=-1)
         for s in range(0, num_slots, chunk):
             e = min(s + chunk, num_slots)
             h, m, lab = hidden[s:e].to(compute_dtype), markov_embed[s:e].to(compute_dtype), labels[s:e]
             rows = target_index[s:e]
+            if kernel is not None:
+                z = F.linear(torch.cat([h, m], dim=1), joint)  # [c, V] logits, become the gradient in place
+                kernel.rows(z, target, rows, lab, target_top, w_ce[s:e], w_l1[s:e], out_scale[s:e], by_l1,
+                            stats[s:e], grads=grads_wanted)
+                loss += (w_ce[s:e] * stats[s:e, 0]).sum() + (w_l1[s:e] * stats[s:e, 1]).sum()
+                if grads_wanted:
+                    torch.mm(z, joint, out=grad_he[s:e])
+                    grad_w2_t.addmm_((m * out_scale[s:e, None]).t(), z)
+                continue
             if target_is_table:
                 diff, top = target.index_select(0, rows), target_top[rows]
             else:
@@ -128,17 +144,18 @@ class _VocabLoss(torch.autograd.Function):
         del grad_stats
         grad_h, grad_e, grad_w2 = ctx.saved_tensors
         return (grad_h * grad_loss, grad_e * grad_loss, grad_w2 * grad_loss,
-                None, None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None, None)
 
 
 def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torch.Tensor, lm_head: torch.Tensor,
                target_hidden: torch.Tensor, target_index: torch.Tensor, labels: torch.Tensor,
-               w_ce: torch.Tensor, w_l1: torch.Tensor, *, chunk: int | None = None):
+               w_ce: torch.Tensor, w_l1: torch.Tensor, *, chunk: int | None = None, use_kernel: bool = True):
     """Fused CE + L1 over S slots. Returns (sum_s w_ce*CE + w_l1*L1, stats [S, NUM_SLOT_STATS]).
 
     hidden [S, H] and markov_embed [S, r] (differentiable), markov_w2 [V, r] (a parameter),
     lm_head [V, H] (frozen), target_hidden [U, H] distinct target states and target_index [S]
     (slot -> row of target_hidden), labels [S], per-slot weights w_ce, w_l1 [S] (fp32).
+    `use_kernel=False` keeps to torch operations where the fused CPU kernel would run (tests).
     """
     device = hidden.device.type
     compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
@@ -147,7 +164,7 @@ def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torc
     with torch.autocast(device, enabled=False):  # dtypes are managed here: matmuls in `compute`, softmax in fp32
         target = target_table(target_hidden, lm_head.to(compute), chunk) if as_table else target_hidden
         return _VocabLoss.apply(hidden, markov_embed, markov_w2, lm_head, target, target_index, as_table,
-                                labels, w_ce.float(), w_l1.float(), chunk, compute)
+                                labels, w_ce.float(), w_l1.float(), chunk, compute, use_kernel)
 
 
 def reference_loss_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor):
