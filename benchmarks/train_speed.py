@@ -197,21 +197,27 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
 
 # What a step is made of and what was tried, measured on this machine (2026-11-30, vocab 1024, 512 tokens per
 # step, in-process phase timers and torch.profiler); kept here so the next attempt starts from numbers, not guesses.
-DIAGNOSIS = """Where a step goes now (1 thread, eager): 32.9 ms = block forward 8.5 (context K/V + 2 layers) + fused
-vocabulary loss 8.8 (of which ~5.3 ms are its 4 matmuls, near the ~100 GFLOP/s one core gives these
-shapes) + the rest of the forward 1.3 + backward 12.8 + clipping and AdamW 1.0 + collation 0.5. With
-`train.compile` the block forward is 6.1 ms and the backward 10.0 (step ~28 ms). By operator (compiled,
-1 thread): matmuls 10.2 ms, SDPA forward + backward 6.5 ms (CPU flash kernel at head dim 16, ~37 GFLOP/s),
-fused element-wise 2.6 ms, vocabulary element-wise ~2.5 ms. On 2 threads (compiled, threads bound) a
-step is 19.8 ms: block forward 4.3, vocabulary loss 5.1, rest of the forward 1.4, backward 7.4, clipping
-and AdamW 1.0, collation 0.5; matmuls drop to 6.3 ms but SDPA only to 5.5 ms. 30,000 tokens/s needs
-17 ms per step: the matmuls and SDPA alone take ~12 ms on 2 threads, and what is left (the loss tail,
-metrics, collation, optimizer, the loop) is ~70 small operations whose Python and dispatch cost do not
-shrink with threads. Untried: compiling the loss tail (gathers, Markov embedding, confidence head,
-metric sums) with the slot indices computed ahead, and collating the next step on a background thread
-(together ~1.5 ms by the timings above).
+DIAGNOSIS = """Where a step goes now (2 threads, compiled, threads bound; 2026-11-30, second pass): 19-21 ms on a
+quiet machine (the same script measured 24-29 ms in slow phases of the shared host the same afternoon;
+every comparison below alternates the two variants in one process). py-spy over 400 steps: the compiled
+block states 56% (backward 34%, forward 22%: matmuls, the attention's batched matmuls, fused
+norm / RoPE / SiLU / softmax kernels), the vocabulary loss 20% (now almost only its four matmuls:
+~1 GFLOP per step between them and the backbone, ~6 ms at the ~170 GFLOP/s two cores give these
+shapes), AdamW 3-4%, clipping 2%, the rest (loss tail, metrics, autograd engine, collation) ~15%.
+30,000 tokens/s needs 17 ms per step. Untried: flat gradient buffer for clipping (measured -0.3 ms,
+within noise, not adopted), compiling the loss tail and metrics (~0.5 ms by a bound that skips the
+metrics entirely), a bf16 step (the issue's setup is fp32).
 
 Adopted (each measured on this machine in one process, alternating settings or implementations):
+- a fused C kernel for the vocabulary loss's row-wise passes (dspark_cli/training/cpu_kernel.py):
+  20.8 -> 19.2 ms per compiled 2-thread step, 28.2 -> 26.4 ms on 1 thread; it replaced ~12 torch passes
+  over [slots, vocab] (and a slow argmax) by 4 passes over L1-resident rows (880 x 1024 slots: 0.7 ms
+  on one thread vs ~2.8 ms). A first, auto-vectorised version was 4.1 ms (gcc left the exp loop scalar);
+- RoPE cos / sin from a table built outside torch.compile: inductor had fused scalar sin / cos / pow into
+  every consumer, forward and backward: 21.8 -> 20.6 ms per compiled 2-thread step;
+- "blockwise" attention under train.compile (context scores for all of a row's queries + N x N block
+  scores, one softmax; exact): 26.4 -> 25.8 and 30.7 -> 28.5 ms in two A/B runs; eagerly no gain
+  (24.6 vs 24.6 ms on 2 threads, 34.1 vs 32.2 on 1), so eager runs keep SDPA;
 - glibc keeps freed memory (mallopt, dspark_cli/training/host.py): 43.3 -> 35.7 ms per step on 1 thread,
   35.3 -> 28.2 ms on 2; it also removed most of the slowdown two processes caused each other (page faults);
 - fused AdamW: 36.5 -> 32.6 ms per step at 2 FSDP2 ranks (foreach on DTensors dispatches a dozen times);
@@ -225,6 +231,12 @@ Adopted (each measured on this machine in one process, alternating settings or i
 - one process on every core binds its OpenMP threads (OMP_PROC_BIND=true, host.bind_threads): unbound,
   a 2-thread run settles in one of two placements for its whole life, ~23.5k or ~17k tokens/s (4 of 8
   runs slow); bound, 8 of 8 compiled runs were 22.6-25.9k.
+Tried and not adopted (second pass; "with vs without", ms per step): fewer ops for the metric sums
+(24.5 vs 24.3), a flat gradient buffer with one-norm clipping (23.6 vs 23.9), skipping dynamo's
+nn-module guards (28.4 vs 28.4), flush-to-zero for denormals (22.3 vs 22.2), a blockwise variant
+without the concatenated softmax (28.7 vs 28.5), replicated 2-process data parallelism with one flat
+gradient all-reduce instead of FSDP2 (25.7 vs 33.2 and 23.6 vs 29.2 at 2 x 1 thread: better than FSDP2,
+no better than one process on 2 threads, so not built).
 Tried and not adopted: attention per anchor group on the context prefix the group can see (2.9 vs 3.3 ms
 per layer in isolation, but 35.3 vs 34.1 ms per eager step and 29.0 vs 28.9 compiled: the extra slicing
 and calls eat the saving); one matmul for q/k/v and for gate/up (34.1 vs 34.0 ms); a compiled element-wise

@@ -18,7 +18,9 @@ losses, the metrics and the gradient w.r.t. the logits in closed form
 gradients of the hidden states, the Markov embeddings and markov_w2 with three matmuls. Nothing of
 size [slots, vocab] is kept for backward, and the frozen lm_head gets no gradient. The target's
 distribution is computed once per distinct (row, position) rather than once per slot (blocks of
-neighbouring anchors overlap), unless that table would not fit in `TABLE_BYTES`.
+neighbouring anchors overlap), unless that table would not fit in `TABLE_BYTES`. In fp32 on CPU the
+row-wise part (everything between the logits matmul and the gradient matmuls) is one C kernel,
+`cpu_kernel.py`; elsewhere it is the torch code below, which is also the kernel's fallback.
 """
 
 from __future__ import annotations

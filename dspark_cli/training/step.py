@@ -88,8 +88,8 @@ def block_states(draft: nn.Module, batch: Batch, groups: int, attn_impl: str | N
 
 def training_attention(impl: str, device: torch.device, compiled: bool) -> str:
     """The attention kernel a training step uses: the recipe's, where `auto` on CPU means "blockwise"
-    under `train.compile` (inductor fuses its masking and softmax around the batched matmuls: 23.6 ->
-    22.9 ms and 30.7 -> 28.5 ms per step in two A/B runs, 2 threads, the issue-7 setup) and "sdpa"
+    under `train.compile` (inductor fuses its masking and softmax around the batched matmuls: 26.4 ->
+    25.8 ms and 30.7 -> 28.5 ms per step in two A/B runs, 2 threads, the issue-7 setup) and "sdpa"
     eagerly (blockwise's unfused element-wise passes cost as much as it saves: 24.6 vs 24.6 ms on 2
     threads, 34.1 vs 32.2 on 1)."""
     if impl == "auto" and device.type != "cuda":
