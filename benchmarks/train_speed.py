@@ -273,7 +273,7 @@ def markdown(result: dict) -> str:
              f"Theoretical fp32 peak {result['theoretical_peak_gflops']:.0f} GFLOP/s (2 cores x {CLOCK_GHZ} GHz x "
              f"{FLOPS_PER_CYCLE}); measured 2048^3 matmul: {result['matmul_gflops']['1']:.0f} GFLOP/s (1 thread), "
              f"{result['matmul_gflops']['2']:.0f} (2 threads).", "",
-             "| vocab | trainer | measured | processes x threads | tokens/s | repeats (tokens/s) | vs naive | model FLOPs/token | MFU (matmul peak) | MFU (theoretical) |",
+             "| vocab | trainer | measured | processes x threads | tokens/s (median) | repeats (tokens/s) | vs naive | model FLOPs/token | MFU (matmul peak) | MFU (theoretical) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         samples = ", ".join(f"{x / 1000:.1f}k" for x in row["samples"])
@@ -342,7 +342,10 @@ def main() -> None:
             print(json.dumps(result["rows"][-1]), flush=True)
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     result["notes"] = (
-        "Notes: medians of interleaved repeats (all samples in the JSON). Model FLOPs per token are "
+        "Notes: medians of interleaved repeats (all samples in the JSON); each repeat is the median of its "
+        "run's steady-state log intervals. The host is shared and its speed drifts by up to ~1.5x within an "
+        "hour (the 2048^3 matmul line above is measured at the start of each run), so rows of one run "
+        "compare, runs on different days less so. Model FLOPs per token are "
         "counted on dspark's step (matmuls by FlopCounterMode + attended attention pairs); the naive "
         "step executes more (logits for every slot, target logits per slot). The 2-process rows are "
         "FSDP2 on gloo, one thread per process; `vs naive` compares every row with the 1-core naive "
