@@ -71,7 +71,7 @@ def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weigh
 
 def test_cpu_kernel_argmax_and_extreme_logits():
     """Row argmax with ties (first index, as torch) and a loss whose logits span 200 nats (exp of
-    the far tail underflows in both implementations) agree with torch's."""
+    the far tail underflows in both implementations) agree with torch's; a NaN logit gives a NaN loss."""
     _kernel_or_skip(True)
     from dspark_cli.training.cpu_kernel import vocab_kernel
 
@@ -85,6 +85,11 @@ def test_cpu_kernel_argmax_and_extreme_logits():
     want = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, use_kernel=False)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-4)
+    w2 = w2.detach().clone()
+    w2[7] = float("nan")  # one NaN logit per row, never a label, target finite: a diverged run must show a NaN loss
+    labels = labels.masked_fill(labels == 7, 8)
+    for use_kernel in (True, False):
+        assert loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, use_kernel=use_kernel)[0].isnan()
 
 
 def test_fused_vocab_loss_under_bf16_autocast_is_close():

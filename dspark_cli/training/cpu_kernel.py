@@ -60,7 +60,8 @@ static inline float hmax(vf v) { float m = v[0]; for (int k = 1; k < W; k++) m =
 /* exp(x) for x <= 0 (logits minus their row max): Cephes expf, ~1 ulp; below -87 it returns
    ~1e-38 instead of underflowing, which is 0 for every use here. */
 static inline vf vexp_le0(vf x) {
-    x = vmax(x, vsplat(-87.0f));
+    vi low = x < -87.0f;  /* false for NaN: a NaN logit stays NaN and so does the loss */
+    x = (vf)((low & (vi)vsplat(-87.0f)) | (~low & (vi)x));
     vi ni = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi);  /* round half away (x <= 0) */
     vf n = __builtin_convertvector(ni, vf);
     vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
