@@ -333,3 +333,17 @@ def test_count_flops_leaves_attention_kernels_to_the_analytic_count():
     assert count_flops(lambda: a @ b) == 2 * 8 * 16 * 4
     assert count_flops(lambda: (a @ b, torch.bmm(q[0], k[0].transpose(1, 2)),
                                 F.scaled_dot_product_attention(q, k, v))) == 2 * 8 * 16 * 4
+
+
+def test_training_attention_choice():
+    """`auto` on CPU: blockwise when compiled (fused by inductor), SDPA eagerly; a recipe's explicit
+    choice is kept; CUDA resolves to flex without needing a GPU to decide."""
+    from dspark_cli.training.step import choose_groups, training_attention
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert training_attention("auto", cpu, compiled=True) == "blockwise"
+    assert training_attention("auto", cpu, compiled=False) == "sdpa"
+    assert training_attention("auto", cuda, compiled=True) == "flex"
+    assert training_attention("sdpa", cpu, compiled=True) == "sdpa"
+    assert training_attention("blockwise", cpu, compiled=False) == "blockwise"
+    assert choose_groups(32, 7, 128, "blockwise") == 1 and choose_groups(32, 7, 128, "sdpa") == 4

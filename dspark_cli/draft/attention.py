@@ -19,7 +19,8 @@ Implementations (`attn_impl`):
           for training and for drafting). Materialises the [B, H, Q, T + N] scores, so it is
           for CPU-sized batches. Measured per layer forward + backward on 2 cores (2 threads,
           4 x 128-token rows, 32 anchors of 7, GQA 4/2 heads of 16): compiled 1.9 ms vs 2.7
-          for compiled "sdpa" on 8 anchor groups per row; eager 3.3-4.2 vs 3.0-4.2.
+          for compiled "sdpa" on 8 anchor rows per sequence; eager 3.3-4.2 vs 3.0-4.2 (whole
+          training steps: `training.step.training_attention`).
 - "sdpa"  `F.scaled_dot_product_attention` with a boolean [B, 1, Q, K] mask. Forward and
           backward on CPU and GPU; the default on CPU. Measured on 2 CPU cores (1 thread,
           benchmarks/results/draft_model.md): as fast as "eager" on the 4 x 128-token
