@@ -236,7 +236,9 @@ Tried and not adopted (second pass; "with vs without", ms per step): fewer ops f
 nn-module guards (28.4 vs 28.4), flush-to-zero for denormals (22.3 vs 22.2), a blockwise variant
 without the concatenated softmax (28.7 vs 28.5), replicated 2-process data parallelism with one flat
 gradient all-reduce instead of FSDP2 (25.7 vs 33.2 and 23.6 vs 29.2 at 2 x 1 thread: better than FSDP2,
-no better than one process on 2 threads, so not built).
+no better than one process on 2 threads, so not built), the block scores padded to 16 columns so the
+softmax rows are a whole number of vectors (3.1-3.8 vs 2.0-3.0 ms per layer), inductor's
+cpp.min_chunk_size 32768 instead of 512 to keep small kernels on one thread (20.5 vs 20.3).
 Tried and not adopted: attention per anchor group on the context prefix the group can see (2.9 vs 3.3 ms
 per layer in isolation, but 35.3 vs 34.1 ms per eager step and 29.0 vs 28.9 compiled: the extra slicing
 and calls eat the saving); one matmul for q/k/v and for gate/up (34.1 vs 34.0 ms); a compiled element-wise
