@@ -197,9 +197,11 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
 
 # What a step is made of and what was tried, measured on this machine (2026-11-30, vocab 1024, 512 tokens per
 # step, in-process phase timers and torch.profiler); kept here so the next attempt starts from numbers, not guesses.
-DIAGNOSIS = """Where a step goes now (2 threads, compiled, threads bound; 2026-11-30, second pass): 19-21 ms on a
+DIAGNOSIS = """Where a step goes now (2 threads, compiled, threads bound; 2026-11-30, second pass): 16.6-21 ms on a
 quiet machine (the same script measured 24-29 ms in slow phases of the shared host the same afternoon;
-every comparison below alternates the two variants in one process). py-spy over 400 steps: the compiled
+every comparison below alternates the two variants in one process). Phase timers at 18.0 ms: collation
+0.5, block states forward 3.9, vocabulary loss 4.1 (matmuls ~3, the CPU kernel ~0.6), the rest of the
+forward 1.5, backward 6.7, clipping 0.5, AdamW 0.6. py-spy over 400 steps: the compiled
 block states 56% (backward 34%, forward 22%: matmuls, the attention's batched matmuls, fused
 norm / RoPE / SiLU / softmax kernels), the vocabulary loss 20% (now almost only its four matmuls:
 ~1 GFLOP per step between them and the backbone, ~6 ms at the ~170 GFLOP/s two cores give these
