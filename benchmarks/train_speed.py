@@ -206,9 +206,9 @@ block states 56% (backward 34%, forward 22%: matmuls, the attention's batched ma
 norm / RoPE / SiLU / softmax kernels), the vocabulary loss 20% (now almost only its four matmuls:
 ~1 GFLOP per step between them and the backbone, ~6 ms at the ~170 GFLOP/s two cores give these
 shapes), AdamW 3-4%, clipping 2%, the rest (loss tail, metrics, autograd engine, collation) ~15%.
-30,000 tokens/s needs 17 ms per step. Untried: flat gradient buffer for clipping (measured -0.3 ms,
-within noise, not adopted), compiling the loss tail and metrics (~0.5 ms by a bound that skips the
-metrics entirely), a bf16 step (the issue's setup is fp32).
+30,000 tokens/s needs 17 ms per step. Untried: a bf16 step (the issue's setup is fp32), a
+hand-written attention kernel (the blockwise softmax forward + backward is ~1.3 ms of fused inductor
+code, the attention's batched matmuls ~2 ms).
 
 Adopted (each measured on this machine in one process, alternating settings or implementations):
 - a fused C kernel for the vocabulary loss's row-wise passes (dspark_cli/training/cpu_kernel.py):
@@ -240,7 +240,9 @@ without the concatenated softmax (28.7 vs 28.5), replicated 2-process data paral
 gradient all-reduce instead of FSDP2 (25.7 vs 33.2 and 23.6 vs 29.2 at 2 x 1 thread: better than FSDP2,
 no better than one process on 2 threads, so not built), the block scores padded to 16 columns so the
 softmax rows are a whole number of vectors (3.1-3.8 vs 2.0-3.0 ms per layer), inductor's
-cpp.min_chunk_size 32768 instead of 512 to keep small kernels on one thread (20.5 vs 20.3).
+cpp.min_chunk_size 32768 instead of 512 to keep small kernels on one thread (20.5 vs 20.3), the loss
+tail (confidence head, BCE, metric sums) compiled with dynamic shapes (23.7 vs 23.6; the tail measures
+~1.5 ms in all, of which the metric sums ~0.4).
 Tried and not adopted: attention per anchor group on the context prefix the group can see (2.9 vs 3.3 ms
 per layer in isolation, but 35.3 vs 34.1 ms per eager step and 29.0 vs 28.9 compiled: the extra slicing
 and calls eat the saving); one matmul for q/k/v and for gate/up (34.1 vs 34.0 ms); a compiled element-wise
