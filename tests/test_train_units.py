@@ -90,6 +90,8 @@ def test_cpu_kernel_argmax_and_extreme_logits():
     labels = labels.masked_fill(labels == 7, 8)
     for use_kernel in (True, False):
         assert loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, use_kernel=use_kernel)[0].isnan()
+    with pytest.raises(IndexError):  # never an out-of-bounds write
+        loss_mod.vocab_loss(h, e, w2, lm, target, index, labels.clone().fill_(lm.shape[0]), w_ce, w_l1)
 
 
 def test_fused_vocab_loss_under_bf16_autocast_is_close():

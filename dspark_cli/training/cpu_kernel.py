@@ -210,6 +210,8 @@ class VocabKernel:
         c, vocab = z.shape
         if table.shape[1] != vocab or stats.shape != (c, 4) or not (rows.numel() == labels.numel() == c):
             raise ValueError("vocab kernel: shapes do not line up")
+        if c and not (0 <= int(labels.min()) and int(labels.max()) < vocab):  # the C code indexes with them
+            raise IndexError(f"vocab kernel: a label is outside the vocabulary of {vocab}")
         self._rows(c, vocab, z.data_ptr(), table.data_ptr(), rows.data_ptr(), labels.data_ptr(), top.data_ptr(),
                    w_ce.data_ptr(), w_l1.data_ptr(), out_scale.data_ptr(), int(by_l1), int(grads), stats.data_ptr(),
                    torch.get_num_threads())
