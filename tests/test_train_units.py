@@ -337,15 +337,16 @@ def test_count_flops_leaves_attention_kernels_to_the_analytic_count():
                                 F.scaled_dot_product_attention(q, k, v))) == 2 * 8 * 16 * 4
 
 
-def test_training_attention_choice():
+def test_attention_choice_for_training():
     """`auto` on CPU: blockwise when compiled (fused by inductor), SDPA eagerly; a recipe's explicit
     choice is kept; CUDA resolves to flex without needing a GPU to decide."""
-    from dspark_cli.training.step import choose_groups, training_attention
+    from dspark_cli.draft.attention import resolve_attn_impl
+    from dspark_cli.training.step import choose_groups
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert training_attention("auto", cpu, compiled=True) == "blockwise"
-    assert training_attention("auto", cpu, compiled=False) == "sdpa"
-    assert training_attention("auto", cuda, compiled=True) == "flex"
-    assert training_attention("sdpa", cpu, compiled=True) == "sdpa"
-    assert training_attention("blockwise", cpu, compiled=False) == "blockwise"
+    assert resolve_attn_impl("auto", cpu, compiled=True) == "blockwise"
+    assert resolve_attn_impl("auto", cpu, compiled=False) == "sdpa"
+    assert resolve_attn_impl("auto", cuda, compiled=True) == "flex"
+    assert resolve_attn_impl("sdpa", cpu, compiled=True) == "sdpa"
+    assert resolve_attn_impl("blockwise", cpu, compiled=False) == "blockwise"
     assert choose_groups(32, 7, 128, "blockwise") == 1 and choose_groups(32, 7, 128, "sdpa") == 4

@@ -13,14 +13,14 @@ Implementations (`attn_impl`):
           with its context keys ([B, H, Q, T]) and, per block, N x N scores with its own keys,
           joined by one softmax. No dense [Q, Q] block-to-block scores (of which a block uses
           only N columns), context K/V read once per row, and every product is a batched matmul
-          that torch.compile fuses around; CPU training's choice under `train.compile`
-          (`training.step.training_attention`). Needs what
+          that torch.compile fuses around; `auto`'s choice on CPU under torch.compile
+          (`resolve_attn_impl`). Needs what
           `BlockLayout` describes, the block keys being the queries' own, in query order (true
           for training and for drafting). Materialises the [B, H, Q, T + N] scores, so it is
           for CPU-sized batches. Measured per layer forward + backward on 2 cores (2 threads,
           4 x 128-token rows, 32 anchors of 7, GQA 4/2 heads of 16): compiled 1.9 ms vs 2.7
           for compiled "sdpa" on 8 anchor rows per sequence; eager 3.3-4.2 vs 3.0-4.2 (whole
-          training steps: `training.step.training_attention`).
+          training steps: `resolve_attn_impl`).
 - "sdpa"  `F.scaled_dot_product_attention` with a boolean [B, 1, Q, K] mask. Forward and
           backward on CPU and GPU; the default on CPU. Measured on 2 CPU cores (1 thread,
           benchmarks/results/draft_model.md): as fast as "eager" on the 4 x 128-token
@@ -34,7 +34,7 @@ Implementations (`attn_impl`):
           (PyTorch raises), so use it there only under `torch.no_grad()`. Not run on a GPU in
           this repository's CI: the CPU forward is tested against SDPA.
 - "eager" explicit fp32 `softmax(q k^T * scale) v`: slow, transparent, for debugging.
-- "auto"  "flex" on CUDA, "sdpa" elsewhere (training: "blockwise" when compiled).
+- "auto"  "flex" on CUDA, "sdpa" elsewhere ("blockwise" under torch.compile).
 
 The dense mask materialises B * Q * K booleans; flex's BlockMask stores per-128-tile indices.
 """
@@ -50,11 +50,18 @@ import torch.nn.functional as F
 ATTN_IMPLS = ("blockwise", "sdpa", "flex", "eager", "auto")
 
 
-def resolve_attn_impl(impl: str, device: torch.device) -> str:
+def resolve_attn_impl(impl: str, device: torch.device, *, compiled: bool = False) -> str:
+    """The kernel `impl` names on `device`. `auto` on CPU is "blockwise" when the caller runs under
+    torch.compile (inductor fuses its masking and softmax around the batched matmuls: 26.4 -> 25.8 and
+    30.7 -> 28.5 ms per training step in two A/B runs, 2 threads, the issue-7 setup) and "sdpa"
+    eagerly (blockwise's unfused element-wise passes cost as much as it saves: 24.6 vs 24.6 ms on 2
+    threads, 34.1 vs 32.2 on 1)."""
     if impl not in ATTN_IMPLS:
         raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "flex" if device.type == "cuda" else "sdpa"
+        if device.type == "cuda":
+            return "flex"
+        return "blockwise" if compiled else "sdpa"
     return impl
 
 

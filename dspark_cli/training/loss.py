@@ -57,6 +57,36 @@ def target_table(target_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int)
     return out
 
 
+def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool):
+    """The row-wise pass as torch operations, what `cpu_kernel.VocabKernel.rows` does in one kernel:
+    fills stats [c, 4] (CE, L1, draft top-1 == label, draft top-1 == target top-1) from logits z and
+    target probabilities q (overwritten), and with `grads` returns d/dz of w_ce*CE + w_l1*L1 divided
+    by out_scale (see `_VocabLoss.forward`)."""
+    # (amax, not max: on CPU the reductions that return indices are ~15x slower)
+    z_max = z.amax(dim=-1, keepdim=True)
+    z_label, z_top = z.gather(1, labels[:, None]), z.gather(1, top[:, None])
+    p = torch.softmax(z, dim=-1)
+    # log-sum-exp from the softmax itself: max_v p_v = exp(z_max - lse) >= 1 / V never underflows
+    stats[:, 0] = (z_max - p.amax(dim=-1, keepdim=True).log() - z_label).squeeze(1)
+    stats[:, 2] = z_label.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == label
+    stats[:, 3] = z_top.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == target top-1
+    diff = torch.sub(p, q, out=q)  # p - q, in the buffer q was gathered into
+    stats[:, 1] = diff.abs().sum(dim=-1)  # L1 (6x faster than linalg.vector_norm(ord=1) on CPU)
+    if not grads:
+        return None
+    # d/dz of w_ce*CE + w_l1*L1 = w_l1 * p s + p * (w_ce - w_l1 * sum_v p_v s_v) - w_ce * onehot(label),
+    # s = sign(p - q); p s = copysign(p, p - q) (p >= 0; where p == q exactly either sign
+    # is a subgradient)
+    p_sign = torch.copysign(p, diff, out=diff)
+    centre = p_sign.sum(dim=-1, keepdim=True)
+    row_scale = (w_ce[:, None] - w_l1[:, None] * centre) / out_scale[:, None]
+    if not by_l1:  # some L1 weight is 0: the plain form, g = w_l1 * p s + p * row_scale
+        p_sign.mul_(w_l1[:, None])
+    g = p_sign.addcmul_(p, row_scale)
+    g[torch.arange(g.shape[0], device=g.device), labels] -= w_ce / out_scale
+    return g
+
+
 class _VocabLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, markov_embed, markov_w2, lm_head, target, target_index, target_is_table,
@@ -91,45 +121,20 @@ class _VocabLoss(torch.autograd.Function):
             e = min(s + chunk, num_slots)
             h, m, lab = hidden[s:e].to(compute_dtype), markov_embed[s:e].to(compute_dtype), labels[s:e]
             rows = target_index[s:e]
-            if kernel is not None:
-                z = F.linear(torch.cat([h, m], dim=1), joint)  # [c, V] logits, become the gradient in place
-                kernel.rows(z, target, rows, lab, target_top, w_ce[s:e], w_l1[s:e], out_scale[s:e], by_l1,
-                            stats[s:e], grads=grads_wanted)
-                loss += (w_ce[s:e] * stats[s:e, 0]).sum() + (w_l1[s:e] * stats[s:e, 1]).sum()
-                if grads_wanted:
-                    torch.mm(z, joint, out=grad_he[s:e])
-                    grad_w2_t.addmm_((m * out_scale[s:e, None]).t(), z)
-                continue
-            if target_is_table:
-                diff, top = target.index_select(0, rows), target_top[rows]
-            else:
-                diff = torch.softmax(F.linear(target[rows].to(compute_dtype), lm).float(), -1)
-                top = diff.argmax(dim=-1)
             z = F.linear(torch.cat([h, m], dim=1), joint).float()  # [c, V] logits
-            # (amax, not max: on CPU the reductions that return indices are ~15x slower)
-            z_max = z.amax(dim=-1, keepdim=True)
-            z_label, z_top = z.gather(1, lab[:, None]), z.gather(1, top[:, None])
-            p = torch.softmax(z, dim=-1)
-            # log-sum-exp from the softmax itself: max_v p_v = exp(z_max - lse) >= 1 / V never underflows
-            ce = (z_max - p.amax(dim=-1, keepdim=True).log() - z_label).squeeze(1)
-            stats[s:e, 2] = z_label.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == label
-            stats[s:e, 3] = z_top.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == target top-1
-            diff = torch.sub(p, diff, out=diff)  # p - q, in the buffer q was gathered into
-            l1 = diff.abs().sum(dim=-1)  # (6x faster than linalg.vector_norm(ord=1) on CPU)
-            stats[s:e, 0] = ce
-            stats[s:e, 1] = l1
-            loss += (w_ce[s:e] * ce).sum() + (w_l1[s:e] * l1).sum()
+            weights = (w_ce[s:e], w_l1[s:e], out_scale[s:e])
+            if kernel is not None:  # z becomes the gradient in place
+                kernel.rows(z, target, rows, lab, target_top, *weights, by_l1, stats[s:e], grads=grads_wanted)
+                g = z
+            else:
+                if target_is_table:
+                    q, top = target.index_select(0, rows), target_top[rows]
+                else:
+                    q = torch.softmax(F.linear(target[rows].to(compute_dtype), lm).float(), -1)
+                    top = q.argmax(dim=-1)
+                g = _rows_torch(z, q, top, lab, *weights, by_l1, stats[s:e], grads=grads_wanted)
+            loss += (w_ce[s:e] * stats[s:e, 0]).sum() + (w_l1[s:e] * stats[s:e, 1]).sum()
             if grads_wanted:
-                # d/dz of w_ce*CE + w_l1*L1 = w_l1 * p s + p * (w_ce - w_l1 * sum_v p_v s_v) - w_ce * onehot(label),
-                # s = sign(p - q); p s = copysign(p, p - q) (p >= 0; where p == q exactly either sign
-                # is a subgradient)
-                p_sign = torch.copysign(p, diff, out=diff)
-                centre = p_sign.sum(dim=-1, keepdim=True)
-                row_scale = (w_ce[s:e, None] - w_l1[s:e, None] * centre) / out_scale[s:e, None]
-                if not by_l1:  # some L1 weight is 0: the plain form, g = w_l1 * p s + p * row_scale
-                    p_sign.mul_(w_l1[s:e, None])
-                g = p_sign.addcmul_(p, row_scale)
-                g[torch.arange(e - s, device=device), lab] -= w_ce[s:e] / out_scale[s:e]
                 g = g.to(compute_dtype)
                 torch.mm(g, joint, out=grad_he[s:e])
                 grad_w2_t.addmm_((m.float() * out_scale[s:e, None]).t(), g.float())  # fp32 accumulation

@@ -86,17 +86,6 @@ def block_states(draft: nn.Module, batch: Batch, groups: int, attn_impl: str | N
     return hidden.view(bsz, num_anchors, n, -1), target_ids, prev_ids
 
 
-def training_attention(impl: str, device: torch.device, compiled: bool) -> str:
-    """The attention kernel a training step uses: the recipe's, where `auto` on CPU means "blockwise"
-    under `train.compile` (inductor fuses its masking and softmax around the batched matmuls: 26.4 ->
-    25.8 ms and 30.7 -> 28.5 ms per step in two A/B runs, 2 threads, the issue-7 setup) and "sdpa"
-    eagerly (blockwise's unfused element-wise passes cost as much as it saves: 24.6 vs 24.6 ms on 2
-    threads, 34.1 vs 32.2 on 1)."""
-    if impl == "auto" and device.type != "cuda":
-        return "blockwise" if compiled else "sdpa"
-    return resolve_attn_impl(impl, device)
-
-
 def choose_groups(num_anchors: int, block_size: int, seq_len: int, attn_impl: str) -> int:
     """Anchor rows per sequence for dense-mask attention: the largest of 8, 4, 2 dividing the anchors
     that keeps at least seq_len / 4 block keys per row (measured on CPU SDPA, 4 x 128 tokens with 32
@@ -146,7 +135,7 @@ class TrainStep(nn.Module):
         draft, cfg = self.draft, self.loss_config
         n = draft.config.block_size
         bsz, num_anchors = batch.anchors.shape
-        impl = training_attention(draft.attn_impl, ok.device, self.compiled)
+        impl = resolve_attn_impl(draft.attn_impl, ok.device, compiled=self.compiled)
         groups = self.anchor_groups or choose_groups(num_anchors, n, batch.input_ids.shape[1], impl)
         groups = groups if num_anchors % groups == 0 else 1
         # under a dispatch mode (the loop's FLOP counter) dynamo cannot trace, and a frame it gives up
