@@ -74,6 +74,15 @@ static inline vf vexp_le0(vf x) {
     vf e = p * r * r + r + 1.0f;
     return e * (vf)((ni + 127) << 23);
 }
+static inline float row_max(const float *x, int64_t V) {
+    const int64_t body = V - V % W;
+    int64_t v;
+    vf mv = vsplat(x[0]);
+    for (v = 0; v < body; v += W) mv = vmax(mv, vload(x + v));
+    float m = hmax(mv);
+    for (; v < V; v++) m = x[v] > m ? x[v] : m;
+    return m;
+}
 static inline float exp_le0(float x) {
     vf v = vexp_le0(vsplat(x));
     return v[0];
@@ -93,10 +102,7 @@ void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const
         float *zr = z + i * V;
         const float *qr = table + rows[i] * V;
         int64_t v;
-        vf mv = vsplat(zr[0]);
-        for (v = 0; v < body; v += W) mv = vmax(mv, vload(zr + v));
-        float m = hmax(mv);
-        for (; v < V; v++) m = zr[v] > m ? zr[v] : m;
+        float m = row_max(zr, V);
         float z_label = zr[labels[i]], z_top = zr[top[rows[i]]];
         vf sv = vsplat(0.0f);
         for (v = 0; v < body; v += W) { vf e = vexp_le0(vload(zr + v) - m); vstore(zr + v, e); sv += e; }
@@ -133,15 +139,10 @@ void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const
 
 /* out[i] = the first index of the largest value of row i of x [n, V] (torch.argmax's tie rule). */
 void dspark_row_argmax(int64_t n, int64_t V, const float *x, int64_t *out, int threads) {
-    const int64_t body = V - V % W;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         const float *r = x + i * V;
-        int64_t v;
-        vf mv = vsplat(r[0]);
-        for (v = 0; v < body; v += W) mv = vmax(mv, vload(r + v));
-        float m = hmax(mv);
-        for (; v < V; v++) m = r[v] > m ? r[v] : m;
+        float m = row_max(r, V);
         int64_t k = 0;
         while (k < V - 1 && r[k] != m) k++;
         out[i] = k;
