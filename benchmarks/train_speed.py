@@ -197,29 +197,38 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
 
 # What a step is made of and what was tried, measured on this machine (2026-11-30, vocab 1024, 512 tokens per
 # step, in-process phase timers and torch.profiler); kept here so the next attempt starts from numbers, not guesses.
-DIAGNOSIS = """Where a step goes now (2 threads, compiled, threads bound; 2026-11-30, second pass): 16.6-21 ms on a
-quiet machine (the same script measured 24-29 ms in slow phases of the shared host the same afternoon;
-every comparison below alternates the two variants in one process). Phase timers at 18.0 ms: collation
-0.5, block states forward 3.9, vocabulary loss 4.1 (matmuls ~3, the CPU kernel ~0.6), the rest of the
-forward 1.5, backward 6.7, clipping 0.5, AdamW 0.6. py-spy over 400 steps: the compiled
-block states 56% (backward 34%, forward 22%: matmuls, the attention's batched matmuls, fused
-norm / RoPE / SiLU / softmax kernels), the vocabulary loss 20% (now almost only its four matmuls:
-~1 GFLOP per step between them and the backbone, ~6 ms at the ~170 GFLOP/s two cores give these
-shapes), AdamW 3-4%, clipping 2%, the rest (loss tail, metrics, autograd engine, collation) ~15%.
-30,000 tokens/s needs 17 ms per step. Untried: a bf16 step (the issue's setup is fp32), a
-hand-written attention kernel (the blockwise softmax forward + backward is ~1.3 ms of fused inductor
-code, the attention's batched matmuls ~2 ms).
+DIAGNOSIS = """Where a step goes now (2 threads, compiled, threads bound; 2026-11-30, third pass): 14.7-15.5 ms
+on a quiet machine (16.6-21 ms before this pass; the shared host runs up to ~1.5x slower in some
+phases, so every comparison below alternates the two variants in one process). Attention was 3.6 ms of
+a 16.6 ms step (measured by swapping it for a no-op in the compiled graph); the C kernel now takes
+~0.5 ms forward + ~0.9 ms backward per layer inside the step (torch profiler). Before this pass, phase
+timers at 18.0 ms: collation 0.5, block states forward 3.9, vocabulary loss 4.1 (matmuls ~3, the CPU
+kernel ~0.6), the rest of the forward 1.5, backward 6.7, clipping 0.5, AdamW 0.6. py-spy over 400 steps:
+the compiled block states 56% (backward 34%, forward 22%: matmuls, the attention's batched matmuls,
+fused norm / RoPE / SiLU / softmax kernels), the vocabulary loss 20% (now almost only its four
+matmuls: ~1 GFLOP per step between them and the backbone, ~6 ms at the ~170 GFLOP/s two cores give
+these shapes), AdamW 3-4%, clipping 2%, the rest (loss tail, metrics, autograd engine, collation) ~15%.
+30,000 tokens/s needs 17 ms per step. Untried: a bf16 step (the issue's setup is fp32).
 
 Adopted (each measured on this machine in one process, alternating settings or implementations):
-- a fused C kernel for the vocabulary loss's row-wise passes (dspark_cli/training/cpu_kernel.py):
+- block attention as one C kernel, forward and backward (dspark_cli/kernels/attention.py, a torch custom
+  op): only the keys a block sees, scores in L1, softmax recomputed in backward from the log-sum-exp.
+  Per layer 1.06 vs 2.32 ms (2 threads) and 2.08 vs 4.03 ms (1 thread) against the compiled torch
+  blockwise; whole steps 16.69 -> 15.45 ms compiled, 21.2 -> 18.5 ms eager (vs SDPA, 2 threads) and
+  29.7 -> 27.3 ms (1 thread), so `auto` uses it eagerly too. A first version that scored the block's
+  keys with per-key dot products and ran exp on scalar tails was 3.15 ms per layer (slower than torch);
+- inductor's C++ wrapper for the compiled graph (cpp_wrapper): 16.25 -> 15.56 and 23.4 -> 22.8 ms per
+  compiled 2-thread step; its max-autotune C++ GEMM templates on top: 16.43 -> 16.20 ms for a 48 s
+  compile, not adopted;
+- a fused C kernel for the vocabulary loss's row-wise passes (dspark_cli/kernels/vocab.py):
   20.8 -> 19.2 ms per compiled 2-thread step, 28.2 -> 26.4 ms on 1 thread; it replaced ~12 torch passes
   over [slots, vocab] (and a slow argmax) by 4 passes over L1-resident rows (880 x 1024 slots: 0.7 ms
   on one thread vs ~2.8 ms). A first, auto-vectorised version was 4.1 ms (gcc left the exp loop scalar);
 - RoPE cos / sin from a table built outside torch.compile: inductor had fused scalar sin / cos / pow into
   every consumer, forward and backward: 21.8 -> 20.6 ms per compiled 2-thread step;
-- "blockwise" attention under train.compile (context scores for all of a row's queries + N x N block
-  scores, one softmax; exact): 26.4 -> 25.8 and 30.7 -> 28.5 ms in two A/B runs; eagerly no gain
-  (24.6 vs 24.6 ms on 2 threads, 34.1 vs 32.2 on 1), so eager runs keep SDPA;
+- "blockwise" attention in torch code under train.compile (context scores for all of a row's queries +
+  N x N block scores, one softmax; exact): 26.4 -> 25.8 and 30.7 -> 28.5 ms in two A/B runs; eagerly no
+  gain (24.6 vs 24.6 ms on 2 threads, 34.1 vs 32.2 on 1); now the fallback where the C kernel is not built;
 - glibc keeps freed memory (mallopt, dspark_cli/training/host.py): 43.3 -> 35.7 ms per step on 1 thread,
   35.3 -> 28.2 ms on 2; it also removed most of the slowdown two processes caused each other (page faults);
 - fused AdamW: 36.5 -> 32.6 ms per step at 2 FSDP2 ranks (foreach on DTensors dispatches a dozen times);

@@ -78,9 +78,12 @@ def test_two_fsdp2_processes_give_the_loss_curve_of_one(one_process, target_root
     mixed_one, _ = _run(_workdir(target_root, tmp_path, "mixed-one"), *STEPS, *clip, "--vary")
     mixed_two, _ = _run(_workdir(target_root, tmp_path, "mixed-two"), *STEPS, *clip, "--vary", nproc=2)
     assert all(r["grad_norm"] > 0.3 for r in mixed_one), [r["grad_norm"] for r in mixed_one]
+    # the gradient norm gets 1e-4: the L1 term's gradient p * sign(p - q) is discontinuous where a
+    # draft probability equals the target's, and a rounding-level difference can flip one sign (seen
+    # once: 1.3e-5 relative at step 11 of 12, the loss equal to 2e-8 and the next step back at 1e-6)
     for a, b in zip(mixed_one, mixed_two, strict=True):
         assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-5 * a["grad_norm"], (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"], (a, b)
     assert summary["world_size"] == 2
     assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, 13))
     for a, b in zip(one, two):
@@ -96,9 +99,9 @@ def test_two_fsdp2_processes_give_the_loss_curve_of_one(one_process, target_root
 
 
 def test_compiled_training_gives_the_loss_curve_of_eager(one_process, target_root, tmp_path):
-    """`train.compile=true` fuses the backbone with inductor and, on CPU, switches `auto` attention
-    from SDPA to the blockwise kernel: the same math in another rounding order (measured ~1e-8
-    relative over 12 steps; same tolerance argument as 1 vs 2 processes). The first step runs
+    """`train.compile=true` fuses the backbone with inductor (attention stays the C kernel, called from
+    the compiled graph): the same math in another rounding order (measured ~1e-8 relative over 12
+    steps; same tolerance argument as 1 vs 2 processes). The first step runs
     eagerly under the loop's FLOP counter, every later step through the compiled graph."""
     _, eager, _ = one_process
     compiled, _ = _run(_workdir(target_root, tmp_path, "compiled"), *STEPS, "train.compile=true")

@@ -34,7 +34,7 @@ def _loss_inputs(seed=0, slots=70, hidden=16, rank=8, vocab=97, rows=40):
 
 
 def _kernel_or_skip(use_kernel: bool):
-    from dspark_cli.training.cpu_kernel import vocab_kernel
+    from dspark_cli.kernels.vocab import vocab_kernel
 
     if use_kernel and vocab_kernel() is None:
         pytest.skip("the fused CPU kernel could not be built here (no gcc?): the torch path is tested")
@@ -73,7 +73,7 @@ def test_cpu_kernel_argmax_and_extreme_logits():
     """Row argmax with ties (first index, as torch) and a loss whose logits span 200 nats (exp of
     the far tail underflows in both implementations) agree with torch's; a NaN logit gives a NaN loss."""
     _kernel_or_skip(True)
-    from dspark_cli.training.cpu_kernel import vocab_kernel
+    from dspark_cli.kernels.vocab import vocab_kernel
 
     x = torch.randn(33, 130)
     x[3, [5, 77]] = 10.0  # a tie
@@ -337,15 +337,21 @@ def test_count_flops_leaves_attention_kernels_to_the_analytic_count():
                                 F.scaled_dot_product_attention(q, k, v))) == 2 * 8 * 16 * 4
 
 
-def test_attention_choice_for_training():
-    """`auto` on CPU: blockwise when compiled (fused by inductor), SDPA eagerly; a recipe's explicit
+def test_attention_choice_for_training(monkeypatch):
+    """`auto` on CPU: blockwise when the C kernels are built (they beat SDPA eagerly) or when compiled
+    (inductor fuses the torch blockwise), SDPA eagerly without the kernels; a recipe's explicit
     choice is kept; CUDA resolves to flex without needing a GPU to decide."""
     from dspark_cli.draft.attention import resolve_attn_impl
+    from dspark_cli.kernels import library
     from dspark_cli.training.step import choose_groups
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    with_kernel = "blockwise" if library() is not None else "sdpa"
+    assert resolve_attn_impl("auto", cpu, compiled=False) == with_kernel
     assert resolve_attn_impl("auto", cpu, compiled=True) == "blockwise"
+    monkeypatch.setenv("DSPARK_CPU_KERNEL", "0")
     assert resolve_attn_impl("auto", cpu, compiled=False) == "sdpa"
+    assert resolve_attn_impl("auto", cpu, compiled=True) == "blockwise"
     assert resolve_attn_impl("auto", cuda, compiled=True) == "flex"
     assert resolve_attn_impl("sdpa", cpu, compiled=True) == "sdpa"
     assert resolve_attn_impl("blockwise", cpu, compiled=False) == "blockwise"

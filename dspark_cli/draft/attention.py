@@ -9,20 +9,20 @@ Query block j (N slots, an anchor then N-1 masks) sees context slot k iff
 - drafting: one row per request, context = padded cached K/V, `ctx_limit[b, 0] = len_b`.
 
 Implementations (`attn_impl`):
-- "blockwise" the block structure spelled out: one dense masked product of all of a row's queries
-          with its context keys ([B, H, Q, T]) and, per block, N x N scores with its own keys,
-          joined by one softmax. No dense [Q, Q] block-to-block scores (of which a block uses
-          only N columns), context K/V read once per row, and every product is a batched matmul
-          that torch.compile fuses around; `auto`'s choice on CPU under torch.compile
-          (`resolve_attn_impl`). Needs what
+- "blockwise" the block structure spelled out: each block's queries score the context keys before
+          their anchor and the block's own N keys, under one softmax. No dense [Q, Q] block-to-block
+          scores (of which a block uses only N columns), context K/V read once per row. Needs what
           `BlockLayout` describes, the block keys being the queries' own, in query order (true
-          for training and for drafting). Materialises the [B, H, Q, T + N] scores, so it is
-          for CPU-sized batches. Measured per layer forward + backward on 2 cores (2 threads,
-          4 x 128-token rows, 32 anchors of 7, GQA 4/2 heads of 16): compiled 1.9 ms vs 2.7
-          for compiled "sdpa" on 8 anchor rows per sequence; eager 3.3-4.2 vs 3.0-4.2 (whole
-          training steps: `resolve_attn_impl`).
+          for training and for drafting). fp32 on CPU (head dims multiples of 16, N <= 16): one C
+          kernel, forward and backward, that visits only the keys a block sees
+          (`dspark_cli.kernels.attention`; 1.06 vs 2.32 ms per layer forward + backward against
+          the compiled torch code, 2 threads, the issue-7 shapes). Elsewhere torch code: a masked
+          product of all of a row's queries with its context keys ([B, H, Q, T]) and per-block
+          N x N scores, batched matmuls that torch.compile fuses around; it materialises the
+          [B, H, Q, T + N] scores, so it is for CPU-sized batches (compiled 1.9 ms vs 2.7 for
+          compiled "sdpa" per layer on the shapes above; eager 3.3-4.2 vs 3.0-4.2).
 - "sdpa"  `F.scaled_dot_product_attention` with a boolean [B, 1, Q, K] mask. Forward and
-          backward on CPU and GPU; the default on CPU. Measured on 2 CPU cores (1 thread,
+          backward on CPU and GPU. Measured on 2 CPU cores (1 thread,
           benchmarks/results/draft_model.md): as fast as "eager" on the 4 x 128-token
           batches (the vocab projection dominates there) and up to ~15% faster on 1024-token
           sequences; "flex" forward is 0-20% slower than SDPA after a 4-6 s compile.
@@ -34,7 +34,8 @@ Implementations (`attn_impl`):
           (PyTorch raises), so use it there only under `torch.no_grad()`. Not run on a GPU in
           this repository's CI: the CPU forward is tested against SDPA.
 - "eager" explicit fp32 `softmax(q k^T * scale) v`: slow, transparent, for debugging.
-- "auto"  "flex" on CUDA, "sdpa" elsewhere ("blockwise" under torch.compile).
+- "auto"  "flex" on CUDA; on CPU "blockwise" when dspark's C kernels are built (the usual case)
+          or under torch.compile, "sdpa" otherwise (`resolve_attn_impl`).
 
 The dense mask materialises B * Q * K booleans; flex's BlockMask stores per-128-tile indices.
 """
@@ -47,21 +48,24 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dspark_cli.kernels import attention as cpu_kernel
+
 ATTN_IMPLS = ("blockwise", "sdpa", "flex", "eager", "auto")
 
 
 def resolve_attn_impl(impl: str, device: torch.device, *, compiled: bool = False) -> str:
-    """The kernel `impl` names on `device`. `auto` on CPU is "blockwise" when the caller runs under
-    torch.compile (inductor fuses its masking and softmax around the batched matmuls: 26.4 -> 25.8 and
-    30.7 -> 28.5 ms per training step in two A/B runs, 2 threads, the issue-7 setup) and "sdpa"
-    eagerly (blockwise's unfused element-wise passes cost as much as it saves: 24.6 vs 24.6 ms on 2
-    threads, 34.1 vs 32.2 on 1)."""
+    """The kernel `impl` names on `device`. `auto` on CPU is "blockwise": with dspark's C kernel
+    (fp32, `dspark_cli.kernels.attention`) it beats SDPA eagerly (21.2 -> 18.5 ms per training step on
+    2 threads, 29.7 -> 27.3 on 1, the issue-7 setup) and compiled blockwise (16.7 -> 15.5 ms); without
+    the kernel, "blockwise" under torch.compile (inductor fuses its masking and softmax around the
+    batched matmuls: 26.4 -> 25.8 and 30.7 -> 28.5 ms in two A/B runs) and "sdpa" eagerly (the
+    unfused torch blockwise costs as much as it saves: 24.6 vs 24.6 ms on 2 threads, 34.1 vs 32.2 on 1)."""
     if impl not in ATTN_IMPLS:
         raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
     if impl == "auto":
         if device.type == "cuda":
             return "flex"
-        return "blockwise" if compiled else "sdpa"
+        return "blockwise" if compiled or cpu_kernel.kernel_on() else "sdpa"
     return impl
 
 
@@ -175,6 +179,8 @@ def _blockwise(q, k, v, layout: BlockLayout, scale: float):
     if k.shape[2] != t + num_q:
         raise ValueError(f"blockwise attention needs the block keys to be the queries' own: "
                          f"{k.shape[2]} keys for {t} context slots + {num_q} queries")
+    if cpu_kernel.applies(q, k, v, n):  # fp32 on CPU: one C kernel, forward and backward
+        return cpu_kernel.cpu_block_attention(q, k, v, layout.ctx_limit, n, scale)
     k_ctx, k_blk, v_ctx, v_blk = k[:, :, :t], k[:, :, t:], v[:, :, :t], v[:, :, t:]
     acc = torch.promote_types(q.dtype, torch.float32)  # scores and softmax in fp32 (or fp64) under bf16
     # the query heads sharing a KV head are stacked along the query axis: one [rep * Q, T] product

@@ -144,8 +144,9 @@ class DraftSection(Section):
         None, ge=0, description="Token id of the query-block mask slots; default: the tokenizer's mask token."
     )
     attention: Literal["auto", "blockwise", "sdpa", "flex", "eager"] = Field(
-        "auto", description="Training attention kernel (`auto`: flex on GPU; on CPU blockwise with "
-        "`train.compile`, SDPA with block masks otherwise)."
+        "auto", description="Training attention kernel (`auto`: flex on GPU; on CPU blockwise, which is "
+        "dspark's C kernel in fp32, or SDPA with block masks where that kernel cannot be built and "
+        "`train.compile` is off)."
     )
     intermediate_size: int | None = Field(None, gt=0, description="MLP width (default: the target's).")
     num_attention_heads: int | None = Field(None, gt=0, description="Attention heads (default: the target's).")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dspark_cli.training.cpu_kernel import vocab_kernel
+from dspark_cli.kernels.vocab import vocab_kernel
 
 TABLE_BYTES = 256 << 20  # largest target-probability table kept; beyond it q is recomputed per chunk
 NUM_SLOT_STATS = 4  # per slot: CE, L1, draft top-1 == label, draft top-1 == target top-1

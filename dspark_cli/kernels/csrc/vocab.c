@@ -1,0 +1,63 @@
+/* The vocabulary loss's row-wise passes (training/loss.py, kernels/vocab.py). */
+#include "prelude.h"
+
+/* Per row i of z [c, V] (logits, overwritten): p = softmax(z), q = table[rows[i]];
+   stats[i] = (CE, L1 = sum|p - q|, z[label] is the max, z[top[rows[i]]] is the max);
+   with grads, z becomes d/dz of w_ce*CE + w_l1*L1 divided by out_scale[i]:
+   a * copysign(p, p - q) + p * (w_ce - w_l1 * sum_v copysign(p, p - q)_v) / out_scale - onehot * w_ce / out_scale,
+   a = 1 when by_l1 (out_scale = w_l1) and w_l1 otherwise. */
+void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const int64_t *rows,
+                       const int64_t *labels, const int64_t *top, const float *w_ce, const float *w_l1,
+                       const float *out_scale, int by_l1, int grads, float *stats, int threads) {
+    const int64_t body = V - V % W;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < c; i++) {
+        float *zr = z + i * V;
+        const float *qr = table + rows[i] * V;
+        int64_t v;
+        float m = row_max(zr, V);
+        float z_label = zr[labels[i]], z_top = zr[top[rows[i]]];
+        vf sv = vsplat(0.0f);
+        for (v = 0; v < body; v += W) { vf e = vexp_le0(vload(zr + v) - m); vstore(zr + v, e); sv += e; }
+        float s = hsum(sv);
+        for (; v < V; v++) { float e = exp_le0(zr[v] - m); zr[v] = e; s += e; }
+        float inv = 1.0f / s;
+        vf l1v = vsplat(0.0f), cv = vsplat(0.0f);
+        for (v = 0; v < body; v += W) {
+            vf p = vload(zr + v) * inv, d = p - vload(qr + v), ps = vcopysign_pos(p, d);
+            l1v += vabs(d);
+            cv += ps;
+            vstore(zr + v, ps);
+        }
+        float l1 = hsum(l1v), centre = hsum(cv);
+        for (; v < V; v++) {
+            float p = zr[v] * inv, d = p - qr[v], ps = copysignf(p, d);
+            l1 += fabsf(d);
+            centre += ps;
+            zr[v] = ps;
+        }
+        stats[4 * i + 0] = m + logf(s) - z_label;
+        stats[4 * i + 1] = l1;
+        stats[4 * i + 2] = z_label >= m ? 1.0f : 0.0f;
+        stats[4 * i + 3] = z_top >= m ? 1.0f : 0.0f;
+        if (grads) {
+            float row_scale = (w_ce[i] - w_l1[i] * centre) / out_scale[i];
+            float a = by_l1 ? 1.0f : w_l1[i];
+            for (v = 0; v < body; v += W) { vf ps = vload(zr + v); vstore(zr + v, ps * a + vabs(ps) * row_scale); }
+            for (; v < V; v++) { float ps = zr[v]; zr[v] = ps * a + fabsf(ps) * row_scale; }
+            zr[labels[i]] -= w_ce[i] / out_scale[i];
+        }
+    }
+}
+
+/* out[i] = the first index of the largest value of row i of x [n, V] (torch.argmax's tie rule). */
+void dspark_row_argmax(int64_t n, int64_t V, const float *x, int64_t *out, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const float *r = x + i * V;
+        float m = row_max(r, V);
+        int64_t k = 0;
+        while (k < V - 1 && r[k] != m) k++;
+        out[i] = k;
+    }
+}
