@@ -51,8 +51,12 @@ CASES = {  # bsz, Hq, Hk, context, blocks, N, D, Dv
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+@pytest.mark.parametrize("keep", [True, False], ids=["kept-softmax", "recomputed-softmax"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_kernel_matches_float64_reference(case, strided, threads):
+def test_kernel_matches_float64_reference(monkeypatch, case, keep, strided, threads):
+    """Both backward paths: the forward's softmax kept, or recomputed from the log-sum-exp."""
+    if not keep:
+        monkeypatch.setattr(kernel, "PROBS_BYTES", 0)
     bsz, hq, hk, ctx, blocks, n, d, dv = CASES[case]
     q, k, v, ctx_limit = inputs(bsz, hq, hk, ctx, blocks, n, d, dv, strided=strided)
     scale = d ** -0.5
@@ -110,7 +114,8 @@ def test_custom_op_registration_and_torch_compile():
     eager kernel's output and gradients."""
     q, k, v, ctx_limit = inputs(2, 4, 2, 24, 3, 5, 16, 32, strided=True)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    torch.library.opcheck(torch.ops.dspark.block_attention.default, (*leaves, ctx_limit, 5, 0.25))
+    for keep in (True, False):
+        torch.library.opcheck(torch.ops.dspark.block_attention.default, (*leaves, ctx_limit, 5, 0.25, keep))
 
     def attend(q, k, v, ctx_limit):
         return block_attention(q, k, v, BlockLayout(num_ctx=24, block_size=5, ctx_limit=ctx_limit), 0.25,

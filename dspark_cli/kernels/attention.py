@@ -13,10 +13,13 @@ an autograd formula), so torch.compile keeps it as one call inside the compiled 
 Why: on the issue-7 setup (2 threads, compiled) attention was 3.6 ms of a 16.6 ms step, measured by
 swapping it for a no-op: two batched matmuls over every (query, context key) pair of which a block
 uses only the keys before its anchor (~half), a [B, H, Q, T + N] score tensor written and re-read by
-the fused softmax, and the same again in backward. The kernel visits only the keys a block sees,
-keeps a block's scores in L1, and recomputes the softmax in backward from the saved log-sum-exp
-(as flash attention does). Per layer (B 4, 4 / 2 heads of 16, T 128, 32 blocks of 7, forward +
-backward): 1.06 ms vs 2.32 ms for torch.compile'd blockwise on 2 threads, 2.08 vs 4.03 on 1.
+the fused softmax, and the same again in backward. The kernel visits only the keys a block sees and
+keeps a block's scores in L1. When gradients are wanted the forward also keeps the softmax rows for
+the backward (up to PROBS_BYTES; 2 MB per layer on that setup): backward 0.60-0.69 ms vs 0.74-0.81 ms
+recomputing them from the saved log-sum-exp as flash attention does, which it does above that size
+(whole eager steps 22.37 -> 22.06 ms). Per layer (B 4, 4 / 2 heads of 16, T 128, 32 blocks of 7,
+forward + backward, recomputing): 1.06 ms vs 2.32 ms for torch.compile'd blockwise on 2 threads,
+2.08 vs 4.03 on 1.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 from dspark_cli.kernels import library
 
 WIDTH = 16  # floats per vector in csrc/prelude.h: head dims must be multiples, blocks at most this
+PROBS_BYTES = 64 << 20  # the forward keeps its softmax for the backward up to this size, else it is recomputed
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 _fns: dict[str, object] = {}
 
@@ -39,8 +43,8 @@ def _lib():
             raise RuntimeError("dspark CPU kernels are not available (see dspark_cli.kernels)")
         fwd, bwd = lib.dspark_block_attn_fwd, lib.dspark_block_attn_bwd
         strides = ctypes.POINTER(ctypes.c_int64)
-        fwd.argtypes = [_I64] * 8 + [strides, _P, _P, _P, _P, ctypes.c_float, _P, _P, ctypes.c_int]
-        bwd.argtypes = [_I64] * 8 + [strides, _P, _P, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P, _P, _I64,
+        fwd.argtypes = [_I64] * 8 + [strides, _P, _P, _P, _P, ctypes.c_float, _P, _P, _P, ctypes.c_int]
+        bwd.argtypes = [_I64] * 8 + [strides, _P, _P, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P, _I64,
                                      ctypes.c_int]
         fwd.restype = bwd.restype = None
         _fns.update(fwd=fwd, bwd=bwd)
@@ -78,6 +82,15 @@ def _dims(q, k, v, ctx_limit, block_size):
     return bsz, hq, hk, nk - nq, nq, block_size, d, dv
 
 
+def _probs_shape(q: torch.Tensor, k: torch.Tensor, keep: bool) -> tuple[int, ...]:
+    """Rows x row width of the softmax the forward keeps ((0,) when not asked to or over PROBS_BYTES): one
+    row per query head and query, the context padded to WIDTH plus one vector for the block (csrc/attention.c)."""
+    bsz, hq, nq = q.shape[:3]
+    width = -(-(k.shape[2] - nq) // WIDTH) * WIDTH + WIDTH
+    rows = bsz * hq * nq
+    return (rows, width) if keep and rows * width * 4 <= PROBS_BYTES else (0,)
+
+
 def _segments(bsz: int, hk: int, num_blocks: int) -> int:
     """Block segments per (row, KV head) in backward: enough units for every thread twice over."""
     want = -(-2 * torch.get_num_threads() // max(1, bsz * hk))
@@ -86,29 +99,34 @@ def _segments(bsz: int, hk: int, num_blocks: int) -> int:
 
 @torch.library.custom_op("dspark::block_attention", mutates_args=())
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: torch.Tensor, block_size: int,
-             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+             scale: float, keep_probs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, probs): lse and probs (the softmax, kept with `keep_probs` below PROBS_BYTES, else empty) are
+    for the backward, which recomputes the softmax when probs is empty (~35% more backward work)."""
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     dims = _dims(q, k, v, ctx_limit, block_size)
     bsz, hq, _, _, nq, _, _, dv = dims
     out = q.new_empty(bsz, nq, hq, dv).transpose(1, 2)  # [B, H, Q, Dv] laid out as [B, Q, H, Dv]
     lse = q.new_empty(bsz, hq, nq)
+    probs = q.new_empty(_probs_shape(q, k, keep_probs))
     if out.numel():
         limit = ctx_limit.to(torch.int64).contiguous()
         strides = _strides(q, k, v, out)
         _lib()[0](*dims, strides, q.data_ptr(), k.data_ptr(), v.data_ptr(), limit.data_ptr(), scale,
-                  out.data_ptr(), lse.data_ptr(), torch.get_num_threads())
-    return out, lse
+                  out.data_ptr(), lse.data_ptr(), probs.data_ptr() if probs.numel() else None,
+                  torch.get_num_threads())
+    return out, lse, probs
 
 
 @_forward.register_fake
-def _(q, k, v, ctx_limit, block_size, scale):
+def _(q, k, v, ctx_limit, block_size, scale, keep_probs):
     bsz, hq, nq = q.shape[:3]
-    return q.new_empty(bsz, nq, hq, v.shape[-1]).transpose(1, 2), q.new_empty(bsz, hq, nq)
+    return (q.new_empty(bsz, nq, hq, v.shape[-1]).transpose(1, 2), q.new_empty(bsz, hq, nq),
+            q.new_empty(_probs_shape(q, k, keep_probs)))
 
 
 @torch.library.custom_op("dspark::block_attention_backward", mutates_args=())
 def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor, grad_out: torch.Tensor, block_size: int,
+                 lse: torch.Tensor, probs: torch.Tensor, grad_out: torch.Tensor, block_size: int,
                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, out, grad_out = (_unit_last(t) for t in (q, k, v, out, grad_out))
     dims = _dims(q, k, v, ctx_limit, block_size)
@@ -119,7 +137,8 @@ def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: t
         strides = _strides(q, k, v, out, grad_out, *grads)
         segs = _segments(dims[0], dims[2], dims[4] // block_size)
         _lib()[1](*dims, strides, q.data_ptr(), k.data_ptr(), v.data_ptr(), limit.data_ptr(), scale,
-                  out.data_ptr(), lse.data_ptr(), grad_out.data_ptr(), *(g.data_ptr() for g in grads), segs,
+                  out.data_ptr(), lse.data_ptr(), probs.data_ptr() if probs.numel() else None, grad_out.data_ptr(),
+                  *(g.data_ptr() for g in grads), segs,
                   torch.get_num_threads())
     else:
         for g in grads:
@@ -128,22 +147,22 @@ def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: t
 
 
 @_backward_op.register_fake
-def _(q, k, v, ctx_limit, out, lse, grad_out, block_size, scale):
+def _(q, k, v, ctx_limit, out, lse, probs, grad_out, block_size, scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, ctx_limit, block_size, scale = inputs
+    q, k, v, ctx_limit, block_size, scale, _ = inputs
     ctx.save_for_backward(q, k, v, ctx_limit, *output)
     ctx.block_size, ctx.scale = block_size, scale
-    ctx.mark_non_differentiable(output[1])
+    ctx.mark_non_differentiable(output[1], output[2])
 
 
-def _backward(ctx, grad_out, grad_lse):
-    del grad_lse  # lse is an auxiliary output for the backward, marked non-differentiable
-    q, k, v, ctx_limit, out, lse = ctx.saved_tensors
-    dq, dk, dv = _backward_op(q, k, v, ctx_limit, out, lse, grad_out, ctx.block_size, ctx.scale)
-    return dq, dk, dv, None, None, None
+def _backward(ctx, grad_out, grad_lse, grad_probs):
+    del grad_lse, grad_probs  # auxiliary outputs for the backward, marked non-differentiable
+    q, k, v, ctx_limit, out, lse, probs = ctx.saved_tensors
+    dq, dk, dv = _backward_op(q, k, v, ctx_limit, out, lse, probs, grad_out, ctx.block_size, ctx.scale)
+    return dq, dk, dv, None, None, None, None
 
 
 _forward.register_autograd(_backward, setup_context=_setup_context)
@@ -152,4 +171,5 @@ _forward.register_autograd(_backward, setup_context=_setup_context)
 def cpu_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: torch.Tensor,
                         block_size: int, scale: float) -> torch.Tensor:
     """[B, Hq, Q, Dv] block attention (see the module docstring); call only where `applies`."""
-    return _forward(q, k, v, ctx_limit, block_size, scale)[0]
+    keep = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return _forward(q, k, v, ctx_limit, block_size, scale, keep)[0]

@@ -11,8 +11,8 @@
    W) and the block's keys at [Lp, Lp + W). Padding lanes are -inf before the softmax and 0 after it,
    so every loop runs on whole vectors. Scores and dO . v are taken against transposed keys / values
    ([D, keys]: one broadcast query element times W keys per FMA); sums over keys (the output, dq, dk,
-   dv) run over key rows, W head dims per FMA. The backward recomputes the softmax from the saved
-   log-sum-exp, as flash attention does. */
+   dv) run over key rows, W head dims per FMA. The backward reads the softmax the forward kept, or
+   recomputes it from the saved log-sum-exp as flash attention does. */
 #include <stdlib.h>
 #include <string.h>
 #include "prelude.h"
@@ -136,10 +136,11 @@ static inline float dot(const float *x, const float *y, int64_t D) {
 static inline int64_t row_head(const attn_t *a, int64_t hk, int64_t r) { return hk * a->rep + r / a->N; }
 static inline int64_t row_query(const attn_t *a, int64_t j, int64_t r) { return j * a->N + r % a->N; }
 
-/* out [B, Hq, Q, Dv] (strided), lse [B, Hq, Q] contiguous: the log-sum-exp of each row's scores */
+/* out [B, Hq, Q, Dv] (strided), lse [B, Hq, Q] contiguous: the log-sum-exp of each row's scores;
+   probs (NULL: not kept) [B, Hq, Q, Tp + W]: each row's softmax in the score layout above, for the backward */
 void dspark_block_attn_fwd(int64_t B, int64_t Hq, int64_t Hk, int64_t T, int64_t Q, int64_t N, int64_t D, int64_t Dv,
                            const int64_t *strides, float *q, float *k, float *v, const int64_t *ctx_limit, float scale,
-                           float *out, float *lse, int threads) {
+                           float *out, float *lse, float *probs, int threads) {
     const int64_t *st = strides;  /* (sb, sh, ss) of q, k, v, out */
     attn_t a = {B, Hq, Hk, T, Q, N, D, Dv, Q / N, Hq / Hk, (T + W - 1) / W * W,
                 {q, st[0], st[1], st[2]}, {k, st[3], st[4], st[5]}, {v, st[6], st[7], st[8]}, ctx_limit, scale};
@@ -158,9 +159,15 @@ void dspark_block_attn_fwd(int64_t B, int64_t Hq, int64_t Hk, int64_t T, int64_t
             for (int64_t r = 0; r < a.rep * N; r++) {
                 int64_t h = row_head(&a, hk, r), i = row_query(&a, j, r);
                 float m = scores(&a, &g, at(a.q, b, h, i), kt + (b * Hk + hk) * D * a.Tp, s);
-                float sum = exp_shift(&g, s, m);
-                lse[(b * Hq + h) * Q + i] = m + logf(sum);
-                weighted_rows(&a, &g, s, a.v, b, hk, j, Dv, 1.0f / sum, at(o, b, h, i));
+                float sum = exp_shift(&g, s, m), inv = 1.0f / sum;
+                int64_t row = (b * Hq + h) * Q + i;
+                lse[row] = m + logf(sum);
+                weighted_rows(&a, &g, s, a.v, b, hk, j, Dv, inv, at(o, b, h, i));
+                if (probs) {
+                    float *pr = probs + row * (a.Tp + W);
+                    for (int64_t t = 0; t < g.width; t += W) vstore(pr + t, vload(s + t) * inv);
+                    for (int64_t t = g.width; t < a.Tp + W; t += W) vstore(pr + t, vsplat(0.0f));  /* defined */
+                }
             }
         }
         free(s);
@@ -169,14 +176,15 @@ void dspark_block_attn_fwd(int64_t B, int64_t Hq, int64_t Hk, int64_t T, int64_t
     free(kt);
 }
 
-/* dq, dk, dv (strided like q, k, v) from dout, out (strided like out) and lse. Work unit: (b, hk,
+/* dq, dk, dv (strided like q, k, v) from dout, out (strided like out) and lse, or from the forward's
+   probs when it kept them (NULL: the softmax is recomputed from q, k and lse). Work unit: (b, hk,
    segment of blocks); with several segments per (b, hk) (when B * Hk is small next to the threads),
    each segment's context-key gradients go to its own zeroed slice of a scratch buffer and are summed
    at the end, so no two threads add to the same row. */
 void dspark_block_attn_bwd(int64_t B, int64_t Hq, int64_t Hk, int64_t T, int64_t Q, int64_t N, int64_t D, int64_t Dv,
                            const int64_t *strides, float *q, float *k, float *v, const int64_t *ctx_limit, float scale,
-                           float *out, const float *lse, float *dout, float *dq, float *dk, float *dv,
-                           int64_t segs, int threads) {
+                           float *out, const float *lse, const float *probs, float *dout, float *dq, float *dk,
+                           float *dv, int64_t segs, int threads) {
     const int64_t *st = strides;  /* (sb, sh, ss) of q, k, v, out, dout, dq, dk, dv */
     attn_t a = {B, Hq, Hk, T, Q, N, D, Dv, Q / N, Hq / Hk, (T + W - 1) / W * W,
                 {q, st[0], st[1], st[2]}, {k, st[3], st[4], st[5]}, {v, st[6], st[7], st[8]}, ctx_limit, scale};
@@ -197,8 +205,9 @@ void dspark_block_attn_bwd(int64_t B, int64_t Hq, int64_t Hk, int64_t T, int64_t
                 memset(at(gv, b, hk, t), 0, sizeof(float) * Dv);
             }
         }
-        float *P = malloc(sizeof(float) * R * width), *DS = malloc(sizeof(float) * R * width);
+        float *P = probs ? NULL : malloc(sizeof(float) * R * width), *DS = malloc(sizeof(float) * R * width);
         const float **qr = malloc(sizeof(float *) * R), **gr = malloc(sizeof(float *) * R);
+        const float **pr = malloc(sizeof(float *) * R);
         blk_t g = {.kbt = malloc(sizeof(float) * D * W), .vbt = malloc(sizeof(float) * Dv * W)};
         #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < B * Hk * segs; u++) {
@@ -216,12 +225,19 @@ void dspark_block_attn_bwd(int64_t B, int64_t Hq, int64_t Hk, int64_t T, int64_t
             for (int64_t j = seg * per_seg; j < j_end; j++) {
                 block_setup(&a, b, hk, j, &g, 1);
                 for (int64_t r = 0; r < R; r++) {
-                    int64_t h = row_head(&a, hk, r), i = row_query(&a, j, r);
-                    float *p = P + r * width, *ds = DS + r * width;
+                    int64_t h = row_head(&a, hk, r), i = row_query(&a, j, r), row = (b * Hq + h) * Q + i;
+                    float *ds = DS + r * width;
                     qr[r] = at(a.q, b, h, i);
                     gr[r] = at(go, b, h, i);
-                    scores(&a, &g, qr[r], ktu, p);
-                    exp_shift(&g, p, lse[(b * Hq + h) * Q + i]);  /* p = exp(s - lse): the softmax */
+                    if (probs) {
+                        pr[r] = probs + row * width;
+                    } else {
+                        float *p = P + r * width;
+                        scores(&a, &g, qr[r], ktu, p);
+                        exp_shift(&g, p, lse[row]);  /* p = exp(s - lse): the softmax */
+                        pr[r] = p;
+                    }
+                    const float *p = pr[r];
                     row_times_t(gr[r], vtu, a.Tp, Dv, g.Lp, 1.0f, ds);  /* dp = dO . v */
                     row_times_t(gr[r], g.vbt, W, Dv, W, 1.0f, ds + g.Lp);
                     vf delta = vsplat(dot(gr[r], at(o, b, h, i), Dv));
@@ -246,7 +262,7 @@ void dspark_block_attn_bwd(int64_t B, int64_t Hq, int64_t Hk, int64_t T, int64_t
                     }
                     for (int64_t d = 0; d < Dv; d += W) {
                         vf acc = vsplat(0.0f);
-                        for (int64_t r = 0; r < R; r++) acc += P[r * width + t] * vload(gr[r] + d);
+                        for (int64_t r = 0; r < R; r++) acc += pr[r][t] * vload(gr[r] + d);
                         vstore(rv + d, vload(rv + d) + acc);
                     }
                 }
@@ -256,6 +272,7 @@ void dspark_block_attn_bwd(int64_t B, int64_t Hq, int64_t Hk, int64_t T, int64_t
         free(DS);
         free(qr);
         free(gr);
+        free(pr);
         free(g.kbt);
         free(g.vbt);
         if (part) {
