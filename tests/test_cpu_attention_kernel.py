@@ -99,6 +99,15 @@ def test_block_attention_uses_the_kernel_only_where_it_applies(monkeypatch):
     torch.testing.assert_close(fast.double(), slow64, rtol=1e-5, atol=1e-6)
 
 
+def test_inputs_the_c_code_cannot_take_are_refused():
+    """The C code indexes with the sizes it is given: anything else is a ValueError before it runs."""
+    q, k, v, ctx_limit = inputs(1, 2, 1, 16, 2, 4, 16, 16, strided=False)
+    for bad in ((q[..., :8], k[..., :8], v, ctx_limit, 4), (q, k, v[..., :8], ctx_limit, 4), (q, k, v, ctx_limit, 3),
+                (q, k, v, ctx_limit[:, :1], 4), (q.double(), k.double(), v.double(), ctx_limit, 4)):
+        with pytest.raises(ValueError):
+            torch.ops.dspark.block_attention(*bad, 0.25, False)
+
+
 def test_nan_input_gives_nan_output_rows():
     """A NaN in one query row must show (a diverged run must not look healthy)."""
     q, k, v, ctx_limit = inputs(1, 2, 1, 16, 2, 4, 16, 16, strided=False)

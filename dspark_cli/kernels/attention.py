@@ -73,12 +73,16 @@ def _strides(*tensors: torch.Tensor):
 
 
 def _dims(q, k, v, ctx_limit, block_size):
+    """The kernel's size arguments, after checking everything the C code relies on (it indexes with them)."""
     bsz, hq, nq, d = q.shape
     hk, nk, dv = k.shape[1], k.shape[2], v.shape[-1]
     if (k.shape[0] != bsz or v.shape[:3] != k.shape[:3] or k.shape[-1] != d or hq % hk or nk < nq
-            or tuple(ctx_limit.shape) != (bsz, nq // block_size)):
-        raise ValueError(f"block attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"ctx_limit {tuple(ctx_limit.shape)} do not fit blocks of {block_size}")
+            or not 1 <= block_size <= WIDTH or nq % block_size or d % WIDTH or dv % WIDTH
+            or tuple(ctx_limit.shape) != (bsz, nq // block_size)
+            or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (q, k, v))):
+        raise ValueError(f"block attention kernel: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"ctx_limit {tuple(ctx_limit.shape)}, blocks of {block_size}: not fp32 CPU tensors of "
+                         f"fitting shapes (head dims multiples of {WIDTH}, blocks of 1 to {WIDTH})")
     return bsz, hq, hk, nk - nq, nq, block_size, d, dv
 
 
@@ -130,6 +134,10 @@ def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: t
                  scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, out, grad_out = (_unit_last(t) for t in (q, k, v, out, grad_out))
     dims = _dims(q, k, v, ctx_limit, block_size)
+    want = (*q.shape[:3], v.shape[-1])
+    if (tuple(out.shape) != want or tuple(grad_out.shape) != want or tuple(lse.shape) != want[:3]
+            or (probs.numel() and tuple(probs.shape) != _probs_shape(q, k, True))):
+        raise ValueError("block attention kernel backward: out, grad_out, lse or probs do not fit q, k, v")
     grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() and k.numel():
         limit = ctx_limit.to(torch.int64).contiguous()
@@ -138,8 +146,7 @@ def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: t
         segs = _segments(dims[0], dims[2], dims[4] // block_size)
         _lib()[1](*dims, strides, q.data_ptr(), k.data_ptr(), v.data_ptr(), limit.data_ptr(), scale,
                   out.data_ptr(), lse.data_ptr(), probs.data_ptr() if probs.numel() else None, grad_out.data_ptr(),
-                  *(g.data_ptr() for g in grads), segs,
-                  torch.get_num_threads())
+                  *(g.data_ptr() for g in grads), segs, torch.get_num_threads())
     else:
         for g in grads:
             g.zero_()

@@ -20,7 +20,7 @@ size [slots, vocab] is kept for backward, and the frozen lm_head gets no gradien
 distribution is computed once per distinct (row, position) rather than once per slot (blocks of
 neighbouring anchors overlap), unless that table would not fit in `TABLE_BYTES`. In fp32 on CPU the
 row-wise part (everything between the logits matmul and the gradient matmuls) is one C kernel,
-`cpu_kernel.py`; elsewhere it is the torch code below, which is also the kernel's fallback.
+`dspark_cli/kernels/vocab.py`; elsewhere it is the torch code below, which is also the kernel's fallback.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def target_table(target_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int)
 
 
 def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool):
-    """The row-wise pass as torch operations, what `cpu_kernel.VocabKernel.rows` does in one kernel:
+    """The row-wise pass as torch operations, what `kernels.vocab.VocabKernel.rows` does in one kernel:
     fills stats [c, 4] (CE, L1, draft top-1 == label, draft top-1 == target top-1) from logits z and
     target probabilities q (overwritten), and with `grads` returns d/dz of w_ce*CE + w_l1*L1 divided
     by out_scale (see `_VocabLoss.forward`)."""
@@ -110,7 +110,7 @@ class _VocabLoss(torch.autograd.Function):
         # w_l1 is applied after the matmuls, on [c, H + r] instead of [c, V]
         by_l1 = bool((w_l1 > 0).all())
         out_scale = w_l1 if by_l1 else torch.ones_like(w_l1)
-        # fp32 on CPU: the row-wise passes below as one fused kernel (cpu_kernel), same results
+        # fp32 on CPU: the row-wise passes below as one fused kernel (kernels.vocab), same results
         kernel = (vocab_kernel() if device.type == "cpu" and compute_dtype == torch.float32 and target_is_table
                   and use_kernel else None)
         # the target's top-1 per table row, once (blocks of neighbouring anchors share rows)
