@@ -118,9 +118,9 @@ def test_nan_input_gives_nan_output_rows():
 
 
 def test_custom_op_registration_and_torch_compile():
-    """torch's own checks of the op (schema, fake tensors, autograd registration), then the kernel inside
-    a fullgraph torch.compile (no graph break: the kernel decision is taken at trace time) gives the
-    eager kernel's output and gradients."""
+    """torch's own checks of the op (schema, fake tensors, autograd registration); under a fullgraph
+    torch.compile (no graph break: the kernel decision is taken at trace time) the traced graph calls
+    the op, and inductor's code gives the eager kernel's output and gradients."""
     q, k, v, ctx_limit = inputs(2, 4, 2, 24, 3, 5, 16, 32, strided=True)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     for keep in (True, False):
@@ -130,6 +130,14 @@ def test_custom_op_registration_and_torch_compile():
         return block_attention(q, k, v, BlockLayout(num_ctx=24, block_size=5, ctx_limit=ctx_limit), 0.25,
                                "blockwise").square().sum()
 
+    traced: set = set()
+
+    def record(gm, example_inputs):
+        traced.update(node.target for node in gm.graph.nodes)
+        return gm
+
+    torch.compile(attend, backend=record, fullgraph=True, dynamic=False)(*leaves, ctx_limit)
+    assert torch.ops.dspark.block_attention.default in traced
     compiled = torch.compile(attend, fullgraph=True, dynamic=False)
     got = torch.autograd.grad(compiled(*leaves, ctx_limit), leaves)
     want = torch.autograd.grad(attend(*leaves, ctx_limit), leaves)

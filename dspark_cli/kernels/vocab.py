@@ -47,7 +47,7 @@ class VocabKernel:
                 raise ValueError(f"{name}: need a contiguous CPU {want} tensor, got {t.dtype} on {t.device}")
 
     def rows(self, z, table, rows, labels, top, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool) -> None:
-        """In place: z [c, V] logits -> gradient (with `grads`), stats [c, 4]; see SOURCE."""
+        """In place: z [c, V] logits -> gradient (with `grads`), stats [c, 4]; see csrc/vocab.c."""
         self._check(z=z, table=table, rows=rows, labels=labels, top=top, w_ce=w_ce, w_l1=w_l1,
                     out_scale=out_scale, stats=stats)
         c, vocab = z.shape
