@@ -356,3 +356,12 @@ def test_attention_choice_for_training(monkeypatch):
     assert resolve_attn_impl("sdpa", cpu, compiled=True) == "sdpa"
     assert resolve_attn_impl("blockwise", cpu, compiled=False) == "blockwise"
     assert choose_groups(32, 7, 128, "blockwise") == 1 and choose_groups(32, 7, 128, "sdpa") == 4
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from reference.tiny_drafts import tiny_model
+
+    for bad in (lambda: resolve_attn_impl("fast", cpu), lambda: tiny_model("gqa", attn_impl="fast")):
+        with pytest.raises(ValueError, match="attn_impl must be one of"):
+            bad()

@@ -53,6 +53,12 @@ from dspark_cli.kernels import attention as cpu_kernel
 ATTN_IMPLS = ("blockwise", "sdpa", "flex", "eager", "auto")
 
 
+def check_attn_impl(impl: str) -> str:
+    if impl not in ATTN_IMPLS:
+        raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
+    return impl
+
+
 def resolve_attn_impl(impl: str, device: torch.device, *, compiled: bool = False) -> str:
     """The kernel `impl` names on `device`. `auto` on CPU is "blockwise": with dspark's C kernel
     (fp32, `dspark_cli.kernels.attention`) it beats SDPA eagerly (21.2 -> 18.5 ms per training step on
@@ -60,9 +66,7 @@ def resolve_attn_impl(impl: str, device: torch.device, *, compiled: bool = False
     the kernel, "blockwise" under torch.compile (inductor fuses its masking and softmax around the
     batched matmuls: 26.4 -> 25.8 and 30.7 -> 28.5 ms in two A/B runs) and "sdpa" eagerly (the
     unfused torch blockwise costs as much as it saves: 24.6 vs 24.6 ms on 2 threads, 34.1 vs 32.2 on 1)."""
-    if impl not in ATTN_IMPLS:
-        raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
-    if impl == "auto":
+    if check_attn_impl(impl) == "auto":
         if device.type == "cuda":
             return "flex"
         return "blockwise" if compiled or cpu_kernel.kernel_on() else "sdpa"

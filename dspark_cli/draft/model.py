@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark_cli.draft.attention import BlockLayout, resolve_attn_impl
+from dspark_cli.draft.attention import BlockLayout, check_attn_impl, resolve_attn_impl
 from dspark_cli.draft.config import DSparkDraftConfig
 from dspark_cli.draft.gqa import GQAAttention
 from dspark_cli.draft.heads import ConfidenceHead, MarkovHead
@@ -88,7 +88,7 @@ class DSparkDraftModel(nn.Module):
         super().__init__()
         self.config = config
         self.attn_impl = attn_impl
-        resolve_attn_impl(attn_impl, torch.device("cpu"))  # validate the name early
+        check_attn_impl(attn_impl)  # the name, early; the kernel is chosen per call (`resolve_attn_impl`)
         proj_name, norm_name, final_name = MODULE_NAMES[config.arch]
         self._names = MODULE_NAMES[config.arch]
         in_features = config.target_hidden_size * config.num_target_layers
