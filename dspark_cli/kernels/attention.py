@@ -56,11 +56,16 @@ def kernel_on() -> bool:
     return library() is not None
 
 
+def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> bool:
+    """fp32 CPU tensors, head dims in whole vectors, whole blocks of 1 to WIDTH queries."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k, v))
+            and q.shape[-1] % WIDTH == 0 and v.shape[-1] % WIDTH == 0 and 1 <= block_size <= WIDTH
+            and q.shape[2] % block_size == 0)
+
+
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> bool:
     """Whether the kernel runs these inputs (else the caller's torch code does)."""
-    return (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
-            and q.shape[-1] % WIDTH == 0 and v.shape[-1] % WIDTH == 0 and 1 <= block_size <= WIDTH
-            and q.shape[2] % block_size == 0 and kernel_on())
+    return _supported(q, k, v, block_size) and kernel_on()
 
 
 def _unit_last(x: torch.Tensor) -> torch.Tensor:
@@ -76,10 +81,8 @@ def _dims(q, k, v, ctx_limit, block_size):
     """The kernel's size arguments, after checking everything the C code relies on (it indexes with them)."""
     bsz, hq, nq, d = q.shape
     hk, nk, dv = k.shape[1], k.shape[2], v.shape[-1]
-    if (k.shape[0] != bsz or v.shape[:3] != k.shape[:3] or k.shape[-1] != d or hq % hk or nk < nq
-            or not 1 <= block_size <= WIDTH or nq % block_size or d % WIDTH or dv % WIDTH
-            or tuple(ctx_limit.shape) != (bsz, nq // block_size)
-            or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (q, k, v))):
+    if (not _supported(q, k, v, block_size) or k.shape[0] != bsz or v.shape[:3] != k.shape[:3]
+            or k.shape[-1] != d or hq % hk or nk < nq or tuple(ctx_limit.shape) != (bsz, nq // block_size)):
         raise ValueError(f"block attention kernel: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"ctx_limit {tuple(ctx_limit.shape)}, blocks of {block_size}: not fp32 CPU tensors of "
                          f"fitting shapes (head dims multiples of {WIDTH}, blocks of 1 to {WIDTH})")

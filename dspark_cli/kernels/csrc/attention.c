@@ -191,14 +191,16 @@ void dspark_block_attn_bwd(int64_t B, int64_t Hq, int64_t Hk, int64_t T, int64_t
     view_t o = {out, st[9], st[10], st[11]}, go = {dout, st[12], st[13], st[14]};
     view_t gq = {dq, st[15], st[16], st[17]}, gk = {dk, st[18], st[19], st[20]}, gv = {dv, st[21], st[22], st[23]};
     const int64_t K = T + Q, R = a.rep * N, width = a.Tp + W, per_seg = (a.A + segs - 1) / segs;
-    float *kt = malloc(sizeof(float) * B * Hk * D * a.Tp), *vt = malloc(sizeof(float) * B * Hk * Dv * a.Tp);
+    /* transposed context keys only to recompute the softmax; values always (dO . v) */
+    float *kt = probs ? NULL : malloc(sizeof(float) * B * Hk * D * a.Tp);
+    float *vt = malloc(sizeof(float) * B * Hk * Dv * a.Tp);
     float *part = segs > 1 ? calloc((size_t)(B * Hk * segs * T * (D + Dv)), sizeof(float)) : NULL;
     #pragma omp parallel num_threads(threads)
     {
         #pragma omp for schedule(static)
         for (int64_t u = 0; u < B * Hk; u++) {
             int64_t b = u / Hk, hk = u % Hk;
-            transpose(a.k, b, hk, 0, T, D, a.Tp, kt + u * D * a.Tp);
+            if (kt) transpose(a.k, b, hk, 0, T, D, a.Tp, kt + u * D * a.Tp);
             transpose(a.v, b, hk, 0, T, Dv, a.Tp, vt + u * Dv * a.Tp);
             for (int64_t t = 0; t < K; t++) {
                 memset(at(gk, b, hk, t), 0, sizeof(float) * D);
@@ -212,7 +214,7 @@ void dspark_block_attn_bwd(int64_t B, int64_t Hq, int64_t Hk, int64_t T, int64_t
         #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < B * Hk * segs; u++) {
             int64_t b = u / (Hk * segs), hk = (u / segs) % Hk, seg = u % segs;
-            const float *ktu = kt + (b * Hk + hk) * D * a.Tp, *vtu = vt + (b * Hk + hk) * Dv * a.Tp;
+            const float *ktu = kt ? kt + (b * Hk + hk) * D * a.Tp : NULL, *vtu = vt + (b * Hk + hk) * Dv * a.Tp;
             /* where this unit adds its context-key gradients: rows of dk / dv, or its scratch slice */
             float *ck = at(gk, b, hk, 0), *cv = at(gv, b, hk, 0);
             int64_t ldk = gk.ss, ldv = gv.ss;
