@@ -49,12 +49,15 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def template_dir() -> Path:
-    """Where the shipped recipe templates live (a source checkout, or the installed data files)."""
-    here = Path(__file__).resolve().parents[2] / "templates" / "recipes"
-    if here.is_dir():
-        return here
+    """Where the shipped recipe templates live: a source checkout, or the installed data files (under
+    the environment's prefix, or beside the package for `pip install --target DIR`)."""
     import sys
 
+    root = Path(__file__).resolve().parents[2]
+    for candidate in (root / "templates", root / "share" / "dspark" / "templates",
+                      Path(sys.prefix) / "share" / "dspark" / "templates"):
+        if (candidate / "recipes").is_dir():
+            return candidate / "recipes"
     return Path(sys.prefix) / "share" / "dspark" / "templates" / "recipes"
 
 

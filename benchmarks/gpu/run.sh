@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The one command the GPU machine runs (device tool, `carry: [".gpu-wheels"]`, timeout_s 600):
+#
+#   bash benchmarks/gpu/run.sh                 # install dspark + wheels into /tmp/dspark-site, run check.py
+#   bash benchmarks/gpu/run.sh --time-limit 300 --sections numerics,throughput
+#
+# Results: $OUT/gpu_check.json and $OUT/gpu_check.log (benchmarks/results/ when OUT is unset).
+# Prepare first, here: bash benchmarks/gpu/prepare.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON="${PYTHON:-python3}"
+SITE="${DSPARK_GPU_SITE:-/tmp/dspark-site}"
+WHEELS="${DSPARK_GPU_WHEELS:-.gpu-wheels}"
+OUTDIR="${OUT:-benchmarks/results}"
+mkdir -p "$OUTDIR"
+PYTHON="$PYTHON" bash benchmarks/gpu/install.sh "$SITE" "$WHEELS"
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false HF_HUB_DISABLE_PROGRESS_BARS=1
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+"$PYTHON" benchmarks/gpu/check.py --out "$OUTDIR/gpu_check.json" "$@" 2>&1 | tee "$OUTDIR/gpu_check.log"
