@@ -308,12 +308,9 @@ def _export_checkpoint(checkpoint, loaded, output, dtype, export_format, include
 
 def _export_check(directory: str, target: str | None, output_format: str) -> None:
     from dspark_cli.errors import DsparkError
-    from dspark_cli.export.rules import check_draft_dir
-    from dspark_cli.export.writer import target_config_of
+    from dspark_cli.export.integrity import draft_findings
 
-    if not Path(directory).is_dir():
-        raise UsageError(f"draft directory not found: {directory}")
-    findings = check_draft_dir(directory, target_config_of(target))
+    findings = draft_findings(directory, target, require_manifest=False)[1]
     if output_format == "json":
         print_json([{"key": f.key, "message": f.message, "fix": f.fix, "severity": f.severity} for f in findings])
     else:
