@@ -75,18 +75,10 @@ def _recipe_beside(recipe: str | None, directory: str | None) -> str | None:
 
 
 def _load_beside(recipe: str | None, directory: str | None, overrides: list[str], flags: dict[str, Any] | None = None):
-    """The user's `recipe`, else the one a draft `directory` carries (None if neither), whose trust fields
-    the user must repeat (see dspark_cli/serving/trust.py)."""
-    if recipe is not None or directory is None:
-        return _load(recipe, overrides, flags) if recipe is not None else None
-    from dspark_cli.serving.trust import recipe_of_dir, refuse_borrowed_trust
+    """The user's `recipe`, else the one draft `directory` carries, minus its trust (serving/trust.py); None if neither."""
+    from dspark_cli.serving.trust import load_beside
 
-    found = recipe_of_dir(directory)
-    if found is None:
-        return None
-    loaded = _load(found, overrides, flags)
-    refuse_borrowed_trust(loaded, found, overrides)
-    return loaded
+    return load_beside(recipe, directory, overrides, lambda path: _load(path, overrides, flags))
 
 
 def _load(recipe: str | None, overrides: list[str] | None, flags: dict[str, Any] | None = None):
@@ -263,7 +255,7 @@ def export(
     include_embeddings: Annotated[
         bool, typer.Option("--include-embeddings", help="Also write the target's embed_tokens/lm_head.")
     ] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an earlier export (never any other directory).")] = False,
     dry_run: DryRunOpt = False,
     output_format: FormatOpt = "text",
 ) -> None:
@@ -374,7 +366,9 @@ def serve(
     """Serve the target with the draft in vLLM (`--speculative-config` with method dspark).
 
     Settings come from the draft's manifest (block size, chat-template arguments, K3's AttnRes
-    stream flag) and the recipe's `serve` section. Needs a CUDA GPU; `--dry-run` prints the command.
+    stream flag) and the recipe's `serve` section. The draft is checked first (checksums, vLLM
+    loader rules, its target); trust fields of the draft's own recipe are refused unless you set
+    them. Needs a CUDA GPU; `--dry-run` prints the command.
     """
     from dspark_cli.serving.launch import launch, serve_plan, shell_line
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dspark_cli.errors import UsageError
 
@@ -65,3 +65,16 @@ def refuse_borrowed_trust(recipe: Any, source: str, overrides: list[str]) -> Non
         raise UsageError(f"{source} sets {', '.join(borrowed)}: dspark takes these only from your own recipe or "
                          "overrides, never from a draft directory",
                          f"pass --recipe YOUR_RECIPE, or repeat it yourself ({first}=...) if you trust this draft")
+
+
+def load_beside(recipe: str | None, directory: str | None, overrides: list[str], load: Callable[[str], Any]) -> Any:
+    """`load(recipe)` when the user gave one; else `load` of the recipe `directory` carries, refused when it
+    sets a trust field the user's `overrides` do not; None when there is neither."""
+    if recipe is not None or directory is None:
+        return load(recipe) if recipe is not None else None
+    found = recipe_of_dir(directory)
+    if found is None:
+        return None
+    loaded = load(found)
+    refuse_borrowed_trust(loaded, found, overrides)
+    return loaded
