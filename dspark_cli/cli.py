@@ -74,6 +74,13 @@ def _recipe_beside(recipe: str | None, directory: str | None) -> str | None:
     return recipe
 
 
+def _load_beside(recipe: str | None, directory: str | None, overrides: list[str], flags: dict[str, Any] | None = None):
+    """The user's `recipe`, else the one draft `directory` carries, minus its trust (serving/trust.py); None if neither."""
+    from dspark_cli.serving.trust import load_beside
+
+    return load_beside(recipe, directory, overrides, lambda path: _load(path, overrides, flags))
+
+
 def _load(recipe: str | None, overrides: list[str] | None, flags: dict[str, Any] | None = None):
     """Load and fully check a recipe; every problem at once, exit 2."""
     from dspark_cli.errors import RecipeError
@@ -248,7 +255,7 @@ def export(
     include_embeddings: Annotated[
         bool, typer.Option("--include-embeddings", help="Also write the target's embed_tokens/lm_head.")
     ] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an earlier export (never any other directory).")] = False,
     dry_run: DryRunOpt = False,
     output_format: FormatOpt = "text",
 ) -> None:
@@ -308,12 +315,9 @@ def _export_checkpoint(checkpoint, loaded, output, dtype, export_format, include
 
 def _export_check(directory: str, target: str | None, output_format: str) -> None:
     from dspark_cli.errors import DsparkError
-    from dspark_cli.export.rules import check_draft_dir
-    from dspark_cli.export.writer import target_config_of
+    from dspark_cli.export.integrity import draft_findings
 
-    if not Path(directory).is_dir():
-        raise UsageError(f"draft directory not found: {directory}")
-    findings = check_draft_dir(directory, target_config_of(target))
+    findings = draft_findings(directory, target, require_manifest=False)[1]
     if output_format == "json":
         print_json([{"key": f.key, "message": f.message, "fix": f.fix, "severity": f.severity} for f in findings])
     else:
@@ -362,16 +366,17 @@ def serve(
     """Serve the target with the draft in vLLM (`--speculative-config` with method dspark).
 
     Settings come from the draft's manifest (block size, chat-template arguments, K3's AttnRes
-    stream flag) and the recipe's `serve` section. Needs a CUDA GPU; `--dry-run` prints the command.
+    stream flag) and the recipe's `serve` section. The draft is checked first (checksums, vLLM
+    loader rules, its target); trust fields of the draft's own recipe are refused unless you set
+    them. Needs a CUDA GPU; `--dry-run` prints the command.
     """
-    from dspark_cli.serving.launch import launch, serve_command, shell_line
+    from dspark_cli.serving.launch import launch, serve_plan, shell_line
 
     draft_dir, rest = _split_positional(draft_dir, overrides)
-    recipe = _recipe_beside(recipe, draft_dir)
-    if recipe is None:
+    loaded = _load_beside(recipe, draft_dir, rest, {"serve.port": port})
+    if loaded is None:
         raise UsageError("serve needs a draft directory exported by dspark, or --recipe", "dspark serve runs/NAME/draft")
-    loaded = _load(recipe, rest, {"serve.port": port})
-    argv, env = serve_command(loaded, draft_dir or loaded.stage_dir("export"))
+    argv, env = serve_plan(loaded, draft_dir or loaded.stage_dir("export"))
     if dry_run:
         stdout.print(shell_line(argv, env), markup=False, highlight=False)
         return
@@ -396,16 +401,15 @@ def bench(
     `bench.output_dir`.
     """
     from dspark_cli.bench.report import terminal_tables
-    from dspark_cli.bench.run import draft_recipe_path, run_bench
+    from dspark_cli.bench.run import run_bench
     from dspark_cli.ui import progress_bar
 
     _check_format(output_format)
     draft_dir, rest = _split_positional(draft_dir, overrides)
     if draft_dir is not None and not Path(draft_dir).is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
-    if recipe is None and draft_dir is not None:
-        recipe = draft_recipe_path(draft_dir)
-    loaded = _load(recipe, rest, {"bench.endpoint": endpoint})
+    flags = {"bench.endpoint": endpoint}
+    loaded = _load_beside(recipe, draft_dir, rest, flags) or _load(recipe, rest, flags)
     offline = offline or (draft_dir is not None and loaded.bench.endpoint is None)
     if output_format == "json":
         print_json(run_bench(loaded, draft_dir=draft_dir, offline=offline))
@@ -448,12 +452,11 @@ def publish(
 
     _check_format(output_format)
     draft_dir, rest = _split_positional(draft_dir, overrides)
-    recipe = _recipe_beside(recipe, draft_dir)
-    if recipe is None:
+    loaded = _load_beside(recipe, draft_dir, rest, {"publish.repo_id": repo_id, "publish.private": False if public
+                                                    else None, "publish.hubs": hub or None})
+    if loaded is None:
         raise UsageError("publish needs a draft directory exported by dspark, or --recipe",
                          "dspark publish runs/NAME/draft --repo-id OWNER/NAME")
-    loaded = _load(recipe, rest, {"publish.repo_id": repo_id, "publish.private": False if public else None,
-                                  "publish.hubs": hub or None})
     result = publish_draft(loaded, draft_dir, dry_run=dry_run)
     if output_format == "json":
         print_json(result)

@@ -90,3 +90,143 @@ def resumable_manifest(out_dir: Path, *, kind: str, fingerprint: str, shard_glob
         raise UsageError(f"{out_dir} holds {section} output of a different plan ({changed} changed)",
                          f"use a new {section}.output_dir, or delete it to start over")
     return previous
+
+
+# -- outputs are owned: a stage replaces only a directory it made -------------------------------------------
+
+def manifest_kind(directory: Path, manifest_name: str = MANIFEST_NAME) -> str | None:
+    """The `kind` recorded in `directory`'s manifest, or None (no manifest, unreadable, not an object)."""
+    try:
+        data = json.loads((directory / manifest_name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("kind") if isinstance(data, dict) else None
+
+
+def _contains(outer: Path, inner: Path) -> bool:
+    return outer == inner or outer in inner.parents
+
+
+def claim_output_dir(out: str | os.PathLike[str], *, kind: str, what: str, force: bool,
+                     manifest_name: str = MANIFEST_NAME, inputs: tuple[str | os.PathLike[str], ...] = ()) -> bool:
+    """May a stage that makes `kind` output write `out`? True: it exists and will be replaced; False: it is new.
+
+    A stage only ever replaces a directory it recognises as its own output (`kind` in its manifest) or
+    an empty one, and never the current directory, its parents, its own input or a parent of its input
+    -- `--force` included. Anything else is a one-line UsageError naming why.
+    """
+    out = Path(out)
+    where = out.resolve()
+    cwd = Path.cwd().resolve()
+    if _contains(where, cwd):
+        raise UsageError(f"refusing to write {what} to {out}: it is the current directory or one of its parents",
+                         "pass -o a new directory")
+    for source in inputs:
+        if _contains(where, Path(source).resolve()):
+            raise UsageError(f"refusing to write {what} to {out}: it is (or holds) this stage's input {source}",
+                             "pass -o a new directory")
+    if not out.exists() and not out.is_symlink():
+        return False
+    if out.is_symlink() or not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory{' (a symlink)' if out.is_symlink() else ''}; "
+                         f"refusing to replace it", "pass -o a new directory")
+    if manifest_kind(out, manifest_name) == kind:
+        if not force:
+            raise UsageError(f"{out} already exists (an earlier {what})", "pass --force to replace it, or -o another directory")
+        return True
+    if not any(out.iterdir()):
+        return True  # empty: nothing to lose
+    raise UsageError(f"{out} already exists and is not an earlier {what} (no {manifest_name} of kind {kind}); "
+                     f"refusing to replace it{' even with --force' if force else ''}",
+                     f"pass -o a new directory (--force only replaces an earlier {what})")
+
+
+# -- temporary directories: named by their owner, so the next run can clean those of killed runs -----------
+
+STALE_AFTER_S = 24 * 3600  # no export runs this long: an older temp dir is stale whoever made it
+_HOST = hashlib.sha256(os.uname().nodename.encode()).hexdigest()[:8]
+
+
+def _owner_tag() -> str:
+    return f"p{os.getpid()}h{_HOST}"
+
+
+def make_temp_dir(final: Path, label: str = "tmp") -> Path:
+    """A fresh temp dir beside `final` (`.NAME.tmp-p<pid>h<host>-XXXX`), with plain directory permissions."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{label}-{_owner_tag()}-", dir=final.parent))
+    make_public(tmp)
+    return tmp
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def clean_stale_temp_dirs(final: Path, labels: tuple[str, ...] = ("tmp", "old")) -> list[Path]:
+    """Remove the temp dirs beside `final` left by killed runs of the same stage; return them.
+
+    Stale means: made on this host by a process that is gone (its pid is in the name), or older than
+    STALE_AFTER_S whoever made it (other hosts of a shared filesystem, pids reused, names of older
+    dspark versions without a pid). A temp dir of a live run is never touched.
+    """
+    import re
+    import shutil
+    import time
+
+    removed = []
+    if not final.parent.is_dir():
+        return removed
+    for label in labels:
+        tag = re.compile(rf"^\.{re.escape(final.name)}\.{label}-p(\d+)h([0-9a-f]{{8}})-")
+        for path in final.parent.glob(f".{final.name}.{label}-*"):
+            if path.is_symlink() or not path.is_dir():
+                continue
+            match = tag.match(path.name)
+            dead = bool(match and match.group(2) == _HOST and not _pid_alive(int(match.group(1))))
+            try:
+                old = time.time() - path.stat().st_mtime > STALE_AFTER_S
+            except FileNotFoundError:
+                continue
+            if dead or old:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Move the finished `tmp` to `final`, replacing what is there (checked by claim_output_dir) so that
+    `final` is the old directory or the new one at every moment a reader can see, never a half-deleted one."""
+    import shutil
+
+    if not final.exists():
+        os.replace(tmp, final)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-{_owner_tag()}-", dir=final.parent))
+    os.replace(final, old / final.name)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        os.replace(old / final.name, final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def ensure_writable_dir(directory: str | os.PathLike[str], what: str) -> Path:
+    """Create `directory` and prove a file can be written there, before a stage spends time on its work."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".dspark-write-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"cannot write {what} to {directory}: {reason}",
+                         "choose a writable directory (or fix its permissions) before running") from None
+    return directory

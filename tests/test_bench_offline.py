@@ -98,3 +98,82 @@ def test_cli_refuses_nothing_to_do_and_missing_dirs(tmp_path):
     assert result.exit_code == 2 and "draft directory not found" in result.output
     result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}"])
     assert result.exit_code == 2 and "nothing to benchmark" in result.output
+
+
+# --- issue 22: the draft is checked before anything runs (cases 4, 8), the report dir before the work (9) ----
+
+FAST = ["bench.num_prompts=1", "bench.max_tokens=8", "bench.temperatures=[0.0]", "bench.confidence_thresholds=[0.0]"]
+
+
+def _resign(draft: Path) -> None:
+    import hashlib
+
+    manifest = json.loads((draft / "dspark_manifest.json").read_text())
+    manifest["files"] = {n: hashlib.sha256((draft / n).read_bytes()).hexdigest() for n in manifest["files"]}
+    (draft / "dspark_manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_drafts_recipe_cannot_make_bench_run_the_targets_code(tmp_path):
+    import shutil
+
+    import yaml
+
+    recipe = _recipe(tmp_path, "tiny-mla")
+    draft = export_random_draft(recipe, tmp_path / "draft")
+    evil = tmp_path / "evil-target"  # tiny-mla with "remote code" that leaves a mark when imported
+    shutil.copytree(BUNDLED_TARGETS["tiny-mla"], evil)
+    marker = tmp_path / "code-ran"
+    config = json.loads((evil / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    (evil / "config.json").write_text(json.dumps(config))
+    (evil / "evil.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from transformers import DeepseekV3Config as Base\n"
+        "class EvilConfig(Base):\n    pass\nEvilModel = None\n")
+    data = yaml.safe_load((draft / "recipe.yaml").read_text())
+    data["target"].update({"model": str(evil), "trust_remote_code": True})
+    (draft / "recipe.yaml").write_text(yaml.safe_dump(data))
+    _resign(draft)
+    result = CliRunner().invoke(app, ["bench", str(draft), "--offline", *FAST])
+    assert not marker.exists(), "the target's code ran"
+    assert result.exit_code == 2 and "target.trust_remote_code: True" in result.output, result.output
+    # the user's own decision to trust it still meets the contract check before any code is imported
+    result = CliRunner().invoke(app, ["bench", str(draft), "--offline", "target.trust_remote_code=true", *FAST])
+    assert not marker.exists(), "the target's code ran before the contract check"
+    assert result.exit_code == 1 and "trained for target" in result.output, result.output
+
+
+def test_bench_refuses_bit_flipped_weights_before_running(tmp_path):
+    recipe = _recipe(tmp_path, "tiny-mla")
+    draft = export_random_draft(recipe, tmp_path / "draft")
+    with (draft / "model.safetensors").open("r+b") as handle:
+        handle.seek(-3, 2)
+        byte = handle.read(1)
+        handle.seek(-3, 2)
+        handle.write(bytes([byte[0] ^ 0x40]))
+    result = CliRunner().invoke(app, ["bench", str(draft), "--offline", *FAST])
+    assert result.exit_code == 1 and "model.safetensors: changed since export" in result.output, result.output
+    assert not (tmp_path / "run" / "bench" / "bench.json").exists()
+
+
+def test_bench_checks_its_report_directory_before_the_work(tmp_path):
+    import os
+    import subprocess
+
+    recipe = _recipe(tmp_path, "tiny-mla")
+    draft = export_random_draft(recipe, tmp_path / "draft")
+    out = tmp_path / "read-only"
+    out.mkdir()
+    if os.geteuid() == 0:  # root writes through mode bits: make the directory immutable instead
+        if subprocess.run(["chattr", "+i", str(out)], capture_output=True).returncode != 0:
+            pytest.skip("cannot make a read-only directory here (root without chattr)")
+    else:
+        out.chmod(0o555)
+    try:
+        result = CliRunner().invoke(app, ["bench", str(draft), "--offline", f"bench.output_dir={out}", *FAST])
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(out)], check=True)
+        out.chmod(0o755)
+    assert result.exit_code == 2 and f"cannot write the bench report to {out}" in result.output, result.output
+    assert "tau" not in result.output  # refused before the benchmark ran

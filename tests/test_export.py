@@ -269,3 +269,109 @@ def test_tiny_target_drafts_export_and_load_in_vllms_config_loader(tmp_path, tar
     assert config.architectures == [{"mla": "K3DSparkModel", "gqa": "Qwen3DSparkModel"}[arch]]
     assert config.hidden_size == target_config["hidden_size"] and config.vocab_size == target_config["vocab_size"]
     assert list(config.target_layer_ids) == [0, 1, 2, 4, 5] and config.mask_token_id == 5  # <|mask|>
+
+
+# --- outputs are owned (issue 22 case 1), stale temp dirs (case 11), integrity (case 8) -----------------
+
+
+def test_force_never_replaces_what_export_did_not_write(tmp_path, monkeypatch):
+    train, *_ = trained_dir(tmp_path, "gqa")
+    before = sorted(p.relative_to(train) for p in train.rglob("*"))
+    own = runner.invoke(app, ["export", str(train), "-o", str(train), "--force"])  # its own input
+    assert own.exit_code == 2 and "this stage's input" in own.output, own.output
+    parent = runner.invoke(app, ["export", str(train), "-o", str(tmp_path), "--force"])  # a parent of its input
+    assert parent.exit_code == 2 and "this stage's input" in parent.output, parent.output
+    assert sorted(p.relative_to(train) for p in train.rglob("*")) == before
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    plain = runner.invoke(app, ["export", str(train), "-o", str(user)])
+    assert plain.exit_code == 2 and "is not an earlier draft" in plain.output and "--force to" not in plain.output
+    forced = runner.invoke(app, ["export", str(train), "-o", str(user), "--force"])
+    assert forced.exit_code == 2 and "even with --force" in forced.output, forced.output
+    assert (user / "notes.txt").read_text() == "keep me" and sorted(p.name for p in user.iterdir()) == ["notes.txt"]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("keep me too")
+    monkeypatch.chdir(work)
+    dot = runner.invoke(app, ["export", str(train), "-o", ".", "--force"])
+    assert dot.exit_code == 2 and "current directory" in dot.output, dot.output
+    assert (work / "data.txt").read_text() == "keep me too"
+    for out in (own, parent, plain, forced, dot):
+        assert len(out.output.strip().splitlines()) <= 2, out.output  # one line + hint
+
+
+def test_force_replaces_an_earlier_export_and_says_so(tmp_path):
+    train, *_ = trained_dir(tmp_path, "gqa")
+    assert runner.invoke(app, ["export", str(train), "-o", str(tmp_path / "draft")]).exit_code == 0
+    again = runner.invoke(app, ["export", str(train), "-o", str(tmp_path / "draft")])
+    assert again.exit_code == 2 and "an earlier draft" in again.output and "pass --force to replace it" in again.output
+    forced = runner.invoke(app, ["export", str(train), "-o", str(tmp_path / "draft"), "--force"])
+    assert forced.exit_code == 0, forced.output
+    (tmp_path / "empty").mkdir()  # an empty directory holds nothing to lose
+    assert runner.invoke(app, ["export", str(train), "-o", str(tmp_path / "empty")]).exit_code == 0
+    assert not list(tmp_path.glob(".draft.*")) and not list(tmp_path.glob(".empty.*"))
+
+
+KILLED_EXPORT = """
+import os, signal, sys
+import dspark_cli.export.writer as writer
+writer.check_draft_dir = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # kill -9 mid-export
+from dspark_cli.cli import app
+app(["export", sys.argv[1], "-o", sys.argv[2]])
+"""
+
+
+def test_the_next_export_cleans_temp_dirs_of_killed_exports_only(tmp_path):
+    import os
+    import subprocess
+
+    from dspark_cli.manifest import _HOST
+
+    train, *_ = trained_dir(tmp_path, "gqa")
+    out = tmp_path / "draft"
+    killed = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(train), str(out)], capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    left = list(tmp_path.glob(".draft.tmp-*"))
+    assert len(left) == 1 and (left[0] / "model.safetensors").is_file() and not out.exists()
+    live = tmp_path / f".draft.tmp-p{os.getpid()}h{_HOST}-running"  # a concurrent export that is still writing
+    live.mkdir()
+    result = runner.invoke(app, ["export", str(train), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert not left[0].exists() and live.is_dir()
+    assert (out / "model.safetensors").is_file()
+
+
+def _flip_last_byte(path: Path) -> None:
+    with path.open("r+b") as handle:
+        handle.seek(-1, 2)
+        last = handle.read(1)
+        handle.seek(-1, 2)
+        handle.write(bytes([last[0] ^ 1]))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_check_refuses_damaged_weights(tmp_path, damage):
+    draft = exported(tmp_path, "mla")
+    weights = draft / "model.safetensors"
+    if damage == "truncate":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) - 64])
+    else:
+        _flip_last_byte(weights)
+    result = runner.invoke(app, ["export", "--check", str(draft)])
+    assert result.exit_code == 1, result.output
+    assert "model.safetensors: changed since export: sha256 differs" in result.output
+
+
+def test_check_refuses_a_draft_of_another_target(tmp_path):
+    from bench_support import export_random_draft
+
+    from dspark_cli.recipe import load_recipe
+
+    recipe = load_recipe("tiny", ["target.model=tiny-mla", "draft.arch=mla", f"output_dir={tmp_path}"])
+    draft = export_random_draft(recipe, tmp_path / "draft")
+    assert runner.invoke(app, ["export", "--check", str(draft), "--target", "tiny-mla"]).exit_code == 0
+    result = runner.invoke(app, ["export", "--check", str(draft), "--target", "tiny-gqa"])
+    assert result.exit_code == 1 and "the draft was trained for target 'tiny-mla'" in result.output, result.output

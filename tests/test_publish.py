@@ -62,10 +62,18 @@ def copy_of(exported: Path, tmp_path: Path) -> Path:
     recipe = yaml.safe_load((draft / "recipe.yaml").read_text())
     recipe["output_dir"] = str(tmp_path / "run")
     (draft / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    resign(draft)
     bench = json.loads((tmp_path / "run" / "bench" / "bench.json").read_text())
     bench["draft_dir"] = str(draft)
     (tmp_path / "run" / "bench" / "bench.json").write_text(json.dumps(bench))
     return draft
+
+
+def resign(draft: Path) -> None:
+    """Record the current checksums of the draft's files in its manifest, as export (or a forger) would."""
+    manifest = json.loads((draft / "dspark_manifest.json").read_text())
+    manifest["files"] = {name: hashlib.sha256((draft / name).read_bytes()).hexdigest() for name in manifest["files"]}
+    (draft / "dspark_manifest.json").write_text(json.dumps(manifest))
 
 
 def publish(*args: str, hub: LoopbackHub | None, token: str | None = TOKEN, home: Path,
@@ -144,6 +152,7 @@ def test_refusals_before_anything_is_sent(exported, tmp_path):
         config = json.loads((draft / "config.json").read_text())
         config["num_target_layers"] += 1  # a rule vLLM's loader enforces
         (draft / "config.json").write_text(json.dumps(config))
+        resign(draft)  # checksums that match: the loader rule itself must refuse it
         broken = publish(str(draft), "--repo-id", REPO, hub=hub, home=tmp_path)
         assert broken.returncode == 1 and "num_target_layers" in broken.stderr
         assert "nothing was uploaded" in broken.stderr
@@ -225,3 +234,43 @@ def test_run_with_publish_checks_the_destination_and_tokens_before_the_first_sta
                                "--publish"], capture_output=True, text=True, env=env, timeout=120)
     assert no_token.returncode == 2 and "no Hugging Face token found" in no_token.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # no stage ran
+
+
+# --- issue 22: an allow-list of what export wrote (case 2), integrity and trust (cases 4 and 8) -----------
+
+
+def test_publish_uploads_only_the_files_export_wrote(exported, tmp_path):
+    draft = copy_of(exported, tmp_path)
+    for name in ("id_rsa", "server.pem", "credentials.json", "token", ".env"):
+        (draft / name).write_text("secret\n")
+    (draft / "shadow").symlink_to("/etc/shadow")
+    with LoopbackHub(TOKEN) as hub:
+        out = publish(str(draft), "--repo-id", REPO, hub=hub, home=tmp_path)
+        dry = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run"])
+    assert out.returncode == 1, out.stdout
+    assert "files export did not write" in out.stderr and "nothing was uploaded" in out.stderr
+    for name in ("id_rsa", "server.pem", "credentials.json", "token", ".env", "shadow (symlink)"):
+        assert name in out.stderr, name
+    assert len(out.stderr.strip().splitlines()) == 2, out.stderr
+    assert hub.requests == [] and hub.repos == {}
+    assert dry.exit_code == 1 and "id_rsa" in dry.output
+
+
+def test_publish_refuses_a_symlinked_export_file(exported, tmp_path):
+    draft = copy_of(exported, tmp_path)
+    real = tmp_path / "elsewhere.safetensors"
+    (draft / "model.safetensors").rename(real)
+    (draft / "model.safetensors").symlink_to(real)
+    result = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run"])
+    assert result.exit_code == 1 and "model.safetensors: is a symlink" in result.output, result.output
+
+
+def test_publish_dry_run_refuses_another_target_and_foreign_serving_env(exported, tmp_path):
+    other = runner.invoke(app, ["publish", str(exported), "--repo-id", REPO, "--dry-run", "target.model=tiny-gqa"])
+    assert other.exit_code == 1 and "trained for target 'tiny-mla'" in other.output, other.output
+    draft = copy_of(exported, tmp_path)
+    manifest = json.loads((draft / "dspark_manifest.json").read_text())
+    manifest["serving"]["env"] = {"LD_PRELOAD": "/tmp/evil.so", "PYTHONPATH": "/tmp/evil"}
+    (draft / "dspark_manifest.json").write_text(json.dumps(manifest))
+    env = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run"])
+    assert env.exit_code == 1 and "serving.env: sets LD_PRELOAD, PYTHONPATH" in env.output, env.output

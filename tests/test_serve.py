@@ -11,9 +11,11 @@ from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_export import exported  # noqa: E402
+from bench_support import export_random_draft  # noqa: E402
+from test_publish import resign  # noqa: E402
 
 from dspark_cli.cli import app  # noqa: E402
+from dspark_cli.recipe import load_recipe  # noqa: E402
 
 runner = CliRunner()
 
@@ -41,8 +43,13 @@ def test_kimi_k3_recipe_gives_the_published_serving_config():
     assert "--trust-remote-code" in argv and argv[argv.index("--tensor-parallel-size") + 1] == "8"
 
 
+def tiny_draft(tmp_path: Path) -> Path:
+    """A random tiny-mla draft of block size 4 (the tiny recipe says 7), exported by `dspark export`."""
+    return export_random_draft(load_recipe("tiny", [f"output_dir={tmp_path}", "draft.block_size=4"]), tmp_path / "draft")
+
+
 def test_draft_manifest_settings_reach_the_command(tmp_path):
-    draft = exported(tmp_path, "mla")
+    draft = tiny_draft(tmp_path)
     manifest = json.loads((draft / "dspark_manifest.json").read_text())
     manifest["serving"]["chat_template_kwargs"] = {"enable_thinking": False}
     (draft / "dspark_manifest.json").write_text(json.dumps(manifest))
@@ -63,3 +70,57 @@ def test_serving_without_a_gpu_is_one_line():
 def test_not_a_draft_dir(tmp_path):
     result = runner.invoke(app, ["serve", str(tmp_path), "--recipe", "tiny", "--dry-run"])
     assert result.exit_code == 2 and "not a dspark draft directory" in result.output
+
+
+# --- issue 22: serve checks the draft it serves (case 8) and takes trust only from the user (case 4) -------
+
+
+def refused(*args: str) -> str:
+    result = runner.invoke(app, ["serve", *args, "--dry-run"])
+    assert result.exit_code != 0, result.output
+    assert len(result.output.strip().splitlines()) == 2, result.output  # one line + hint
+    return result.output
+
+
+def test_dry_run_checks_the_draft(tmp_path):
+    draft = tiny_draft(tmp_path)
+    command(str(draft))  # the intact draft: ok
+    assert "trained for target 'tiny-mla'" in refused(str(draft), "target.model=tiny-gqa")
+    weights = draft / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert "model.safetensors: changed since export" in refused(str(draft))
+    weights.unlink()
+    assert "model.safetensors: missing" in refused(str(draft))
+    weights.write_bytes(data)
+    config = json.loads((draft / "config.json").read_text())
+    config["num_target_layers"] += 1
+    (draft / "config.json").write_text(json.dumps(config))
+    resign(draft)
+    assert "num_target_layers" in refused(str(draft))
+
+
+def test_a_drafts_manifest_cannot_set_the_vllm_environment(tmp_path):
+    draft = tiny_draft(tmp_path)
+    manifest = json.loads((draft / "dspark_manifest.json").read_text())
+    manifest["serving"]["env"] = {"LD_PRELOAD": "/tmp/evil.so", "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": "0"}
+    (draft / "dspark_manifest.json").write_text(json.dumps(manifest))
+    assert "serving.env: sets LD_PRELOAD" in refused(str(draft))
+    assert "serving.env: sets LD_PRELOAD" in refused(str(draft), "--recipe", "tiny")
+
+
+def test_trust_remote_code_comes_from_the_user_not_the_drafts_recipe(tmp_path):
+    draft = tiny_draft(tmp_path)
+    text = (draft / "recipe.yaml").read_text()
+    assert "trust_remote_code: false" in text
+    (draft / "recipe.yaml").write_text(text.replace("trust_remote_code: false", "trust_remote_code: true"))
+    resign(draft)  # whoever made the draft can make its checksums match too
+    assert "target.trust_remote_code: True" in refused(str(draft))
+    _, argv = command(str(draft), "target.trust_remote_code=true")  # the user's own decision
+    assert "--trust-remote-code" in argv
+    _, argv = command(str(draft), "--recipe", "tiny")
+    assert "--trust-remote-code" not in argv
+    recipe = (draft / "recipe.yaml").read_text().replace("trust_remote_code: true", "trust_remote_code: false")
+    (draft / "recipe.yaml").write_text(recipe.replace("extra_args: []", "extra_args: ['--trust-remote-code']"))
+    resign(draft)
+    assert "serve.extra_args" in refused(str(draft))

@@ -17,7 +17,6 @@ the datasets with confidence-scheduled verification (threshold 0 = verify every 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -25,17 +24,11 @@ from typing import Any
 
 from dspark_cli.bench.datasets import BenchDataset, category, load_datasets
 from dspark_cli.bench.stats import TurnStats, summarize
-from dspark_cli.errors import ContractError, UsageError
+from dspark_cli.errors import UsageError
 from dspark_cli.recipe import Recipe
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]  # (turns done, total turns, tokens generated)
-DRAFT_MANIFEST = "dspark_manifest.json"
-
-
-def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:
-    path = Path(draft_dir) / DRAFT_MANIFEST
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def _seed(base: int, *parts: object) -> int:
@@ -52,16 +45,11 @@ def _stop_ids(tokenizer: Any, model: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def check_contract(manifest: dict[str, Any], target_dir: str, template_hash: str) -> list[str]:
-    """Refuse a draft made for another target; warn when the chat template differs from training's."""
-    from dspark_cli.contract import config_sha256
-
+def template_warnings(manifest: dict[str, Any], template_hash: str) -> list[str]:
+    """Warn when the chat template differs from training's (a draft of another target is refused
+    earlier, by `verify_draft`)."""
     contract = manifest.get("contract") or {}
     warnings = []
-    expected, actual = contract.get("target_config_sha256"), config_sha256(target_dir)
-    if expected and actual and expected != actual:
-        raise ContractError(f"the draft was trained for target {contract.get('target')!r}, whose config differs "
-                            f"from {target_dir}", "set target.model to the draft's target (see dspark_manifest.json)")
     trained = contract.get("chat_template_sha256")
     if trained and trained != template_hash:
         warnings.append("the chat template or target.chat_template_kwargs differ from the draft's training data: "
@@ -76,17 +64,19 @@ class OfflineBench:
         from dspark_cli.bench.engine import DSparkDrafter, HFTarget
         from dspark_cli.data.chat import ChatFormat
         from dspark_cli.data.datagen import load_tokenizer, target_location
+        from dspark_cli.export.integrity import verify_draft
         from dspark_cli.export.source import load_draft_dir
 
         self.recipe = recipe
         self.draft_dir = str(draft_dir)
         if not Path(draft_dir).is_dir():
             raise UsageError(f"draft directory not found: {draft_dir}", "export one with `dspark export`")
+        # before any target code or weights are loaded: the files export wrote, for this target
+        self.manifest = verify_draft(draft_dir, recipe.target.model, doing="not benchmarking it")
         config = load_draft_dir(draft_dir).config
         self.chat = ChatFormat(load_tokenizer(recipe), recipe.target.chat_template_kwargs)
         self.target_path = target_location(recipe)
-        self.manifest = read_draft_manifest(draft_dir)
-        self.warnings = check_contract(self.manifest, self.target_path, self.chat.template_hash)
+        self.warnings = template_warnings(self.manifest, self.chat.template_hash)
         self.target = HFTarget.load(self.target_path, list(config.target_layer_ids), dtype=recipe.target.dtype,
                                     trust_remote_code=recipe.target.trust_remote_code,
                                     revision=recipe.target.revision)

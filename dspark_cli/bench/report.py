@@ -150,9 +150,10 @@ def write_report(result: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
     from dspark_cli.bench.plots import write_plots
 
     out = Path(out_dir)
-    plots = write_plots(result, result.get("reference", []), out)
-    files = {"json": str(out / "bench.json"), "markdown": str(out / "bench.md"), "plots": plots}
+    files: dict[str, Any] = {"json": str(out / "bench.json"), "markdown": str(out / "bench.md"), "plots": {}}
     result["files"] = files
+    write_json_atomic(out / "bench.json", result)  # the measurements first: plotting can still fail
+    files["plots"] = plots = write_plots(result, result.get("reference", []), out)
     write_json_atomic(out / "bench.json", result)
     tmp = out / ".bench.md.tmp"
     tmp.write_text(markdown(result, plots), encoding="utf-8")

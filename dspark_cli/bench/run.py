@@ -6,14 +6,15 @@
     result["files"]      # bench.json, bench.md, plots under recipe.stage_dir("bench")
 
 Without `--recipe`, `dspark bench DRAFT_DIR` benchmarks with the recipe the draft was made with
-(`recipe.yaml` in the draft dir, else the `recipe` recorded in its dspark_manifest.json).
+(`recipe.yaml` in the draft dir, else the `recipe` recorded in its dspark_manifest.json), except for
+the fields that grant trust (`dspark_cli/serving/trust.py`). The report directory is checked
+writable before any work, and bench.json is written before the plots (which can fail late).
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,24 +27,6 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]
 
 
-def draft_recipe_path(draft_dir: str | Path) -> str | None:
-    """A recipe file for a draft dir: its recipe.yaml, else its manifest's recipe written to a temp file."""
-    import yaml
-
-    from dspark_cli.bench.offline import read_draft_manifest
-
-    directory = Path(draft_dir)
-    if (directory / "recipe.yaml").is_file():
-        return str(directory / "recipe.yaml")
-    recipe = read_draft_manifest(directory).get("recipe")
-    if not recipe:
-        return None
-    handle = tempfile.NamedTemporaryFile("w", prefix="dspark-bench-recipe-", suffix=".yaml", delete=False)  # noqa: SIM115
-    with handle:
-        yaml.safe_dump(recipe, handle, sort_keys=False)
-    return handle.name
-
-
 def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: bool = False,
               endpoint: str | None = None, on_progress: Progress | None = None) -> dict[str, Any]:
     """Run what was asked (offline engine on `draft_dir`, online against `endpoint`); write the report."""
@@ -52,6 +35,9 @@ def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: b
         raise UsageError("nothing to benchmark", "pass DRAFT_DIR --offline, or --endpoint URL of a running server")
     if offline and draft_dir is None:
         draft_dir = recipe.stage_dir("export")
+    from dspark_cli.manifest import ensure_writable_dir
+
+    out_dir = ensure_writable_dir(recipe.stage_dir("bench"), "the bench report")  # before the work, not after
     result: dict[str, Any] = {
         "kind": "dspark.bench", "format_version": 1, "dspark": __version__, "name": recipe.name,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -71,5 +57,5 @@ def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: b
     from dspark_cli.bench.report import reference_rows, write_report
 
     result["reference"] = reference_rows(result, recipe.bench.reference)
-    write_report(result, recipe.stage_dir("bench"))
+    write_report(result, out_dir)
     return result

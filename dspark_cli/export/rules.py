@@ -204,6 +204,8 @@ def read_tensor_table(weights: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) from a safetensors header, without reading the data."""
     with weights.open("rb") as handle:
         (size,) = struct.unpack("<Q", handle.read(8))
+        if size > weights.stat().st_size - 8:  # a header claiming more bytes than the file has
+            raise ValueError(f"header claims {size:,} bytes, more than the file holds")
         header = json.loads(handle.read(size))
     names = {v: k for k, v in DTYPES.items()}
     return {name: (tuple(info["shape"]), names.get(info["dtype"], info["dtype"].lower()))

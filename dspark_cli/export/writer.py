@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +25,11 @@ from dspark_cli import __version__
 from dspark_cli.errors import DsparkError, NotBuiltError, UsageError
 from dspark_cli.export.rules import FP32_TENSORS, Finding, check_against_target, check_draft_dir, num_bytes
 from dspark_cli.export.source import LoadedDraft, load_draft_dir
-from dspark_cli.manifest import make_public, sha256_file, write_json_atomic
+from dspark_cli.manifest import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
+                                 sha256_file, write_json_atomic)
 
 MANIFEST = "dspark_manifest.json"
+EXPORTED_FILES = ("config.json", "model.safetensors", "recipe.yaml")
 log = logging.getLogger(__name__)
 
 
@@ -132,7 +132,8 @@ def _manifest(draft: LoadedDraft, plan: dict[str, Any], recipe: Any, include_emb
         "contract": contract, "serving": serving,
         "training": train.get("summary", {}),
         "recipe": recipe.model_dump(mode="json") if recipe is not None else train.get("recipe"),
-        "files": {name: sha256_file(directory / name) for name in ("config.json", "model.safetensors")},
+        # every file export writes but this one: what bench, serve and publish verify, and all publish uploads
+        "files": {name: sha256_file(directory / name) for name in EXPORTED_FILES if (directory / name).is_file()},
     }
 
 
@@ -165,11 +166,11 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     if output_dir is None:
         raise UsageError("export needs an output directory", "pass -o DIR (or --recipe for export.output_dir)")
     final = Path(output_dir)
-    if final.exists() and not force:
-        raise UsageError(f"{final} already exists", "pass --force to replace it, or -o another directory")
+    claim_output_dir(final, kind="dspark.draft", what="draft", force=force, manifest_name=MANIFEST,
+                     inputs=(checkpoint, draft.source))
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    make_public(tmp)
+    clean_stale_temp_dirs(final)  # left by killed exports of this directory (never a live one's)
+    tmp = make_temp_dir(final)
     try:
         (tmp / "config.json").write_text(json.dumps(plan["config"], indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "dspark": __version__})
@@ -177,14 +178,12 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
         findings = check_draft_dir(tmp, target_config, include_embeddings)
         if any(f.severity == "error" for f in findings):
             raise ExportError(findings, str(final))
-        write_json_atomic(tmp / MANIFEST, _manifest(draft, plan, recipe, include_embeddings, tmp))
         if recipe is not None:
             from dspark_cli.recipe import write_resolved
 
             write_resolved(recipe, tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        write_json_atomic(tmp / MANIFEST, _manifest(draft, plan, recipe, include_embeddings, tmp))
+        replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

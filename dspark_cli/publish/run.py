@@ -8,30 +8,33 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli.errors import DataError, DsparkError, UsageError
-from dspark_cli.manifest import sha256_file
 from dspark_cli.publish.card import model_card
 from dspark_cli.publish.hubs import huggingface_token, modelscope_token, upload_huggingface, upload_modelscope
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 BENCH_FILES = ("bench.json", "bench.md")
+CARD_FILES = ("README.md",)  # a model card the user wrote into the draft dir is published as is
 
 
-def _check_draft(draft_dir: Path, target: str | None) -> dict[str, Any]:
-    """The draft's manifest, once every static loader rule passes and the files match their checksums."""
-    from dspark_cli.export.rules import check_draft_dir
-    from dspark_cli.export.writer import MANIFEST, ExportError, target_config_of
-    from dspark_cli.serving.launch import draft_manifest
+def _check_draft(draft_dir: Path, target: str | None) -> tuple[dict[str, Any], list[str]]:
+    """(the draft's manifest, the names to upload) once the draft passes every check `bench` and `serve`
+    make (checksums, vLLM loader rules, its target, its serving settings) and holds nothing else.
 
-    manifest = draft_manifest(draft_dir)
-    findings = check_draft_dir(draft_dir, target_config_of(target))
-    if any(f.severity == "error" for f in findings):
-        refused = ExportError(findings, str(draft_dir))  # export's own one-line summary of the findings
-        raise DataError(f"{refused.message}; nothing was uploaded", refused.hint)
-    for name, digest in manifest.get("files", {}).items():
-        if sha256_file(draft_dir / name) != digest:
-            raise DataError(f"{draft_dir / name} changed since export (sha256 differs from {MANIFEST}); "
-                            "nothing was uploaded", "export the draft again")
-    return manifest
+    The upload is an allow-list: the files export wrote (checksummed in the manifest), the manifest,
+    and a README.md the user wrote. Anything else in the directory -- a key, a token, a symlink -- is
+    refused by name rather than skipped, so the user sees what sits beside the draft."""
+    from dspark_cli.export.integrity import verify_draft
+    from dspark_cli.export.writer import MANIFEST
+
+    manifest = verify_draft(draft_dir, target, doing="nothing was uploaded")
+    allowed = [*manifest["files"], MANIFEST, *CARD_FILES]
+    others = sorted(f"{p.name} (symlink)" if p.is_symlink() else f"{p.name}/" if p.is_dir() else p.name
+                    for p in draft_dir.iterdir() if p.name not in allowed or p.is_symlink() or not p.is_file())
+    if others:
+        shown = ", ".join(others[:8]) + (f" (+{len(others) - 8} more)" if len(others) > 8 else "")
+        raise DataError(f"{draft_dir} holds files export did not write: {shown}; nothing was uploaded",
+                        f"move them out of the draft directory (publish uploads only the files {MANIFEST} lists)")
+    return manifest, [name for name in allowed if (draft_dir / name).is_file()]
 
 
 def _bench_report(recipe: Any, draft_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Path]]:
@@ -48,11 +51,10 @@ def _bench_report(recipe: Any, draft_dir: Path) -> tuple[dict[str, Any] | None, 
     return data, files
 
 
-def _gather(recipe: Any, draft_dir: Path, manifest: dict[str, Any],
+def _gather(recipe: Any, draft_dir: Path, manifest: dict[str, Any], names: list[str],
             repo_id: str) -> tuple[dict[str, Path | bytes], str]:
-    """(path in repo -> local file or bytes, where the card came from)."""
-    files: dict[str, Path | bytes] = {p.name: p for p in sorted(draft_dir.iterdir())
-                                      if p.is_file() and not p.name.startswith(".")}
+    """(path in repo -> local file or bytes, where the card came from); `names`: the draft's files to upload."""
+    files: dict[str, Path | bytes] = {name: draft_dir / name for name in sorted(names)}
     bench, bench_files = _bench_report(recipe, draft_dir)
     files.update(bench_files)
     if "README.md" in files:
@@ -94,8 +96,8 @@ def publish_draft(recipe: Any, draft_dir: str | Path | None = None, *, dry_run: 
     draft_dir = Path(draft_dir or recipe.stage_dir("export"))
     if not draft_dir.is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
-    manifest = _check_draft(draft_dir, recipe.target.model)
-    files, card_source = _gather(recipe, draft_dir, manifest, repo_id)
+    manifest, names = _check_draft(draft_dir, recipe.target.model)
+    files, card_source = _gather(recipe, draft_dir, manifest, names, repo_id)
     table = [{"path": path, "bytes": len(src) if isinstance(src, bytes) else src.stat().st_size,
               "source": "generated" if isinstance(src, bytes) else str(src)} for path, src in sorted(files.items())]
     result: dict[str, Any] = {"repo_id": repo_id, "hubs": hubs, "private": settings.private,

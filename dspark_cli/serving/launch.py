@@ -17,16 +17,25 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.errors import DsparkError, UsageError
+from dspark_cli.errors import DataError, DsparkError, UsageError
 
 
 def draft_manifest(draft_dir: Path) -> dict[str, Any]:
     """The dspark_manifest.json of an exported draft, or a one-line UsageError (serve and publish need it)."""
-    path = draft_dir / "dspark_manifest.json"
-    if not path.is_file():
-        raise UsageError(f"{draft_dir} is not a dspark draft directory (no dspark_manifest.json)",
-                         "export one first: dspark export runs/NAME/train -o DIR")
-    return json.loads(path.read_text(encoding="utf-8"))
+    from dspark_cli.export.integrity import read_draft_manifest
+
+    return read_draft_manifest(draft_dir)
+
+
+def serve_plan(recipe: Any, draft_dir: str | Path) -> tuple[list[str], dict[str, str]]:
+    """`serve_command` for a draft that passes every check (`verify_draft`: checksums, vLLM loader rules,
+    the target it was trained for, its serving env); a draft dir that does not exist yet gives the
+    command for the recipe alone (`--dry-run --recipe R` before training)."""
+    from dspark_cli.export.integrity import verify_draft
+
+    if Path(draft_dir).exists():
+        verify_draft(draft_dir, recipe.target.model, doing="not serving it")
+    return serve_command(recipe, draft_dir)
 
 
 def serve_command(recipe: Any, draft_dir: str | Path, *,
@@ -63,6 +72,11 @@ def serve_command(recipe: Any, draft_dir: str | Path, *,
     if kwargs:
         argv += ["--default-chat-template-kwargs", json.dumps(kwargs)]
     argv += list(serve.extra_args)
+    from dspark_cli.export.integrity import serving_findings
+
+    refused = [f for f in serving_findings(manifest) if f.severity == "error"]
+    if refused:  # never hand vLLM what a draft may not ask for, whoever calls this
+        raise DataError(f"{draft_dir}: {refused[0].line()}", "export the draft again")
     env = {"VLLM_USE_V2_MODEL_RUNNER": "1", **serving.get("env", {})}
     if "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM" not in env and recipe.capture.aux_attn_res_stream:
         env["VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"] = "1"
