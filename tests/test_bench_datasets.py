@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from dspark_cli.data.bundled import BUNDLED_DATASETS
 from dspark_cli.bench.datasets import category, dataset_source, load_datasets
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import BenchSection
 
-MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench_questions.jsonl"
+MT_BENCH = BUNDLED_DATASETS["mt-bench"]  # FastChat's question.jsonl, bundled
 
 
 def test_names_map_to_sources():
@@ -47,9 +48,10 @@ def test_conversation_files_keep_user_turns_and_categories(tmp_path):
     assert len(load_datasets(BenchSection(datasets=[str(path)], num_prompts=1))[0].conversations) == 1
 
 
-@pytest.mark.skipif(not MT_BENCH.is_file(), reason=f"{MT_BENCH} not found")
-def test_mt_bench_file():
-    (dataset,) = load_datasets(BenchSection(mt_bench_path=str(MT_BENCH)))
+def test_mt_bench_is_bundled_and_read_by_default():
+    (dataset,) = load_datasets(BenchSection())  # bench.datasets [mt_bench] from the bundled copy, offline
+    (by_path,) = load_datasets(BenchSection(mt_bench_path=str(MT_BENCH)))
+    assert [c.user_turns for c in dataset.conversations] == [c.user_turns for c in by_path.conversations]
     assert dataset.name == "mt_bench" and len(dataset.conversations) == 80
     assert all(len(c.user_turns) == 2 for c in dataset.conversations)
     assert {category(c) for c in dataset.conversations} == {

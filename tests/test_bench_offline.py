@@ -26,10 +26,8 @@ from dspark_cli.cli import app  # noqa: E402
 from dspark_cli.recipe import load_recipe  # noqa: E402
 from dspark_cli.targets.registry import BUNDLED_TARGETS  # noqa: E402
 
-MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench_questions.jsonl"
 pytestmark = [
     pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-mla"] / "config.json").is_file(), reason="tiny targets not built"),
-    pytest.mark.skipif(not MT_BENCH.is_file(), reason=f"{MT_BENCH} not found"),
 ]
 
 
@@ -38,7 +36,7 @@ pytestmark = [
 def _recipe(tmp_path: Path, target: str):
     arch = "mla" if target == "tiny-mla" else "gqa"
     return load_recipe("tiny", [f"target.model={target}", f"draft.arch={arch}", f"output_dir={tmp_path / 'run'}",
-                                "bench.datasets=[mt_bench]", f"bench.mt_bench_path={MT_BENCH}", "bench.num_prompts=2",
+                                "bench.datasets=[mt_bench]", "bench.num_prompts=2",
                                 "bench.max_tokens=32",
                                 "bench.confidence_thresholds=[0.0, 0.6]"])
 

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from dspark_cli.data.bundled import BUNDLED_DATASETS
 from dspark_cli.data.conversation import normalise_text, turn_hashes
 from dspark_cli.data.filters import FilterReport, eval_fingerprints, filter_conversations
 from dspark_cli.data.sources import read_source
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import PromptSource
 
-MT_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench_questions.jsonl"
+MT_BENCH = BUNDLED_DATASETS["mt-bench"]  # FastChat's question.jsonl, bundled
 
 
 def write_jsonl(path: Path, records: list[object]) -> Path:

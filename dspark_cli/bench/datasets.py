@@ -4,9 +4,9 @@
         dataset.name, len(dataset.conversations), dataset.conversations[0].user_turns
 
 Entries of `bench.datasets`:
-- `mt_bench`: MT-Bench's 80 two-turn questions from `bench.mt_bench_path` (FastChat's
-  question.jsonl, e.g. ../shared/data/mt_bench_questions.jsonl, or a Hugging Face dataset with the
-  same `turns` / `category` columns; default `lighteval/mt-bench`);
+- `mt_bench`: MT-Bench's 80 two-turn questions from `bench.mt_bench_path` (default `mt-bench`, the copy
+  of FastChat's question.jsonl bundled with dspark; another question.jsonl, or a Hugging Face dataset
+  with the same `turns` / `category` columns);
 - `speed_bench` or `speed_bench:CONFIG`: NVIDIA's SPEED-Bench (`nvidia/SPEED-Bench`), configuration
   `bench.speed_bench_subset` (default `qualitative`, 11 categories) or CONFIG (e.g. `throughput_1k`),
   split `bench.speed_bench_split`;

@@ -2,11 +2,13 @@
 
     tiny-prompts   2,000 instruction prompts from the tiny targets' *training* split (datagen input)
     tiny-eval      200 prompts from their *held-out* split (bench input; never seen in training)
+    mt-bench       MT-Bench's 80 two-turn questions (FastChat's question.jsonl, Apache-2.0: see
+                   bundled/MT-BENCH-NOTICE.md), what `bench.datasets: [mt_bench]` reads by default
 
-Both come from the Python standard library corpus the tiny targets were trained on
+The tiny sets come from the Python standard library corpus the tiny targets were trained on
 (`dspark_cli.targets.corpus`, PSF license), prompts only (the targets regenerate the answers):
 
-    python -m dspark_cli.data.bundled          # rewrites dspark_cli/data/bundled/*.jsonl
+    python -m dspark_cli.data.bundled          # rewrites dspark_cli/data/bundled/tiny-*.jsonl
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import json
 from pathlib import Path
 
 BUNDLED_DIR = Path(__file__).with_name("bundled")
-BUNDLED_DATASETS = {"tiny-prompts": BUNDLED_DIR / "tiny-prompts.jsonl", "tiny-eval": BUNDLED_DIR / "tiny-eval.jsonl"}
+BUNDLED_DATASETS = {"tiny-prompts": BUNDLED_DIR / "tiny-prompts.jsonl", "tiny-eval": BUNDLED_DIR / "tiny-eval.jsonl",
+                    "mt-bench": BUNDLED_DIR / "mt-bench.jsonl"}
 SIZES = {"tiny-prompts": 2000, "tiny-eval": 200}
 
 

@@ -248,8 +248,8 @@ class BenchSection(Section):
         "path or a Hugging Face dataset name (prompts or conversations; the target answers every turn).",
     )
     mt_bench_path: str = Field(
-        "lighteval/mt-bench", description="Where `mt_bench` is read from: FastChat's question.jsonl (a local file) or a "
-        "Hugging Face dataset with `turns` and `category` columns."
+        "mt-bench", description="Where `mt_bench` is read from: `mt-bench` (FastChat's 80 questions, bundled with "
+        "dspark), another question.jsonl file, or a Hugging Face dataset with `turns` and `category` columns."
     )
     speed_bench_subset: str = Field(
         "qualitative", description="SPEED-Bench (`nvidia/SPEED-Bench`) configuration used by `speed_bench`, "
