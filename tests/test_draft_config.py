@@ -18,9 +18,9 @@ from dspark_cli.draft.config import DraftConfigError, DSparkDraftConfig, vllm_co
 
 K3_DRAFT = dict(
     arch="mla", num_layers=5, block_size=7, target_layer_ids=[2, 23, 47, 71, 89], markov_rank=256,
-    confidence_head=True, confidence_head_with_markov=True, mask_token_id=163839,
+    confidence_head=True, confidence_head_with_markov=True, mask_token_id=163837,
     attention="auto", num_attention_heads=64, q_lora_rank=1536, kv_lora_rank=512,
-    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=18432,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=14336,
     rms_norm_eps=1e-6, rope_theta=50000.0,
 )
 K3_TARGET = dict(hidden_size=7168, vocab_size=163840, num_hidden_layers=93)
@@ -50,7 +50,7 @@ def test_k3_recipe_config_is_accepted_by_vllm_k3dsparkconfig():
     assert vcfg.rope_parameters == {"rope_type": "default", "rope_theta": 50000.0}
     assert vcfg.draft_vocab_size == vcfg.vocab_size == 163840
     assert vcfg.enable_confidence_head and vcfg.confidence_head_with_markov
-    assert (vcfg.mask_token_id, vcfg.markov_rank, vcfg.hidden_act) == (163839, 256, "silu")
+    assert (vcfg.mask_token_id, vcfg.markov_rank, vcfg.hidden_act) == (163837, 256, "silu")
     assert vcfg.n_routed_experts == 0
 
 
@@ -170,7 +170,7 @@ def test_invalid_combinations_fail_with_one_line(overrides, field):
 def test_config_level_checks():
     base = small().to_dict()
     for bad, field in [({"draft_vocab_size": 50}, "draft_vocab_size"),
-                       ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type"),
+                       ({"rope_parameters": {"rope_type": "linear", "factor": 4.0}}, "rope_type"),
                        ({"hidden_act": "gelu"}, "hidden_act"),
                        ({"arch": "mla", "q_lora_rank": None, "kv_lora_rank": 8,
                          "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,

@@ -28,15 +28,15 @@ logger = logging.getLogger(__name__)
 # Geometry a recipe may override; anything else is a typo.
 GEOMETRY_FIELDS = (
     "hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps", "rope_theta",
-    "max_position_embeddings", *MLA_FIELDS, *GQA_FIELDS,
+    "max_position_embeddings", "rope_scaling", *MLA_FIELDS, *GQA_FIELDS,
 )
-# MLA geometry when neither the target nor the recipe says otherwise: the Kimi-K3 draft's
+# MLA geometry when neither the target nor the recipe says otherwise: the published Kimi-K3 draft's
 # (q_lora_rank + kv_lora_rank + qk_rope_head_dim = 1536 + 512 + 64 = 2112, as in vLLM's
-# dspark_mla.py comment); heads and intermediate size follow Kimi-K2 / DeepSeek-V3 dense layers.
+# dspark_mla.py comment; 64 heads, MLP 14336).
 MLA_DEFAULTS = {
     "num_attention_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-    "intermediate_size": 18432, "rope_theta": 50000.0,  # K3DSparkConfig's default theta
+    "intermediate_size": 14336, "rope_theta": 50000.0,  # K3DSparkConfig's default theta
 }
 # Recipe `draft` keys that are not config fields.
 RECIPE_RUNTIME_KEYS = ("attention",)

@@ -87,6 +87,7 @@ class DSparkDraftConfig(PretrainedConfig):
         v_head_dim: int | None = None,
         num_key_value_heads: int | None = None,
         head_dim: int | None = None,
+        rope_scaling: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         self.arch = arch
@@ -118,6 +119,8 @@ class DSparkDraftConfig(PretrainedConfig):
         self.v_head_dim = v_head_dim
         self.num_key_value_heads = num_key_value_heads
         self.head_dim = head_dim
+        # YaRN settings or None; not named `rope_scaling`, which transformers treats as rope_parameters
+        self.rope_yarn = _yarn_parameters(rope_scaling) if rope_scaling else None
         rope_parameters = kwargs.pop("rope_parameters", None)
         if rope_parameters is not None:
             self._take_rope_parameters(rope_parameters)
@@ -126,10 +129,12 @@ class DSparkDraftConfig(PretrainedConfig):
         _validate(self)
 
     def _take_rope_parameters(self, rope_parameters: Mapping[str, Any]) -> None:
-        rope_type = rope_parameters.get("rope_type", "default")
-        if rope_type != "default":
+        rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
+        if rope_type == "yarn":
+            self.rope_yarn = _yarn_parameters(rope_parameters)
+        elif rope_type != "default":
             raise DraftConfigError(
-                f"rope_parameters.rope_type must be 'default' for a DSpark draft, got {rope_type!r}"
+                f"rope_parameters.rope_type must be 'default' (or 'yarn' for an MLA draft), got {rope_type!r}"
             )
         self.rope_theta = float(rope_parameters.get("rope_theta", self.rope_theta))
 
@@ -137,6 +142,29 @@ class DSparkDraftConfig(PretrainedConfig):
     def qk_head_dim(self) -> int:
         """MLA query/key head width (nope + rope); the softmax scale is its -1/2 power."""
         return int(self.qk_nope_head_dim) + int(self.qk_rope_head_dim)
+
+
+# YaRN as vLLM's MLA layers apply it (`models/kimi_k3/nvidia/mla.py` turns rope_type "yarn" into
+# "deepseek_yarn": `DeepseekScalingRotaryEmbedding`), with that class's defaults for what is unset.
+YARN_DEFAULTS = {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}
+YARN_KEYS = ("factor", "original_max_position_embeddings", *YARN_DEFAULTS)
+
+
+def _yarn_parameters(values: Mapping[str, Any]) -> dict[str, float]:
+    """YaRN settings {factor, original_max_position_embeddings, beta_fast, beta_slow, mscale,
+    mscale_all_dim} from a `rope_parameters` / `rope_scaling` mapping."""
+    values = {k: v for k, v in values.items() if k not in ("rope_type", "type", "rope_theta")}
+    unknown = sorted(set(values) - set(YARN_KEYS))
+    if unknown:
+        _fail(f"rope_scaling.{unknown[0]}", f"is not a YaRN setting (known: {', '.join(YARN_KEYS)})")
+    if values.get("attention_factor") == 1.0:
+        _fail("rope_scaling", "deepseek_llama_scaling (attention_factor 1.0) is not supported")
+    for key in ("factor", "original_max_position_embeddings"):
+        if not values.get(key) or float(values[key]) <= 0:
+            _fail(f"rope_scaling.{key}", "must be set and positive for YaRN")
+    out = {**YARN_DEFAULTS, **{k: float(v) for k, v in values.items()}}
+    out["original_max_position_embeddings"] = int(out["original_max_position_embeddings"])
+    return out
 
 
 def _fail(field: str, message: str) -> None:
@@ -209,9 +237,16 @@ def _validate_mla(cfg: DSparkDraftConfig) -> None:
     _positive(cfg, *MLA_FIELDS)
     if cfg.qk_rope_head_dim % 2:
         _fail("qk_rope_head_dim", f"must be even (RoPE rotates pairs), got {cfg.qk_rope_head_dim}")
+    scaling = cfg.rope_yarn
+    if scaling and cfg.max_position_embeddings != int(scaling["original_max_position_embeddings"] * scaling["factor"]):
+        _fail("max_position_embeddings", f"must be rope_scaling.original_max_position_embeddings x factor = "
+              f"{int(scaling['original_max_position_embeddings'] * scaling['factor'])} (vLLM's YaRN table), "
+              f"got {cfg.max_position_embeddings}")
 
 
 def _validate_gqa(cfg: DSparkDraftConfig) -> None:
+    if cfg.rope_yarn:
+        _fail("rope_scaling", "YaRN is supported for MLA drafts only (vLLM's Qwen3 draft uses another YaRN)")
     for field in MLA_FIELDS:
         if getattr(cfg, field) is not None:
             _fail(field, "applies to arch 'mla' only (this draft is 'gqa')")
@@ -239,7 +274,8 @@ def vllm_config_dict(cfg: DSparkDraftConfig, dtype: str = "bfloat16") -> dict[st
         "num_hidden_layers": cfg.num_hidden_layers,
         "num_attention_heads": cfg.num_attention_heads, "hidden_act": cfg.hidden_act,
         "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position_embeddings,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_parameters": ({"rope_type": "yarn", "rope_theta": cfg.rope_theta, **cfg.rope_yarn}
+                            if cfg.rope_yarn else {"rope_type": "default", "rope_theta": cfg.rope_theta}),
         "tie_word_embeddings": False, "torch_dtype": dtype,
         "target_hidden_size": cfg.target_hidden_size, "target_layer_ids": list(cfg.target_layer_ids),
         "num_target_layers": cfg.num_target_layers, "block_size": cfg.block_size,

@@ -3,14 +3,18 @@
 - RMSNorm as `vllm/ir/ops/layernorm.py`: normalise in fp32, cast to the weight dtype, scale,
   cast back. The residual form adds in fp32, keeps the *rounded* sum as the new residual and
   normalises the unrounded sum (vLLM's `fused_add_rms_norm`), so bf16 runs round like vLLM.
-- RoPE: "default" rope only. Angles `pos * theta ** (-2i / d)` in fp32, as vLLM's
-  `cos_sin_cache`; the rotation runs in fp32 and is cast back to the input dtype.
+- RoPE: angles `pos * theta ** (-2i / d)` in fp32, as vLLM's `cos_sin_cache`; or, with YaRN settings
+  (MLA drafts), vLLM's `DeepseekScalingRotaryEmbedding`: interpolated low frequencies blended with the
+  original high ones over a linear ramp, cos and sin scaled by mscale(factor, mscale) /
+  mscale(factor, mscale_all_dim). The rotation runs in fp32 and is cast back to the input dtype.
   Neox style (halves) for GQA, GPT-J/interleaved style (pairs 2i, 2i+1) for MLA, whose
   `get_rope(..., is_neox_style=False)` call in `models/kimi_k3/nvidia/mla.py` fixes it.
 - Gated MLP: `down(silu(gate(x)) * up(x))` (vLLM's SiluAndMul over the stacked gate_up).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -44,15 +48,39 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+def yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_inv_freq(dim: int, theta: float, yarn: dict, device) -> torch.Tensor:
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
+    original = yarn["original_max_position_embeddings"]
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(yarn["beta_fast"])), 0)
+    high = min(math.ceil(correction_dim(yarn["beta_slow"])), dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / max(high - low, 0.001)).clamp(0, 1)
+    keep = 1 - ramp  # 1: the original (extrapolated) frequency, 0: interpolated by `factor`
+    return (1.0 / (yarn["factor"] * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
+
+
 def rope_cos_sin(
-    positions: torch.Tensor, dim: int, theta: float
+    positions: torch.Tensor, dim: int, theta: float, yarn: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape positions.shape + [dim // 2], fp32 (vLLM's cos_sin_cache rows)."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim)
-    )
+    """cos, sin of shape positions.shape + [dim // 2], fp32 (vLLM's cos_sin_cache rows); `yarn`: the
+    draft config's `rope_yarn` (None: plain RoPE)."""
+    if yarn:
+        inv_freq = _yarn_inv_freq(dim, theta, yarn, positions.device)
+        scale = yarn_mscale(yarn["factor"], yarn["mscale"]) / yarn_mscale(yarn["factor"], yarn["mscale_all_dim"])
+    else:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
+        scale = 1.0
     angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq
-    return angles.cos(), angles.sin()
+    if scale == 1.0:
+        return angles.cos(), angles.sin()
+    return angles.cos() * scale, angles.sin() * scale
 
 
 def apply_rope(

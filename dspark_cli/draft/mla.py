@@ -6,9 +6,10 @@ Per token (module names are vLLM's checkpoint names):
     kv_c   = kv_a_layernorm(kv_c);  k_pe, q_pe: GPT-J (interleaved) RoPE at the token position
     k_nope | v = kv_b_proj(kv_c).view(H, nope + v)
     scores = (q_nope . k_nope + q_pe . k_pe) * (nope + rope) ** -0.5     (k_pe shared by heads)
+             (x mscale(factor, mscale_all_dim)^2 with YaRN, as vLLM's MLA layer scales it)
 A context position's latent comes from the same `kv_a_proj_with_mqa` / `kv_a_layernorm`
 applied to the combined target state (vLLM duplicates that weight into `context_kv_proj`);
-it never goes through the layer's `input_layernorm`. Only "default" rope: no yarn mscale.
+it never goes through the layer's `input_layernorm`.
 
 Two equal ways to attend, like vLLM's prefill and decode paths:
 - materialised (training): expand every key latent through kv_b_proj, attend per head;
@@ -23,7 +24,7 @@ from torch import nn
 
 from dspark_cli.draft.attention import BlockLayout, block_attention
 from dspark_cli.draft.config import DSparkDraftConfig
-from dspark_cli.draft.layers import RMSNorm, apply_rope
+from dspark_cli.draft.layers import RMSNorm, apply_rope, yarn_mscale
 
 
 class MLAAttention(nn.Module):
@@ -33,6 +34,8 @@ class MLAAttention(nn.Module):
         self.nope, self.rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
         self.v_dim, self.kv_lora_rank = cfg.v_head_dim, cfg.kv_lora_rank
         self.scale = cfg.qk_head_dim**-0.5
+        if cfg.rope_yarn:
+            self.scale *= yarn_mscale(cfg.rope_yarn["factor"], cfg.rope_yarn["mscale_all_dim"]) ** 2
         h = cfg.hidden_size
         self.q_a_proj = nn.Linear(h, cfg.q_lora_rank, bias=False)
         self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)

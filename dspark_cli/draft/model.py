@@ -132,14 +132,15 @@ class DSparkDraftModel(nn.Module):
         """cos, sin [*positions.shape, rope_dim / 2]: computed, or gathered from `rope_table` rows."""
         if table is not None:
             return table[0][positions], table[1][positions]
-        return rope_cos_sin(positions, self.rope_dim, self.config.rope_theta)
+        return rope_cos_sin(positions, self.rope_dim, self.config.rope_theta, self.config.rope_yarn)
 
     def rope_table(self, length: int, device: torch.device) -> RopeTable:
         """cos, sin [length, rope_dim / 2] for positions 0 .. length - 1 (the same values
         `rope_angles` computes). Training builds it outside `torch.compile`: given positions, inductor
         fuses the sin / cos into every consumer and recomputes them there, scalar, in forward and
         backward (1.25 ms of a ~21 ms step on the issue-7 setup)."""
-        return rope_cos_sin(torch.arange(length, device=device), self.rope_dim, self.config.rope_theta)
+        return rope_cos_sin(torch.arange(length, device=device), self.rope_dim, self.config.rope_theta,
+                            self.config.rope_yarn)
 
     def combine_context(self, aux_states: torch.Tensor) -> torch.Tensor:
         """Concatenated target states [..., num_target_layers * target_hidden] -> [..., hidden]."""

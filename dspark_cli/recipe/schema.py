@@ -159,6 +159,12 @@ class DraftSection(Section):
     v_head_dim: int | None = Field(None, gt=0, description="MLA only (default: the target's).")
     rms_norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon (default: the target's).")
     rope_theta: float | None = Field(None, gt=0, description="RoPE base of the draft (default: the target's).")
+    max_position_embeddings: int | None = Field(
+        None, gt=0, description="Longest position the draft's config declares (default: the target's).")
+    rope_scaling: dict[str, float] | None = Field(
+        None, description="MLA only: YaRN RoPE as vLLM's MLA layers apply it, `{factor, "
+        "original_max_position_embeddings}` (+ optional beta_fast, beta_slow, mscale, mscale_all_dim); "
+        "max_position_embeddings must then be their product.")
 
 
 class LossWeights(Section):
