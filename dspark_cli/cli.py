@@ -105,12 +105,19 @@ def init(
     source = template_dir() / f"{template}.yaml"
     if not source.is_file():
         resolve_recipe_path(template)  # raises with a did-you-mean
+    if output.is_dir():  # --force overwrites a recipe file, never a directory
+        raise UsageError(f"{output} is a directory", f"pass a file path, e.g. -o {output / 'dspark.yaml'}")
     if output.exists() and not force:
         raise UsageError(f"{output} already exists", "pass --force to overwrite, or -o another path")
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
-    shutil.copyfile(source, tmp)
-    tmp.replace(output)
+    try:
+        shutil.copyfile(source, tmp)
+        tmp.replace(output)
+    except BaseException:
+        if tmp.exists():  # a failed copy (disk full, ...) leaves nothing behind
+            tmp.unlink()
+        raise
     say(f"wrote {output} (from template {template}); next: dspark validate {output}")
 
 

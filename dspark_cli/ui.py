@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.errors import DsparkError, RecipeError
+from dspark_cli.errors import DsparkError, RecipeError, os_error
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -40,7 +40,11 @@ def report_error(exc: DsparkError) -> None:
 
 
 def handle_errors(func: F) -> F:
-    """Run a command; turn DsparkError / Ctrl-C / unexpected failures into exit codes 1, 2, 130."""
+    """Run a command; turn DsparkError / Ctrl-C / unexpected failures into exit codes 1, 2, 130.
+
+    OSErrors (permissions, disk full, not a directory, ...) are the user's to fix: one line naming the
+    path and a hint, like any DsparkError. Only what is left is an "internal error" to report.
+    """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -51,6 +55,18 @@ def handle_errors(func: F) -> F:
                 raise
             report_error(exc)
             raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:  # permissions, disk full, a file where a directory should be: the user's to fix
+            if debug_enabled():
+                raise
+            error = os_error(exc)
+            report_error(error)
+            raise typer.Exit(error.exit_code) from None
+        except MemoryError:
+            if debug_enabled():
+                raise
+            report_error(DsparkError("out of memory", "a file may claim an impossible size, or this needs a machine "
+                                     "with more memory; DSPARK_DEBUG=1 shows where"))
+            raise typer.Exit(1) from None
         except KeyboardInterrupt:
             if debug_enabled():
                 raise

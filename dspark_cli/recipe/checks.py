@@ -7,12 +7,10 @@ Each problem is one line naming the recipe path and the fix.
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
-from dspark_cli.errors import UsageError
+from dspark_cli.errors import DsparkError
 from dspark_cli.recipe.schema import Recipe
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -22,20 +20,23 @@ _MLA_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k3", "kimi_li
 
 
 def target_config(recipe: Recipe) -> dict[str, Any] | None:
-    """The target's config.json as a dict when it is local (bundled or a directory), else None."""
+    """The target's config.json as a dict when it is local (bundled or a directory), else None.
+
+    None too when the target is unusable (unknown, no config.json, corrupt files): `_check_target`
+    reports that as the recipe's problem, so the checks that only need geometry stay quiet.
+    """
+    from dspark_cli.targets.files import check_target_files
     from dspark_cli.targets.registry import resolve_target
 
     try:
         directory = resolve_target(recipe.target.model)
-    except UsageError:
+        config = None if directory is None else check_target_files(directory)
+    except DsparkError:
         return None
-    if directory is None:
+    if config is None:
         return None
-    config_file = Path(directory) / "config.json"
-    if not config_file.is_file():
-        return None
-    config = json.loads(config_file.read_text(encoding="utf-8"))
-    return config.get("text_config", config) if isinstance(config, dict) else None
+    text_config = config.get("text_config", config)
+    return text_config if isinstance(text_config, dict) else None
 
 
 def target_geometry(recipe: Recipe) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def _check_target(recipe: Recipe) -> list[str]:
 
     try:
         resolve_target(recipe.target.model)
-    except UsageError as exc:
+    except DsparkError as exc:  # unknown, no config.json, a corrupt config or truncated weights
         return [f"target.model: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")]
     problems = []
     config = target_config(recipe)
