@@ -20,6 +20,7 @@ from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import PromptSource
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+_JSON_HINT = "fix that line: a .jsonl source holds one JSON record per line, a .json source a list of records"
 
 
 def source_name(source: PromptSource) -> str:
@@ -77,7 +78,7 @@ def _file_records(path: Path) -> Iterator[tuple[str, Any]]:
         except UnicodeDecodeError as exc:
             raise _not_text(path, exc) from None
         except json.JSONDecodeError as exc:
-            raise UsageError(f"{path.name}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+            raise UsageError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})", _JSON_HINT) from None
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
@@ -111,7 +112,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
             try:
                 yield f"{path.name}:{number}", json.loads(line)
             except json.JSONDecodeError as exc:
-                raise UsageError(f"{path.name}:{number}: invalid JSON ({exc.msg})") from None
+                raise UsageError(f"{path}:{number}: invalid JSON ({exc.msg})", _JSON_HINT) from None
 
 
 def _not_text(path: Path, exc: UnicodeDecodeError, line: int | None = None) -> UsageError:
