@@ -129,11 +129,22 @@ def validate(
     show: Annotated[bool, typer.Option("--print", help="Print the resolved recipe.")] = False,
     output_format: FormatOpt = "text",
 ) -> None:
-    """Check a recipe: types, ranges, unknown keys and cross-stage rules, all problems at once."""
+    """Check a recipe: types, ranges, unknown keys and cross-stage rules, all problems at once.
+
+    `--format json` prints the resolved recipe, or `{"ok": false, "problems": [...], "hint": ...}`
+    (exit 2) when there are problems.
+    """
+    from dspark_cli.errors import DsparkError, RecipeError
     from dspark_cli.recipe import dump_recipe
 
     _check_format(output_format)
-    loaded = _load(recipe, overrides)
+    try:
+        loaded = _load(recipe, overrides)
+    except DsparkError as exc:
+        if output_format == "json":
+            problems = exc.problems if isinstance(exc, RecipeError) else [exc.message]
+            print_json({"ok": False, "recipe": recipe, "problems": problems, "hint": exc.hint})
+        raise
     if output_format == "json":
         print_json(loaded.model_dump(mode="json"))
         return

@@ -63,7 +63,7 @@ _OS_ERRORS = {
     "EROFS": ("read-only file system", "write somewhere writable: set output_dir (or -o) to another directory", True),
     "ENOTDIR": ("not a directory", "a file stands where a directory is needed: move it, or choose another path", True),
     "EISDIR": ("is a directory", "pass a file path here, not a directory", True),
-    "EEXIST": ("already exists", "remove it, or choose another path", True),
+    "EEXIST": ("already exists", "something is already at that path: move it, or choose another path", True),
     "ENOENT": ("no such file or directory", "check the path", True),
     "ENAMETOOLONG": ("file name too long", "choose a shorter path", True),
     "EMFILE": ("too many open files", "raise the limit (`ulimit -n`) and run again", False),
