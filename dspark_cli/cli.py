@@ -34,7 +34,8 @@ app = typer.Typer(
 RecipeArg = Annotated[str, typer.Argument(help="Recipe YAML file, or a template name (`tiny`, `kimi-k3`, ...).")]
 OverridesArg = Annotated[
     list[str] | None,
-    typer.Argument(help="Overrides `section.key=value`, e.g. `train.lr=3e-4 draft.num_layers=2`.", show_default=False),
+    typer.Argument(help="Overrides `section.key=value`, e.g. `train.lr=3e-4 draft.num_layers=2` "
+                        "(list items by index: `datagen.sources[0].max_samples=8`).", show_default=False),
 ]
 RecipeOpt = Annotated[str | None, typer.Option("--recipe", "-r", help="Recipe file or template name.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")]

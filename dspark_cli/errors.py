@@ -54,12 +54,14 @@ class DataError(DsparkError):
 
 # --- operating-system errors, as users meet them ------------------------------------------------------
 
+_ROOM = "free some space, or set output_dir (or -o) to a disk with room, and run again"
+_RIGHTS = "check the permissions of that path and its directory, or choose another output_dir (-o)"
 _OS_ERRORS = {
-    # errno name: (message, hint, usage mistake?)
-    "ENOSPC": ("no space left on device", "free some space, or set output_dir (or -o) to a disk with room, and run again", False),
-    "EDQUOT": ("disk quota exceeded", "free some space, or set output_dir (or -o) to a disk with room, and run again", False),
-    "EACCES": ("permission denied", "check the permissions of that path and its directory, or choose another output_dir (-o)", True),
-    "EPERM": ("operation not permitted", "check the permissions of that path and its directory, or choose another output_dir (-o)", True),
+    # errno name: (message, hint, a usage mistake (exit 2)?)
+    "ENOSPC": ("no space left on device", _ROOM, False),
+    "EDQUOT": ("disk quota exceeded", _ROOM, False),
+    "EACCES": ("permission denied", _RIGHTS, True),
+    "EPERM": ("operation not permitted", _RIGHTS, True),
     "EROFS": ("read-only file system", "write somewhere writable: set output_dir (or -o) to another directory", True),
     "ENOTDIR": ("not a directory", "a file stands where a directory is needed: move it, or choose another path", True),
     "EISDIR": ("is a directory", "pass a file path here, not a directory", True),

@@ -30,13 +30,21 @@ def debug_enabled() -> bool:
     return os.environ.get("DSPARK_DEBUG", "") not in ("", "0", "false", "False")
 
 
+def _clean(text: str) -> str:
+    """`text` without hub tokens: hub clients' own messages are scrubbed where they are called
+    (publish/hubs.py); this catches any other path a token could take to the terminal."""
+    from dspark_cli.publish.hubs import known_tokens, scrub
+
+    return scrub(text, known_tokens())
+
+
 def report_error(exc: DsparkError) -> None:
     """Print a DsparkError as `error: ...` lines (one per problem) and a `hint:` line."""
     lines = exc.problems if isinstance(exc, RecipeError) else [exc.message]
     for line in lines:
-        stderr.print(Text("error: ", style="bold red") + Text(line))
+        stderr.print(Text("error: ", style="bold red") + Text(_clean(line)))
     if exc.hint:
-        stderr.print(Text("hint: ", style="yellow") + Text(exc.hint))
+        stderr.print(Text("hint: ", style="yellow") + Text(_clean(exc.hint)))
 
 
 def handle_errors(func: F) -> F:
@@ -77,7 +85,7 @@ def handle_errors(func: F) -> F:
         except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
             if debug_enabled():
                 raise
-            stderr.print(Text("internal error: ", style="bold red") + Text(f"{type(exc).__name__}: {exc}"))
+            stderr.print(Text("internal error: ", style="bold red") + Text(_clean(f"{type(exc).__name__}: {exc}")))
             stderr.print(Text("hint: ", style="yellow") + Text("rerun with DSPARK_DEBUG=1 for the traceback and report it"))
             raise typer.Exit(1) from None
 

@@ -165,7 +165,8 @@ def test_list_items_take_overrides_by_index():
     assert resolved["bench"]["temperatures"] == [0.0, 0.5]
     for override, expected in (
         ("datagen.sources[3].max_samples=8", "datagen.sources[3]: out of range, datagen.sources has 1 item(s)"),
-        ("datagen.sources[0].max_sample=8", "datagen.sources[0].max_sample: unknown key (did you mean 'datagen.sources[0].max_samples'?)"),
+        ("datagen.sources[0].max_sample=8",
+         "datagen.sources[0].max_sample: unknown key (did you mean 'datagen.sources[0].max_samples'?)"),
         ("train.lr[0]=1", "train.lr: is not a list"),
         ("draft.target_layer_ids[0]=1", "draft.target_layer_ids: not set, so it has no item 0"),
     ):

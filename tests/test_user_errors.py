@@ -94,7 +94,8 @@ def test_a_safetensors_header_claiming_1e12_bytes_is_no_memory_error(tmp_path):
 def test_an_output_dir_that_is_a_file(tmp_path):
     in_the_way = tmp_path / "runs"
     in_the_way.write_text("not a directory\n")
-    for args in (["validate", "tiny", f"output_dir={in_the_way}"], ["datagen", "tiny", *DATAGEN, f"output_dir={in_the_way}"],
+    for args in (["validate", "tiny", f"output_dir={in_the_way}"],
+                 ["datagen", "tiny", *DATAGEN, f"output_dir={in_the_way}"],
                  ["validate", "tiny", f"export.output_dir={in_the_way}/draft"]):
         result = invoke(*args)  # caught with the recipe, before any stage starts
         assert result.exit_code == 2 and "internal error" not in result.output, result.output

@@ -30,7 +30,6 @@ from pathlib import Path
 
 from dspark_cli.errors import DsparkError, UsageError
 
-
 # --- tokens never leave: every message from a hub client passes through `scrub` ----------------------
 
 _SECRET_SHAPES = (
@@ -141,10 +140,25 @@ def _is_network_error(exc: BaseException) -> bool:
 
 
 def _reason(exc: Exception) -> str:
+    """One line: the HTTP status, the client's first line and what the server said (if the client kept it)."""
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"HTTP {status}: {first}" if status and str(status) not in first else first
+    said = " ".join(str(getattr(exc, "server_message", None) or "").split())
+    line = f"{first}: {said}" if said and said not in first else first
+    return f"HTTP {status}: {line}" if status and str(status) not in line else line
+
+
+def known_tokens() -> tuple[str, ...]:
+    """The hub tokens this process could be using (environment and Hugging Face's token file), without
+    importing a hub client: what `scrub` removes from any error the CLI prints."""
+    names = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN")
+    tokens = [os.environ[name] for name in names if os.environ.get(name)]
+    hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    for token_file in (Path(os.environ.get("HF_TOKEN_PATH") or hf_home / "token"),):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            tokens.append(token_file.read_text(encoding="utf-8").strip())
+    return tuple(t for t in tokens if len(t) >= 8)
 
 
 def upload_huggingface(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,

@@ -160,7 +160,8 @@ def _check_stages(recipe: Recipe) -> list[str]:
 def _check_output_dirs(recipe: Recipe) -> list[str]:
     """Each stage's output directory must be creatable: no file where it, or a directory above it, would be."""
     keys = [("output_dir", recipe.output_dir.replace("{name}", recipe.name))]
-    keys += [(f"{stage}.output_dir", recipe.stage_dir(stage)) for stage in ("datagen", "capture", "train", "export", "bench")]
+    stages = ("datagen", "capture", "train", "export", "bench")
+    keys += [(f"{stage}.output_dir", recipe.stage_dir(stage)) for stage in stages]
     problems, seen = [], set()
     for key, directory in keys:
         path = Path(directory).expanduser()

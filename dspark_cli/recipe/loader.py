@@ -91,8 +91,8 @@ def parse_override(item: str) -> tuple[list[str | int], Any]:
         match = _KEY_PART.match(segment)
         if match is None:
             raise RecipeError(
-                [f"{item!r}: overrides look like section.key=value, e.g. train.lr=3e-4 or "
-                 "datagen.sources[0].max_samples=8"],
+                [(f"{item!r}: overrides look like section.key=value, e.g. train.lr=3e-4 or "
+                  "datagen.sources[0].max_samples=8")],
                 "run `dspark validate RECIPE --print` to see the resolved recipe",
             )
         parts.append(match.group(1))
@@ -133,8 +133,8 @@ def _set_path(tree: dict[str, Any], path: list[str | int], value: Any, origin: s
             child = node[part]
         else:
             if not isinstance(node, dict):
-                raise RecipeError([f"{_dotted(tuple(path[:i]))}: is a value, not a section ({origin} sets "
-                                   f"{_dotted(tuple(path))})"])
+                raise RecipeError([(f"{_dotted(tuple(path[:i]))}: is a value, not a section ({origin} sets "
+                                    f"{_dotted(tuple(path))})")])
             if last:
                 node[part] = value
                 return
