@@ -12,7 +12,6 @@ precedence is defaults < recipe file < overrides < flags.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -101,24 +100,9 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Copy a template recipe to edit (`dspark init qwen3-8b -o my.yaml`)."""
-    from dspark_cli.recipe import resolve_recipe_path, template_dir
+    from dspark_cli.recipe.loader import copy_template
 
-    source = template_dir() / f"{template}.yaml"
-    if not source.is_file():
-        resolve_recipe_path(template)  # raises with a did-you-mean
-    if output.is_dir():  # --force overwrites a recipe file, never a directory
-        raise UsageError(f"{output} is a directory", f"pass a file path, e.g. -o {output / 'dspark.yaml'}")
-    if output.exists() and not force:
-        raise UsageError(f"{output} already exists", "pass --force to overwrite, or -o another path")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    try:
-        shutil.copyfile(source, tmp)
-        tmp.replace(output)
-    except BaseException:
-        if tmp.exists():  # a failed copy (disk full, ...) leaves nothing behind
-            tmp.unlink()
-        raise
+    copy_template(template, output, force=force)
     say(f"wrote {output} (from template {template}); next: dspark validate {output}")
 
 

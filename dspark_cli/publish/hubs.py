@@ -83,19 +83,18 @@ def _scrubbed(hub: str, repo_id: str, token: str) -> Iterator[None]:
 
 def hub_tokens(hubs: list[str]) -> dict[str, str]:
     """A token for every hub in `hubs`; if any is missing, one UsageError naming every hub without one."""
-    lookup = {"huggingface": huggingface_token, "modelscope": modelscope_token}
+    lookup = {"huggingface": ("Hugging Face", huggingface_token), "modelscope": ("ModelScope", modelscope_token)}
     tokens, missing = {}, []
     for hub in hubs:
         try:
-            tokens[hub] = lookup[hub]()
+            tokens[hub] = lookup[hub][1]()
         except UsageError as exc:
-            missing.append(exc)
+            missing.append((lookup[hub][0], exc))
     if len(missing) == 1:
-        raise missing[0]
+        raise missing[0][1]
     if missing:
-        raise UsageError("no token found for " + " or ".join(e.message.removeprefix("no ").removesuffix(" token found")
-                                                           for e in missing),
-                         "; ".join(e.hint for e in missing if e.hint))
+        raise UsageError(f"no token found for {' or '.join(name for name, _ in missing)}",
+                         "; ".join(exc.hint for _, exc in missing if exc.hint))
     return tokens
 
 

@@ -13,6 +13,7 @@ import copy
 import difflib
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -79,6 +80,27 @@ def resolve_recipe_path(recipe: str | os.PathLike[str]) -> Path:
 
 
 _KEY_PART = re.compile(r"^([A-Za-z_][\w-]*)((?:\[\d+\])*)$")
+
+
+def copy_template(template: str, output: Path, *, force: bool = False) -> None:
+    """`dspark init`: copy a shipped template to `output` (a file; `force` overwrites a file, never a
+    directory), through a temporary file beside it that a failure (disk full, ...) does not leave behind."""
+    source = template_dir() / f"{template}.yaml"
+    if not source.is_file():
+        resolve_recipe_path(template)  # raises with a did-you-mean
+    if output.is_dir():
+        raise UsageError(f"{output} is a directory", f"pass a file path, e.g. -o {output / 'dspark.yaml'}")
+    if output.exists() and not force:
+        raise UsageError(f"{output} already exists", "pass --force to overwrite, or -o another path")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    try:
+        shutil.copyfile(source, tmp)
+        tmp.replace(output)
+    except BaseException:
+        if tmp.exists():
+            tmp.unlink()
+        raise
 
 
 def parse_override(item: str) -> tuple[list[str | int], Any]:
