@@ -274,3 +274,14 @@ def test_repo_names_the_hubs_refuse_are_refused_first(exported, repo_id, expecte
     assert expected in result.output.splitlines()[0], result.output
     assert runner.invoke(app, ["validate", "tiny", f"publish.repo_id={repo_id}"]).exit_code == 2
     assert runner.invoke(app, ["validate", "tiny", "publish.repo_id=Qwen/Qwen3-8B_dspark.v1"]).exit_code == 0
+
+
+def test_scrub_removes_tokens_and_credential_shapes_only():
+    from dspark_cli.publish.hubs import scrub
+
+    assert scrub("401: you sent Authorization: Bearer abc.def-123") == "401: you sent Authorization: Bearer ***"
+    assert scrub("GET /x?token=s3cr3t&a=1 and {'api_key': 'abcdefgh12'}") == "GET /x?token=***&a=1 and {'api_key': '***'}"
+    assert scrub("hf_" + "a" * 34 + " leaked") == "hf_*** leaked"
+    assert scrub("my-own-secret-value here", ("my-own-secret-value",)) == "*** here"
+    kept = "serve.num_speculative_tokens: 5 differs from draft.block_size 7; /models/hf_cache/x"
+    assert scrub(kept) == kept

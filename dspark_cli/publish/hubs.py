@@ -33,8 +33,8 @@ from dspark_cli.errors import DsparkError, UsageError
 # --- tokens never leave: every message from a hub client passes through `scrub` ----------------------
 
 _SECRET_SHAPES = (
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 ***"),  # an Authorization header value
-    (re.compile(r"\bhf_[A-Za-z0-9]{8,}"), "hf_***"),  # a Hugging Face token anywhere
+    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 ***"),  # an Authorization header value
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), "hf_***"),  # a Hugging Face token (hf_ + 34 characters) anywhere
     (re.compile(r"(?i)([?&](?:token|access_token|api_key|apikey)=)[^&\s'\"]+"), r"\1***"),  # in a URL
     (re.compile(r"(?i)((?:token|api_key|apikey|authorization)[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9._~+/=-]{8,}"),
      r"\1***"),  # "token": "...", api_key=... in an echoed request
