@@ -12,7 +12,6 @@ precedence is defaults < recipe file < overrides < flags.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,7 +33,8 @@ app = typer.Typer(
 RecipeArg = Annotated[str, typer.Argument(help="Recipe YAML file, or a template name (`tiny`, `kimi-k3`, ...).")]
 OverridesArg = Annotated[
     list[str] | None,
-    typer.Argument(help="Overrides `section.key=value`, e.g. `train.lr=3e-4 draft.num_layers=2`.", show_default=False),
+    typer.Argument(help="Overrides `section.key=value`, e.g. `train.lr=3e-4 draft.num_layers=2` "
+                        "(list items by index: `datagen.sources[0].max_samples=8`).", show_default=False),
 ]
 RecipeOpt = Annotated[str | None, typer.Option("--recipe", "-r", help="Recipe file or template name.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")]
@@ -107,17 +107,9 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
     """Copy a template recipe to edit (`dspark init qwen3-8b -o my.yaml`)."""
-    from dspark_cli.recipe import resolve_recipe_path, template_dir
+    from dspark_cli.recipe.loader import copy_template
 
-    source = template_dir() / f"{template}.yaml"
-    if not source.is_file():
-        resolve_recipe_path(template)  # raises with a did-you-mean
-    if output.exists() and not force:
-        raise UsageError(f"{output} already exists", "pass --force to overwrite, or -o another path")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    shutil.copyfile(source, tmp)
-    tmp.replace(output)
+    copy_template(template, output, force=force)
     say(f"wrote {output} (from template {template}); next: dspark validate {output}")
 
 
@@ -129,11 +121,22 @@ def validate(
     show: Annotated[bool, typer.Option("--print", help="Print the resolved recipe.")] = False,
     output_format: FormatOpt = "text",
 ) -> None:
-    """Check a recipe: types, ranges, unknown keys and cross-stage rules, all problems at once."""
+    """Check a recipe: types, ranges, unknown keys and cross-stage rules, all problems at once.
+
+    `--format json` prints the resolved recipe, or `{"ok": false, "problems": [...], "hint": ...}`
+    (exit 2) when there are problems.
+    """
+    from dspark_cli.errors import DsparkError, RecipeError
     from dspark_cli.recipe import dump_recipe
 
     _check_format(output_format)
-    loaded = _load(recipe, overrides)
+    try:
+        loaded = _load(recipe, overrides)
+    except DsparkError as exc:
+        if output_format == "json":
+            problems = exc.problems if isinstance(exc, RecipeError) else [exc.message]
+            print_json({"ok": False, "recipe": recipe, "problems": problems, "hint": exc.hint})
+        raise
     if output_format == "json":
         print_json(loaded.model_dump(mode="json"))
         return

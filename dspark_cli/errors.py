@@ -7,6 +7,8 @@ bad input file), 130 when interrupted. `DSPARK_DEBUG=1` shows the traceback.
 
 from __future__ import annotations
 
+import os
+
 
 class DsparkError(Exception):
     """A failure the user can act on. `message` is one line; `hint` names the next step."""
@@ -48,3 +50,43 @@ class ContractError(DsparkError):
 
 class DataError(DsparkError):
     """An input artifact is corrupt, truncated or inconsistent with its manifest."""
+
+
+# --- operating-system errors, as users meet them ------------------------------------------------------
+
+_ROOM = "free some space, or set output_dir (or -o) to a disk with room, and run again"
+_RIGHTS = "check the permissions of that path and its directory, or choose another output_dir (-o)"
+_OS_ERRORS = {
+    # errno name: (message, hint, a usage mistake (exit 2)?)
+    "ENOSPC": ("no space left on device", _ROOM, False),
+    "EDQUOT": ("disk quota exceeded", _ROOM, False),
+    "EACCES": ("permission denied", _RIGHTS, True),
+    "EPERM": ("operation not permitted", _RIGHTS, True),
+    "EROFS": ("read-only file system", "write somewhere writable: set output_dir (or -o) to another directory", True),
+    "ENOTDIR": ("not a directory", "a file stands where a directory is needed: move it, or choose another path", True),
+    "EISDIR": ("is a directory", "pass a file path here, not a directory", True),
+    "EEXIST": ("already exists", "something is already at that path: move it, or choose another path", True),
+    "ENOENT": ("no such file or directory", "check the path", True),
+    "ENAMETOOLONG": ("file name too long", "choose a shorter path", True),
+    "EMFILE": ("too many open files", "raise the limit (`ulimit -n`) and run again", False),
+}
+
+
+def os_error(exc: OSError) -> DsparkError:
+    """An OSError (permissions, disk full, a file where a directory should be, ...) as one line + hint.
+
+    The path named is the one the operation failed on: for two-path calls (rename, copy, link) the
+    destination, which is where a write fails.
+    """
+    import errno as errno_module
+
+    name = errno_module.errorcode.get(exc.errno or -1, "")
+    path = exc.filename2 if exc.filename2 is not None else exc.filename
+    where = f": {os.fsdecode(path)}" if path is not None else ""
+    if name in _OS_ERRORS:
+        message, hint, usage = _OS_ERRORS[name]
+        return (UsageError if usage else DsparkError)(message + where, hint)
+    text = (exc.strerror or str(exc)).strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    return DsparkError(f"{first}{where}" if path is not None and str(path) not in first else first,
+                       "check the path, the network or the device, and run again")

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.errors import DsparkError, RecipeError
+from dspark_cli.errors import DsparkError, RecipeError, os_error
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -30,17 +30,29 @@ def debug_enabled() -> bool:
     return os.environ.get("DSPARK_DEBUG", "") not in ("", "0", "false", "False")
 
 
+def _clean(text: str) -> str:
+    """`text` without hub tokens: hub clients' own messages are scrubbed where they are called
+    (publish/hubs.py); this catches any other path a token could take to the terminal."""
+    from dspark_cli.publish.hubs import known_tokens, scrub
+
+    return scrub(text, known_tokens())
+
+
 def report_error(exc: DsparkError) -> None:
     """Print a DsparkError as `error: ...` lines (one per problem) and a `hint:` line."""
     lines = exc.problems if isinstance(exc, RecipeError) else [exc.message]
     for line in lines:
-        stderr.print(Text("error: ", style="bold red") + Text(line))
+        stderr.print(Text("error: ", style="bold red") + Text(_clean(line)))
     if exc.hint:
-        stderr.print(Text("hint: ", style="yellow") + Text(exc.hint))
+        stderr.print(Text("hint: ", style="yellow") + Text(_clean(exc.hint)))
 
 
 def handle_errors(func: F) -> F:
-    """Run a command; turn DsparkError / Ctrl-C / unexpected failures into exit codes 1, 2, 130."""
+    """Run a command; turn DsparkError / Ctrl-C / unexpected failures into exit codes 1, 2, 130.
+
+    OSErrors (permissions, disk full, not a directory, ...) are the user's to fix: one line naming the
+    path and a hint, like any DsparkError. Only what is left is an "internal error" to report.
+    """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -51,6 +63,18 @@ def handle_errors(func: F) -> F:
                 raise
             report_error(exc)
             raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:  # permissions, disk full, a file where a directory should be: the user's to fix
+            if debug_enabled():
+                raise
+            error = os_error(exc)
+            report_error(error)
+            raise typer.Exit(error.exit_code) from None
+        except MemoryError:
+            if debug_enabled():
+                raise
+            report_error(DsparkError("out of memory", "a file may claim an impossible size, or this needs a machine "
+                                     "with more memory; DSPARK_DEBUG=1 shows where"))
+            raise typer.Exit(1) from None
         except KeyboardInterrupt:
             if debug_enabled():
                 raise
@@ -61,7 +85,7 @@ def handle_errors(func: F) -> F:
         except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
             if debug_enabled():
                 raise
-            stderr.print(Text("internal error: ", style="bold red") + Text(f"{type(exc).__name__}: {exc}"))
+            stderr.print(Text("internal error: ", style="bold red") + Text(_clean(f"{type(exc).__name__}: {exc}")))
             stderr.print(Text("hint: ", style="yellow") + Text("rerun with DSPARK_DEBUG=1 for the traceback and report it"))
             raise typer.Exit(1) from None
 

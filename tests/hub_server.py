@@ -58,6 +58,12 @@ class JSONHandler(BaseHTTPRequestHandler):
         """Reply 401 in the protocol's own error format."""
         raise NotImplementedError
 
+    def _echo(self, message: str) -> str:
+        """`message`, plus the Authorization header it was sent with when the hub echoes it."""
+        if not self.server.hub.echo_auth:
+            return message
+        return f"{message} (request had Authorization: {self.headers.get('Authorization')})"
+
     def _authorised(self) -> bool:
         if self.headers.get("Authorization") == f"Bearer {self.server.hub.token}":
             return True
@@ -70,8 +76,9 @@ class LoopbackServer:
     """A hub's state (repos, LFS objects by sha256, the request log) behind a threaded HTTP server on a free
     loopback port; a subclass's `_handler()` returns the request handler class that speaks its protocol."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, *, echo_auth: bool = False) -> None:
         self.token = token
+        self.echo_auth = echo_auth  # a careless server: every error body repeats the request's Authorization header
         self.repos: dict[str, Repo] = {}
         self.objects: dict[str, bytes] = {}
         self.requests: list[tuple[str, str]] = []
@@ -102,17 +109,20 @@ class LoopbackServer:
 
 
 class LoopbackHub(LoopbackServer):
-    def __init__(self, token: str, *, fail_commits: int = 0) -> None:
+    def __init__(self, token: str, *, fail_commits: int = 0, echo_auth: bool = False) -> None:
         self.card_metadata: list[dict[str, Any]] = []  # every model card front matter validated
         self.fail_commits = fail_commits  # answer the next N commits with HTTP 500
-        super().__init__(token)
+        super().__init__(token, echo_auth=echo_auth)
 
     def _handler(self) -> type[JSONHandler]:
         hub = self
 
         class Handler(JSONHandler):
             def _send(self, status: int, data: Any = None) -> None:
-                self._reply(status, data if data is not None else {})
+                data = data if data is not None else {}
+                if status >= 400 and "error" in data:
+                    data["error"] = self._echo(data["error"])
+                self._reply(status, data)
 
             def _deny(self) -> None:
                 self._send(401, {"error": "Invalid credentials in Authorization header"})
@@ -227,11 +237,16 @@ class LoopbackModelScope(LoopbackServer):
     Every request must carry `Authorization: Bearer <token>`.
     """
 
+    def __init__(self, token: str, *, fail_commits: int = 0, echo_auth: bool = False) -> None:
+        self.fail_commits = fail_commits  # answer the next N commits with HTTP 500
+        super().__init__(token, echo_auth=echo_auth)
+
     def _handler(self) -> type[JSONHandler]:
         hub = self
 
         class Handler(JSONHandler):
             def _send(self, status: int, code: int = 200, data: Any = None, message: str = "ok") -> None:
+                message = self._echo(message) if status >= 400 else message
                 self._reply(status, {"Code": code, "Success": code == 200, "Data": data if data is not None else {},
                                      "Message": message, "RequestId": "loopback"})
 
@@ -280,6 +295,9 @@ class LoopbackModelScope(LoopbackServer):
             def _commit(self, repo_id: str, body: dict[str, Any]) -> None:
                 staged: dict[str, bytes] = {}
                 with hub._lock:
+                    if hub.fail_commits > 0:
+                        hub.fail_commits -= 1
+                        return self._send(500, 500, message="commit failed (injected)")
                     for action in body["actions"]:
                         if action["action"] not in ("create", "update"):
                             return self._send(400, 400, message=f"unsupported action {action['action']}")

@@ -150,3 +150,50 @@ def test_the_installed_console_script_runs():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[0] == "error: trian: unknown section (did you mean 'train'?)"
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_list_items_take_overrides_by_index():
+    # issue 22 case 13: `datagen.sources[0].max_samples=N` used to be refused with a misleading did-you-mean
+    import json
+
+    result = invoke("validate", "tiny", "datagen.sources[0].max_samples=8", "bench.temperatures[1]=0.5",
+                    "--format", "json")
+    assert result.exit_code == 0, result.output
+    resolved = json.loads(result.stdout)
+    assert resolved["datagen"]["sources"][0] == {**resolved["datagen"]["sources"][0], "path": "tiny-prompts",
+                                                 "max_samples": 8}
+    assert resolved["bench"]["temperatures"] == [0.0, 0.5]
+    for override, expected in (
+        ("datagen.sources[3].max_samples=8", "datagen.sources[3]: out of range, datagen.sources has 1 item(s)"),
+        ("datagen.sources[0].max_sample=8",
+         "datagen.sources[0].max_sample: unknown key (did you mean 'datagen.sources[0].max_samples'?)"),
+        ("train.lr[0]=1", "train.lr: is not a list"),
+        ("draft.target_layer_ids[0]=1", "draft.target_layer_ids: not set, so it has no item 0"),
+    ):
+        result = invoke("validate", "tiny", override)
+        assert result.exit_code == 2 and f"error: {expected}" in result.output, (override, result.output)
+
+
+def test_validate_json_reports_problems_on_stdout():
+    import json
+
+    result = invoke("validate", "tiny", "train.lr=fast", "--format", "json")
+    assert result.exit_code == 2
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and report["problems"] == ["train.lr: expected a number, got 'fast' (str)"]
+    result = invoke("validate", "no-such-recipe.yaml", "--format", "json")
+    assert result.exit_code == 2 and json.loads(result.stdout)["problems"] == ["recipe not found: no-such-recipe.yaml"]
+
+
+def test_validate_checks_across_sections(tmp_path):
+    a_file = tmp_path / "passwd"
+    a_file.write_text("root:x:0:0::/root:/bin/sh\n")
+    result = invoke("validate", "tiny", "capture.max_seq_len=4096", f"output_dir={a_file}",
+                    f"bench.output_dir={a_file}/bench")
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines[:2] == [
+        "error: capture.max_seq_len: 4096 exceeds target.max_model_len 1024, the longest sequence the target runs; "
+        "lower it or raise max_model_len",
+        f"error: output_dir: {a_file} is a file, not a directory; choose another directory",
+    ] and len(lines) == 3, result.output  # the stage directories under it are not repeated

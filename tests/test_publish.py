@@ -274,3 +274,63 @@ def test_publish_dry_run_refuses_another_target_and_foreign_serving_env(exported
     (draft / "dspark_manifest.json").write_text(json.dumps(manifest))
     env = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run"])
     assert env.exit_code == 1 and "serving.env: sets LD_PRELOAD, PYTHONPATH" in env.output, env.output
+
+
+def test_a_hub_that_echoes_the_authorization_header_never_shows_the_token(exported, tmp_path):
+    # issue 22 case 12: servers that repeat `Authorization: Bearer <token>` in an error body
+    secret_hf, secret_ms = "hf_SecretLoopbackToken123456", "ms-secret-loopback-token-987654"
+    both = ("--hub", "huggingface", "--hub", "modelscope")
+    with LoopbackHub(secret_hf, fail_commits=1, echo_auth=True) as hub, \
+            LoopbackModelScope(secret_ms, fail_commits=10, echo_auth=True) as ms:  # more than its client retries
+        hf_wrong = publish(str(exported), "--repo-id", REPO, hub=hub, token="hf_WrongButStillSecret99", home=tmp_path)
+        hf_failed = publish(str(exported), "--repo-id", REPO, hub=hub, token=secret_hf, home=tmp_path)
+        ms_wrong = publish(str(exported), "--repo-id", REPO, *both, hub=hub, token=secret_hf, ms=ms,
+                           ms_token="ms-wrong-but-still-secret-42", home=tmp_path)
+        ms_failed = publish(str(exported), "--repo-id", REPO, *both, hub=hub, token=secret_hf, ms=ms,
+                            ms_token=secret_ms, home=tmp_path)
+    for out, secret in ((hf_wrong, "hf_WrongButStillSecret99"), (hf_failed, secret_hf),
+                        (ms_wrong, "ms-wrong-but-still-secret-42"), (ms_failed, secret_ms)):
+        assert out.returncode == 1, out.stderr
+        assert "Bearer ***" in out.stderr, out.stderr  # the server did echo it: the test sees the scrubbed echo
+        for text in (out.stdout, out.stderr):
+            assert secret not in text and secret_hf not in text and secret_ms not in text, text
+        error, hint = out.stderr.strip().splitlines()[-2:]  # ModelScope's client logs its retries before
+        assert error.startswith("error: ") and hint.startswith("hint: "), out.stderr
+    assert "ModelScope refused the upload" in ms_wrong.stderr and "500" in ms_failed.stderr
+    assert "retrying" in ms_failed.stderr  # the client's own log records went through the scrubber too
+
+
+def test_every_hub_without_a_token_is_named(exported, tmp_path):
+    out = publish(str(exported), "--repo-id", REPO, "--hub", "huggingface", "--hub", "modelscope",
+                  hub=None, token=None, ms=None, ms_token=None, home=tmp_path)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 2, out.stderr
+    assert "no token found for Hugging Face or ModelScope" in out.stderr
+    assert "hf auth login" in out.stderr and "modelscope login" in out.stderr
+
+
+@pytest.mark.parametrize(("repo_id", "expected"), [
+    ("me/" + "x" * 200, "its name is 200 characters long; the hubs allow at most 96"),
+    ("o" * 97 + "/draft", "its owner is 97 characters long"),
+    ("me/my draft", "its name 'my draft' may hold only letters, digits, '_', '-' and '.'"),
+    ("me/-draft", "its name '-draft' may hold only letters, digits, '_', '-' and '.', and may not start or end"),
+    ("me/a--b", "contains '--' or '..'"),
+    ("me/draft.git", "ends in '.git'"),
+    ("me/a/b", "is not of the form owner/name"),
+])
+def test_repo_names_the_hubs_refuse_are_refused_first(exported, repo_id, expected):
+    result = runner.invoke(app, ["publish", str(exported), "--repo-id", repo_id, "--dry-run"])
+    assert result.exit_code == 2 and result.output.startswith("error: publish.repo_id: "), result.output
+    assert expected in result.output.splitlines()[0], result.output
+    assert runner.invoke(app, ["validate", "tiny", f"publish.repo_id={repo_id}"]).exit_code == 2
+    assert runner.invoke(app, ["validate", "tiny", "publish.repo_id=Qwen/Qwen3-8B_dspark.v1"]).exit_code == 0
+
+
+def test_scrub_removes_tokens_and_credential_shapes_only():
+    from dspark_cli.publish.hubs import scrub
+
+    assert scrub("401: you sent Authorization: Bearer abc.def-123") == "401: you sent Authorization: Bearer ***"
+    assert scrub("GET /x?token=s3cr3t&a=1 and {'api_key': 'abcdefgh12'}") == "GET /x?token=***&a=1 and {'api_key': '***'}"
+    assert scrub("hf_" + "a" * 34 + " leaked") == "hf_*** leaked"
+    assert scrub("my-own-secret-value here", ("my-own-secret-value",)) == "*** here"
+    kept = "serve.num_speculative_tokens: 5 differs from draft.block_size 7; /models/hf_cache/x"
+    assert scrub(kept) == kept

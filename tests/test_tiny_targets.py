@@ -50,7 +50,13 @@ def test_bundled_names_resolve_to_shipped_dirs():
 
 
 def test_local_dir_resolves_to_itself(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
     assert resolve_target(str(tmp_path)) == tmp_path.resolve()
+
+
+def test_a_local_dir_without_config_json_is_no_target(tmp_path):
+    with pytest.raises(UsageError, match="no config.json, so not a model directory"):
+        resolve_target(str(tmp_path))
 
 
 def test_hub_id_passes_through_as_none():

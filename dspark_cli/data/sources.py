@@ -20,6 +20,7 @@ from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import PromptSource
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+_JSON_HINT = "fix that line: a .jsonl source holds one JSON record per line, a .json source a list of records"
 
 
 def source_name(source: PromptSource) -> str:
@@ -70,19 +71,14 @@ def _records(source: PromptSource) -> Iterator[tuple[str, Any]]:
 def _file_records(path: Path) -> Iterator[tuple[str, Any]]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield f"{path.name}:{number}", json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UsageError(f"{path.name}:{number}: invalid JSON ({exc.msg})") from None
+        yield from _jsonl_records(path)
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise _not_text(path, exc) from None
         except json.JSONDecodeError as exc:
-            raise UsageError(f"{path.name}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+            raise UsageError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})", _JSON_HINT) from None
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
@@ -92,11 +88,37 @@ def _file_records(path: Path) -> Iterator[tuple[str, Any]]:
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"{path}: not a readable Parquet file ({first[:160]})",
+                             "check the file, or convert it to JSONL") from None
         for index, record in enumerate(table.to_pylist()):
             yield f"{path.name}[{index}]", record
     else:
         raise UsageError(f"{path.name}: unsupported file type {suffix or '(none)'}; use .jsonl, .json or .parquet")
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _not_text(path, exc, number) from None
+            if not line.strip():
+                continue
+            try:
+                yield f"{path.name}:{number}", json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{path}:{number}: invalid JSON ({exc.msg})", _JSON_HINT) from None
+
+
+def _not_text(path: Path, exc: UnicodeDecodeError, line: int | None = None) -> UsageError:
+    where = f"{path}:{line}" if line is not None else str(path)
+    return UsageError(f"{where}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); is it a binary file?",
+                      "datagen.sources takes JSONL or JSON text (UTF-8) or Parquet files")
 
 
 def _hub_records(source: PromptSource) -> Iterator[tuple[str, Any]]:

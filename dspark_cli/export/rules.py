@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dspark_cli.errors import DataError
 
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 K3_REFUSED_FLAGS = ("mla_use_nope", "mla_use_output_gate", "mla_use_qk_norm", "dspark_bonus_anchor")
@@ -202,11 +203,9 @@ def check_against_target(config: dict[str, Any], target: dict[str, Any]) -> list
 
 def read_tensor_table(weights: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) from a safetensors header, without reading the data."""
-    with weights.open("rb") as handle:
-        (size,) = struct.unpack("<Q", handle.read(8))
-        if size > weights.stat().st_size - 8:  # a header claiming more bytes than the file has
-            raise ValueError(f"header claims {size:,} bytes, more than the file holds")
-        header = json.loads(handle.read(size))
+    from dspark_cli.targets.files import read_safetensors_header  # bounded by the file's size (no MemoryError)
+
+    header = read_safetensors_header(weights)
     names = {v: k for k, v in DTYPES.items()}
     return {name: (tuple(info["shape"]), names.get(info["dtype"], info["dtype"].lower()))
             for name, info in header.items() if name != "__metadata__"}
@@ -226,8 +225,8 @@ def check_draft_dir(directory: str | Path, target_config: dict[str, Any] | None 
         return [Finding("config.json", f"invalid JSON ({exc.msg} at line {exc.lineno})", "export again")]
     try:
         tensors = read_tensor_table(weights)
-    except (OSError, ValueError, struct.error) as exc:
-        return [Finding("model.safetensors", f"unreadable header ({exc})", "export again")]
+    except (OSError, ValueError, DataError) as exc:
+        return [Finding("model.safetensors", f"unreadable header ({getattr(exc, 'message', exc)})", "export again")]
     findings = check_config(config)
     if include_embeddings is None:
         manifest = directory / "dspark_manifest.json"

@@ -8,7 +8,9 @@
 `files` maps a path in the repo to a local file or to bytes (the generated model card). Endpoints
 and tokens follow the hub clients' own conventions (HF_ENDPOINT / HF_TOKEN or `hf auth login`;
 MODELSCOPE_ENDPOINT / MODELSCOPE_API_TOKEN or `modelscope login`), overridable from the recipe's
-`publish` section. ModelScope's client commits a folder, so its files are staged as hard links
+`publish` section. Every message that leaves a hub client -- errors, log records -- passes `scrub`
+first, so a server that echoes `Authorization: Bearer <token>` back cannot put the token on the
+terminal. ModelScope's client commits a folder, so its files are staged as hard links
 (copies across filesystems) in a hidden directory beside the draft, removed afterwards; its
 uploader batches commits by size, which for a draft (a few small files and one weights file) is
 one commit.
@@ -20,11 +22,104 @@ import contextlib
 import io
 import logging
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from dspark_cli.errors import DsparkError, UsageError
+
+# --- tokens never leave: every message from a hub client passes through `scrub` ----------------------
+
+_SECRET_SHAPES = (
+    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 ***"),  # an Authorization header value
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), "hf_***"),  # a Hugging Face token (hf_ + 34 characters) anywhere
+    (re.compile(r"(?i)([?&](?:token|access_token|api_key|apikey)=)[^&\s'\"]+"), r"\1***"),  # in a URL
+    (re.compile(r"(?i)((?:token|api_key|apikey|authorization)[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9._~+/=-]{8,}"),
+     r"\1***"),  # "token": "...", api_key=... in an echoed request
+)
+
+
+def scrub(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """`text` without the given tokens and without anything shaped like a credential."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    for pattern, replacement in _SECRET_SHAPES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+@contextlib.contextmanager
+def _scrubbed(hub: str, repo_id: str, token: str) -> Iterator[None]:
+    """Run a hub client call: its log records and whatever it raises come out without `token`.
+
+    Log records are scrubbed as they are made (whichever logger or thread makes them); a DsparkError
+    is rebuilt with scrubbed text; any other exception becomes one (the original is not chained: its
+    text may hold the token, and DSPARK_DEBUG=1 would print it).
+    """
+    secrets = (token,)
+    make_record = logging.getLogRecordFactory()
+
+    def scrubbed_record(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        record.msg, record.args = scrub(record.getMessage(), secrets), None
+        if record.exc_info:
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), secrets)
+        return record
+
+    logging.setLogRecordFactory(scrubbed_record)
+    try:
+        yield
+    except DsparkError as exc:
+        raise type(exc)(scrub(exc.message, secrets), scrub(exc.hint, secrets) if exc.hint else None) from None
+    except Exception as exc:  # noqa: BLE001 - whatever a hub client raises, its text is scrubbed before it shows
+        raise DsparkError(f"the {hub} client failed uploading {repo_id}: {type(exc).__name__}: "
+                          f"{scrub(_reason(exc), secrets)}", "rerun later; if it persists, report it") from None
+    finally:
+        logging.setLogRecordFactory(make_record)
+
+
+def hub_tokens(hubs: list[str]) -> dict[str, str]:
+    """A token for every hub in `hubs`; if any is missing, one UsageError naming every hub without one."""
+    lookup = {"huggingface": ("Hugging Face", huggingface_token), "modelscope": ("ModelScope", modelscope_token)}
+    tokens, missing = {}, []
+    for hub in hubs:
+        try:
+            tokens[hub] = lookup[hub][1]()
+        except UsageError as exc:
+            missing.append((lookup[hub][0], exc))
+    if len(missing) == 1:
+        raise missing[0][1]
+    if missing:
+        raise UsageError(f"no token found for {' or '.join(name for name, _ in missing)}",
+                         "; ".join(exc.hint for _, exc in missing if exc.hint))
+    return tokens
+
+
+_REPO_PART = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?$")
+
+
+def repo_id_problem(repo_id: str) -> str | None:
+    """Why `repo_id` is not a name both hubs accept, or None. Hugging Face's rule (huggingface_hub's
+    `validate_repo_id`), with the namespace required: `owner/name`, each part 1-96 characters of
+    letters, digits, `_`, `-` and `.`, not starting or ending with `-` or `.`, no `--` or `..`, not
+    ending in `.git`."""
+    parts = repo_id.split("/")
+    if len(parts) != 2:
+        return f"{repo_id!r} is not of the form owner/name"
+    for part, what in zip(parts, ("owner", "name")):
+        if len(part) > 96:
+            return f"its {what} is {len(part)} characters long; the hubs allow at most 96"
+        if not _REPO_PART.match(part):
+            return (f"its {what} {part!r} may hold only letters, digits, '_', '-' and '.', and may not start "
+                    "or end with '-' or '.'")
+    if "--" in repo_id or ".." in repo_id:
+        return f"{repo_id!r} contains '--' or '..', which the hubs refuse"
+    if repo_id.endswith(".git"):
+        return f"{repo_id!r} ends in '.git', which the hubs refuse"
+    return None
 
 
 def huggingface_token() -> str:
@@ -44,10 +139,25 @@ def _is_network_error(exc: BaseException) -> bool:
 
 
 def _reason(exc: Exception) -> str:
+    """One line: the HTTP status, the client's first line and what the server said (if the client kept it)."""
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"HTTP {status}: {first}" if status and str(status) not in first else first
+    said = " ".join(str(getattr(exc, "server_message", None) or "").split())
+    line = f"{first}: {said}" if said and said not in first else first
+    return f"HTTP {status}: {line}" if status and str(status) not in line else line
+
+
+def known_tokens() -> tuple[str, ...]:
+    """The hub tokens this process could be using (environment and Hugging Face's token file), without
+    importing a hub client: what `scrub` removes from any error the CLI prints."""
+    names = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN")
+    tokens = [os.environ[name] for name in names if os.environ.get(name)]
+    hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    for token_file in (Path(os.environ.get("HF_TOKEN_PATH") or hf_home / "token"),):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            tokens.append(token_file.read_text(encoding="utf-8").strip())
+    return tuple(t for t in tokens if len(t) >= 8)
 
 
 def upload_huggingface(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,
@@ -56,22 +166,23 @@ def upload_huggingface(files: dict[str, Path | bytes], repo_id: str, *, private:
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    api = HfApi(endpoint=endpoint, token=token)
-    where = endpoint or api.endpoint
-    operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=src if isinstance(src, bytes) else str(src))
-                  for path, src in sorted(files.items())]
-    try:
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        info = api.create_commit(repo_id, operations, commit_message=message, repo_type="model")
-    except HfHubHTTPError as exc:
-        raise DsparkError(f"Hugging Face refused the upload to {repo_id}: {_reason(exc)}",
-                          "check that the token may write to that namespace (`hf auth whoami`)") from exc
-    except Exception as exc:
-        if _is_network_error(exc):
-            raise DsparkError(f"cannot reach Hugging Face at {where}: {_reason(exc)}",
-                              "check the network, or set publish.hf_endpoint / HF_ENDPOINT") from exc
-        raise
-    return str(info.commit_url)
+    with _scrubbed("Hugging Face", repo_id, token):
+        api = HfApi(endpoint=endpoint, token=token)
+        where = endpoint or api.endpoint
+        operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=src if isinstance(src, bytes) else str(src))
+                      for path, src in sorted(files.items())]
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            info = api.create_commit(repo_id, operations, commit_message=message, repo_type="model")
+        except HfHubHTTPError as exc:
+            raise DsparkError(f"Hugging Face refused the upload to {repo_id}: {_reason(exc)}",
+                              "check that the token may write to that namespace (`hf auth whoami`)") from exc
+        except Exception as exc:
+            if _is_network_error(exc):
+                raise DsparkError(f"cannot reach Hugging Face at {where}: {_reason(exc)}",
+                                  "check the network, or set publish.hf_endpoint / HF_ENDPOINT") from exc
+            raise
+        return str(info.commit_url)
 
 
 def modelscope_token() -> str:
@@ -111,6 +222,13 @@ def _fill(stage: Path, files: dict[str, Path | bytes]) -> None:
 def upload_modelscope(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,
                       token: str, message: str, license_id: str, near: Path) -> str:
     """Create the model repo if needed (with the asked visibility) and commit every file; return its URL."""
+    with _scrubbed("ModelScope", repo_id, token):
+        return _upload_modelscope(files, repo_id, private=private, endpoint=endpoint, token=token, message=message,
+                                  license_id=license_id, near=near)
+
+
+def _upload_modelscope(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,
+                       token: str, message: str, license_id: str, near: Path) -> str:
     from modelscope.hub.api import HubApi
     from modelscope_hub.errors import HubError, NetworkError
 

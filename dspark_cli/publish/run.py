@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from dspark_cli.errors import DataError, DsparkError, UsageError
 from dspark_cli.publish.card import model_card
-from dspark_cli.publish.hubs import huggingface_token, modelscope_token, upload_huggingface, upload_modelscope
+from dspark_cli.publish.hubs import hub_tokens, repo_id_problem, upload_huggingface, upload_modelscope
 
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 BENCH_FILES = ("bench.json", "bench.md")
 CARD_FILES = ("README.md",)  # a model card the user wrote into the draft dir is published as is
 
@@ -70,8 +68,9 @@ def _destination(recipe: Any) -> tuple[str, list[str]]:
     repo_id = recipe.publish.repo_id
     if not repo_id:
         raise UsageError("publish needs a destination repo", "pass --repo-id OWNER/NAME or set publish.repo_id")
-    if not REPO_ID.match(repo_id):
-        raise UsageError(f"publish.repo_id {repo_id!r} is not of the form owner/name")
+    problem = repo_id_problem(repo_id)
+    if problem:
+        raise UsageError(f"publish.repo_id: {problem}", "pass --repo-id OWNER/NAME, as the hubs spell repo names")
     hubs = list(dict.fromkeys(recipe.publish.hubs))
     if not hubs:
         raise UsageError("publish.hubs is empty", "set publish.hubs=[huggingface]")
@@ -79,8 +78,7 @@ def _destination(recipe: Any) -> tuple[str, list[str]]:
 
 
 def _tokens(hubs: list[str]) -> dict[str, str]:
-    lookup = {"huggingface": huggingface_token, "modelscope": modelscope_token}
-    return {hub: lookup[hub]() for hub in hubs}
+    return hub_tokens(hubs)  # every hub without a token named at once
 
 
 def preflight(recipe: Any) -> None:

@@ -7,35 +7,35 @@ Each problem is one line naming the recipe path and the fix.
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.errors import UsageError
+from dspark_cli.errors import DsparkError
 from dspark_cli.recipe.schema import Recipe
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GQA_ONLY = ("num_key_value_heads", "head_dim")
 _MLA_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k3", "kimi_linear")
 
 
 def target_config(recipe: Recipe) -> dict[str, Any] | None:
-    """The target's config.json as a dict when it is local (bundled or a directory), else None."""
+    """The target's config.json as a dict when it is local (bundled or a directory), else None.
+
+    None too when the target is unusable (unknown, no config.json, corrupt files): `_check_target`
+    reports that as the recipe's problem, so the checks that only need geometry stay quiet.
+    """
+    from dspark_cli.targets.files import check_target_files
     from dspark_cli.targets.registry import resolve_target
 
     try:
         directory = resolve_target(recipe.target.model)
-    except UsageError:
+        config = None if directory is None else check_target_files(directory)
+    except DsparkError:
         return None
-    if directory is None:
+    if config is None:
         return None
-    config_file = Path(directory) / "config.json"
-    if not config_file.is_file():
-        return None
-    config = json.loads(config_file.read_text(encoding="utf-8"))
-    return config.get("text_config", config) if isinstance(config, dict) else None
+    text_config = config.get("text_config", config)
+    return text_config if isinstance(text_config, dict) else None
 
 
 def target_geometry(recipe: Recipe) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def _check_target(recipe: Recipe) -> list[str]:
 
     try:
         resolve_target(recipe.target.model)
-    except UsageError as exc:
+    except DsparkError as exc:  # unknown, no config.json, a corrupt config or truncated weights
         return [f"target.model: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")]
     problems = []
     config = target_config(recipe)
@@ -137,12 +137,38 @@ def _check_stages(recipe: Recipe) -> list[str]:
         problems.append("train.rdzv_endpoint: required when train.nnodes > 1 (host:port of the rendezvous)")
     if "wandb" in train.metrics and not train.wandb_project:
         problems.append("train.wandb_project: required when train.metrics includes wandb")
+    if recipe.capture.max_seq_len > recipe.target.max_model_len:
+        problems.append(
+            f"capture.max_seq_len: {recipe.capture.max_seq_len} exceeds target.max_model_len "
+            f"{recipe.target.max_model_len}, the longest sequence the target runs; lower it or raise max_model_len"
+        )
     if train.max_seq_len > recipe.target.max_model_len:
         problems.append(
             f"train.max_seq_len: {train.max_seq_len} exceeds target.max_model_len {recipe.target.max_model_len}"
         )
-    if recipe.publish.repo_id is not None and not _REPO_ID.match(recipe.publish.repo_id):
-        problems.append(f"publish.repo_id: {recipe.publish.repo_id!r} is not of the form owner/name")
+    if recipe.publish.repo_id is not None:
+        from dspark_cli.publish.hubs import repo_id_problem
+
+        problem = repo_id_problem(recipe.publish.repo_id)
+        if problem:
+            problems.append(f"publish.repo_id: {problem}")
     if any(t < 0 for t in recipe.bench.temperatures):
         problems.append("bench.temperatures: temperatures are >= 0")
+    return problems + _check_output_dirs(recipe)
+
+
+def _check_output_dirs(recipe: Recipe) -> list[str]:
+    """Each stage's output directory must be creatable: no file where it, or a directory above it, would be."""
+    keys = [("output_dir", recipe.output_dir.replace("{name}", recipe.name))]
+    stages = ("datagen", "capture", "train", "export", "bench")
+    keys += [(f"{stage}.output_dir", recipe.stage_dir(stage)) for stage in stages]
+    problems, seen = [], set()
+    for key, directory in keys:
+        path = Path(directory).expanduser()
+        blocker = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+        if blocker is None or blocker.is_dir() or blocker in seen:
+            continue
+        seen.add(blocker)
+        problems.append(f"{key}: {directory} is a file, not a directory; choose another directory" if blocker == path
+                        else f"{key}: {blocker} is a file, so {directory} cannot be made; choose another directory")
     return problems

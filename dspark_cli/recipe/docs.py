@@ -22,8 +22,12 @@ HEADER = """# Recipe reference
 
 A recipe is one YAML file with a section per stage. Every field is optional: a missing field
 takes the default shown here. Precedence: defaults < recipe file < `section.key=value`
-overrides < command flags. `dspark validate RECIPE` checks a recipe and reports every problem
-at once; every stage writes the resolved recipe (`recipe.yaml`) into its output directory.
+overrides < command flags; list items take overrides by index (`datagen.sources[0].max_samples=100`).
+`dspark validate RECIPE` checks a recipe and reports every problem at once: types and ranges,
+then rules across sections (layer ids against the target's depth, `capture.max_seq_len` and
+`train.max_seq_len` within `target.max_model_len`, output directories that a file stands in the
+way of, a `publish.repo_id` the hubs would refuse, a local target's `config.json` and weights).
+Every stage writes the resolved recipe (`recipe.yaml`) into its output directory.
 
 This page is generated from the schema (`python -m dspark_cli.recipe.docs > docs/recipe.md`).
 """

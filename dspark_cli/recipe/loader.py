@@ -9,9 +9,11 @@ Errors come back as one `RecipeError` whose `problems` are lines like
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -80,30 +82,98 @@ def resolve_recipe_path(recipe: str | os.PathLike[str]) -> Path:
     raise UsageError(f"recipe not found: {recipe}", f"{hint}; `dspark init` copies one to edit")
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """`train.lr=3e-4` -> (["train", "lr"], 0.0003). Values are YAML: `[2, 23]`, `true`, `null`."""
+_KEY_PART = re.compile(r"^([A-Za-z_][\w-]*)((?:\[\d+\])*)$")
+
+
+def copy_template(template: str, output: Path, *, force: bool = False) -> None:
+    """`dspark init`: copy a shipped template to `output` (a file; `force` overwrites a file, never a
+    directory), through a temporary file beside it that a failure (disk full, ...) does not leave behind."""
+    source = template_dir() / f"{template}.yaml"
+    if not source.is_file():
+        resolve_recipe_path(template)  # raises with a did-you-mean
+    if output.is_dir():
+        raise UsageError(f"{output} is a directory", f"pass a file path, e.g. -o {output / 'dspark.yaml'}")
+    if output.exists() and not force:
+        raise UsageError(f"{output} already exists", "pass --force to overwrite, or -o another path")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    try:
+        shutil.copyfile(source, tmp)
+        tmp.replace(output)
+    except BaseException:
+        if tmp.exists():
+            tmp.unlink()
+        raise
+
+
+def parse_override(item: str) -> tuple[list[str | int], Any]:
+    """`train.lr=3e-4` -> (["train", "lr"], 0.0003); `datagen.sources[0].max_samples=8` ->
+    (["datagen", "sources", 0, "max_samples"], 8). Values are YAML: `[2, 23]`, `true`, `null`."""
     key, sep, raw = item.partition("=")
     key = key.strip()
-    if not sep or not key or any(not part for part in key.split(".")):
-        raise RecipeError(
-            [f"{item!r}: overrides look like section.key=value, e.g. train.lr=3e-4"],
-            "run `dspark validate RECIPE` to see the resolved recipe",
-        )
+    parts: list[str | int] = []
+    for segment in key.split(".") if sep and key else [""]:
+        match = _KEY_PART.match(segment)
+        if match is None:
+            raise RecipeError(
+                [(f"{item!r}: overrides look like section.key=value, e.g. train.lr=3e-4 or "
+                  "datagen.sources[0].max_samples=8")],
+                "run `dspark validate RECIPE --print` to see the resolved recipe",
+            )
+        parts.append(match.group(1))
+        parts += [int(index) for index in re.findall(r"\[(\d+)\]", match.group(2))]
     value = parse_yaml(raw, f"override {key}") if raw.strip() else ""
-    return key.split("."), value
+    return parts, value
 
 
-def _set_path(tree: dict[str, Any], path: list[str], value: Any, origin: str) -> None:
-    node = tree
-    for i, part in enumerate(path[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            where = ".".join(path[: i + 1])
-            raise RecipeError([f"{where}: is a value, not a section ({origin} sets {'.'.join(path)})"])
+def _default_at(path: list[str | int]) -> Any:
+    """The schema's default value at `path` (e.g. the default `datagen.sources` list), or None."""
+    node: Any = Recipe().model_dump(mode="json")
+    for part in path:
+        if isinstance(part, int):
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+        else:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            return None
+    return node
+
+
+def _set_path(tree: dict[str, Any], path: list[str | int], value: Any, origin: str) -> None:
+    """Set `value` at `path` in the YAML tree, creating mappings on the way; list items must exist."""
+    node: Any = tree
+    for i, part in enumerate(path):
+        where = _dotted(tuple(path[: i + 1]))
+        last = i == len(path) - 1
+        if isinstance(part, int):
+            if not isinstance(node, list):
+                raise RecipeError([f"{_dotted(tuple(path[:i]))}: is not a list ({origin} indexes it)"])
+            if part >= len(node):
+                listed = _dotted(tuple(path[:i]))
+                raise RecipeError([f"{where}: out of range, {listed} has {len(node)} item(s) ({origin})"],
+                                  f"set the whole list instead: {listed}=[...]")
+            if last:
+                node[part] = value
+                return
+            child = node[part]
+        else:
+            if not isinstance(node, dict):
+                raise RecipeError([(f"{_dotted(tuple(path[:i]))}: is a value, not a section ({origin} sets "
+                                    f"{_dotted(tuple(path))})")])
+            if last:
+                node[part] = value
+                return
+            child = node.get(part)
+            if child is None:
+                wants_list = isinstance(path[i + 1], int)
+                default = _default_at(path[: i + 1]) if wants_list else None
+                if wants_list and not isinstance(default, list):
+                    raise RecipeError([f"{where}: not set, so it has no item {path[i + 1]} ({origin})"],
+                                      f"set the whole list instead: {where}=[...]")
+                child = node[part] = copy.deepcopy(default) if wants_list else {}
+        if isinstance(path[i + 1], str) and not isinstance(child, dict):
+            raise RecipeError([f"{where}: is a value, not a section ({origin} sets {_dotted(tuple(path))})"])
         node = child
-    node[path[-1]] = value
 
 
 def load_recipe(

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from dspark_cli.errors import UsageError
+from dspark_cli.targets.files import check_target_files
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
 BUNDLED_TARGETS: dict[str, Path] = {"tiny-mla": TINY_DIR / "tiny-mla", "tiny-gqa": TINY_DIR / "tiny-gqa"}
@@ -29,6 +30,8 @@ def resolve_target(name_or_path: str) -> Path | None:
 
     - a bundled name ("tiny-mla", "tiny-gqa") -> its shipped directory (checked to contain config.json);
     - an existing local directory -> that directory (resolved to an absolute path);
+    - either way, its config.json and safetensors headers are checked first (`files.check_target_files`):
+      no config.json is a UsageError, a corrupt one or truncated weights a DataError naming the file;
     - a Hugging Face repo id ("owner/name") that is not a local directory -> **None**: pass the id on as-is,
       and let the stage that loads the model find it in the hub cache (or download it where allowed);
     - anything else -> `UsageError` with a one-line message and a hint (did-you-mean for near bundled names).
@@ -40,9 +43,11 @@ def resolve_target(name_or_path: str) -> Path | None:
                 f"bundled target {name_or_path!r} is missing its files at {path}",
                 "reinstall dspark, or rebuild it: python -m dspark_cli.targets.build_tiny --out " + str(TINY_DIR),
             )
+        check_target_files(path)
         return path
     path = Path(name_or_path).expanduser()
     if path.is_dir():
+        check_target_files(path)
         return path.resolve()
     if path.exists():
         raise UsageError(f"target {name_or_path!r} is a file, not a model directory",
