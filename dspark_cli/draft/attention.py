@@ -154,7 +154,10 @@ def _flex(q, k, v, block_mask, scale):
     from torch.nn.attention.flex_attention import flex_attention
 
     if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        raise RuntimeError("attn_impl='flex' has no backward on CPU; use 'sdpa' for CPU training")
+        from dspark_cli.errors import UsageError
+
+        raise UsageError("draft.attention=flex has no backward on CPU (PyTorch's flex attention is forward-only "
+                         "there)", "train on CPU with draft.attention=auto, blockwise or sdpa")
     if _compiled_flex is None:
         # dynamic=False: one compile per shape. (Dynamic-shape flex fails to build its C++
         # kernel on CPU with torch 2.13 when the shape changes.)
