@@ -411,13 +411,15 @@ def bench(
     recipe: RecipeOpt = None,
     offline: Annotated[bool, typer.Option("--offline", help="Run dspark's reference engine (no server).")] = False,
     endpoint: Annotated[str | None, typer.Option(help="Sets bench.endpoint (an OpenAI-compatible server).")] = None,
+    baseline_endpoint: Annotated[str | None, typer.Option(
+        help="Sets bench.baseline_endpoint: the same target without speculation (`dspark serve --method none`).")] = None,
     output_format: FormatOpt = "text",
 ) -> None:
     """Measure acceptance length (tau) offline, or throughput and tau of a running server.
 
     `dspark bench DRAFT_DIR --offline` runs dspark's reference engine (the recipe the draft was made
-    with, unless `--recipe`); `dspark bench --endpoint URL` drives a server (`bench.baseline_endpoint=URL`
-    or `bench.baseline_report=FILE` adds speedups). Writes bench.json, bench.md and plots to
+    with, unless `--recipe`); `dspark bench --endpoint URL` drives a server (`--baseline-endpoint URL`
+    or `bench.baseline_report=FILE` adds speedups: tau, tokens/s, TTFT and speedup in one report). Writes bench.json, bench.md and plots to
     `bench.output_dir`.
     """
     from dspark_cli.bench.report import terminal_tables
@@ -428,7 +430,7 @@ def bench(
     draft_dir, rest = _split_positional(draft_dir, overrides)
     if draft_dir is not None and not Path(draft_dir).is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
-    flags = {"bench.endpoint": endpoint}
+    flags = {"bench.endpoint": endpoint, "bench.baseline_endpoint": baseline_endpoint}
     loaded = _load_beside(recipe, draft_dir, rest, flags) or _load(recipe, rest, flags)
     offline = offline or (draft_dir is not None and loaded.bench.endpoint is None)
     if output_format == "json":

@@ -44,16 +44,16 @@ log = logging.getLogger(__name__)
 MIN_VLLM = {"dspark": (0, 33), "ngram": (0, 10), "none": (0, 0)}
 STOP_GRACE_S = 30.0
 TAIL_LINES = 30
-# (pattern in vLLM's log, what it most likely means): the first match is reported
+# (pattern in vLLM's log, what it most likely means): the latest line that matches one is reported
 CAUSES = [
     (r"Address already in use", "the port is taken: pass --port"),
     (r"CUDA out of memory|No available memory for the cache blocks|Insufficient memory|larger than the available KV",
      "not enough memory: lower serve.gpu_memory_utilization or target.max_model_len"),
     (r"trust_remote_code|trust-remote-code", "the target needs its own code: target.trust_remote_code=true"),
     (r"No module named|ModuleNotFoundError|ImportError", "a package vLLM needs is missing or broken"),
-    (r"Unrecognized speculative|Unsupported speculative|method.*dspark|Invalid speculative",
+    (r"[Uu]nsupported speculative|[Ii]nvalid speculative|[Uu]nknown speculative|method.{0,20}'?dspark'? is not",
      "this vLLM does not know the speculative method: vLLM >= 0.33 serves DSpark"),
-    (r"error: unrecognized arguments|error: argument", "vLLM rejected an argument (see the log line above)"),
+    (r"error: unrecognized arguments|error: argument", "vLLM rejected an argument"),
     (r"is not a valid model|Repository Not Found|does not appear to have a file", "the target was not found"),
 ]
 
@@ -139,8 +139,11 @@ def preflight(method: str, host: str, port: int) -> Vllm:
 
 
 def likely_cause(lines: list[str]) -> str | None:
-    text = "\n".join(lines)
-    return next((cause for pattern, cause in CAUSES if re.search(pattern, text)), None)
+    for line in reversed(lines):
+        for pattern, cause in CAUSES:
+            if re.search(pattern, line):
+                return cause
+    return None
 
 
 def group_alive(pgid: int) -> bool:
@@ -244,7 +247,7 @@ class Server:
         self._pump.join(timeout=5)
         lines = list(self.tail)
         cause = likely_cause(lines)
-        shown = " | ".join(line.strip() for line in lines[-5:] if line.strip())
+        shown = " | ".join(line.strip() for line in lines[-3:] if line.strip())
         return DsparkError(f"vLLM {what} (exit code {self.proc.returncode}): {shown or 'no output'}",
                            (f"likely cause: {cause}; " if cause else "") + "the full log is above or in --log")
 
