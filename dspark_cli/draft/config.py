@@ -282,6 +282,9 @@ def vllm_config_dict(cfg: DSparkDraftConfig, dtype: str = "bfloat16") -> dict[st
         "markov_rank": cfg.markov_rank, "enable_confidence_head": cfg.enable_confidence_head,
         "confidence_head_with_markov": cfg.confidence_head_with_markov,
         "mask_token_id": cfg.mask_token_id,
+        # vLLM 0.33 defaults it to true, but engines that guessed the layout served drafts lacking the key
+        # at under 1% acceptance (vllm issue 56792); speculators writes it too (its PR 760)
+        "sample_from_anchor": True,
     }
     if cfg.arch == "mla":
         return {

@@ -10,9 +10,10 @@ Rules come from vLLM 0.33.0: `transformers_utils/configs/k3_dspark.py` (K3DSpark
 mla_use_*, dspark_bonus_anchor, q_lora_rank null, draft_vocab_size != vocab_size, and
 num_target_layers != len(target_layer_ids)); `models/kimi_k3/nvidia/dspark_mla.py` and
 `model_executor/models/qwen3_dspark.py` / `qwen3_dflash.py` (which names are loaded, stacked,
-dropped; `confidence_head_with_markov` defaults to False; layer ids are read from
-`eagle_aux_hidden_state_layer_ids`, then `dflash_config.target_layer_ids`, then top level; the
-mask token from `dflash_config.mask_token_id`, then top level; `sample_from_anchor` defaults True).
+dropped; `confidence_head_with_markov` defaults to False; `sample_from_anchor` defaults True).
+Layer ids and the mask token are read where vLLM reads them (`v1/worker/gpu/spec_decode/utils.py`,
+`eagle3_utils.py`): the first key of `LAYER_ID_KEYS` / `MASK_ID_KEYS` that is set wins, and every
+other one that is set and disagrees is flagged (it means something else to another reader).
 """
 
 from __future__ import annotations
@@ -29,6 +30,27 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_d
 K3_REFUSED_FLAGS = ("mla_use_nope", "mla_use_output_gate", "mla_use_qk_norm", "dspark_bonus_anchor")
 FP32_TENSORS = ("confidence_head.",)
 DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+
+# where vLLM looks, first wins
+LAYER_ID_KEYS = ("eagle_aux_hidden_state_layer_ids", "dflash_config.target_layer_ids", "dspark_target_layer_ids",
+                 "target_layer_ids")
+MASK_ID_KEYS = ("dflash_config.mask_token_id", "mask_token_id")
+
+
+def _get(config: dict[str, Any], dotted: str) -> Any:
+    head, _, tail = dotted.partition(".")
+    value = config.get(head)
+    return (value.get(tail) if isinstance(value, dict) else None) if tail else value
+
+
+def read_as_vllm(config: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any, list[str]]:
+    """(key vLLM reads, its value, the other set keys whose value differs) for one of `LAYER_ID_KEYS` / `MASK_ID_KEYS`."""
+    present = [(key, _get(config, key)) for key in keys if _get(config, key) is not None]
+    if not present:
+        return None, None, []
+    key, value = present[0]
+    return key, value, [other for other, v in present[1:] if v != value]
 
 
 @dataclass(frozen=True)
@@ -58,7 +80,13 @@ def check_config(config: dict[str, Any]) -> list[Finding]:
     if config.get("model_type") != want_type:
         out.append(Finding("model_type", f"{config.get('model_type')!r} does not select vLLM's {want_type} config",
                            f'set "model_type": "{want_type}"'))
-    ids = config.get("target_layer_ids")
+    ids_key, ids, ids_disagree = read_as_vllm(config, LAYER_ID_KEYS)
+    for other in ids_disagree:
+        out.append(Finding(other, f"{_get(config, other)} disagrees with {ids_key} {ids}, which vLLM reads first",
+                           f"remove {other} or make it equal"))
+    if ids_key == "eagle_aux_hidden_state_layer_ids":
+        out.append(Finding(ids_key, "vLLM reads it before target_layer_ids and without the +1 offset: the draft "
+                           "would read other target layers", "remove it"))
     if not ids or not isinstance(ids, list):
         out.append(Finding("target_layer_ids", "missing or empty", "list the 0-based target layers the draft reads"))
     elif config.get("num_target_layers") != len(ids):
@@ -71,7 +99,10 @@ def check_config(config: dict[str, Any]) -> list[Finding]:
         out.append(Finding("draft_vocab_size", f"{draft_vocab} != vocab_size {vocab}: the draft shares the target's "
                            "embedding and lm_head, so vLLM refuses (MLA) or needs d2t + lm_head (Qwen3)",
                            "set draft_vocab_size = vocab_size"))
-    mask = config.get("mask_token_id", (config.get("dflash_config") or {}).get("mask_token_id"))
+    mask_key, mask, mask_disagree = read_as_vllm(config, MASK_ID_KEYS)
+    for other in mask_disagree:
+        out.append(Finding(other, f"{_get(config, other)} disagrees with {mask_key} {mask}, which vLLM reads first",
+                           f"remove {other} or make it equal"))
     if mask is None:
         out.append(Finding("mask_token_id", "missing: vLLM cannot build the query block", "set the mask token id"))
     elif isinstance(vocab, int) and not 0 <= mask < vocab:
@@ -81,7 +112,11 @@ def check_config(config: dict[str, Any]) -> list[Finding]:
                            "head's input width no longer matches", "write it explicitly (true or false)"))
     if config.get("sample_from_anchor") is False:
         out.append(Finding("sample_from_anchor", "false selects the DFlash 1+N layout; DSpark drafts sample from the anchor",
-                           "remove it (vLLM's default is true)"))
+                           "set it to true"))
+    elif "sample_from_anchor" not in config:
+        out.append(Finding("sample_from_anchor", "missing: vLLM 0.33 assumes true, engines that guess the layout "
+                           "have served such drafts at under 1% acceptance", "write \"sample_from_anchor\": true "
+                           "(dspark export does)", "warning"))
     if config.get("hidden_act", "silu") != "silu":
         out.append(Finding("hidden_act", f"{config.get('hidden_act')!r}: dspark drafts use silu", 'set "silu"'))
     rope = config.get("rope_parameters") or {}
@@ -110,15 +145,6 @@ def _check_mla_config(config: dict[str, Any]) -> list[Finding]:
 def _check_gqa_config(config: dict[str, Any]) -> list[Finding]:
     out = []
     dflash = config.get("dflash_config") or {}
-    if config.get("eagle_aux_hidden_state_layer_ids") is not None:
-        out.append(Finding("eagle_aux_hidden_state_layer_ids", "vLLM reads it before target_layer_ids and without "
-                           "the +1 offset: the draft would read other target layers", "remove it"))
-    if "target_layer_ids" in dflash and dflash["target_layer_ids"] != config.get("target_layer_ids"):
-        out.append(Finding("dflash_config.target_layer_ids", "overrides the top-level target_layer_ids in vLLM",
-                           "remove it or make it equal"))
-    if "mask_token_id" in dflash and dflash["mask_token_id"] != config.get("mask_token_id"):
-        out.append(Finding("dflash_config.mask_token_id", "overrides the top-level mask_token_id in vLLM",
-                           "remove it or make it equal"))
     if dflash.get("use_aux_hidden_state", config.get("use_aux_hidden_state", True)) is False:
         out.append(Finding("use_aux_hidden_state", "false makes vLLM drop fc (the context projection)", "remove it"))
     if config.get("is_causal") or dflash.get("causal"):
@@ -190,11 +216,11 @@ def check_against_target(config: dict[str, Any], target: dict[str, Any]) -> list
     if vocab is not None and config.get("vocab_size") != vocab:
         out.append(Finding("vocab_size", f"{config.get('vocab_size')} != the target's vocab_size {vocab}",
                            f"set vocab_size (and draft_vocab_size) to {vocab}"))
-    ids = config.get("target_layer_ids") or []
-    if depth is not None and ids and max(ids) >= depth:
+    ids = read_as_vllm(config, LAYER_ID_KEYS)[1] or []
+    if depth is not None and ids and isinstance(ids, list) and max(ids) >= depth:
         out.append(Finding("target_layer_ids", f"layer {max(ids)} is beyond the target's {depth} layers "
                            f"(0-based: 0..{depth - 1})", "retrain with layer ids inside the target"))
-    mask = config.get("mask_token_id")
+    mask = read_as_vllm(config, MASK_ID_KEYS)[1]
     if vocab is not None and isinstance(mask, int) and not 0 <= mask < vocab:
         out.append(Finding("mask_token_id", f"{mask} is outside the target's vocabulary ({vocab})",
                            "use a token id of the target's vocabulary"))

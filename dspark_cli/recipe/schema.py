@@ -239,7 +239,8 @@ class ServeSection(Section):
         "block", description="Verification: standard rejection sampling or block verification."
     )
     enable_adaptive_verification: bool = Field(
-        False, description="Verify only the confident prefix (needs a confidence head)."
+        False, description="vLLM's adaptive verification: a per-batch budget from a profiled cost model, keeping "
+        "the slots most likely to survive (needs a confidence head)."
     )
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="vLLM GPU memory fraction.")
     extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` arguments, verbatim.")
