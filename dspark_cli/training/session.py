@@ -28,13 +28,14 @@ from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
 from dspark_cli.manifest import make_public, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
-from dspark_cli.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from dspark_cli.training.checkpoint import check_contract, clean_stale, load_checkpoint, read_meta, resolve_resume, save_checkpoint
 from dspark_cli.training.data import StepStream, prepare
 from dspark_cli.training.distributed import DistEnv, barrier, shard
 from dspark_cli.training.flops import peak_flops
 from dspark_cli.training.loop import LoopConfig, train_loop
 from dspark_cli.training.metrics import format_line, open_sinks
 from dspark_cli.training.plan import plan_run
+from dspark_cli.training.settings import check_same_settings, result_settings
 from dspark_cli.training.step import LossConfig, TrainStep
 from dspark_cli.training.target import load_target_embeddings
 
@@ -98,14 +99,22 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
 def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_config: Any, contract: Contract,
                   out_dir: Path, sequences: Callable[[], Iterable[Any]], resume: str,
                   on_log: Callable[[dict[str, Any]], None] | None, single_pass: bool = False,
-                  lengths: Callable[[], list[int]] | None = None) -> dict[str, Any]:
+                  lengths: Callable[[], list[int]] | None = None, data_id: str | None = None) -> dict[str, Any]:
     """`lengths()`: the prepared sequence lengths without reading hidden states (default: one pass
-    over `sequences()`), needed to plan an epochs-based run."""
+    over `sequences()`), needed to plan an epochs-based run. `data_id` identifies the data (the
+    capture fingerprint): a checkpoint made from other data or settings is refused (settings.py)."""
     train = recipe.train
     started = time.time()
     bf16 = train.precision == "bf16" or (train.precision == "auto" and env.device.type == "cuda")
     dtype = torch.bfloat16 if bf16 else torch.float32
+    if env.is_main and (stale := clean_stale(out_dir)):
+        log.info("removed temp files of an interrupted run: %s", ", ".join(stale))
     checkpoint_path = resolve_resume(out_dir, resume)
+    settings = result_settings(recipe, data_id)
+    if checkpoint_path is not None:  # before building anything: a changed draft shape would not even load
+        previous = read_meta(checkpoint_path)
+        check_contract(previous, contract, checkpoint_path)
+        check_same_settings(previous.get("settings"), settings, where=checkpoint_path, out_dir=out_dir)
     barrier(env)
     module = build_step_module(recipe, draft_config, target_dir, env, dtype)
     optimizer = make_optimizer(module, recipe, env)
@@ -142,7 +151,8 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
     def on_checkpoint(step: int, pos: dict[str, int], record: dict[str, Any] | None, tokens: int) -> None:
         save_checkpoint(env, out_dir, step=step, module=module, optimizer=optimizer, recipe=recipe,
                         meta={"num_steps": num_steps, "position": pos, "tokens": tokens,
-                              "contract": contract.to_dict(), "metrics": record, "time": time.time()})
+                              "contract": contract.to_dict(), "settings": settings, "metrics": record,
+                              "time": time.time()})
 
     stream = StepStream(sequences, seed=train.seed, num_anchors=train.num_anchors, max_seq_len=train.max_seq_len,
                         tokens_per_step=train.tokens_per_step, world_size=env.world_size,
@@ -168,7 +178,8 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
     if env.is_main:
         write_json_atomic(out_dir / "manifest.json", {
             "kind": "dspark.train", "format_version": 1, "dspark": __version__, "complete": True,
-            "contract": contract.to_dict(), "summary": summary, "recipe": recipe.model_dump(mode="json"),
+            "contract": contract.to_dict(), "settings": settings, "summary": summary,
+            "recipe": recipe.model_dump(mode="json"),
             "files": {f"final/{name}": digest for name, digest in (files or {}).items()},
         })
     barrier(env)
