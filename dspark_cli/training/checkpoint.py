@@ -209,6 +209,8 @@ def load_checkpoint(env: DistEnv, path: Path, *, module: torch.nn.Module, optimi
     check_contract(meta, contract, path)
     state = _state(module, optimizer)
     with _quiet_single_process(env), checkpoint_errors("load", path):
+        SafeReader(str(path)).read_metadata()  # refused here, not inside dcp.load (which logs tracebacks and
+        # falls back to other metadata files)
         dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafePlanner(), no_dist=not env.distributed)
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return meta

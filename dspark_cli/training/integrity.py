@@ -30,6 +30,7 @@ import hashlib
 import io
 import json
 import pickle
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -190,8 +191,8 @@ def _first_failure(exc: BaseException) -> str:
         for pair in exc.failures.values():
             inner = pair[0] if isinstance(pair, tuple) else pair
             return _first_failure(inner)
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1][:200]}" if text else type(exc).__name__
+    text = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
 
 
 @contextlib.contextmanager
@@ -202,6 +203,14 @@ def checkpoint_errors(action: str, path: Path) -> Iterator[None]:
     except (CheckpointException, OSError, pickle.UnpicklingError, EOFError) as exc:
         if action == "load":
             raise DataError(f"{path}: unreadable checkpoint ({_first_failure(exc)})", _hint(Path(path))) from None
-        raise DsparkError(f"saving checkpoint {path.name} failed ({_first_failure(exc)}); the previous checkpoint "
-                          "is intact", "free disk space (or fix the error), then re-run: --resume auto continues "
-                          "from the previous checkpoint") from None
+        raise DsparkError(f"saving checkpoint {path.name} failed ({_first_failure(exc)}{_free_space(path.parent)}); "
+                          "the previous checkpoint is intact", "free disk space (or fix the error), then re-run: "
+                          "--resume auto continues from the previous checkpoint") from None
+
+
+def _free_space(directory: Path) -> str:
+    """torch's writer reports a full disk as 'unexpected pos': say how much room there is."""
+    try:
+        return f"; {shutil.disk_usage(directory).free / 2**20:.1f} MiB free in {directory}"
+    except OSError:
+        return ""

@@ -88,7 +88,8 @@ def check_finite(first_bad: torch.Tensor, env: DistEnv, last_saved: int) -> None
     """One-line error when some rank saw a non-finite step (read at log and checkpoint steps only)."""
     bad = all_reduce_min(first_bad, env)
     if bad < NEVER:
-        saved = f"the last checkpoint (step {last_saved}) is from before it" if last_saved else "no checkpoint was written"
+        saved = (f"the last checkpoint (step {last_saved}) is from before it" if last_saved
+                 else "no checkpoint was written")
         raise DsparkError(f"training diverged: non-finite loss or gradient norm at step {bad + 1}; stopped without "
                           f"saving, {saved}", "lower train.lr or train.grad_clip, or check the captured data, and "
                           "train again into a new directory (-o DIR)")

@@ -28,7 +28,8 @@ from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
 from dspark_cli.manifest import make_public, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
-from dspark_cli.training.checkpoint import check_contract, clean_stale, load_checkpoint, read_meta, resolve_resume, save_checkpoint
+from dspark_cli.training.checkpoint import (check_contract, clean_stale, load_checkpoint, read_meta, resolve_resume,
+                                           save_checkpoint)
 from dspark_cli.training.data import StepStream, prepare
 from dspark_cli.training.distributed import DistEnv, barrier, shard
 from dspark_cli.training.flops import peak_flops
