@@ -92,6 +92,11 @@ def test_a_damaged_checkpoint_is_refused_before_it_is_read(work, damage):
     err = _one_line_error(_train(work))
     assert str(victim) in err and ("checksum mismatch" in err or "truncated" in err)
     assert "--resume" in err  # the hint: an earlier checkpoint, or start over
+    if damage == "distcp-flip":  # following the hint: the earlier checkpoint resumes and the run finishes
+        out = _train(work, "--resume", str(_ckpt(work, 4)))
+        assert out.returncode == 0, out.stderr[-3000:]
+        manifest = json.loads((work / "run" / "train" / "manifest.json").read_text())
+        assert manifest["summary"]["resumed_from"] == str(_ckpt(work, 4)) and manifest["summary"]["steps"] == 5
 
 
 def _payload(marker: Path) -> bytes:
@@ -233,30 +238,36 @@ def _mount_tmpfs(directory: Path, size: str) -> bool:
     return done.returncode == 0
 
 
-def test_a_full_disk_during_a_save_is_one_line_and_the_rerun_finishes(tmp_path):
+@pytest.mark.parametrize("what", ["checkpoint", "final"])
+def test_a_full_disk_during_a_save_is_one_line_and_the_rerun_finishes(tmp_path, what):
     """Case 6: a full disk gave a CheckpointException traceback and left `.tmp-step-*`, which kept the
-    disk full so every rerun failed. A real full disk: a 2 MiB tmpfs (a checkpoint is ~1.3 MB), which
-    needs root (mount); elsewhere the test is skipped."""
+    disk full so every rerun failed. A real full disk: a small tmpfs (a checkpoint is 1.33 MB, final/
+    0.37 MB), which needs root (mount); elsewhere the test is skipped."""
     work = tmp_path / "w"
     train_fixtures.make_target(work / "target")
     sequences = train_fixtures.make_sequences(work / "target", num=10)
     train_fixtures.write_capture(work, sequences, train_fixtures.cli_overrides(work))
     train_dir = tmp_path / "small"
-    if not _mount_tmpfs(train_dir, "2m"):
+    # "checkpoint": step 2's checkpoint fits, step 4's does not; "final": only step 5 is checkpointed
+    size, extra = ("2m", ()) if what == "checkpoint" else ("1500k", ("train.checkpoint_every=100",))
+    if not _mount_tmpfs(train_dir, size):
         pytest.skip("mounting a tmpfs needs root")
     try:
-        err = _one_line_error(_train(work, "-o", str(train_dir)))
-        assert "saving checkpoint step-000004 failed" in err and "MiB free in" in err  # torch: "unexpected pos"
-        assert not list((train_dir / "checkpoints").glob(".tmp-*"))
-        assert (train_dir / "checkpoints" / "latest").read_text().strip() == "step-000002"
+        err = _one_line_error(_train(work, "-o", str(train_dir), *extra))
+        failed = "saving checkpoint step-000004 failed" if what == "checkpoint" else "writing final/ failed"
+        assert failed in err and "MiB free in" in err, err  # torch's writer says "unexpected pos", not ENOSPC
+        assert not list((train_dir / "checkpoints").glob(".tmp-*")) and not list(train_dir.glob(".final.tmp-*"))
+        latest = "step-000002" if what == "checkpoint" else "step-000005"
+        assert (train_dir / "checkpoints" / "latest").read_text().strip() == latest
         # a run killed mid-save (kill -9) leaves a temp dir behind; the next run removes it
-        stale = train_dir / "checkpoints" / ".tmp-step-000004"
-        stale.mkdir()
-        (stale / "__0_0.distcp").write_bytes(b"x" * 100_000)
         subprocess.run(["mount", "-o", "remount,size=64m", str(train_dir)], check=True)
-        out = _train(work, "-o", str(train_dir))
+        stale = train_dir / "checkpoints" / ".tmp-step-000004"
+        stale.mkdir(exist_ok=True)
+        (stale / "__0_0.distcp").write_bytes(b"x" * 100_000)
+        out = _train(work, "-o", str(train_dir), *extra)
         assert out.returncode == 0, out.stderr[-3000:]
-        assert not stale.exists()
-        assert json.loads((train_dir / "manifest.json").read_text())["summary"]["resumed_from"].endswith("step-000002")
+        assert not stale.exists() and (train_dir / "final" / "model.safetensors").is_file()
+        summary = json.loads((train_dir / "manifest.json").read_text())["summary"]
+        assert summary["resumed_from"].endswith(latest) and summary["steps"] == 5
     finally:
         subprocess.run(["umount", str(train_dir)], capture_output=True)

@@ -83,7 +83,7 @@ def write_checksums(directory: Path, digests: dict[str, dict[str, Any]]) -> None
 
 def _hint(path: Path) -> str:
     return (f"resume from an earlier checkpoint (--resume {path.parent}/step-NNNNNN), or start over in a new "
-            "directory (-o DIR --resume never)")
+            "directory with -o DIR")
 
 
 def read_checksums(path: Path) -> dict[str, dict[str, Any]]:
@@ -203,9 +203,10 @@ def checkpoint_errors(action: str, path: Path) -> Iterator[None]:
     except (CheckpointException, OSError, pickle.UnpicklingError, EOFError) as exc:
         if action == "load":
             raise DataError(f"{path}: unreadable checkpoint ({_first_failure(exc)})", _hint(Path(path))) from None
-        raise DsparkError(f"saving checkpoint {path.name} failed ({_first_failure(exc)}{_free_space(path.parent)}); "
-                          "the previous checkpoint is intact", "free disk space (or fix the error), then re-run: "
-                          "--resume auto continues from the previous checkpoint") from None
+        what = "writing final/" if path.name == "final" else f"saving checkpoint {path.name}"
+        raise DsparkError(f"{what} failed ({_first_failure(exc)}{_free_space(path.parent)}); the previous "
+                          "checkpoint is intact", "free disk space (or fix the error), then re-run: "
+                          "--resume auto continues from the latest checkpoint") from None
 
 
 def _free_space(directory: Path) -> str:

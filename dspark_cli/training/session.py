@@ -84,16 +84,28 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
     state = get_model_state_dict(module.draft, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not env.is_main:
         return None
+    from safetensors import SafetensorError
+
+    from dspark_cli.training.integrity import checkpoint_errors
+
     final = out_dir / "final"
     tmp = Path(tempfile.mkdtemp(prefix=".final.tmp-", dir=out_dir))
-    make_public(tmp)
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
-              metadata={"format": "pt", "dspark": __version__})
-    make_public(tmp / "model.safetensors")
-    write_json_atomic(tmp / "config.json", vllm_config_dict(draft_config, "float32"))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    try:
+        with checkpoint_errors("save", final):  # a full disk: one line, as for a checkpoint
+            try:
+                make_public(tmp)
+                save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+                          str(tmp / "model.safetensors"), metadata={"format": "pt", "dspark": __version__})
+            except SafetensorError as exc:  # its I/O errors are not OSErrors
+                raise OSError(str(exc)) from None
+            make_public(tmp / "model.safetensors")
+            write_json_atomic(tmp / "config.json", vllm_config_dict(draft_config, "float32"))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return {name: sha256_file(final / name) for name in ("model.safetensors", "config.json")}
 
 
