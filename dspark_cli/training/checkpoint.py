@@ -198,15 +198,20 @@ def check_contract(meta: dict[str, Any], contract: Contract, where: Path) -> Non
 
 
 def load_checkpoint(env: DistEnv, path: Path, *, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    contract: Contract) -> dict[str, Any]:
-    """Verify every file against checksums.json (before anything is unpickled), check the contract,
-    then load model + optimizer through the reader and planner that run no code from the files."""
+                    contract: Contract, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Verify every file against checksums.json (before anything is unpickled), check the contract
+    and (given `settings`, settings.py) the training settings, then load model + optimizer through
+    the reader and planner that run no code from the files."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from dspark_cli.training.settings import check_same_settings
 
     verify_checkpoint(env, path)
     meta = read_meta(path)
     check_contract(meta, contract, path)
+    if settings is not None:  # before the load: a changed draft shape would not even load
+        check_same_settings(meta.get("settings"), settings, where=path, out_dir=Path(path).parent.parent)
     state = _state(module, optimizer)
     with _quiet_single_process(env), checkpoint_errors("load", path):
         SafeReader(str(path)).read_metadata()  # refused here, not inside dcp.load (which logs tracebacks and

@@ -28,15 +28,14 @@ from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
 from dspark_cli.manifest import make_public, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
-from dspark_cli.training.checkpoint import (check_contract, clean_stale, load_checkpoint, read_meta, resolve_resume,
-                                           save_checkpoint)
+from dspark_cli.training.checkpoint import clean_stale, load_checkpoint, resolve_resume, save_checkpoint
 from dspark_cli.training.data import StepStream, prepare
 from dspark_cli.training.distributed import DistEnv, barrier, shard
 from dspark_cli.training.flops import peak_flops
 from dspark_cli.training.loop import LoopConfig, train_loop
 from dspark_cli.training.metrics import format_line, open_sinks
 from dspark_cli.training.plan import plan_run
-from dspark_cli.training.settings import check_same_settings, result_settings
+from dspark_cli.training.settings import result_settings
 from dspark_cli.training.step import LossConfig, TrainStep
 from dspark_cli.training.target import load_target_embeddings
 
@@ -124,16 +123,13 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
         log.info("removed temp files of an interrupted run: %s", ", ".join(stale))
     checkpoint_path = resolve_resume(out_dir, resume)
     settings = result_settings(recipe, data_id)
-    if checkpoint_path is not None:  # before building anything: a changed draft shape would not even load
-        previous = read_meta(checkpoint_path)
-        check_contract(previous, contract, checkpoint_path)
-        check_same_settings(previous.get("settings"), settings, where=checkpoint_path, out_dir=out_dir)
     barrier(env)
     module = build_step_module(recipe, draft_config, target_dir, env, dtype)
     optimizer = make_optimizer(module, recipe, env)
     start_step, position, tokens_done, meta = 0, {"epoch": 0, "consumed": 0}, 0, {}
     if checkpoint_path is not None:
-        meta = load_checkpoint(env, checkpoint_path, module=module, optimizer=optimizer, contract=contract)
+        meta = load_checkpoint(env, checkpoint_path, module=module, optimizer=optimizer, contract=contract,
+                               settings=settings)
         start_step, position, tokens_done = meta["step"], meta["position"], meta.get("tokens", 0)
         log.info("resumed from %s (step %d)", checkpoint_path, start_step)
 
