@@ -76,6 +76,36 @@ def tiny_recipe(workdir: Path, overrides: list[str] | None = None):
     return load_recipe("tiny", base + list(overrides or []))
 
 
+def cli_overrides(work: Path, *extra: str) -> list[str]:
+    """`dspark train tiny ...` overrides for the fixture target under `work` (10 sequences, 2 epochs: 5 steps)."""
+    return [f"target.model={work / 'target'}", "target.dtype=float32", f"output_dir={work / 'run'}",
+            "draft.arch=gqa", "draft.num_layers=2", "draft.block_size=4", "draft.markov_rank=16",
+            f"draft.mask_token_id={VOCAB - 1}", f"draft.target_layer_ids={json.dumps(LAYER_IDS)}",
+            "train.num_anchors=12", f"train.max_seq_len={LENGTH}", f"train.tokens_per_step={4 * LENGTH}",
+            "train.epochs=2.0", "train.max_steps=null", "train.warmup_steps=1", "train.log_every=2",
+            "train.checkpoint_every=2", f"capture.max_seq_len={LENGTH}", *extra]
+
+
+def write_capture(work: Path, sequences: list, overrides: list[str], per_shard: int = 5) -> Path:
+    """A complete capture directory of `sequences`, written with capture's own shard writer (as capture does)."""
+    from dspark_cli.capture.plan import contract_for_recipe
+    from dspark_cli.capture.shards import shard_name, write_shard
+    from dspark_cli.manifest import write_json_atomic
+    from dspark_cli.recipe import load_recipe
+
+    recipe = load_recipe("tiny", overrides)
+    out = Path(recipe.stage_dir("capture"))
+    out.mkdir(parents=True)
+    shards = [write_shard(out / shard_name(i), sequences[start:start + per_shard], layer_ids=LAYER_IDS,
+                          hidden_size=HIDDEN) for i, start in enumerate(range(0, len(sequences), per_shard))]
+    write_json_atomic(out / "manifest.json", {
+        "kind": "dspark.capture", "format_version": 1, "complete": True, "fingerprint": "fixture",
+        "contract": contract_for_recipe(recipe).to_dict(), "max_seq_len": recipe.capture.max_seq_len,
+        "shard_tokens": recipe.capture.shard_tokens,
+        "layout": {"target_layer_ids": LAYER_IDS, "hidden_size": HIDDEN}, "shards": shards})
+    return out
+
+
 def main(argv: list[str]) -> int:
     import torch
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.capture.shards import read_shard, shard_name, write_shard
+from dspark_cli.capture.shards import QUEUE_HINT, read_shard, shard_name, write_shard
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
@@ -166,7 +166,8 @@ def iter_queue(queue_dir: str | os.PathLike[str], *, expect: Contract | None = N
         if not path.is_file():
             raise DataError(f"{path}: published but gone (consumed by another trainer?)",
                             "one consumer per queue; restart capture into a new queue")
-        yield from read_shard(path, entry, layer_ids=layout["target_layer_ids"], hidden_size=layout["hidden_size"])
+        yield from read_shard(path, entry, layer_ids=layout["target_layer_ids"], hidden_size=layout["hidden_size"],
+                              hint=QUEUE_HINT)
         if delete:
             path.unlink()
         index, waited_since = index + 1, time.monotonic()

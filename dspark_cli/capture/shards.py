@@ -70,35 +70,55 @@ def write_shard(path: Path, sequences: list[CapturedSequence], *, layer_ids: lis
             "loss_tokens": int(tensors["loss_mask"].sum()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def verify_file(path: Path, entry: dict[str, Any]) -> None:
+# What fixes a damaged offline shard: `dspark train` (and `dspark run`) capture a finished capture's
+# missing shards again before training (training/run.py), so deleting the file is the whole repair.
+RECAPTURE = "delete it and re-run `dspark train` (capture rewrites missing shards); nothing was read from it"
+QUEUE_HINT = "the online capture queue is damaged; re-run `dspark train`"
+
+
+def verify_file(path: Path, entry: dict[str, Any], hint: str = RECAPTURE) -> None:
     """One-line DataError unless `path` exists with the size and sha256 its manifest `entry` records."""
     if not path.is_file():
-        raise DataError(f"{path}: missing", "re-run capture to regenerate it")
+        raise DataError(f"{path}: missing", "re-run `dspark train` (capture rewrites missing shards)"
+                        if hint == RECAPTURE else hint)
     size = path.stat().st_size
     if size != entry["bytes"]:
-        raise DataError(f"{path}: truncated or altered ({size} bytes, the manifest says {entry['bytes']})",
-                        "delete it and re-run capture; nothing was read from it")
+        raise DataError(f"{path}: truncated or altered ({size} bytes, the manifest says {entry['bytes']})", hint)
     if sha256_file(path) != entry["sha256"]:
-        raise DataError(f"{path}: checksum mismatch (corrupt shard)", "delete it and re-run capture; nothing was read from it")
+        raise DataError(f"{path}: checksum mismatch (corrupt shard)", hint)
 
 
-def read_shard(path: Path, entry: dict[str, Any], *, layer_ids: list[int], hidden_size: int) -> list[CapturedSequence]:
+def damaged_shards(directory: Path, manifest: dict[str, Any]) -> list[str]:
+    """Shards of a finished capture whose files are missing (to capture again); one-line DataError
+    for one present with the wrong size. Sizes only (stat): checksums are checked as shards are read."""
+    missing = []
+    for entry in manifest.get("shards", []):
+        path = Path(directory) / entry["file"]
+        if not path.is_file():
+            missing.append(entry["file"])
+        elif path.stat().st_size != entry["bytes"]:
+            verify_file(path, entry)
+    return missing
+
+
+def read_shard(path: Path, entry: dict[str, Any], *, layer_ids: list[int], hidden_size: int,
+               hint: str = RECAPTURE) -> list[CapturedSequence]:
     """Verify `path` against its manifest `entry` (size, sha256), then its layout; return its sequences."""
-    verify_file(path, entry)
+    verify_file(path, entry, hint)
     try:
         with safe_open(str(path), "pt") as handle:
             meta = handle.metadata() or {}
             tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118 - not a dict
     except (SafetensorError, OSError, ValueError) as exc:
-        raise DataError(f"{path}: unreadable shard ({str(exc).splitlines()[0][:120]})", "delete it and re-run capture") from None
-    return unpack(path, tensors, meta, layer_ids=layer_ids, hidden_size=hidden_size)
+        raise DataError(f"{path}: unreadable shard ({str(exc).splitlines()[0][:120]})", hint) from None
+    return unpack(path, tensors, meta, layer_ids=layer_ids, hidden_size=hidden_size, hint=hint)
 
 
 def unpack(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str], *, layer_ids: list[int],
-           hidden_size: int) -> list[CapturedSequence]:
+           hidden_size: int, hint: str = RECAPTURE) -> list[CapturedSequence]:
     """Split shard tensors back into sequences, checking every shape against the contract's layout."""
     def bad(what: str) -> DataError:
-        return DataError(f"{path}: {what}", "the shard does not match its manifest; re-run capture")
+        return DataError(f"{path}: {what} (the shard does not match its manifest)", hint)
 
     if meta.get("format") != SHARD_FORMAT:
         raise bad(f"not a dspark capture shard (format {meta.get('format')!r})")

@@ -8,14 +8,18 @@ Layout under the training output directory:
 
     checkpoints/step-000100/    .metadata + __<rank>_0.distcp (DCP: model + optimizer, sharded as
                                 trained), meta.json (step, data position, contract, metrics),
-                                recipe.yaml (the resolved recipe)
+                                recipe.yaml (the resolved recipe), checksums.json (sha256 of
+                                every other file, written last; see integrity.py)
     checkpoints/latest          the name of the newest complete checkpoint ("step-000100")
 
-Atomicity: every rank writes into `checkpoints/.tmp-step-000100/`; after a barrier rank 0 adds
-meta.json, renames the directory into place and then replaces `latest` (write + fsync + rename).
-A crash at any point leaves the previous checkpoint and pointer intact, so a crash costs at most
-one checkpoint interval. The newest `KEEP` checkpoints are kept. The frozen target embeddings are
-buffers, not parameters: they are never in a checkpoint.
+Atomicity: every rank writes into `checkpoints/.tmp-step-000100/` and hashes its own files; after
+a barrier rank 0 adds meta.json, recipe.yaml and checksums.json (last), renames the directory into
+place and then replaces `latest` (write + fsync + rename). A crash at any point leaves the previous
+checkpoint and pointer intact, so a crash costs at most one checkpoint interval. A failed save (disk
+full) removes its temp dir; the next run removes any that a killed run left (`clean_stale`).
+Loading verifies the checksums before anything is unpickled and refuses a checkpoint without them
+(integrity.py). The newest `KEEP` checkpoints are kept. The frozen target embeddings are buffers,
+not parameters: they are never in a checkpoint.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from dspark_cli.contract import Contract
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.manifest import write_json_atomic
 from dspark_cli.training.distributed import DistEnv, barrier
+from dspark_cli.training.integrity import (SafePlanner, SafeReader, checkpoint_errors, hash_own_files,
+                                          verify_checkpoint, write_checksums)
 
 KEEP = 3
 LATEST = "latest"
@@ -62,22 +68,46 @@ def save_checkpoint(env: DistEnv, out_dir: Path, *, step: int, module: torch.nn.
     tmp = root / f".tmp-{step_name(step)}"
     if env.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        with checkpoint_errors("save", final):
+            tmp.mkdir(parents=True)
     barrier(env)
-    with _quiet_single_process(env):
-        dcp.save(_state(module, optimizer), checkpoint_id=str(tmp), no_dist=not env.distributed)
-    barrier(env)
-    if env.is_main:
-        write_json_atomic(tmp / META, {"step": step, **meta})
-        write_resolved(recipe, tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        _write_pointer(root, final.name)
-        _prune(root)
+    try:
+        with _quiet_single_process(env), checkpoint_errors("save", final):
+            dcp.save(_state(module, optimizer), checkpoint_id=str(tmp), no_dist=not env.distributed)
+        barrier(env)
+        digests = hash_own_files(env, tmp)
+        if env.is_main:
+            with checkpoint_errors("save", final):
+                write_json_atomic(tmp / META, {"step": step, **meta})
+                write_resolved(recipe, tmp)
+                write_checksums(tmp, digests)  # last: a checkpoint with checksums.json is complete
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+                _fsync_dir(root)
+                _write_pointer(root, final.name)
+            _prune(root)
+    except BaseException:
+        if env.is_main:  # a failed save (disk full, Ctrl-C) leaves no temp dir to fill the disk
+            shutil.rmtree(tmp, ignore_errors=True)
+            (root / f".{LATEST}.tmp").unlink(missing_ok=True)
+        raise
     barrier(env)
     return final
+
+
+def clean_stale(out_dir: Path) -> list[str]:
+    """Rank 0, before training: remove temp dirs that killed runs left (`checkpoints/.tmp-step-*`,
+    `.final.tmp-*`); no other process writes into this directory while a run owns it."""
+    out_dir = Path(out_dir)
+    stale = [*(out_dir / "checkpoints").glob(".tmp-step-*"), *out_dir.glob(".final.tmp-*"),
+             *(out_dir / "checkpoints").glob(f".{LATEST}.tmp")]
+    for path in stale:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return [p.name for p in stale]
 
 
 @contextlib.contextmanager
@@ -108,6 +138,7 @@ def _write_pointer(root: Path, name: str) -> None:
 
 
 def _complete(path: Path) -> bool:
+    """Renamed into place (what `latest` may name); whether its files are intact is `verify_checkpoint`'s job."""
     return (path / META).is_file() and (path / ".metadata").is_file()
 
 
@@ -167,14 +198,24 @@ def check_contract(meta: dict[str, Any], contract: Contract, where: Path) -> Non
 
 
 def load_checkpoint(env: DistEnv, path: Path, *, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    contract: Contract) -> dict[str, Any]:
+                    contract: Contract, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Verify every file against checksums.json (before anything is unpickled), check the contract
+    and (given `settings`, settings.py) the training settings, then load model + optimizer through
+    the reader and planner that run no code from the files."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    from dspark_cli.training.settings import check_same_settings
+
+    verify_checkpoint(env, path)
     meta = read_meta(path)
     check_contract(meta, contract, path)
+    if settings is not None:  # before the load: a changed draft shape would not even load
+        check_same_settings(meta.get("settings"), settings, where=path, out_dir=Path(path).parent.parent)
     state = _state(module, optimizer)
-    with _quiet_single_process(env):
-        dcp.load(state, checkpoint_id=str(path), no_dist=not env.distributed)
+    with _quiet_single_process(env), checkpoint_errors("load", path):
+        SafeReader(str(path)).read_metadata()  # refused here, not inside dcp.load (which logs tracebacks and
+        # falls back to other metadata files)
+        dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafePlanner(), no_dist=not env.distributed)
     set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return meta

@@ -110,6 +110,14 @@ def all_reduce_max(value: int, env: DistEnv) -> int:
     return int(tensor.item())
 
 
+def all_reduce_min(tensor: torch.Tensor, env: DistEnv) -> int:
+    """The smallest value of a one-element tensor over ranks, as an int (a sync point)."""
+    if env.distributed:
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
+
+
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()

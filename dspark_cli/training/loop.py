@@ -6,6 +6,11 @@
 One optimiser step per packed `Step` (all ranks' sequences); this rank trains on its share.
 Metric sums are accumulated locally and all-reduced only at log steps (one small collective), so
 logging costs no per-step synchronisation beyond the slot-weight all-reduce the loss needs.
+
+Non-finite guard: every step records on the device (no sync) the first step whose loss stats or
+gradient norm are not finite; the loop reads that at each log step and before every checkpoint
+(where it synchronises anyway) and stops with one line naming the step. So a diverged run stops
+within `log_every` steps and no checkpoint (nor final/) is ever written from a non-finite state.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from typing import Any
 
 import torch
 
+from dspark_cli.errors import DsparkError
 from dspark_cli.training.data import Step, collate, micro_batches, split_to
-from dspark_cli.training.distributed import DistEnv, all_reduce_max, all_reduce_sum, clip_grad_norm
+from dspark_cli.training.distributed import DistEnv, all_reduce_max, all_reduce_min, all_reduce_sum, clip_grad_norm
 from dspark_cli.training.flops import attention_flops, count_flops
 from dspark_cli.training.metrics import stats_size, summarize
 from dspark_cli.training.step import LossConfig, local_weight, trainable_slots
@@ -66,6 +72,27 @@ def memory_gib(device: torch.device) -> float:
 def _scalar(value: torch.Tensor) -> float:
     full = value.full_tensor() if hasattr(value, "full_tensor") else value
     return float(full)
+
+
+NEVER = 2**62  # "no non-finite step yet"
+
+
+def mark_nonfinite(first_bad: torch.Tensor, step: int, stats: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+    """`first_bad`, lowered to `step` when this step's stats or grad norm are not finite (device ops only)."""
+    norm = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
+    ok = torch.isfinite(stats).all() & torch.isfinite(norm.to(stats.device))
+    return torch.where(ok, first_bad, torch.minimum(first_bad, torch.full_like(first_bad, step)))
+
+
+def check_finite(first_bad: torch.Tensor, env: DistEnv, last_saved: int) -> None:
+    """One-line error when some rank saw a non-finite step (read at log and checkpoint steps only)."""
+    bad = all_reduce_min(first_bad, env)
+    if bad < NEVER:
+        saved = (f"the last checkpoint (step {last_saved}) is from before it" if last_saved
+                 else "no checkpoint was written")
+        raise DsparkError(f"training diverged: non-finite loss or gradient norm at step {bad + 1}; stopped without "
+                          f"saving, {saved}", "lower train.lr or train.grad_clip, or check the captured data, and "
+                          "train again into a new directory (-o DIR)")
 
 
 @dataclass
@@ -134,6 +161,7 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
     interval_start = time.perf_counter()
     record: dict[str, Any] | None = None
     done, saved, position = start_step, start_step, None
+    first_bad = torch.full((), NEVER, dtype=torch.int64, device=env.device)
     for step in range(start_step, cfg.num_steps):
         data = next(steps, None)
         if data is None:  # the data ran out early (online queue finished): stop cleanly
@@ -141,6 +169,7 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
         lr = lr_at(step, cfg)
         result = train_step(env, module, optimizer, data, cfg, lr, count=flops_per_token is None)
         stats, grad_norm = result.stats, result.grad_norm
+        first_bad = mark_nonfinite(first_bad, step, stats, grad_norm)
         if result.flops is not None:
             flops_per_token = result.flops / max(result.tokens, 1)
         acc += stats.detach()
@@ -150,6 +179,7 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
         done, position = step + 1, data.position
         last = step + 1 == cfg.num_steps
         if (step + 1) % cfg.log_every == 0 or last:
+            check_finite(first_bad, env, saved)
             totals = all_reduce_sum(torch.cat([acc, torch.tensor([acc_tokens, acc_seqs], dtype=acc.dtype,
                                                                   device=acc.device)]), env).tolist()
             elapsed = max(time.perf_counter() - interval_start, 1e-9)
@@ -166,9 +196,11 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
             acc_tokens = acc_seqs = 0
             interval_start = time.perf_counter()
         if (step + 1) % cfg.checkpoint_every == 0 or last:
+            check_finite(first_bad, env, saved)
             checkpoint(step + 1, data.position, record, tokens_done)
             saved = step + 1
             interval_start = time.perf_counter()  # checkpoint time is not training time
     if done > saved and position is not None:
+        check_finite(first_bad, env, saved)
         checkpoint(done, position, record, tokens_done)
     return {"record": record, "step": done, "tokens": tokens_done}

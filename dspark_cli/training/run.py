@@ -86,15 +86,21 @@ def capture_lengths(directory: str | Path, max_seq_len: int) -> list[int]:
     some position p has loss_mask[p] and a target state at p - 1, and capture stores the state on
     exactly the loss-masked rows, so `prepare` keeps it iff loss_mask[p] & loss_mask[p - 1] somewhere.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
+    from dspark_cli.capture.shards import RECAPTURE
+    from dspark_cli.errors import DataError
     from dspark_cli.manifest import read_manifest
 
     directory = Path(directory)
     lengths = []
     for entry in read_manifest(directory)["shards"]:
-        with safe_open(str(directory / entry["file"]), "pt") as handle:
-            seq_lens, mask = handle.get_tensor("seq_lens").tolist(), handle.get_tensor("loss_mask").bool()
+        try:
+            with safe_open(str(directory / entry["file"]), "pt") as handle:
+                seq_lens, mask = handle.get_tensor("seq_lens").tolist(), handle.get_tensor("loss_mask").bool()
+        except (SafetensorError, OSError, ValueError) as exc:  # damaged: its checksum would fail too
+            raise DataError(f"{directory / entry['file']}: unreadable shard ({str(exc).splitlines()[0][:120]})",
+                            RECAPTURE) from None
         start = 0
         for length in seq_lens:
             kept = min(length, max_seq_len)
@@ -105,21 +111,41 @@ def capture_lengths(directory: str | Path, max_seq_len: int) -> list[int]:
     return lengths
 
 
-def _offline_source(recipe: Recipe, contract: Contract, env) -> Callable[[], Iterable[Any]]:
+def _offline_source(recipe: Recipe, contract: Contract, env) -> tuple[Callable[[], Iterable[Any]], str | None]:
+    """The capture output as a sequence source, and its fingerprint (the data's identity).
+
+    Capture runs first (rank 0; the others wait) when its output is not complete or a listed shard
+    file is missing (a damaged shard's error says to delete it): it resumes, rewriting just those.
+    A complete capture made with other capture settings is refused rather than trained on."""
     from dspark_cli.capture import iter_captured
+    from dspark_cli.capture.shards import damaged_shards
     from dspark_cli.manifest import read_manifest
     from dspark_cli.training.distributed import barrier
 
     directory = Path(recipe.stage_dir("capture"))
-    complete = (directory / "manifest.json").is_file() and read_manifest(directory).get("complete")
-    if not complete and env.is_main:
+    manifest = read_manifest(directory) if (directory / "manifest.json").is_file() else {}
+    if manifest.get("complete"):
+        _check_capture_settings(recipe, directory, manifest)
+    missing = damaged_shards(directory, manifest) if manifest.get("complete") else []
+    if (not manifest.get("complete") or missing) and env.is_main:
         from dspark_cli.capture import run_capture
 
-        log.info("capture output %s is not complete: capturing first", directory)
+        log.info("capture output %s is %s: capturing first", directory,
+                 f"missing {', '.join(missing)}" if missing else "not complete")
         run_capture(recipe)
     barrier(env)
     expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
-    return lambda: iter_captured(directory, expect=expect)
+    return (lambda: iter_captured(directory, expect=expect)), read_manifest(directory).get("fingerprint")
+
+
+def _check_capture_settings(recipe: Recipe, directory: Path, manifest: dict[str, Any]) -> None:
+    """A finished capture is only reused for the capture settings that made it (its manifest says)."""
+    capture = recipe.capture
+    for key, made in (("max_seq_len", manifest.get("max_seq_len")), ("shard_tokens", manifest.get("shard_tokens"))):
+        if made is not None and made != getattr(capture, key):
+            raise UsageError(f"{directory} holds capture output made with capture.{key}={made} (this recipe: "
+                             f"{getattr(capture, key)})", f"set capture.{key}={made}, or capture again into a new "
+                             "directory (capture.output_dir=DIR, or a new output_dir)")
 
 
 def _online_source(recipe: Recipe, out_dir: Path, env) -> tuple[Callable[[], Iterable[Any]], Any]:
@@ -188,12 +214,12 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         draft_config = build_draft_config(recipe, target_dir, layer_ids)
         contract = train_contract(recipe, draft_config)
         out_dir = Path(recipe.stage_dir("train"))
-        producer = lengths = None
+        producer = lengths = data_id = None
         if sequences is None:
             if recipe.capture.mode == "online":
                 sequences, producer = _online_source(recipe, out_dir, env)
             else:
-                sequences = _offline_source(recipe, contract, env)
+                sequences, data_id = _offline_source(recipe, contract, env)
                 lengths = lambda: capture_lengths(recipe.stage_dir("capture"), recipe.train.max_seq_len)  # noqa: E731
         try:
             from dspark_cli.training.session import train_session
@@ -201,7 +227,7 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
             return train_session(recipe, env=env, target_dir=target_dir, draft_config=draft_config,
                                  contract=contract, out_dir=out_dir, sequences=sequences, resume=resume,
                                  on_log=on_log, single_pass=recipe.capture.mode == "online" and producer is not None,
-                                 lengths=lengths)
+                                 lengths=lengths, data_id=data_id)
         finally:
             if producer is not None and producer.poll() is None:
                 producer.terminate()

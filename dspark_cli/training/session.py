@@ -28,13 +28,14 @@ from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
 from dspark_cli.manifest import make_public, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
-from dspark_cli.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from dspark_cli.training.checkpoint import clean_stale, load_checkpoint, resolve_resume, save_checkpoint
 from dspark_cli.training.data import StepStream, prepare
 from dspark_cli.training.distributed import DistEnv, barrier, shard
 from dspark_cli.training.flops import peak_flops
 from dspark_cli.training.loop import LoopConfig, train_loop
 from dspark_cli.training.metrics import format_line, open_sinks
 from dspark_cli.training.plan import plan_run
+from dspark_cli.training.settings import result_settings
 from dspark_cli.training.step import LossConfig, TrainStep
 from dspark_cli.training.target import load_target_embeddings
 
@@ -82,36 +83,53 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
     state = get_model_state_dict(module.draft, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not env.is_main:
         return None
+    from safetensors import SafetensorError
+
+    from dspark_cli.training.integrity import checkpoint_errors
+
     final = out_dir / "final"
     tmp = Path(tempfile.mkdtemp(prefix=".final.tmp-", dir=out_dir))
-    make_public(tmp)
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
-              metadata={"format": "pt", "dspark": __version__})
-    make_public(tmp / "model.safetensors")
-    write_json_atomic(tmp / "config.json", vllm_config_dict(draft_config, "float32"))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    try:
+        with checkpoint_errors("save", final):  # a full disk: one line, as for a checkpoint
+            try:
+                make_public(tmp)
+                save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+                          str(tmp / "model.safetensors"), metadata={"format": "pt", "dspark": __version__})
+            except SafetensorError as exc:  # its I/O errors are not OSErrors
+                raise OSError(str(exc)) from None
+            make_public(tmp / "model.safetensors")
+            write_json_atomic(tmp / "config.json", vllm_config_dict(draft_config, "float32"))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return {name: sha256_file(final / name) for name in ("model.safetensors", "config.json")}
 
 
 def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_config: Any, contract: Contract,
                   out_dir: Path, sequences: Callable[[], Iterable[Any]], resume: str,
                   on_log: Callable[[dict[str, Any]], None] | None, single_pass: bool = False,
-                  lengths: Callable[[], list[int]] | None = None) -> dict[str, Any]:
+                  lengths: Callable[[], list[int]] | None = None, data_id: str | None = None) -> dict[str, Any]:
     """`lengths()`: the prepared sequence lengths without reading hidden states (default: one pass
-    over `sequences()`), needed to plan an epochs-based run."""
+    over `sequences()`), needed to plan an epochs-based run. `data_id` identifies the data (the
+    capture fingerprint): a checkpoint made from other data or settings is refused (settings.py)."""
     train = recipe.train
     started = time.time()
     bf16 = train.precision == "bf16" or (train.precision == "auto" and env.device.type == "cuda")
     dtype = torch.bfloat16 if bf16 else torch.float32
+    if env.is_main and (stale := clean_stale(out_dir)):
+        log.info("removed temp files of an interrupted run: %s", ", ".join(stale))
     checkpoint_path = resolve_resume(out_dir, resume)
+    settings = result_settings(recipe, data_id)
     barrier(env)
     module = build_step_module(recipe, draft_config, target_dir, env, dtype)
     optimizer = make_optimizer(module, recipe, env)
     start_step, position, tokens_done, meta = 0, {"epoch": 0, "consumed": 0}, 0, {}
     if checkpoint_path is not None:
-        meta = load_checkpoint(env, checkpoint_path, module=module, optimizer=optimizer, contract=contract)
+        meta = load_checkpoint(env, checkpoint_path, module=module, optimizer=optimizer, contract=contract,
+                               settings=settings)
         start_step, position, tokens_done = meta["step"], meta["position"], meta.get("tokens", 0)
         log.info("resumed from %s (step %d)", checkpoint_path, start_step)
 
@@ -142,7 +160,8 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
     def on_checkpoint(step: int, pos: dict[str, int], record: dict[str, Any] | None, tokens: int) -> None:
         save_checkpoint(env, out_dir, step=step, module=module, optimizer=optimizer, recipe=recipe,
                         meta={"num_steps": num_steps, "position": pos, "tokens": tokens,
-                              "contract": contract.to_dict(), "metrics": record, "time": time.time()})
+                              "contract": contract.to_dict(), "settings": settings, "metrics": record,
+                              "time": time.time()})
 
     stream = StepStream(sequences, seed=train.seed, num_anchors=train.num_anchors, max_seq_len=train.max_seq_len,
                         tokens_per_step=train.tokens_per_step, world_size=env.world_size,
@@ -168,7 +187,8 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
     if env.is_main:
         write_json_atomic(out_dir / "manifest.json", {
             "kind": "dspark.train", "format_version": 1, "dspark": __version__, "complete": True,
-            "contract": contract.to_dict(), "summary": summary, "recipe": recipe.model_dump(mode="json"),
+            "contract": contract.to_dict(), "settings": settings, "summary": summary,
+            "recipe": recipe.model_dump(mode="json"),
             "files": {f"final/{name}": digest for name, digest in (files or {}).items()},
         })
     barrier(env)
