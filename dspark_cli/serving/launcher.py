@@ -295,3 +295,34 @@ def run_server(vllm: Vllm, argv: list[str], env: dict[str, str], *, host: str, p
             signal.signal(sig, handler)
         if handle is not None:
             handle.close()
+
+
+def ready_lines(info: Ready) -> list[str]:
+    """What to tell the user once vLLM answers: the endpoint and its processes, a request to paste, how to stop."""
+    return [f"vLLM is up (pid {info.pid}; processes {' '.join(map(str, info.pids))}): {info.url}/v1  model {info.model}",
+            curl_request(info.url, info.model), "Ctrl-C stops it"]
+
+
+def serve_draft(recipe: Any, argv: list[str], env: dict[str, str], *, method: str = "dspark",
+                log_file: str | None = None, ready_timeout: float = 1800.0,
+                on_line: Callable[[str, bool], None] | None = None) -> int:
+    """`dspark serve`: preflight, then run vLLM (`serve_plan`'s `argv`, `env`) until Ctrl-C / SIGTERM.
+
+    `on_line(text, ready)` gets what to tell the user: the command being started, the `ready_lines`
+    (the first with ready=True) once `/health` answers, and that vLLM stopped. Returns vLLM's exit
+    code for the CLI to exit with (130 after Ctrl-C).
+    """
+    from dspark_cli.serving.launch import shell_line
+
+    tell = on_line or (lambda text, ready: log.info("%s", text))
+    vllm = preflight(method, recipe.serve.host, recipe.serve.port)
+
+    def on_ready(info: Ready) -> None:
+        for index, line in enumerate(ready_lines(info)):
+            tell(line, index == 0)
+
+    tell(f"starting: {shell_line(vllm.command(argv), env)}" + (f" (log: {log_file})" if log_file else ""), False)
+    code = run_server(vllm, argv, env, host=recipe.serve.host, port=recipe.serve.port, log_file=log_file,
+                      ready_timeout=ready_timeout, on_ready=on_ready)
+    tell("vLLM stopped; no process left", False)
+    return code

@@ -18,6 +18,7 @@ Importing this package is free (no torch); the pieces import it themselves.
 - loop.py        `train_step` and the training loop (schedule, clipping, logging, checkpoints)
 - session.py     one process's session: build, resume, loop, final draft and manifest
 - run.py         `run_train(recipe, resume=...)` (the CLI calls this) and `plan_train` (--dry-run)
+- launch.py      train here or relaunch under torchrun (`--nproc N`), thread binding first (no torch)
 - evaluate.py    `evaluate_draft`: the same metrics for any draft on captured sequences, no training
 
 Output layout under `recipe.stage_dir("train")`:

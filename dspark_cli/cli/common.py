@@ -1,0 +1,71 @@
+"""What every command shares: the argument and option types, loading a recipe, `--format`.
+
+Import-light like the rest of the package: `dspark --help` and shell completion load this module,
+so torch, transformers and vllm are imported only inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dspark_cli.errors import UsageError
+
+RecipeArg = Annotated[str, typer.Argument(help="Recipe YAML file, or a template name (`tiny`, `kimi-k3`, ...).")]
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="Overrides `section.key=value`, e.g. `train.lr=3e-4 draft.num_layers=2` "
+                        "(list items by index: `datagen.sources[0].max_samples=8`).", show_default=False),
+]
+RecipeOpt = Annotated[str | None, typer.Option("--recipe", "-r", help="Recipe file or template name.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")]
+FormatOpt = Annotated[str, typer.Option("--format", help="Output: `text` (tables) or `json` (machines).")]
+DraftDirArg = Annotated[str | None, typer.Argument(help="Exported draft directory.", show_default=False)]
+
+
+def split_positional(first: str | None, overrides: list[str] | None) -> tuple[str | None, list[str]]:
+    """For commands whose first positional is optional: `key=value` there is an override, not a path."""
+    rest = list(overrides or [])
+    if first is not None and "=" in first and not Path(first).exists():
+        return None, [first, *rest]
+    return first, rest
+
+
+def recipe_beside(recipe: str | None, directory: str | None) -> str | None:
+    """`recipe` if given, else the resolved recipe.yaml a dspark stage wrote into `directory` (if any)."""
+    if recipe is None and directory is not None and (Path(directory) / "recipe.yaml").is_file():
+        return str(Path(directory) / "recipe.yaml")
+    return recipe
+
+
+def load(recipe: str | None, overrides: list[str] | None, flags: dict[str, Any] | None = None):
+    """Load and fully check a recipe; every problem at once, exit 2."""
+    from dspark_cli.errors import RecipeError
+    from dspark_cli.recipe import load_recipe
+    from dspark_cli.recipe.checks import check_recipe
+
+    loaded = load_recipe(recipe, overrides or [], flags)
+    problems = check_recipe(loaded)
+    if problems:
+        raise RecipeError(problems, f"fix {recipe or 'the overrides'} and run `dspark validate` again")
+    return loaded
+
+
+def load_beside(recipe: str | None, directory: str | None, overrides: list[str], flags: dict[str, Any] | None = None):
+    """The user's `recipe`, else the one draft `directory` carries, minus its trust (serving/trust.py);
+    None if neither."""
+    from dspark_cli.serving.trust import load_beside as load_trusted
+
+    return load_trusted(recipe, directory, overrides, lambda path: load(path, overrides, flags))
+
+
+def check_format(output_format: str) -> None:
+    if output_format not in ("text", "json"):
+        raise UsageError(f"--format must be text or json, got {output_format!r}")
+
+
+def tensor_rows(tensors: list[dict[str, Any]]) -> list[list[str]]:
+    """Table rows (name, `AxB` shape, dtype) for a tensor roster."""
+    return [[t["name"], "x".join(map(str, t["shape"])), t["dtype"]] for t in tensors]

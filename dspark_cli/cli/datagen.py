@@ -1,0 +1,41 @@
+"""`dspark datagen RECIPE`: regenerate the training responses with the target (or show the plan)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from dspark_cli.cli.common import DryRunOpt, OverridesArg, RecipeArg, load
+from dspark_cli.ui import handle_errors, print_table, say
+
+
+@handle_errors
+def datagen(
+    recipe: RecipeArg,
+    overrides: OverridesArg = None,
+    output_dir: Annotated[str | None, typer.Option("--output-dir", "-o", help="Sets datagen.output_dir.")] = None,
+    engine: Annotated[str | None, typer.Option(help="Sets datagen.engine: `vllm` or `hf`.")] = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Regenerate responses with the target itself (on-policy training data), resumably."""
+    from dspark_cli.data.datagen import run_datagen
+    from dspark_cli.ui import progress_bar
+
+    loaded = load(recipe, overrides, {"datagen.output_dir": output_dir, "datagen.engine": engine})
+    if dry_run:
+        _render_plan(run_datagen(loaded, dry_run=True))
+        return
+    with progress_bar("datagen", unit="conversations") as update:
+        summary = run_datagen(loaded, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
+    say(f"datagen: {summary['conversations']} conversations, {summary['generated_tokens']} tokens generated "
+        f"({summary['tokens_per_second']} tokens/s) -> {summary['output_dir']}", style="green")
+
+
+def _render_plan(plan: dict[str, Any]) -> None:
+    rows = [[source, plan["counts"]["read"].get(source, 0), kept] for source, kept in plan["counts"]["kept"].items()]
+    print_table("datagen plan (nothing written)", ["source", "read", "kept"], rows)
+    for reason, counts in plan["counts"]["dropped"].items():
+        say(f"dropped ({reason}): {sum(counts.values())}")
+    say(f"{plan['conversations']} conversations, {plan['turns']} assistant turns to generate, "
+        f"{plan['shards']} shards ({plan['already_done']} already done) -> {plan['output_dir']}")

@@ -1,0 +1,49 @@
+"""`dspark serve DRAFT_DIR`: the target with the draft in vLLM, until Ctrl-C (or the command, with --dry-run)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dspark_cli.cli.common import DraftDirArg, OverridesArg, RecipeOpt, load_beside, split_positional
+from dspark_cli.errors import UsageError
+from dspark_cli.ui import handle_errors, say, stdout
+
+
+@handle_errors
+def serve(
+    draft_dir: DraftDirArg = None,
+    overrides: OverridesArg = None,
+    recipe: RecipeOpt = None,
+    port: Annotated[int | None, typer.Option(help="Sets serve.port.")] = None,
+    method: Annotated[str, typer.Option(help="`dspark` (the draft), `ngram` or `none` (the target alone).")] = "dspark",
+    log_file: Annotated[str | None, typer.Option("--log", help="Write vLLM's log to this file, not the terminal.")] = None,
+    ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for vLLM's /health.")] = 1800.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the `vllm serve` command; start nothing.")] = False,
+) -> None:
+    """Serve the target with the draft in vLLM (`--speculative-config` with method dspark).
+
+    Settings come from the draft's manifest (block size, chat-template arguments, K3's AttnRes
+    stream flag) and the recipe's `serve` section; arguments after `--` go to `vllm serve` as they
+    are. The draft is checked first (checksums, vLLM loader rules, its target); trust fields of the
+    draft's own recipe are refused unless you set them. vLLM runs until Ctrl-C / SIGTERM, which
+    stop it and its engine processes; the endpoint and a request to paste are printed once it is
+    up. `--method dspark` needs a CUDA GPU and vLLM >= 0.33; `--dry-run` prints the command.
+    """
+    from dspark_cli.serving.launch import serve_plan, shell_line, split_vllm_args
+
+    draft_dir, rest, vllm_args = split_vllm_args(draft_dir, overrides)
+    draft_dir, rest = split_positional(draft_dir, rest)
+    loaded = load_beside(recipe, draft_dir, rest, {"serve.port": port})
+    if loaded is None:
+        raise UsageError("serve needs a draft directory exported by dspark, or --recipe", "dspark serve runs/NAME/draft")
+    argv, env = serve_plan(loaded, draft_dir or loaded.stage_dir("export"), method=method, vllm_args=vllm_args)
+    if dry_run:
+        stdout.print(shell_line(argv, env), markup=False, highlight=False)
+        return
+    from dspark_cli.serving.launcher import serve_draft
+
+    code = serve_draft(loaded, argv, env, method=method, log_file=log_file, ready_timeout=ready_timeout,
+                       on_line=lambda text, ready: say(text, style="green" if ready else None))
+    raise typer.Exit(code)

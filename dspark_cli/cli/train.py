@@ -1,0 +1,81 @@
+"""`dspark train RECIPE`: capture and train the draft, here or under torchrun (or show the plan)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from dspark_cli.cli.common import DryRunOpt, OverridesArg, RecipeArg, load
+from dspark_cli.ui import handle_errors, print_table, say, stdout
+
+
+@handle_errors
+def train(
+    recipe: RecipeArg,
+    overrides: OverridesArg = None,
+    output_dir: Annotated[str | None, typer.Option("--output-dir", "-o", help="Sets train.output_dir.")] = None,
+    resume: Annotated[str, typer.Option(help="`auto` (latest checkpoint if any), `never`, or a checkpoint path.")] = "auto",
+    nproc: Annotated[int | None, typer.Option(help="Sets train.nproc_per_node; >1 launches torchrun.")] = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Capture hidden states and train the draft (FSDP2; torchrun when several processes)."""
+    # --resume auto continues from the latest checkpoint (a crash costs at most train.checkpoint_every
+    # steps); --nproc N > 1 relaunches this command under torchrun, whose children train.
+    loaded = load(recipe, overrides, {"train.output_dir": output_dir, "train.nproc_per_node": nproc})
+    if dry_run:
+        from dspark_cli.training.run import plan_train
+
+        _render_plan(plan_train(loaded))
+        return
+    from dspark_cli.training.launch import is_main_process, relaunch_under_torchrun
+
+    code = relaunch_under_torchrun(loaded, recipe_arg=recipe, overrides=list(overrides or []), resume=resume,
+                                   output_dir=output_dir, on_launch=lambda cmd: say(
+                                       f"launching {loaded.train.nproc_per_node} processes: {' '.join(cmd[1:5])} ..."))
+    if code is not None:
+        raise typer.Exit(code)
+    from dspark_cli.training.run import run_train
+
+    main_process = is_main_process()
+    if main_process and stdout.is_terminal:
+        summary = _train_with_progress(loaded, resume)
+    else:
+        summary = run_train(loaded, resume=resume, on_log=lambda record: say(_log_line(record)))
+    if main_process:
+        final = summary.get("final_metrics") or {}
+        say(f"train: {summary['steps']} steps, {summary['tokens']} tokens, loss {final.get('loss', float('nan')):.4f}, "
+            f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1 "
+            f"-> {summary['final']}; next: dspark export {summary['output_dir']}", style="green")
+
+
+def _log_line(record: dict[str, Any]) -> str:
+    from dspark_cli.training.metrics import format_line
+
+    return format_line(record)
+
+
+def _train_with_progress(loaded, resume: str) -> dict[str, Any]:
+    """run_train with one log line per logged step and a progress bar below them (a terminal only)."""
+    from dspark_cli.training.run import run_train
+    from dspark_cli.ui import progress_bar
+
+    seen = {"tokens": 0}
+    with progress_bar("train", unit="steps") as update:
+        def show(record: dict[str, Any]) -> None:
+            seen["tokens"] += record["tokens"]
+            say(_log_line(record))
+            update(record["step"], record["num_steps"], tokens=seen["tokens"])
+        return run_train(loaded, resume=resume, on_log=show)
+
+
+def _render_plan(plan: dict[str, Any]) -> None:
+    cap = plan["capture"]
+    disk = f"{cap['total_bytes'] / 2**30:.2f} GiB" if cap.get("total_bytes") else "unknown (run datagen first)"
+    rows = [["steps", plan["num_steps"]], ["tokens per step (all ranks)", plan["tokens_per_step"]],
+            ["sequences per epoch", plan.get("num_sequences")], ["tokens per epoch", plan.get("num_tokens")],
+            ["sequences per step", round(plan.get("sequences_per_step", 0) or 0, 2) or "-"],
+            ["processes", plan["world_size"]], ["anchors per sequence", plan["num_anchors"]],
+            ["block size", plan["block_size"]], [f"capture cache ({cap['mode']}) disk", disk],
+            ["output", plan["output_dir"]]]
+    print_table(f"train plan ({'exact' if plan['exact'] else 'estimated'}; nothing written)", ["", "value"], rows)

@@ -1,0 +1,64 @@
+"""What `dspark export` does, as three library calls: export a checkpoint, check a draft, plan from a recipe.
+
+    export_checkpoint("runs/tiny/train", recipe=load_recipe("tiny"))           # -> runs/tiny/draft
+    export_checkpoint("runs/tiny/train", output="out/draft", dry_run=True)      # the plan, nothing written
+    check_draft("out/draft", target="tiny-gqa")                                 # vLLM loader findings
+    meta_plan(load_recipe("kimi-k3"))                                          # config.json + every tensor, no weights
+
+Import-light: torch and transformers are imported inside the calls.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.errors import UsageError
+from dspark_cli.recipe.schema import Recipe
+
+
+def export_checkpoint(checkpoint: str | Path, *, recipe: Recipe | None = None, output: str | Path | None = None,
+                      dtype: str | None = None, fmt: str | None = None, include_embeddings: bool = False,
+                      target: str | None = None, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
+    """Export the training output `checkpoint`; return the plan (dry run) or a summary (`writer.export_draft`).
+
+    With a `recipe` (the user's, or the resolved one training wrote beside the checkpoint) its `export`
+    section decides dtype, format and embeddings, and `output` defaults to its export directory; the
+    command line's flags are already folded into it. Without one, the arguments decide
+    (bfloat16, vllm format by default) and `output` is required unless `dry_run`.
+    """
+    from dspark_cli.export.writer import export_draft
+
+    if recipe is not None:
+        output = output or recipe.stage_dir("export")
+        dtype, fmt, include_embeddings = recipe.export.dtype, recipe.export.format, recipe.export.include_embeddings
+    return export_draft(checkpoint, output, recipe=recipe, dtype=dtype or "bfloat16", fmt=fmt or "vllm",
+                        include_embeddings=include_embeddings, target=target, dry_run=dry_run, force=force)
+
+
+def check_draft(directory: str | Path, target: str | None = None) -> list[Any]:
+    """Every finding (`integrity.Finding`) for a draft directory, made by dspark or elsewhere, used with `target`."""
+    from dspark_cli.export.integrity import draft_findings
+
+    return draft_findings(directory, target, require_manifest=False)[1]
+
+
+def meta_plan(recipe: Recipe) -> dict[str, Any]:
+    """The vLLM config.json and every tensor (name, shape, dtype) of the draft `recipe` describes.
+
+    Built on the meta device: no weights and no memory. The target's config is read when it is
+    available here (its geometry fills the draft fields the recipe leaves unset).
+    """
+    from dspark_cli.draft.roster import export_dry_run
+    from dspark_cli.recipe.checks import target_config
+
+    if recipe.export.format != "vllm":
+        raise UsageError(f"--meta --dry-run lists the vllm format; export.format is {recipe.export.format}")
+    config = None
+    if target_config(recipe) is not None:
+        from transformers import AutoConfig
+
+        from dspark_cli.targets.registry import resolve_target
+
+        config = AutoConfig.from_pretrained(resolve_target(recipe.target.model))
+    return export_dry_run(recipe.draft.model_dump(), recipe.target.model_dump(), config, recipe.export.dtype)
