@@ -15,17 +15,16 @@ Implementations (`attn_impl`):
           `BlockLayout` describes, the block keys being the queries' own, in query order (true
           for training and for drafting). fp32 on CPU (head dims multiples of 16, N <= 16): one C
           kernel, forward and backward, that visits only the keys a block sees
-          (`dspark_cli.kernels.attention`; 1.06 vs 2.32 ms per layer forward + backward against
-          the compiled torch code, 2 threads, the issue-7 shapes). Elsewhere torch code: a masked
+          (`dspark_cli.kernels.attention`; about twice as fast as the compiled torch code,
+          benchmarks/train_speed.py). Elsewhere torch code: a masked
           product of all of a row's queries with its context keys ([B, H, Q, T]) and per-block
           N x N scores, batched matmuls that torch.compile fuses around; it materialises the
-          [B, H, Q, T + N] scores, so it is for CPU-sized batches (compiled 1.9 ms vs 2.7 for
-          compiled "sdpa" per layer on the shapes above; eager 3.3-4.2 vs 3.0-4.2).
+          [B, H, Q, T + N] scores, so it is for CPU-sized batches (faster than "sdpa" compiled,
+          no faster eagerly: docs/train.md, Speed).
 - "sdpa"  `F.scaled_dot_product_attention` with a boolean [B, 1, Q, K] mask. Forward and
-          backward on CPU and GPU. Measured on 2 CPU cores (1 thread,
-          benchmarks/results/draft_model.md): as fast as "eager" on the 4 x 128-token
-          batches (the vocab projection dominates there) and up to ~15% faster on 1024-token
-          sequences; "flex" forward is 0-20% slower than SDPA after a 4-6 s compile.
+          backward on CPU and GPU. On CPU (benchmarks/results/draft_model.md): as fast as
+          "eager" on short batches (the vocab projection dominates there), faster on long
+          sequences; "flex" forward is slower than SDPA there, after a compile.
 - "flex"  `flex_attention` (compiled) with a `BlockMask` built from the same rule; skips fully
           masked key tiles, which matters on GPU where A * N and T are large (SDPA with an
           arbitrary boolean mask may fall back to a kernel that reads every masked tile, or to
@@ -61,11 +60,10 @@ def check_attn_impl(impl: str) -> str:
 
 def resolve_attn_impl(impl: str, device: torch.device, *, compiled: bool = False) -> str:
     """The kernel `impl` names on `device`. `auto` on CPU is "blockwise": with dspark's C kernel
-    (fp32, `dspark_cli.kernels.attention`) it beats SDPA eagerly (21.2 -> 18.5 ms per training step on
-    2 threads, 29.7 -> 27.3 on 1, the issue-7 setup) and compiled blockwise (16.7 -> 15.5 ms); without
-    the kernel, "blockwise" under torch.compile (inductor fuses its masking and softmax around the
-    batched matmuls: 26.4 -> 25.8 and 30.7 -> 28.5 ms in two A/B runs) and "sdpa" eagerly (the
-    unfused torch blockwise costs as much as it saves: 24.6 vs 24.6 ms on 2 threads, 34.1 vs 32.2 on 1)."""
+    (fp32, `dspark_cli.kernels.attention`) it beats SDPA eagerly and the compiled torch blockwise;
+    without the kernel, "blockwise" under torch.compile (inductor fuses its masking and softmax around
+    the batched matmuls) and "sdpa" eagerly (the unfused torch blockwise costs as much as it saves).
+    The step timings behind this are in benchmarks/train_speed.py and docs/train.md, Speed."""
     if check_attn_impl(impl) == "auto":
         if device.type == "cuda":
             return "flex"
@@ -111,8 +109,7 @@ class BlockLayout:
 
     def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
         """`dense_mask` as 0 / -inf in `dtype`, for SDPA: given a boolean mask, CPU SDPA converts it to
-        this on every call, forward and backward (measured per layer at 16 x 56 queries x 184 keys,
-        1 thread: 4.1 ms forward + backward with the boolean mask, 3.4 ms with this one)."""
+        this on every call, forward and backward (docs/train.md, Speed)."""
         key = f"additive-{dtype}"
         if key not in self._cache:
             allowed = self.dense_mask()

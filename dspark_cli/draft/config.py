@@ -13,7 +13,7 @@ in vLLM, with one line naming the field.
                                    intermediate_size=256)
     vllm_config_dict(cfg)   # the config.json vLLM loads (K3DSparkModel or Qwen3DSparkModel)
 
-Conventions (see ../shared/DESIGN.md section 1):
+Conventions (docs/concepts.md; the loader rules they must pass are in docs/export.md, Checks):
 - `target_layer_ids` are 0-based "output of target layer k" (transformers `hidden_states[k+1]`);
   vLLM adds 1 internally (`get_eagle3_aux_layers_from_config`), so they are exported as-is.
 - `num_target_layers` is the number of captured target layers, `len(target_layer_ids)`
@@ -283,7 +283,7 @@ def vllm_config_dict(cfg: DSparkDraftConfig, dtype: str = "bfloat16") -> dict[st
         "confidence_head_with_markov": cfg.confidence_head_with_markov,
         "mask_token_id": cfg.mask_token_id,
         # vLLM 0.33 defaults it to true, but engines that guessed the layout served drafts lacking the key
-        # at under 1% acceptance (vllm issue 56792); speculators writes it too (its PR 760)
+        # at under 1% acceptance (vllm-project/vllm#56792); speculators writes it too (vllm-project/speculators#760)
         "sample_from_anchor": True,
     }
     if cfg.arch == "mla":

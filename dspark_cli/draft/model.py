@@ -138,7 +138,7 @@ class DSparkDraftModel(nn.Module):
         """cos, sin [length, rope_dim / 2] for positions 0 .. length - 1 (the same values
         `rope_angles` computes). Training builds it outside `torch.compile`: given positions, inductor
         fuses the sin / cos into every consumer and recomputes them there, scalar, in forward and
-        backward (1.25 ms of a ~21 ms step on the issue-7 setup)."""
+        backward (docs/train.md, Speed)."""
         return rope_cos_sin(torch.arange(length, device=device), self.rope_dim, self.config.rope_theta,
                             self.config.rope_yarn)
 

@@ -10,16 +10,15 @@ with D and Dv multiples of 16 and N <= 16; `_blockwise` calls it when `applies` 
 code otherwise. It is a torch custom op (`dspark::block_attention`, with a fake implementation and
 an autograd formula), so torch.compile keeps it as one call inside the compiled graph.
 
-Why: on the issue-7 setup (2 threads, compiled) attention was 3.6 ms of a 16.6 ms step, measured by
-swapping it for a no-op: two batched matmuls over every (query, context key) pair of which a block
-uses only the keys before its anchor (~half), a [B, H, Q, T + N] score tensor written and re-read by
-the fused softmax, and the same again in backward. The kernel visits only the keys a block sees and
-keeps a block's scores in L1. When gradients are wanted the forward also keeps the softmax rows for
-the backward (up to PROBS_BYTES; 2 MB per layer on that setup): backward 0.60-0.69 ms vs 0.74-0.81 ms
-recomputing them from the saved log-sum-exp as flash attention does, which it does above that size
-(whole eager steps 22.37 -> 22.06 ms). Per layer (B 4, 4 / 2 heads of 16, T 128, 32 blocks of 7,
-forward + backward, recomputing): 1.06 ms vs 2.32 ms for torch.compile'd blockwise on 2 threads,
-2.08 vs 4.03 on 1.
+Why: on CPU attention was a large share of a compiled training step (measured by swapping it for a
+no-op): two batched matmuls over every (query, context key) pair of which a block uses only the keys
+before its anchor (~half), a [B, H, Q, T + N] score tensor written and re-read by the fused softmax,
+and the same again in backward. The kernel visits only the keys a block sees and keeps a block's
+scores in L1. When gradients are wanted the forward also keeps the softmax rows for the backward (up
+to PROBS_BYTES per layer), which is faster than recomputing them from the saved log-sum-exp as flash
+attention does; above that size it recomputes. Per layer it is about twice as fast as the
+torch.compile'd blockwise code; the timings are in benchmarks/train_speed.py (DIAGNOSIS) and
+docs/train.md, Speed.
 """
 
 from __future__ import annotations

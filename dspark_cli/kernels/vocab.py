@@ -4,7 +4,7 @@
     kernel.rows(z, table, rows, labels, top, w_ce, w_l1, out_scale, by_l1, stats, grads=True)
     kernel.argmax(table)               # [U] int64, the row-wise top-1
 
-Why: on CPU the vocabulary loss of the issue-7 setup spent ~2.8 ms of a ~21 ms step (2 threads) in
+Why: on CPU the vocabulary loss of the tiny training setup spent a large share of a step in
 a dozen element-wise passes over the [slots, vocab] logits (softmax, p - q gathered from the target
 table, |.| and its sum, copysign, the gradient's scale and add, the top-1 tests), each one reading
 and writing 3.5 MB, plus an index-returning argmax that is ~15x slower than a plain max on CPU.
@@ -12,8 +12,8 @@ This kernel does the same per row in four passes over 4 KB that stay in L1, read
 from the table in place (no gathered copy), in parallel over rows. `loss.vocab_loss` uses it for
 fp32 on CPU and keeps the torch implementation everywhere else (GPU, bf16, no compiler, or
 DSPARK_CPU_KERNEL=0); tests run both against the same slow reference. A first, auto-vectorised
-version took 4.1 ms per 880 x 1024 slots on one thread (gcc left the exp loop scalar); written with
-vector extensions it takes 0.7 ms, against ~2.8 ms for the torch passes.
+version was slower than the torch passes (gcc left the exp loop scalar); written with vector
+extensions it is several times faster than them (benchmarks/train_speed.py has the timings).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
         mine = step.for_rank(rank, world_size)
         batch = collate(mine, dtype=torch.float32)
 
-Conventions (DESIGN.md section 1):
+Conventions (docs/concepts.md, One drafting step; docs/train.md, Data):
 - anchor `a` drafts the block at positions a .. a+N-1; slot i predicts token a+i+1 from the target's
   distribution at position a+i, i.e. `lm_head(last_hidden[a+i])`;
 - a label position `p` is trainable (`label_ok[p]`) when `loss_mask[p]` and the target's state at
@@ -180,7 +180,7 @@ def micro_batches(examples: list[Example], slack: float = MICRO_BATCH_SLACK) -> 
 
     A batch pads every row to its longest sequence and its largest anchor count; with chat data of
     mixed lengths that wasted ~45% of block slots and ~70% of context positions on the tiny targets.
-    Each extra micro-batch costs one more forward/backward (a few ms of per-op overhead on CPU).
+    Each extra micro-batch costs one more forward/backward (per-op overhead, large on CPU).
     """
     order = sorted(examples, key=lambda e: (-row_cost(e), -e.num_tokens, e.epoch, e.index))
     groups: list[list[Example]] = []

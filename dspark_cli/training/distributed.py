@@ -76,7 +76,7 @@ def shard(module: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, env: DistEnv) -> torch.Tensor:
     """`torch.nn.utils.clip_grad_norm_` (2-norm, same coefficient), computed on FSDP2's local gradient
     shards: one norm pass and one scalar all-reduce, instead of torch's per-tensor DTensor dispatches
-    (~1 ms per step at 2 gloo ranks on the issue-7 setup). Every FSDP2 gradient is Shard(0) over one
+    (benchmarks/train_speed.py). Every FSDP2 gradient is Shard(0) over one
     mesh dimension, so each element lives on exactly one rank and the squared norms add up; any other
     placement goes to torch's implementation."""
     from torch.distributed.tensor import DTensor

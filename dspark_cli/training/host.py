@@ -8,11 +8,8 @@ buffers, gradients) hundreds of times. glibc serves blocks above its mmap thresh
 `mmap` and gives them back with `munmap` on free, and trims the heap top above its trim threshold,
 so every step pays page faults to zero the same memory again. Raising both thresholds keeps the
 freed memory in the heap for reuse -- the same idea as PyTorch's CUDA caching allocator. The price
-is a resident size that stays at the step's peak instead of shrinking between steps.
-
-Measured on the issue-7 tiny setup (benchmarks/train_speed.py, 2 cores, vocab 1024, the same
-process alternating settings every 5 steps): 43.3 -> 35.7 ms per step on 1 thread, 35.3 -> 28.2 ms
-on 2 threads.
+is a resident size that stays at the step's peak instead of shrinking between steps. What it saves
+per step is measured by benchmarks/train_speed.py (docs/train.md, Speed).
 """
 
 from __future__ import annotations
@@ -57,10 +54,9 @@ def keep_freed_memory() -> bool:
 
 
 # Thread binding. OpenMP (libgomp, which the CPU torch wheels use) lets the kernel move its threads
-# between cores unless OMP_PROC_BIND is set; on the 2-core VM this project is measured on, a 2-thread
-# run then lands in one of two placements, ~23.5k or ~17k tokens/s for the whole run (issue-7 setup,
-# train.compile; 4 of 8 unbound runs were slow), while every bound run was fast (22.6-24.9k). libgomp
-# reads these variables once, when torch loads it, so they must be set before torch is imported.
+# between cores unless OMP_PROC_BIND is set; an unbound 2-thread run then settles, for its whole life,
+# in a fast or a markedly slower placement, while bound runs are all fast (benchmarks/train_speed.py).
+# libgomp reads these variables once, when torch loads it, so they must be set before torch is imported.
 BINDING_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 BOUND_MARK = "DSPARK_BOUND_THREADS"  # set when dspark chose the binding, so children can drop it
 

@@ -1,6 +1,6 @@
 """The DSpark objective, with the vocabulary-sized work fused into one chunked pass.
 
-Per trainable slot k of a block (DESIGN.md section 1, weights from recipe `train.loss`):
+Per trainable slot k of a block (docs/concepts.md, Training objective; weights from recipe `train.loss`):
 
     w_k  = exp(-k / gamma)
     CE   = -log softmax(z)[label]                   z = lm_head(h) + markov_w2(markov_w1[prev])
@@ -35,10 +35,9 @@ NUM_SLOT_STATS = 4  # per slot: CE, L1, draft top-1 == label, draft top-1 == tar
 
 
 def chunk_rows(vocab_size: int, device: torch.device) -> int:
-    """Slots per chunk: ~4 MiB of fp32 logits on CPU, ~128 MiB on a GPU. Measured on 2 CPU cores
-    (896 slots, forward + backward): at vocab 1024, 128 / 256 / 448 / 896 slots per chunk took
-    10.1 / 9.6 / 9.4 / 9.2 ms on 1 thread and 7.1 / 6.2 / 5.9 / 5.7 ms on 2 (bigger matmuls split
-    better over threads); at vocab 4096, 256 slots (4 MiB) was fastest, 896 3% slower."""
+    """Slots per chunk: ~4 MiB of fp32 logits on CPU, ~128 MiB on a GPU. On CPU bigger chunks make
+    bigger matmuls, which split better over threads, up to about 4 MiB, past which the chunk leaves
+    the cache (timings in docs/train.md, Speed)."""
     budget = (1 << 25) if device.type == "cuda" else (1 << 20)
     return max(8, budget // vocab_size)
 
@@ -102,8 +101,8 @@ class _VocabLoss(torch.autograd.Function):
         loss = torch.zeros((), dtype=torch.float32, device=device)
         stats = torch.empty(num_slots, NUM_SLOT_STATS, dtype=torch.float32, device=device)
         grad_he = torch.empty(num_slots, joint.shape[1], dtype=compute_dtype, device=device) if grads_wanted else None
-        # grad of markov_w2, transposed: [r, V] += m^T g reads g row-major (measured 0.20 vs 0.34 ms per
-        # 256-slot chunk at vocab 1024 for g^T m)
+        # grad of markov_w2, transposed: [r, V] += m^T g reads g row-major, faster than g^T m
+        # (docs/train.md, Speed)
         grad_w2_t = torch.zeros(markov_w2.shape[::-1], dtype=torch.float32, device=device) if grads_wanted else None
         # the vocabulary-sized gradient is kept divided by the slot's L1 weight when every L1 weight is
         # > 0 (the DSpark loss): g = w_l1 * (p s + p * scale - w_ce / w_l1 * onehot), and the row factor

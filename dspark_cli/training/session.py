@@ -61,8 +61,8 @@ def make_optimizer(module: torch.nn.Module, recipe: Recipe, env: DistEnv) -> tor
     train = recipe.train
     params = [p for p in module.parameters() if p.requires_grad]
     # fused: one kernel per parameter instead of a dozen foreach passes, which on FSDP2's DTensor
-    # parameters are a dozen DTensor dispatches (2 gloo ranks on the issue-7 setup: 36.5 -> 32.6 ms
-    # per step; benchmarks/train_speed.py). The same implementation for 1 and N processes.
+    # parameters are a dozen DTensor dispatches (benchmarks/train_speed.py). The same implementation
+    # for 1 and N processes.
     return torch.optim.AdamW(params, lr=train.lr, betas=(train.betas[0], train.betas[1]),
                              weight_decay=train.weight_decay, fused=True)
 

@@ -88,9 +88,8 @@ def block_states(draft: nn.Module, batch: Batch, groups: int, attn_impl: str | N
 
 def choose_groups(num_anchors: int, block_size: int, seq_len: int, attn_impl: str) -> int:
     """Anchor rows per sequence for dense-mask attention: the largest of 8, 4, 2 dividing the anchors
-    that keeps at least seq_len / 4 block keys per row (measured on CPU SDPA, 4 x 128 tokens with 32
-    anchors of 7, per layer forward + backward: 1 row 5.8-9.0 ms, 2 rows 4.3-5.1, 4 rows 3.6-4.1,
-    8 rows 3.6-4.7; the ranges are two runs on a shared machine).
+    that keeps at least seq_len / 4 block keys per row: fewer, wider rows waste the mask's
+    block-to-block scores, more rows repeat the context (timings in docs/train.md, Speed).
     Flex attention skips masked tiles by itself and blockwise attention computes no block-to-block
     scores, so they keep one row."""
     if attn_impl in ("flex", "blockwise"):
@@ -122,8 +121,7 @@ class TrainStep(nn.Module):
 
     def states_fn(self, device: torch.device):
         """`block_states`, compiled when asked. On CPU inductor's C++ wrapper calls the graph's kernels
-        from C++ instead of Python (16.25 -> 15.56 and 23.4 -> 22.8 ms per 2-thread step in two A/B
-        runs on the issue-7 setup; compile time unchanged)."""
+        from C++ instead of Python: faster steps for the same compile time (benchmarks/train_speed.py)."""
         if not self.compiled:
             return block_states
         fn = self._compiled_states.get(device.type)
