@@ -1,6 +1,6 @@
 """User-facing errors: one line saying what is wrong, one hint saying what to do next.
 
-Library code raises these; the CLI renders them (see `cli.py`) and exits with
+Library code raises these; the CLI renders them (`ui.handle_errors`) and exits with
 `exit_code`: 1 for runtime failures, 2 for usage mistakes (bad recipe, bad flag,
 bad input file), 130 when interrupted. `DSPARK_DEBUG=1` shows the traceback.
 """

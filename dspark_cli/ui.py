@@ -1,4 +1,4 @@
-"""Terminal output for the CLI layer (rich lives here and in cli.py only).
+"""Terminal output for the CLI layer (rich lives here and in cli/ only).
 
 Errors are one line plus a hint on stderr; `DSPARK_DEBUG=1` re-raises so the traceback shows.
 Nothing here imports torch, transformers or vllm.

@@ -51,6 +51,17 @@ def test_help_and_completion_import_nothing_heavy():
     assert "train" in out and "LOADED []" in out, out[-300:]
 
 
+def test_each_command_is_a_small_module_of_the_cli_package():
+    """One module per command (parse -> one library call -> render), none over ~150 lines."""
+    import importlib
+
+    package = Path(__file__).resolve().parents[1] / "dspark_cli" / "cli"
+    for command in COMMANDS:
+        assert callable(getattr(importlib.import_module(f"dspark_cli.cli.{command}"), command)), command
+    for path in package.glob("*.py"):
+        assert len(path.read_text().splitlines()) <= 150, path
+
+
 def test_validate_every_template_passes():
     for name in ("tiny", "qwen3-8b", "llama-3.1-8b", "kimi-k3"):
         result = invoke("validate", f"templates/recipes/{name}.yaml")
