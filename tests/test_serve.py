@@ -156,8 +156,10 @@ def one_line(result, exit_code: int) -> str:
 
 
 def test_no_vllm_on_path_is_one_line(tmp_path, monkeypatch):
-    # vLLM is installed in this venv; a PATH that lacks its bin directory is a machine without vLLM
+    # vLLM is installed in this venv; a PATH and an interpreter directory that lack its bin directory
+    # stand for a machine without vLLM
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     line = one_line(runner.invoke(app, ["serve", "--recipe", "tiny", "--method", "none", "--port", str(free_port())]), 2)
     assert "vLLM is not installed here" in line
 

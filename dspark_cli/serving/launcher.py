@@ -5,8 +5,8 @@
     dspark serve --recipe tiny target.model=tiny-gqa --method ngram -- --dtype float32 --enforce-eager
 
 Preflight, before anything starts (each a one-line error): the draft (`verify_draft`, in `serve_plan`),
-a GPU for `--method dspark`, the port free, `vllm` on PATH and new enough for the method. Then vLLM
-runs in its own process group (it spawns an engine-core process); its output goes to the terminal or
+a GPU for `--method dspark`, the port free, `vllm` (on PATH or beside this Python) new enough for the
+method. Then vLLM runs in its own process group (it spawns an engine-core process); its output goes to the terminal or
 `--log FILE` while `/health` is polled; when it answers, the endpoint and a request to paste are
 reported. SIGINT / SIGTERM are forwarded to the whole group, which gets `STOP_GRACE_S` to exit before
 SIGKILL; the launcher returns only when no process of the group is left. A vLLM that exits on its own
@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -80,10 +81,14 @@ def version_tuple(version: str) -> tuple[int, int]:
 
 
 def find_vllm(path: str | None = None) -> Vllm:
-    """The `vllm` on PATH (`path` overrides $PATH); one-line UsageError when there is none."""
+    """The `vllm` on PATH (`path` overrides $PATH), else the one beside this interpreter (a venv's
+    `bin/`, where pip put it next to `dspark`, when the venv is not activated); one-line UsageError
+    when there is none."""
     script = shutil.which("vllm", path=path)
+    if script is None and path is None:
+        script = shutil.which("vllm", path=str(Path(sys.executable).parent))
     if script is None:
-        raise UsageError("vLLM is not installed here: no `vllm` command on PATH",
+        raise UsageError("vLLM is not installed here: no `vllm` command on PATH or beside this Python",
                          "pip install 'dspark[gpu]' (vLLM >= 0.33), or `dspark serve --dry-run` prints the command")
     python = None
     try:
