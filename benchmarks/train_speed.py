@@ -46,7 +46,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 HIDDEN, LAYERS, SEQ, PROMPT, ANCHORS, SEQS_PER_STEP = 64, 4, 128, 16, 32, 4
-ISSUE_VOCAB = 1024  # the vocabulary the goal is judged at (see `markdown`)
 PEERS_RESULT = ROOT / "benchmarks" / "results" / "peers.json"  # written by benchmarks/peers/run.py
 CLOCK_GHZ = 2.6  # BogoMIPS / 2 of this EPYC (Zen 4) VM
 FLOPS_PER_CYCLE = 32

@@ -89,7 +89,8 @@ def test_specforge_draft_has_our_tensor_names_and_shapes(captured, tmp_path):
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     target_dir = resolve_target("tiny-gqa")
     ids = resolve_layer_ids(captured, target_geometry(captured).num_hidden_layers)
-    ours = {k: list(v.shape) for k, v in DSparkDraftModel(build_draft_config(captured, target_dir, ids)).state_dict().items()}
+    model = DSparkDraftModel(build_draft_config(captured, target_dir, ids))
+    ours = {k: list(v.shape) for k, v in model.state_dict().items()}
     assert theirs == ours
 
 

@@ -45,12 +45,13 @@ BASE = [f"target.model={TARGET}", "draft.arch=gqa"]
 # What both trainers get, from the tiny recipe (templates/recipes/tiny.yaml) -- one source of truth:
 SETTINGS = ("steps", "tokens per step", "anchors", "block size", "Markov rank", "loss weights", "LR schedule")
 UNMATCHED = [
-    ("tokens per step", "dspark packs sequences up to 4,096 context tokens per step; SpecForge takes a fixed "
-     "number of sequences per step (training.batch_size), so it gets round(4096 / mean sequence length) "
-     "sequences, padded to the longest of the batch"),
+    ("tokens per step", "dspark packs whole sequences up to train.tokens_per_step context tokens per step (so "
+     "a little under it on average); SpecForge takes a fixed number of sequences per step "
+     "(training.batch_size): round(tokens_per_step / mean sequence length), padded to the longest of the "
+     "batch -- see the tokens/step column"),
     ("cosine floor", "dspark decays to 0.1 x lr (train.min_lr_ratio); SpecForge's cosine goes to 0 (no knob)"),
     ("AdamW betas", "dspark 0.9/0.95 (train.betas); SpecForge uses torch's default 0.9/0.999 (no knob)"),
-    ("warmup", "dspark 20 steps; SpecForge warmup_ratio = 20 / steps (the same 20 steps)"),
+    ("warmup", "the same number of linear-warmup steps (SpecForge: training.warmup_ratio = warmup steps / steps)"),
     ("anchors", "both draw up to 32 per sequence without replacement; dspark's anchor a needs label a+1 "
      "trainable, SpecForge's also needs loss_mask[a] (so it never anchors on the last prompt token), "
      "and the RNG streams differ"),
@@ -87,19 +88,17 @@ def make_data(recipe, work: Path) -> dict:
     out: dict = {}
     started = time.perf_counter()
     try:
-        from vllm import LLM  # noqa: F401
+        from vllm import LLM
 
         engine = "vllm"
     except ImportError:
         engine = "hf"
     if engine == "vllm":
-        from vllm import LLM
-
         # the recipe's engine=vllm would ask vLLM for 0.92 of the CPU memory: too much on a shared box
         llm = LLM(model=str(resolve_target(TARGET)), dtype="float32", max_model_len=recipe.target.max_model_len,
                   gpu_memory_utilization=0.2, seed=0)
-        summary = run_datagen(recipe.model_copy(update={"datagen": recipe.datagen.model_copy(update={"engine": "vllm"})}),
-                              llm=llm)
+        datagen = recipe.datagen.model_copy(update={"engine": "vllm"})
+        summary = run_datagen(recipe.model_copy(update={"datagen": datagen}), llm=llm)
         del llm
     else:
         summary = run_datagen(recipe)
@@ -176,8 +175,9 @@ def train_specforge(work: Path, run: int, steps: int, batch: int, data: dict, id
 
     out = work / f"specforge-train-{run}"
     t = recipe.train
-    cmd = [str(VENV / "bin" / "python"), str(PEERS / "specforge_train.py"), "--features", str(work / "specforge-features"),
-           "--target", str(resolve_target(TARGET)), "--draft-config", str(work / "specforge-draft.json"),
+    cmd = [str(VENV / "bin" / "python"), str(PEERS / "specforge_train.py"),
+           "--features", str(work / "specforge-features"), "--target", str(resolve_target(TARGET)),
+           "--draft-config", str(work / "specforge-draft.json"),
            "--out", str(out), "--steps", str(steps), "--batch-size", str(batch), "--lr", str(t.lr),
            "--warmup-steps", str(t.warmup_steps), "--grad-clip", str(t.grad_clip), "--num-anchors", str(t.num_anchors),
            "--gamma", str(t.loss.slot_decay_gamma), "--ce", str(t.loss.ce), "--l1", str(t.loss.l1),
@@ -206,7 +206,8 @@ def specforge_to_ours(work: Path, ours_train: Path, peer: Path) -> Path:
     train = work / "specforge-as-dspark" / "train"
     (train / "final").mkdir(parents=True, exist_ok=True)
     shutil.copy(ours_train / "final" / "config.json", train / "final" / "config.json")
-    save_file({k: tensors[k].to(reference[k].dtype).contiguous() for k in reference}, str(train / "final" / "model.safetensors"))
+    save_file({k: tensors[k].to(reference[k].dtype).contiguous() for k in reference},
+              str(train / "final" / "model.safetensors"))
     manifest = json.loads((ours_train / "manifest.json").read_text())
     manifest["summary"] = {"trainer": "SpecForge 0.2.0", "source": str(peer)}
     (train / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -231,28 +232,47 @@ def markdown(result: dict) -> str:
     d, rows = result["data"], result["tau"]
     md = ["# dspark vs SpecForge 0.2.0: same data, same budget, one engine", "",
           f"Command: `{result['command']}` ({result['date']}, {result['machine']}); the whole script took "
-          f"**{result['wall_s'] / 60:.1f} min** on this machine (setup {result['timings']['setup_s']:.0f} s, datagen "
+          f"**{result['wall_s'] / 60:.1f} min** on this machine (setup {result['timings']['setup_s']:.0f} s"
+          + (" -- the SpecForge venv was already there; installing it took ~2.5 min here"
+             if result['timings']['setup_s'] < 10 else "") + f", datagen "
           f"{result['timings']['datagen']['seconds']:.0f} s on {result['timings']['datagen']['engine']}, capture "
-          f"{result['timings']['capture']['seconds']:.0f} s); load average {result['load_average_start']} at the start, "
+          f"{result['timings']['capture']['seconds']:.0f} s); load average {result['load_average_start']} at the "
+          "start, "
           f"{result['load_average_end']} at the end (2 cores shared with other jobs).", "",
           f"Data: one capture of `{TARGET}` ({d['sequences']} regenerated answers to bundled training prompts, "
           f"{d['tokens']:,} tokens, {d['loss_tokens']:,} trained), read by both trainers. Budget: "
-          f"{result['steps']} steps of the tiny recipe (lr {result['recipe']['lr']}, warmup {result['recipe']['warmup_steps']}, "
-          f"32 anchors, block 7, Markov rank 64, loss 0.1 CE + 0.9 L1 + 1.0 confidence, slot decay gamma 4).", "",
+          f"{result['steps']} steps of <= {result['recipe']['tokens_per_step']:,} tokens (SpecForge: "
+          f"{result['specforge_batch_size']} sequences per step), lr {result['recipe']['lr']} cosine, warmup "
+          f"{result['recipe']['warmup_steps']}, "
+          f"32 anchors, block 7, Markov rank 64, loss 0.1 CE + 0.9 L1 + 1.0 confidence, slot decay gamma 4; the tiny "
+          "recipe otherwise.", "",
           "## tau (reference engine, `dspark bench DRAFT --offline`, the same prompts)", "",
           "| trainer | dataset | temperature | tau [95% CI] | turns |", "|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['trainer']} | {r['dataset']} | {r['temperature']} | {r['tau']:.2f} "
                   f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | {r['turns']} |")
     md += ["", "## training speed (alternating runs, this script, this machine)", "",
-           "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | final loss |", "|---|---|---|---|---|---|---|"]
+           "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | final loss |",
+           "|---|---|---|---|---|---|---|"]
     for r in result["training"]:
-        md.append(f"| {r['trainer']} | {r['run']} | {r['steps']} | {r['tokens_per_step']:.0f} | {r['tokens_per_s']:,.0f} | "
+        md.append(f"| {r['trainer']} | {r['run']} | {r['steps']} | {r['tokens_per_step']:.0f} | "
+                  f"{r['tokens_per_s']:,.0f} | "
                   f"{r['wall_s']:.0f} | {r['final_loss']:.3f} |")
     md += ["", "Median steady tokens/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in result["tokens_per_s"].items())
            + f"; ratio dspark / SpecForge {result['speed_ratio']:.2f}x. Steady = after the first 10 steps "
            "(dspark: its first log interval), real sequence tokens (SpecForge: batch x mean length, "
            "padding not counted). Wall includes start-up, the data loader and the final checkpoint.", "",
+           "## against the issue's goals (this run)", ""]
+    for r in rows:
+        if r["trainer"] != "dspark":
+            continue
+        peer = max((p for p in rows if p["trainer"] != "dspark" and p["temperature"] == r["temperature"]
+                    and p["dataset"] == r["dataset"]), key=lambda p: p["tau"])
+        ratio = r["tau"] / peer["tau"]
+        md.append(f"- tau >= 1.10x the best peer, {r['dataset']} T={r['temperature']}: {r['tau']:.2f} vs "
+                  f"{peer['tau']:.2f} ({peer['trainer']}) = {ratio:.2f}x -- {'met' if ratio >= 1.10 else 'not met'}")
+    md += [f"- tokens/s >= 1.5x the best peer: {result['speed_ratio']:.2f}x -- "
+           f"{'met' if result['speed_ratio'] >= 1.5 else 'not met'}", "",
            "## settings that could not be matched", ""]
     md += [f"- {k}: {v}" for k, v in result["unmatched"]]
     md += ["", "SpecForge runs on CPU with config changes only (`fsdp_sharding: NO_SHARD`, `attention_backend: sdpa`, "
@@ -270,7 +290,15 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=None, help="training prompts (default: the tiny recipe's)")
     parser.add_argument("--work", default=None, help="working directory (default: a new temp dir)")
     parser.add_argument("--no-record", action="store_true", help="do not write benchmarks/results/peers.*")
+    parser.add_argument("--rerender", action="store_true", help="rewrite peers.md from peers.json; run nothing")
     args = parser.parse_args()
+    if args.rerender:  # the .md again from the recorded .json (after a change of this script's text only)
+        out = ROOT / "benchmarks" / "results"
+        result = json.loads((out / "peers.json").read_text())
+        result["unmatched"] = UNMATCHED
+        (out / "peers.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / "peers.md").write_text(markdown(result))
+        return
     started = time.time()
     load_start = [round(x, 2) for x in os.getloadavg()]
     work = Path(args.work or tempfile.mkdtemp(prefix="dspark-peers-"))
@@ -301,15 +329,19 @@ def main() -> None:
     sh([str(Path(sys.executable).parent / "dspark"), "export", str(work / "dspark-train-0"), "-o", str(dspark_draft),
         "--dtype", "float32"], work / "dspark-export.log")
     peer_draft = specforge_to_ours(work, work / "dspark-train-0", work / "specforge-train-0")
-    tau = bench(work, "dspark", dspark_draft, args.eval_prompts) + bench(work, "SpecForge 0.2.0", peer_draft, args.eval_prompts)
+    tau = (bench(work, "dspark", dspark_draft, args.eval_prompts)
+           + bench(work, "SpecForge 0.2.0", peer_draft, args.eval_prompts))
     speeds = {name: statistics.median(r["tokens_per_s"] for r in training if r["trainer"] == name)
               for name in ("dspark", "SpecForge 0.2.0")}
     result = {
-        "command": "python benchmarks/peers/run.py" + (f" --repeats {args.repeats}" if args.repeats != 2 else "")
-        + (f" --steps {args.steps}" if args.steps else "")
-        + (f" --tokens-per-step {args.tokens_per_step}" if args.tokens_per_step else "") + (f" --prompts {args.prompts}" if args.prompts else "") + (f" --eval-prompts {args.eval_prompts}" if args.eval_prompts != 40 else ""),
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        "target": TARGET, "steps": steps, "recipe": {"lr": recipe.train.lr, "warmup_steps": recipe.train.warmup_steps, "overrides": extra,
+        "command": "python benchmarks/peers/run.py" + "".join(
+            f" --{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+            if v not in (None, False) and k not in ("work", "no_record", "rerender") and not (k == "repeats" and v == 2)
+            and not (k == "eval_prompts" and v == 40)),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "target": TARGET, "steps": steps,
+        "recipe": {"lr": recipe.train.lr, "warmup_steps": recipe.train.warmup_steps, "overrides": extra,
                                                     "tokens_per_step": recipe.train.tokens_per_step},
         "data": data, "specforge_batch_size": batch, "timings": timings, "training": training, "tokens_per_s": speeds,
         "speed_ratio": speeds["dspark"] / speeds["SpecForge 0.2.0"], "tau": tau, "unmatched": UNMATCHED,
