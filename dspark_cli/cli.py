@@ -335,7 +335,7 @@ def _export_check(directory: str, target: str | None, output_format: str) -> Non
 
 def _export_meta_dry_run(loaded, output_format: str) -> None:
     from dspark_cli.draft.roster import export_dry_run
-    from dspark_cli.recipe.checks import target_config
+    from dspark_cli.targets import target_config
 
     if loaded.export.format != "vllm":
         raise UsageError(f"--meta --dry-run lists the vllm format; export.format is {loaded.export.format}")
@@ -344,7 +344,7 @@ def _export_meta_dry_run(loaded, output_format: str) -> None:
     if local is not None:
         from transformers import AutoConfig
 
-        from dspark_cli.targets.registry import resolve_target
+        from dspark_cli.targets import resolve_target
 
         config = AutoConfig.from_pretrained(resolve_target(loaded.target.model))
     plan = export_dry_run(loaded.draft.model_dump(), loaded.target.model_dump(), config, loaded.export.dtype)

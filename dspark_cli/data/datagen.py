@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli import __version__
-from dspark_cli.data.chat import ChatFormat
 from dspark_cli.data.conversation import Conversation
 from dspark_cli.data.engines import Engine, Sampling
 from dspark_cli.data.filters import FilterReport, eval_fingerprints, filter_conversations
@@ -33,6 +32,7 @@ from dspark_cli.data.sources import read_source, source_name
 from dspark_cli.errors import DataError, UsageError
 from dspark_cli.manifest import MANIFEST_NAME, resumable_manifest, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
+from dspark_cli.targets import ChatFormat, load_tokenizer, target_location
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]  # (conversations done, total, tokens generated so far)
@@ -54,26 +54,6 @@ class DatagenPlan:
     def shards(self, shard_size: int) -> list[list[Conversation]]:
         convs = self.conversations
         return [convs[i : i + shard_size] for i in range(0, len(convs), shard_size)]
-
-
-def target_location(recipe: Recipe) -> str:
-    """Local directory of the target (bundled name or path), or its hub repo id."""
-    from dspark_cli.targets.registry import resolve_target
-
-    local = resolve_target(recipe.target.model)
-    return str(local) if local is not None else recipe.target.model
-
-
-def load_tokenizer(recipe: Recipe) -> Any:
-    from transformers import AutoTokenizer
-
-    name = recipe.target.tokenizer or target_location(recipe)
-    try:
-        return AutoTokenizer.from_pretrained(name, revision=recipe.target.revision,
-                                             trust_remote_code=recipe.target.trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot load the tokenizer of {name}: {str(exc).splitlines()[0][:200]}",
-                         "check target.model / target.tokenizer (offline: a local directory)") from None
 
 
 def eval_exclusions(recipe: Recipe) -> set[str]:

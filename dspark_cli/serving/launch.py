@@ -87,15 +87,14 @@ def serve_command(recipe: Any, draft_dir: str | Path, *, draft_ref: str | None =
     """(argv, extra environment) of the `vllm serve` launch for `recipe` and the draft at `draft_dir`;
     `draft_ref` names the draft in the command instead of its local path (a hub repo id, for model cards);
     `vllm_args` are appended verbatim (after the recipe's `serve.extra_args`: the last one wins in vLLM)."""
-    from dspark_cli.targets.registry import resolve_target
+    from dspark_cli.targets import target_location
 
     draft_dir = Path(draft_dir)
     manifest = draft_manifest(draft_dir) if draft_dir.exists() else {}
     serving = manifest.get("serving", {})
     serve = recipe.serve
     spec = speculative_config(recipe, draft_dir, serving, method, draft_ref)
-    local = resolve_target(recipe.target.model)
-    target = str(local) if local is not None else recipe.target.model
+    target = target_location(recipe)
     argv = ["vllm", "serve", target, "--host", serve.host, "--port", str(serve.port),
             "--tensor-parallel-size", str(serve.tensor_parallel_size),
             "--gpu-memory-utilization", str(serve.gpu_memory_utilization),

@@ -26,7 +26,6 @@ Exception` catches; `checkpoint_errors` turns it (and OS errors) into one-line d
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import pickle

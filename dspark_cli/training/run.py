@@ -27,36 +27,9 @@ from typing import Any
 from dspark_cli.contract import Contract
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe import Recipe
+from dspark_cli.targets import mask_token_id, target_directory, target_geometry
 
 log = logging.getLogger(__name__)
-
-
-def target_directory(recipe: Recipe) -> Path:
-    from dspark_cli.targets.registry import resolve_target
-
-    path = resolve_target(recipe.target.model)
-    if path is not None:
-        return path
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(recipe.target.model, revision=recipe.target.revision, local_files_only=True,
-                                      allow_patterns=["*.json", "*.safetensors"]))
-    except Exception:  # noqa: BLE001 - any hub/cache failure means the same thing to the user
-        raise UsageError(f"target {recipe.target.model} is not available locally",
-                         f"download it first: hf download {recipe.target.model}") from None
-
-
-def resolve_mask_token(recipe: Recipe, target_dir: Path) -> int | None:
-    if recipe.draft.mask_token_id is not None:
-        return recipe.draft.mask_token_id
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(recipe.target.tokenizer or str(target_dir))
-    except (OSError, ValueError):
-        return None
-    return tokenizer.mask_token_id
 
 
 def build_draft_config(recipe: Recipe, target_dir: Path, layer_ids: list[int]):
@@ -67,7 +40,7 @@ def build_draft_config(recipe: Recipe, target_dir: Path, layer_ids: list[int]):
     config = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
     draft = recipe.draft.model_dump()
     draft["target_layer_ids"] = layer_ids  # capture's resolution, so the draft reads what was captured
-    draft["mask_token_id"] = resolve_mask_token(recipe, target_dir)
+    draft["mask_token_id"] = mask_token_id(recipe, target_dir)
     return draft_config_from_recipe(draft, recipe.target.model_dump(), target_config=config)
 
 
@@ -200,7 +173,7 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
 def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[str, Any]], None] | None = None,
               sequences: Callable[[], Iterable[Any]] | None = None) -> dict[str, Any]:
     """Train the draft the recipe describes; returns the summary also written to manifest.json (rank 0)."""
-    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
+    from dspark_cli.capture.plan import resolve_layer_ids
     from dspark_cli.training.distributed import init_distributed, shutdown
 
     env = init_distributed()
