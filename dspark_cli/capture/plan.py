@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.artifacts.datagen import datagen_manifest, iter_records
 from dspark_cli.contract import Contract
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.recipe import Recipe
@@ -47,17 +48,6 @@ def resolve_layer_ids(recipe: Recipe, num_hidden_layers: int) -> list[int]:
             "use ids below the target's depth, or remove the field for the default spread",
         )
     return list(ids)
-
-
-def datagen_manifest(recipe: Recipe) -> dict[str, Any] | None:
-    """The manifest of the recipe's finished datagen output, or None when there is none yet."""
-    path = Path(recipe.stage_dir("datagen")) / "manifest.json"
-    if not path.is_file():
-        return None
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("kind") != "dspark.datagen" or not manifest.get("complete"):
-        return None
-    return manifest
 
 
 def contract_for_recipe(recipe: Recipe, *, geometry: TargetGeometry | None = None,
@@ -127,8 +117,6 @@ class CapturePlan:
 
     def samples(self) -> Iterator[tuple[int, str, list[int], list[int]]]:
         """(shard index, sequence id, input ids, loss mask) in plan order, streamed from the datagen shards."""
-        from dspark_cli.data.datagen import iter_records
-
         owner = {seq_id: shard.index for shard in self.shards for seq_id in shard.ids}
         limit = self.recipe.capture.max_seq_len
         for record in iter_records(self.datagen_dir):
@@ -140,8 +128,6 @@ class CapturePlan:
 
 def build_plan(recipe: Recipe) -> CapturePlan:
     """Read the finished datagen output and split its samples into shards of ~`capture.shard_tokens` tokens."""
-    from dspark_cli.data.datagen import iter_records
-
     datagen_dir = Path(recipe.stage_dir("datagen"))
     datagen = datagen_manifest(recipe)
     if datagen is None:

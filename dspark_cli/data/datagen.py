@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -27,10 +27,10 @@ from dspark_cli import __version__
 from dspark_cli.data.conversation import Conversation
 from dspark_cli.data.engines import Engine, Sampling
 from dspark_cli.data.filters import FilterReport, eval_fingerprints, filter_conversations
-from dspark_cli.data.shards import PartialShard, read_jsonl, shard_path
+from dspark_cli.artifacts.jsonl import PartialShard, read_jsonl, shard_path
 from dspark_cli.data.sources import read_source, source_name
-from dspark_cli.errors import DataError, UsageError
-from dspark_cli.manifest import MANIFEST_NAME, resumable_manifest, sha256_file, write_json_atomic
+from dspark_cli.errors import UsageError
+from dspark_cli.artifacts.files import MANIFEST_NAME, resumable_manifest, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
 from dspark_cli.targets import ChatFormat, load_tokenizer, target_location
 
@@ -253,18 +253,3 @@ def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress 
                     "tokens_per_second": round(tokens / elapsed, 1) if elapsed > 0 else None})
     log.info("datagen: %d conversations in %d shards -> %s", len(plan.conversations), len(shards), plan.out_dir)
     return summary
-
-
-def iter_records(directory: str | Path) -> Iterator[dict[str, Any]]:
-    """Read a finished datagen directory back, verifying every shard's checksum against the manifest."""
-    from dspark_cli.manifest import read_manifest
-
-    directory = Path(directory)
-    manifest = read_manifest(directory)
-    if manifest.get("kind") != "dspark.datagen" or not manifest.get("complete"):
-        raise DataError(f"{directory}: not a finished datagen output", "run (or finish) `dspark datagen` first")
-    for entry in manifest["shards"]:
-        path = directory / entry["file"]
-        if not path.is_file() or sha256_file(path) != entry["sha256"]:
-            raise DataError(f"{path}: missing or checksum mismatch", "re-run `dspark datagen` to regenerate it")
-        yield from read_jsonl(path)

@@ -17,33 +17,18 @@ time of reading the weights once for a large one); nothing is hashed twice withi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
+from dspark_cli.artifacts.draft import read_draft_manifest
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.export.rules import Finding, check_draft_dir
-from dspark_cli.manifest import sha256_file
+from dspark_cli.artifacts.files import sha256_file
 
-MANIFEST = "dspark_manifest.json"
 REQUIRED = ("config.json", "model.safetensors")
 # environment the export writes into `serving.env`, and the values it writes
 SERVING_ENV = {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": ("0", "1")}
-
-
-def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:
-    """The draft's dspark_manifest.json; one-line UsageError when absent, DataError when unreadable."""
-    path = Path(draft_dir) / MANIFEST
-    if not path.is_file():
-        raise UsageError(f"{draft_dir} is not a dspark draft directory (no {MANIFEST})",
-                         "export one first: dspark export runs/NAME/train -o DIR")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as exc:
-        raise DataError(f"{path}: unreadable ({exc})", "export the draft again") from None
-    if not isinstance(data, dict) or data.get("kind") != "dspark.draft":
-        raise DataError(f"{path} is not the manifest of a dspark draft", "export the draft again")
-    return data
 
 
 def checksum_findings(draft_dir: Path, manifest: dict[str, Any]) -> list[Finding]:

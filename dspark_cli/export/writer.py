@@ -24,12 +24,12 @@ from typing import Any
 from dspark_cli import __version__
 from dspark_cli.errors import DsparkError, NotBuiltError, UsageError
 from dspark_cli.export.rules import FP32_TENSORS, Finding, check_against_target, check_draft_dir, num_bytes
-from dspark_cli.export.source import LoadedDraft, load_draft_dir
-from dspark_cli.manifest import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
+from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
+from dspark_cli.artifacts.draft import LoadedDraft, load_draft_dir
+from dspark_cli.artifacts.files import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
                                  sha256_file, write_json_atomic)
 from dspark_cli.targets import local_config, resolve_target
 
-MANIFEST = "dspark_manifest.json"
 EXPORTED_FILES = ("config.json", "model.safetensors", "recipe.yaml")
 log = logging.getLogger(__name__)
 

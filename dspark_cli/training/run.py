@@ -45,7 +45,7 @@ def build_draft_config(recipe: Recipe, target_dir: Path, layer_ids: list[int]):
 
 
 def train_contract(recipe: Recipe, draft_config) -> Contract:
-    from dspark_cli.capture.plan import contract_for_recipe
+    from dspark_cli.capture import contract_for_recipe
 
     base = contract_for_recipe(recipe)
     return dataclasses.replace(base, mask_token_id=draft_config.mask_token_id, block_size=draft_config.block_size)
@@ -61,9 +61,9 @@ def capture_lengths(directory: str | Path, max_seq_len: int) -> list[int]:
     """
     from safetensors import SafetensorError, safe_open
 
-    from dspark_cli.capture.shards import RECAPTURE
+    from dspark_cli.capture import RECAPTURE
     from dspark_cli.errors import DataError
-    from dspark_cli.manifest import read_manifest
+    from dspark_cli.artifacts.files import read_manifest
 
     directory = Path(directory)
     lengths = []
@@ -91,8 +91,8 @@ def _offline_source(recipe: Recipe, contract: Contract, env) -> tuple[Callable[[
     file is missing (a damaged shard's error says to delete it): it resumes, rewriting just those.
     A complete capture made with other capture settings is refused rather than trained on."""
     from dspark_cli.capture import iter_captured
-    from dspark_cli.capture.shards import damaged_shards
-    from dspark_cli.manifest import read_manifest
+    from dspark_cli.capture import damaged_shards
+    from dspark_cli.artifacts.files import read_manifest
     from dspark_cli.training.distributed import barrier
 
     directory = Path(recipe.stage_dir("capture"))
@@ -173,7 +173,7 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
 def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[str, Any]], None] | None = None,
               sequences: Callable[[], Iterable[Any]] | None = None) -> dict[str, Any]:
     """Train the draft the recipe describes; returns the summary also written to manifest.json (rank 0)."""
-    from dspark_cli.capture.plan import resolve_layer_ids
+    from dspark_cli.capture import resolve_layer_ids
     from dspark_cli.training.distributed import init_distributed, shutdown
 
     env = init_distributed()
