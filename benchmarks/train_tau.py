@@ -38,7 +38,7 @@ def recipe_for(target: str, out: Path, source: str, prompts: int, steps: int, ma
 
 def captured(recipe) -> list:
     from dspark_cli.capture import iter_captured, run_capture
-    from dspark_cli.data.datagen import run_datagen
+    from dspark_cli.datagen.run import run_datagen
 
     run_datagen(recipe)
     run_capture(recipe)

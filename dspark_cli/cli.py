@@ -155,7 +155,7 @@ def datagen(
     dry_run: DryRunOpt = False,
 ) -> None:
     """Regenerate responses with the target itself (on-policy training data), resumably."""
-    from dspark_cli.data.datagen import run_datagen
+    from dspark_cli.datagen.run import run_datagen
     from dspark_cli.ui import progress_bar
 
     loaded = _load(recipe, overrides, {"datagen.output_dir": output_dir, "datagen.engine": engine})
@@ -334,7 +334,7 @@ def _export_check(directory: str, target: str | None, output_format: str) -> Non
 
 
 def _export_meta_dry_run(loaded, output_format: str) -> None:
-    from dspark_cli.draft.roster import export_dry_run
+    from dspark_cli.export.roster import export_dry_run
     from dspark_cli.targets import target_config
 
     if loaded.export.format != "vllm":

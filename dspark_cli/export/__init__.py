@@ -1,5 +1,6 @@
 """Export: trained draft -> vLLM draft directory (`writer.py`), static vLLM loader checks (`rules.py`),
-the checks every stage runs before it trusts an exported draft (`integrity.py`).
+the checks every stage runs before it trusts an exported draft (`integrity.py`), and the tensors an
+export writes, listed on the meta device (`roster.py`: `tensor_roster`, `export_dry_run` for `--meta --dry-run`).
 
     from dspark_cli.export import export_draft, verify_draft
     verify_draft("runs/tiny/draft", "tiny-mla", doing="not serving it")   # the manifest, or one-line error

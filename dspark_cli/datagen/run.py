@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli import __version__
-from dspark_cli.data.conversation import Conversation
-from dspark_cli.data.engines import Engine, Sampling
-from dspark_cli.data.filters import FilterReport, eval_fingerprints, filter_conversations
+from dspark_cli.prompts.conversation import Conversation
+from dspark_cli.datagen.engines import Engine, Sampling
+from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations
 from dspark_cli.artifacts.jsonl import PartialShard, read_jsonl, shard_path
-from dspark_cli.data.sources import read_source, source_name
+from dspark_cli.prompts.sources import read_source, source_name
 from dspark_cli.errors import UsageError
 from dspark_cli.artifacts.files import MANIFEST_NAME, resumable_manifest, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
@@ -160,14 +160,14 @@ def make_engine(recipe: Recipe, plan: DatagenPlan, llm: Any = None) -> Engine | 
     common = {"dtype": recipe.target.dtype, "trust_remote_code": recipe.target.trust_remote_code,
               "revision": recipe.target.revision}
     if datagen.engine == "hf":
-        from dspark_cli.data.engines import HFEngine
+        from dspark_cli.datagen.engines import HFEngine
 
         return HFEngine(plan.target_path, plan.chat.tokenizer, sampling, **common)
     if datagen.endpoint:
-        from dspark_cli.data.engines import EndpointEngine
+        from dspark_cli.datagen.engines import EndpointEngine
 
         return EndpointEngine(datagen.endpoint, sampling)
-    from dspark_cli.data.engines import VLLMEngine
+    from dspark_cli.datagen.engines import VLLMEngine
 
     return VLLMEngine(plan.target_path, plan.chat.tokenizer, sampling, max_model_len=recipe.target.max_model_len,
                       tensor_parallel_size=datagen.tensor_parallel_size,
