@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dspark_cli.capture import contract_for_recipe, iter_queue, plan_capture, produce_online, run_capture  # noqa: E402
 from dspark_cli.capture.hf import HFCapturer  # noqa: E402
 from dspark_cli.capture.plan import build_plan, goal_bytes_per_token  # noqa: E402
-from dspark_cli.data.datagen import run_datagen  # noqa: E402
+from dspark_cli.datagen.run import run_datagen  # noqa: E402
 from dspark_cli.recipe import load_recipe, write_resolved  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

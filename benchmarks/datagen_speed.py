@@ -29,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from dspark_cli.data.datagen import run_datagen
+    from dspark_cli.datagen.run import run_datagen
     from dspark_cli.recipe import load_recipe
     from dspark_cli.targets import resolve_target
 

@@ -100,7 +100,8 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     target = Path(args.target)
     recipe = recipe_for(target, Path(args.out), args.steps, args.vocab, args.compile)
-    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
+    from dspark_cli.capture.plan import resolve_layer_ids
+    from dspark_cli.targets import target_geometry
     from dspark_cli.training.run import run_train
 
     features = HIDDEN * len(resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers))
@@ -133,7 +134,8 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
+    from dspark_cli.capture.plan import resolve_layer_ids
+    from dspark_cli.targets import target_geometry
     from dspark_cli.draft.model import DSparkDraftModel
     from dspark_cli.training.data import StepStream
     from dspark_cli.training.distributed import DistEnv

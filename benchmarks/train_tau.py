@@ -38,7 +38,7 @@ def recipe_for(target: str, out: Path, source: str, prompts: int, steps: int, ma
 
 def captured(recipe) -> list:
     from dspark_cli.capture import iter_captured, run_capture
-    from dspark_cli.data.datagen import run_datagen
+    from dspark_cli.datagen.run import run_datagen
 
     run_datagen(recipe)
     run_capture(recipe)
@@ -77,9 +77,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
+    from dspark_cli.capture.plan import resolve_layer_ids
+    from dspark_cli.targets import target_geometry
     from dspark_cli.draft.model import DSparkDraftModel
-    from dspark_cli.targets.registry import resolve_target
+    from dspark_cli.targets import resolve_target
     from dspark_cli.training.evaluate import evaluate_draft, load_trained_draft
     from dspark_cli.training.run import build_draft_config, run_train
     from dspark_cli.training.target import load_target_embeddings

@@ -49,7 +49,7 @@ def _quiet(_stage: str, _unit: str) -> Iterator[Update]:
 
 
 def run_datagen(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
-    from dspark_cli.data.datagen import run_datagen as regenerate
+    from dspark_cli.datagen.run import run_datagen as regenerate
 
     with (progress or _quiet)("datagen", "conversations") as update:
         return regenerate(recipe, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))

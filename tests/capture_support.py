@@ -24,7 +24,7 @@ def _recipe(target: str, root: Path, *overrides: str) -> Recipe:
 def datagen_dir(target: str) -> Path:
     """A finished datagen output of 6 bundled prompts answered by `target` (greedy, 24 tokens)."""
     if target not in _DATAGEN:
-        from dspark_cli.data.datagen import run_datagen
+        from dspark_cli.datagen.run import run_datagen
 
         root = Path(tempfile.mkdtemp(prefix=f"dspark-capture-{target}-"))
         run_datagen(_recipe(target, root))

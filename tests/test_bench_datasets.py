@@ -10,7 +10,7 @@ import json
 import pytest
 
 from dspark_cli.bench.datasets import category, dataset_source, load_datasets
-from dspark_cli.data.bundled import BUNDLED_DATASETS
+from dspark_cli.prompts.bundled import BUNDLED_DATASETS
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import BenchSection
 

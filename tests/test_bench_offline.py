@@ -24,7 +24,7 @@ from bench_support import export_random_draft, one_thread  # noqa: E402, F401 - 
 
 from dspark_cli.cli import app  # noqa: E402
 from dspark_cli.recipe import load_recipe  # noqa: E402
-from dspark_cli.targets.registry import BUNDLED_TARGETS  # noqa: E402
+from dspark_cli.targets import BUNDLED_TARGETS  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-mla"] / "config.json").is_file(), reason="tiny targets not built"),

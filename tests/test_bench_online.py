@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dspark_cli.cli import app  # noqa: E402
-from dspark_cli.targets.registry import BUNDLED_TARGETS  # noqa: E402
+from dspark_cli.targets import BUNDLED_TARGETS  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-mla"] / "config.json").is_file(),
                                 reason="tiny targets not built")

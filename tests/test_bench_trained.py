@@ -98,7 +98,7 @@ def test_untrained_draft_gives_tau_close_to_one(trained, tmp_path):
     work, sequences, train_dir, _ = trained
     from safetensors.torch import load_file, save_file
 
-    from dspark_cli.export.source import build_model, load_draft_dir
+    from dspark_cli.artifacts.draft import build_model, load_draft_dir
 
     loaded = load_draft_dir(train_dir)
     fresh = build_model(loaded.config, loaded.state_dict)

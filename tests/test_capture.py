@@ -18,7 +18,8 @@ from capture_support import capture_recipe
 from safetensors.torch import save_file
 
 from dspark_cli.capture import contract_for_recipe, iter_captured, plan_capture, run_capture, verify_captured
-from dspark_cli.capture.plan import build_plan, target_geometry
+from dspark_cli.capture.plan import build_plan
+from dspark_cli.targets import target_geometry
 from dspark_cli.capture.vllm import VLLMCapturer, engine_kwargs, k3_environment, vllm_layout
 from dspark_cli.errors import ContractError, DataError, DsparkError, UsageError
 from dspark_cli.recipe import load_recipe

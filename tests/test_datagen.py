@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_cli.data.datagen import iter_records, plan_datagen, run_datagen
+from dspark_cli.artifacts.datagen import iter_records
+from dspark_cli.datagen.run import plan_datagen, run_datagen
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe import load_recipe
 

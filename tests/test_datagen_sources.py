@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dspark_cli.data.bundled import BUNDLED_DATASETS
-from dspark_cli.data.conversation import normalise_text, turn_hashes
-from dspark_cli.data.filters import FilterReport, eval_fingerprints, filter_conversations
-from dspark_cli.data.sources import read_source
+from dspark_cli.prompts.bundled import BUNDLED_DATASETS
+from dspark_cli.prompts.conversation import normalise_text, turn_hashes
+from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations
+from dspark_cli.prompts.sources import read_source
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import PromptSource
 

@@ -6,14 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from dspark_cli.errors import ContractError
-
+from dspark_cli.contract import spread_layer_ids
 from dspark_cli.draft.build import (
     draft_config_from_recipe,
     draft_config_from_target,
     draft_config_from_values,
-    spread_layer_ids,
 )
+from dspark_cli.errors import ContractError
 from dspark_cli.draft.config import DraftConfigError, DSparkDraftConfig, vllm_config_dict
 
 K3_DRAFT = dict(

@@ -21,7 +21,7 @@ from dspark_cli.draft.config import vllm_config_dict  # noqa: E402
 from dspark_cli.draft.drafting import ContextCache, draft_block  # noqa: E402
 from dspark_cli.errors import UsageError  # noqa: E402
 from dspark_cli.export.rules import check_against_target, check_draft_dir  # noqa: E402
-from dspark_cli.export.source import build_model, load_draft_dir  # noqa: E402
+from dspark_cli.artifacts.draft import build_model, load_draft_dir  # noqa: E402
 from dspark_cli.export.writer import ExportError, export_draft  # noqa: E402
 
 TARGET = {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_hidden_layers": TARGET_LAYERS}
@@ -332,7 +332,7 @@ def test_the_next_export_cleans_temp_dirs_of_killed_exports_only(tmp_path):
     import os
     import subprocess
 
-    from dspark_cli.manifest import _HOST
+    from dspark_cli.artifacts.files import _HOST
 
     train, *_ = trained_dir(tmp_path, "gqa")
     out = tmp_path / "draft"

@@ -43,8 +43,8 @@ def test_features_are_specforge_dspark_records_of_our_layers(captured, tmp_path)
     layer k, before the final norm also for the last layer); target_last_hidden_states is post-final-norm."""
     from transformers import AutoModelForCausalLM
 
-    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
-    from dspark_cli.targets.registry import resolve_target
+    from dspark_cli.capture.plan import resolve_layer_ids
+    from dspark_cli.targets import resolve_target, target_geometry
 
     data = peers.to_specforge(captured, tmp_path / "features")
     files = sorted((tmp_path / "features").glob("data_*.ckpt"))
@@ -73,9 +73,9 @@ def test_features_are_specforge_dspark_records_of_our_layers(captured, tmp_path)
 
 @pytest.mark.skipif(not VENV_PYTHON.is_file(), reason="no SpecForge venv (bash benchmarks/peers/setup_specforge.sh)")
 def test_specforge_draft_has_our_tensor_names_and_shapes(captured, tmp_path):
-    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
+    from dspark_cli.capture.plan import resolve_layer_ids
     from dspark_cli.draft.model import DSparkDraftModel
-    from dspark_cli.targets.registry import resolve_target
+    from dspark_cli.targets import resolve_target, target_geometry
     from dspark_cli.training.run import build_draft_config
 
     peers.specforge_draft_config(captured, tmp_path / "draft.json")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tools/ (the tiny-target builder)
+
 from dspark_cli.errors import UsageError
 from dspark_cli.targets import BUNDLED_TARGETS, TINY_DIR, resolve_target
 
@@ -141,7 +143,7 @@ def test_tokenizer_specials_and_chat_template(hf_target):
     prompt = tok.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|user|>\nHi<|end|>\n<|assistant|>\n")
     # The assistant turn's last real token is EOS, and training encodes conversations the same way.
-    from dspark_cli.targets.tokenizer import encode_chat
+    from tools.tiny_targets.tokenizer import encode_chat
 
     ids, mask = encode_chat(tok, messages)
     assert ids == tok.apply_chat_template(messages, tokenize=True, return_dict=False)
@@ -153,7 +155,7 @@ def test_tokenizer_specials_and_chat_template(hf_target):
 
 @pytest.fixture(scope="module")
 def corpus():
-    from dspark_cli.targets.corpus import build_corpus
+    from tools.tiny_targets.corpus import build_corpus
 
     return build_corpus()
 
@@ -162,9 +164,9 @@ def test_tokenizer_and_training_are_deterministic(corpus):
     """Same inputs, same seeds -> bit-identical tokenizer and weights (the build's promise, in miniature;
     two full `--steps 3` builds also gave byte-identical model.safetensors and tokenizer.json)."""
     torch = pytest.importorskip("torch")
-    from dspark_cli.targets.architectures import ARCHITECTURES
-    from dspark_cli.targets.tokenizer import encode_chat, train_tokenizer
-    from dspark_cli.targets.train_tiny import TrainConfig, pack_rows, train
+    from tools.tiny_targets.architectures import ARCHITECTURES
+    from tools.tiny_targets.tokenizer import encode_chat, train_tokenizer
+    from tools.tiny_targets.train_tiny import TrainConfig, pack_rows, train
 
     pairs = corpus.train[:300]
     toks = [train_tokenizer((p.prompt + "\n" + p.response for p in pairs), 512) for _ in range(2)]
@@ -183,7 +185,7 @@ def test_tokenizer_and_training_are_deterministic(corpus):
 
 @pytest.fixture(scope="module")
 def eval_set(corpus):
-    from dspark_cli.targets.corpus import eval_prompts, is_held_out
+    from tools.tiny_targets.corpus import eval_prompts, is_held_out
 
     prompts = eval_prompts(corpus)
     assert len(prompts) == 50 and all(is_held_out(p.key) for p in prompts)
@@ -193,7 +195,7 @@ def eval_set(corpus):
 
 
 def test_held_out_loss_and_accuracy(hf_target, eval_set):
-    from dspark_cli.targets.eval_tiny import held_out_metrics
+    from tools.tiny_targets.eval_tiny import held_out_metrics
 
     name, model, tok = hf_target
     m = held_out_metrics(model, tok, eval_set)
@@ -206,7 +208,7 @@ def test_held_out_loss_and_accuracy(hf_target, eval_set):
 def _vllm_greedy(llm, tok, prompts, max_tokens):
     from vllm import SamplingParams
 
-    from dspark_cli.targets.eval_tiny import prompt_ids
+    from tools.tiny_targets.eval_tiny import prompt_ids
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
     outs = llm.generate([{"prompt_token_ids": prompt_ids(tok, p)} for p in prompts], params, use_tqdm=False)
@@ -219,7 +221,7 @@ def test_vllm_and_hf_greedy_are_token_identical_and_chat_like(hf_target, eval_se
     decoding would produce), then scored for EOS and parseable code."""
     import torch
 
-    from dspark_cli.targets.eval_tiny import MAX_NEW_TOKENS, generation_metrics, hf_generate, prompt_ids
+    from tools.tiny_targets.eval_tiny import MAX_NEW_TOKENS, generation_metrics, hf_generate, prompt_ids
 
     name, model, tok = hf_target
     llm = tiny_vllm(name)
@@ -265,7 +267,7 @@ def test_untrained_model_fails_the_thresholds(hf_target, eval_set):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from dspark_cli.targets.eval_tiny import held_out_metrics
+    from tools.tiny_targets.eval_tiny import held_out_metrics
 
     name, model, tok = hf_target
     torch.manual_seed(0)

@@ -38,7 +38,7 @@ def captured(tmp_path_factory):
     """A complete capture directory for the fixture target, as capture writes it."""
     from dspark_cli.capture.plan import contract_for_recipe
     from dspark_cli.capture.shards import shard_name, write_shard
-    from dspark_cli.manifest import write_json_atomic
+    from dspark_cli.artifacts.files import write_json_atomic
     from dspark_cli.recipe import load_recipe
 
     work = tmp_path_factory.mktemp("train-cli")

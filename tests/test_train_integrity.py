@@ -109,7 +109,7 @@ def _payload(marker: Path) -> bytes:
 
 def test_a_pickle_payload_in_metadata_never_runs(work, tmp_path):
     """Case 4: `.metadata` is unpickled by torch DCP on resume; a payload there ran."""
-    from dspark_cli.manifest import sha256_file
+    from dspark_cli.artifacts.files import sha256_file
 
     marker = tmp_path / "pwned"
     ckpt = _ckpt(work)
@@ -164,7 +164,7 @@ def test_a_payload_in_non_tensor_state_never_runs(work, tmp_path, monkeypatch):
 
 def test_a_truncated_file_behind_forged_checksums_is_one_line(work):
     """Case 6: torch's CheckpointException (a BaseException) escaped as a traceback."""
-    from dspark_cli.manifest import sha256_file
+    from dspark_cli.artifacts.files import sha256_file
 
     ckpt = _ckpt(work)
     victim = ckpt / "__0_0.distcp"

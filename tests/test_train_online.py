@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_cli.targets.registry import BUNDLED_TARGETS
+from dspark_cli.targets import BUNDLED_TARGETS
 
 
 @pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-gqa"] / "config.json").is_file(), reason="tiny-gqa is not built")

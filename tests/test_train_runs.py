@@ -143,7 +143,7 @@ def test_outputs_are_loadable_without_torch_distributed(one_process):
     from safetensors.torch import load_file
 
     from dspark_cli.draft.model import DSparkDraftModel
-    from dspark_cli.export.source import build_model, load_draft_dir
+    from dspark_cli.artifacts.draft import build_model, load_draft_dir
 
     work, records, summary = one_process
     train_dir = work / "run" / "train"

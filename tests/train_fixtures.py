@@ -90,7 +90,7 @@ def write_capture(work: Path, sequences: list, overrides: list[str], per_shard: 
     """A complete capture directory of `sequences`, written with capture's own shard writer (as capture does)."""
     from dspark_cli.capture.plan import contract_for_recipe
     from dspark_cli.capture.shards import shard_name, write_shard
-    from dspark_cli.manifest import write_json_atomic
+    from dspark_cli.artifacts.files import write_json_atomic
     from dspark_cli.recipe import load_recipe
 
     recipe = load_recipe("tiny", overrides)

@@ -69,9 +69,10 @@ def has_cuda() -> bool:
 
 def _tiny_setup(arch: str):
     """(recipe, target_dir, draft_config) of the tiny recipe on the bundled target of `arch`."""
-    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
+    from dspark_cli.capture.plan import resolve_layer_ids
     from dspark_cli.recipe import load_recipe
-    from dspark_cli.training.run import build_draft_config, target_directory
+    from dspark_cli.targets import target_directory, target_geometry
+    from dspark_cli.training.run import build_draft_config
 
     overrides = [] if arch == "mla" else ["target.model=tiny-gqa", "draft.arch=gqa"]
     recipe = load_recipe("tiny", overrides)

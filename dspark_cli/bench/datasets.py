@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import islice
 
-from dspark_cli.data.conversation import Conversation
+from dspark_cli.prompts.conversation import Conversation
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import BenchSection, PromptSource
 
@@ -42,7 +42,7 @@ def dataset_source(entry: str, bench: BenchSection) -> tuple[str, PromptSource]:
         subset = entry.partition(":")[2] or bench.speed_bench_subset
         label = "speed_bench" if subset == bench.speed_bench_subset else f"speed_bench:{subset}"
         return label, PromptSource(path=SPEED_BENCH, subset=subset, split=bench.speed_bench_split)
-    from dspark_cli.data.sources import source_name
+    from dspark_cli.prompts.sources import source_name
 
     source = PromptSource(path=entry)
     return source_name(source), source
@@ -50,7 +50,7 @@ def dataset_source(entry: str, bench: BenchSection) -> tuple[str, PromptSource]:
 
 def load_datasets(bench: BenchSection) -> list[BenchDataset]:
     """Every dataset of `bench.datasets`, at most `bench.num_prompts` conversations each."""
-    from dspark_cli.data.sources import read_source
+    from dspark_cli.prompts.sources import read_source
 
     if not bench.datasets:
         raise UsageError("bench.datasets is empty", "add mt_bench, speed_bench, or a prompt file")

@@ -203,7 +203,7 @@ class DSparkDrafter:
     @classmethod
     def from_dir(cls, draft_dir: str, target: HFTarget, *, dtype: torch.dtype | None = None) -> DSparkDrafter:
         """Load an exported (or trained `final/`) draft and attach the target's embed_tokens / lm_head."""
-        from dspark_cli.export.source import build_model, load_draft_dir
+        from dspark_cli.artifacts.draft import build_model, load_draft_dir
 
         loaded = load_draft_dir(draft_dir)
         config = loaded.config

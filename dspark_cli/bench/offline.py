@@ -62,10 +62,9 @@ class OfflineBench:
 
     def __init__(self, recipe: Recipe, draft_dir: str | Path) -> None:
         from dspark_cli.bench.engine import DSparkDrafter, HFTarget
-        from dspark_cli.data.chat import ChatFormat
-        from dspark_cli.data.datagen import load_tokenizer, target_location
-        from dspark_cli.export.integrity import verify_draft
-        from dspark_cli.export.source import load_draft_dir
+        from dspark_cli.artifacts.draft import load_draft_dir
+        from dspark_cli.export import verify_draft
+        from dspark_cli.targets import ChatFormat, load_tokenizer, target_location
 
         self.recipe = recipe
         self.draft_dir = str(draft_dir)

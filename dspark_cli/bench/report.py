@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.manifest import write_json_atomic
+from dspark_cli.artifacts.files import write_json_atomic
 
 
 def _fmt(value: Any, digits: int = 2) -> str:

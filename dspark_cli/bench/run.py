@@ -35,7 +35,7 @@ def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: b
         raise UsageError("nothing to benchmark", "pass DRAFT_DIR --offline, or --endpoint URL of a running server")
     if offline and draft_dir is None:
         draft_dir = recipe.stage_dir("export")
-    from dspark_cli.manifest import ensure_writable_dir
+    from dspark_cli.artifacts.files import ensure_writable_dir
 
     out_dir = ensure_writable_dir(recipe.stage_dir("bench"), "the bench report")  # before the work, not after
     result: dict[str, Any] = {

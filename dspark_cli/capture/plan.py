@@ -18,64 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.contract import Contract, config_sha256
+from dspark_cli.artifacts.datagen import datagen_manifest, iter_records
+from dspark_cli.contract import Contract
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.recipe import Recipe
+from dspark_cli.targets import TargetGeometry, target_geometry
 
 log = logging.getLogger(__name__)
 # How many target layers feed the draft when the recipe does not list them (Kimi-K3-DSpark reads 5).
 # Bytes per captured token besides the hidden states: input id (int32) + loss mask (bool).
 ID_BYTES, MASK_BYTES, HIDDEN_BYTES = 4, 1, 2
 SEQ_LEN_BYTES = 4  # one int32 length per sequence
-
-
-@dataclass(frozen=True)
-class TargetGeometry:
-    """What capture needs to know about the target, read from its config.json (or the recipe)."""
-
-    location: str  # local directory, or a hub id
-    model_type: str | None
-    num_hidden_layers: int
-    hidden_size: int
-    rms_norm_eps: float | None
-    config_sha256: str | None
-    vocab_size: int | None = None
-
-    @property
-    def is_kimi_k3(self) -> bool:
-        name = f"{self.model_type or ''} {self.location}".lower().replace("_", "-")
-        return "kimi-k3" in name
-
-
-def target_geometry(recipe: Recipe) -> TargetGeometry:
-    """Depth and width of the target from its local config.json, else from the recipe's declared values."""
-    from dspark_cli.targets.registry import resolve_target
-
-    local = resolve_target(recipe.target.model)
-    config: dict[str, Any] = {}
-    if local is not None and (Path(local) / "config.json").is_file():
-        raw = json.loads((Path(local) / "config.json").read_text(encoding="utf-8"))
-        config = raw.get("text_config", raw) if isinstance(raw.get("text_config"), dict) else raw
-        config.setdefault("model_type", raw.get("model_type"))
-    depth = config.get("num_hidden_layers", recipe.target.num_hidden_layers)
-    width = config.get("hidden_size", recipe.target.hidden_size)
-    if depth is None or width is None:
-        raise UsageError(f"target {recipe.target.model}: depth and hidden size unknown (not a local model directory)",
-                         "download it to a directory, or declare target.num_hidden_layers and target.hidden_size")
-    for name, declared, found in (("num_hidden_layers", recipe.target.num_hidden_layers, depth),
-                                  ("hidden_size", recipe.target.hidden_size, width)):
-        if declared is not None and declared != found:
-            raise ContractError(f"target.{name}: the recipe declares {declared}, the target's config.json has {found}",
-                                f"remove target.{name} or fix it")
-    return TargetGeometry(
-        location=str(local) if local is not None else recipe.target.model,
-        model_type=config.get("model_type"),
-        num_hidden_layers=int(depth),
-        hidden_size=int(width),
-        rms_norm_eps=config.get("rms_norm_eps"),
-        config_sha256=config_sha256(local),
-        vocab_size=config.get("vocab_size", recipe.target.vocab_size),
-    )
 
 
 def resolve_layer_ids(recipe: Recipe, num_hidden_layers: int) -> list[int]:
@@ -95,17 +48,6 @@ def resolve_layer_ids(recipe: Recipe, num_hidden_layers: int) -> list[int]:
             "use ids below the target's depth, or remove the field for the default spread",
         )
     return list(ids)
-
-
-def datagen_manifest(recipe: Recipe) -> dict[str, Any] | None:
-    """The manifest of the recipe's finished datagen output, or None when there is none yet."""
-    path = Path(recipe.stage_dir("datagen")) / "manifest.json"
-    if not path.is_file():
-        return None
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if manifest.get("kind") != "dspark.datagen" or not manifest.get("complete"):
-        return None
-    return manifest
 
 
 def contract_for_recipe(recipe: Recipe, *, geometry: TargetGeometry | None = None,
@@ -175,8 +117,6 @@ class CapturePlan:
 
     def samples(self) -> Iterator[tuple[int, str, list[int], list[int]]]:
         """(shard index, sequence id, input ids, loss mask) in plan order, streamed from the datagen shards."""
-        from dspark_cli.data.datagen import iter_records
-
         owner = {seq_id: shard.index for shard in self.shards for seq_id in shard.ids}
         limit = self.recipe.capture.max_seq_len
         for record in iter_records(self.datagen_dir):
@@ -188,8 +128,6 @@ class CapturePlan:
 
 def build_plan(recipe: Recipe) -> CapturePlan:
     """Read the finished datagen output and split its samples into shards of ~`capture.shard_tokens` tokens."""
-    from dspark_cli.data.datagen import iter_records
-
     datagen_dir = Path(recipe.stage_dir("datagen"))
     datagen = datagen_manifest(recipe)
     if datagen is None:

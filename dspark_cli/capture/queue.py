@@ -28,7 +28,7 @@ from dspark_cli.capture.shards import QUEUE_HINT, read_shard, shard_name, write_
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
-from dspark_cli.manifest import write_json_atomic
+from dspark_cli.artifacts.files import write_json_atomic
 
 STATUS_NAME = "queue.json"
 QUEUE_KIND = "dspark.capture.queue"

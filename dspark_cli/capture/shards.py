@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
-from dspark_cli.manifest import make_public, read_manifest, sha256_file
+from dspark_cli.artifacts.files import make_public, read_manifest, sha256_file
 
 SHARD_FORMAT = "dspark.capture.v1"
 MANIFEST_KIND = "dspark.capture"

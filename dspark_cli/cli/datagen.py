@@ -19,7 +19,7 @@ def datagen(
     dry_run: DryRunOpt = False,
 ) -> None:
     """Regenerate responses with the target itself (on-policy training data), resumably."""
-    from dspark_cli.data.datagen import run_datagen
+    from dspark_cli.datagen.run import run_datagen
     from dspark_cli.ui import progress_bar
 
     loaded = load(recipe, overrides, {"datagen.output_dir": output_dir, "datagen.engine": engine})

@@ -7,10 +7,9 @@ Importing this package is free: torch and transformers load only with the submod
 - build.py     `draft_config_from_recipe`, `draft_config_from_target`, `draft_config_from_values`
 - model.py     `DSparkDraftModel`: vLLM checkpoint names, many-anchor training forward
 - drafting.py  `ContextCache` + `draft_block`: one block per request from cached context K/V
-- roster.py    `tensor_roster`: name / shape / dtype of every exported tensor (meta device);
-               `export_dry_run`: that roster plus the config.json, for `dspark export --meta`
 - mla.py, gqa.py, heads.py, layers.py, attention.py: the pieces
 
 Numerics are checked against tests/reference/dspark_reference.py, a slow explicit
-re-implementation of vLLM's drafting step; rosters against tests/reference/vllm_rosters.py.
+re-implementation of vLLM's drafting step; the exported tensor roster (`export/roster.py`)
+against tests/reference/vllm_rosters.py.
 """

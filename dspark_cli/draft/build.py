@@ -20,7 +20,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from dspark_cli.contract import default_target_layer_ids, spread_layer_ids  # noqa: F401 - re-exported
+from dspark_cli.contract import default_target_layer_ids
 from dspark_cli.draft.config import GQA_FIELDS, MLA_FIELDS, DraftConfigError, DSparkDraftConfig
 
 logger = logging.getLogger(__name__)

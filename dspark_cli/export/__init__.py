@@ -1,4 +1,31 @@
-"""Export: trained draft -> vLLM draft directory (`writer.py`), static vLLM loader checks (`rules.py`).
+"""Export: trained draft -> vLLM draft directory (`writer.py`), static vLLM loader checks (`rules.py`),
+the checks every stage runs before it trusts an exported draft (`integrity.py`), and the tensors an
+export writes, listed on the meta device (`roster.py`: `tensor_roster`, `export_dry_run` for `--meta --dry-run`).
 
+    from dspark_cli.export import export_draft, verify_draft
+    verify_draft("runs/tiny/draft", "tiny-mla", doing="not serving it")   # the manifest, or one-line error
+
+Other stages import only the names below (from this package, never its modules). Reading a draft
+back (`load_draft_dir`, `read_draft_manifest`) is `dspark_cli.artifacts.draft`.
 Import-light: nothing here imports torch at package import.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {
+    "export_draft": "dspark_cli.export.writer",
+    "verify_draft": "dspark_cli.export.integrity",
+    "draft_findings": "dspark_cli.export.integrity",
+    "serving_findings": "dspark_cli.export.integrity",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dspark_cli.export' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -17,33 +17,18 @@ time of reading the weights once for a large one); nothing is hashed twice withi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
+from dspark_cli.artifacts.draft import read_draft_manifest
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.export.rules import Finding, check_draft_dir
-from dspark_cli.manifest import sha256_file
+from dspark_cli.artifacts.files import sha256_file
 
-MANIFEST = "dspark_manifest.json"
 REQUIRED = ("config.json", "model.safetensors")
 # environment the export writes into `serving.env`, and the values it writes
 SERVING_ENV = {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": ("0", "1")}
-
-
-def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:
-    """The draft's dspark_manifest.json; one-line UsageError when absent, DataError when unreadable."""
-    path = Path(draft_dir) / MANIFEST
-    if not path.is_file():
-        raise UsageError(f"{draft_dir} is not a dspark draft directory (no {MANIFEST})",
-                         "export one first: dspark export runs/NAME/train -o DIR")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as exc:
-        raise DataError(f"{path}: unreadable ({exc})", "export the draft again") from None
-    if not isinstance(data, dict) or data.get("kind") != "dspark.draft":
-        raise DataError(f"{path} is not the manifest of a dspark draft", "export the draft again")
-    return data
 
 
 def checksum_findings(draft_dir: Path, manifest: dict[str, Any]) -> list[Finding]:
@@ -69,7 +54,7 @@ def checksum_findings(draft_dir: Path, manifest: dict[str, Any]) -> list[Finding
 def target_findings(manifest: dict[str, Any], target: str | None) -> list[Finding]:
     """The draft against a target on this machine: was it trained for that target's config?"""
     from dspark_cli.contract import config_sha256
-    from dspark_cli.targets.registry import resolve_target
+    from dspark_cli.targets import resolve_target
 
     contract = manifest.get("contract") or {}
     expected = contract.get("target_config_sha256")
@@ -113,18 +98,18 @@ def draft_findings(draft_dir: str | Path, target: str | None = None, *,
     Without `require_manifest` (export --check of a draft made elsewhere), a directory without a
     manifest gets the static rules and a warning that nothing else could be checked.
     """
-    from dspark_cli.export.writer import target_config_of
+    from dspark_cli.targets import local_config
 
     draft_dir = Path(draft_dir)
     if not draft_dir.is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
     if not (draft_dir / MANIFEST).is_file() and not require_manifest:
-        findings = check_draft_dir(draft_dir, target_config_of(target))
+        findings = check_draft_dir(draft_dir, local_config(target))
         return {}, [*findings, Finding(MANIFEST, "missing: checksums, the trained-for target and serving settings "
                                        "were not checked", "export it with dspark", "warning")]
     manifest = read_draft_manifest(draft_dir)
     findings = checksum_findings(draft_dir, manifest)  # first: a changed file explains the findings after it
-    findings += check_draft_dir(draft_dir, target_config_of(target))
+    findings += check_draft_dir(draft_dir, local_config(target))
     return manifest, [*findings, *target_findings(manifest, target), *serving_findings(manifest)]
 
 

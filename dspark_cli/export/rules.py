@@ -159,8 +159,8 @@ def _check_gqa_config(config: dict[str, Any]) -> list[Finding]:
 
 def expected_tensors(config: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) of every tensor vLLM loads for this config (built on the meta device)."""
-    from dspark_cli.draft.roster import tensor_roster
-    from dspark_cli.export.source import draft_config_from_vllm_dict
+    from dspark_cli.export.roster import tensor_roster
+    from dspark_cli.artifacts.draft import draft_config_from_vllm_dict
 
     dtype = config.get("torch_dtype") or "bfloat16"
     roster = tensor_roster(draft_config_from_vllm_dict(config), dtype=dtype)

@@ -49,8 +49,8 @@ def meta_plan(recipe: Recipe) -> dict[str, Any]:
     Built on the meta device: no weights and no memory. The target's config is read when it is
     available here (its geometry fills the draft fields the recipe leaves unset).
     """
-    from dspark_cli.draft.roster import export_dry_run
-    from dspark_cli.recipe.checks import target_config
+    from dspark_cli.export.roster import export_dry_run
+    from dspark_cli.targets import target_config
 
     if recipe.export.format != "vllm":
         raise UsageError(f"--meta --dry-run lists the vllm format; export.format is {recipe.export.format}")
@@ -58,7 +58,7 @@ def meta_plan(recipe: Recipe) -> dict[str, Any]:
     if target_config(recipe) is not None:
         from transformers import AutoConfig
 
-        from dspark_cli.targets.registry import resolve_target
+        from dspark_cli.targets import resolve_target
 
         config = AutoConfig.from_pretrained(resolve_target(recipe.target.model))
     return export_dry_run(recipe.draft.model_dump(), recipe.target.model_dump(), config, recipe.export.dtype)

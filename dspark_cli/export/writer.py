@@ -24,11 +24,12 @@ from typing import Any
 from dspark_cli import __version__
 from dspark_cli.errors import DsparkError, NotBuiltError, UsageError
 from dspark_cli.export.rules import FP32_TENSORS, Finding, check_against_target, check_draft_dir, num_bytes
-from dspark_cli.export.source import LoadedDraft, load_draft_dir
-from dspark_cli.manifest import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
+from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
+from dspark_cli.artifacts.draft import LoadedDraft, load_draft_dir
+from dspark_cli.artifacts.files import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
                                  sha256_file, write_json_atomic)
+from dspark_cli.targets import local_config, resolve_target
 
-MANIFEST = "dspark_manifest.json"
 EXPORTED_FILES = ("config.json", "model.safetensors", "recipe.yaml")
 log = logging.getLogger(__name__)
 
@@ -43,23 +44,9 @@ class ExportError(DsparkError):
         super().__init__(f"{where}: {errors[0].line()}{more}", "`dspark export --check DIR` lists every finding")
 
 
-def target_config_of(target: str | None) -> dict[str, Any] | None:
-    """The target's config.json when it is on this machine (a bundled name or a local path), else None."""
-    if target is None:
-        return None
-    from dspark_cli.targets.registry import resolve_target
-
-    directory = resolve_target(target)
-    if directory is None or not (Path(directory) / "config.json").is_file():
-        return None
-    return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
-
-
 def _target_embeddings(target: str) -> dict[str, Any]:
     """The target's embed_tokens / lm_head weights, read from its safetensors files only."""
     from safetensors import safe_open
-
-    from dspark_cli.targets.registry import resolve_target
 
     directory = resolve_target(target)
     if directory is None:
@@ -154,7 +141,7 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     tensors = export_tensors(draft, dtype, embeddings)
     plan = plan_export(draft, dtype, tensors)
     try:
-        target_config = target_config_of(target)
+        target_config = local_config(target)
     except UsageError:
         if explicit:
             raise

@@ -27,7 +27,7 @@ def _front_matter(license_id: str, base_model: str | None) -> list[str]:
 
 
 def _serve_block(recipe: Any, draft_dir: Path, repo_id: str) -> list[str]:
-    from dspark_cli.serving.launch import serve_command, shell_line
+    from dspark_cli.serving import serve_command, shell_line
 
     argv, env = serve_command(recipe, draft_dir, draft_ref=repo_id)
     # the card is for other machines: the target by its hub id, not this machine's path to it

@@ -21,8 +21,8 @@ def _check_draft(draft_dir: Path, target: str | None) -> tuple[dict[str, Any], l
     The upload is an allow-list: the files export wrote (checksummed in the manifest), the manifest,
     and a README.md the user wrote. Anything else in the directory -- a key, a token, a symlink -- is
     refused by name rather than skipped, so the user sees what sits beside the draft."""
-    from dspark_cli.export.integrity import verify_draft
-    from dspark_cli.export.writer import MANIFEST
+    from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
+    from dspark_cli.export import verify_draft
 
     manifest = verify_draft(draft_dir, target, doing="nothing was uploaded")
     allowed = [*manifest["files"], MANIFEST, *CARD_FILES]

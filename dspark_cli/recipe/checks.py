@@ -8,53 +8,21 @@ Each problem is one line naming the recipe path and the fix.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.recipe.schema import Recipe
+from dspark_cli.targets import resolve_target, target_config, target_geometry
 
 _MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GQA_ONLY = ("num_key_value_heads", "head_dim")
 _MLA_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k3", "kimi_linear")
 
 
-def target_config(recipe: Recipe) -> dict[str, Any] | None:
-    """The target's config.json as a dict when it is local (bundled or a directory), else None.
-
-    None too when the target is unusable (unknown, no config.json, corrupt files): `_check_target`
-    reports that as the recipe's problem, so the checks that only need geometry stay quiet.
-    """
-    from dspark_cli.targets.files import check_target_files
-    from dspark_cli.targets.registry import resolve_target
-
-    try:
-        directory = resolve_target(recipe.target.model)
-        config = None if directory is None else check_target_files(directory)
-    except DsparkError:
-        return None
-    if config is None:
-        return None
-    text_config = config.get("text_config", config)
-    return text_config if isinstance(text_config, dict) else None
-
-
-def target_geometry(recipe: Recipe) -> dict[str, Any]:
-    """hidden_size, vocab_size, num_hidden_layers, model_type: from the local config, else declared."""
-    config = target_config(recipe) or {}
-    declared = recipe.target
-    return {
-        "hidden_size": config.get("hidden_size", declared.hidden_size),
-        "vocab_size": config.get("vocab_size", declared.vocab_size),
-        "num_hidden_layers": config.get("num_hidden_layers", declared.num_hidden_layers),
-        "model_type": config.get("model_type"),
-    }
-
-
 def draft_arch(recipe: Recipe) -> str | None:
     """`mla` or `gqa`: the recipe's choice, or inferred from the target's model type (None if unknown)."""
     if recipe.draft.arch != "auto":
         return recipe.draft.arch
-    model_type = target_geometry(recipe)["model_type"]
+    model_type = target_geometry(recipe, strict=False).model_type
     if model_type is None:
         return None
     return "mla" if model_type in _MLA_MODEL_TYPES else "gqa"
@@ -70,8 +38,6 @@ def check_recipe(recipe: Recipe) -> list[str]:
 
 
 def _check_target(recipe: Recipe) -> list[str]:
-    from dspark_cli.targets.registry import resolve_target
-
     try:
         resolve_target(recipe.target.model)
     except DsparkError as exc:  # unknown, no config.json, a corrupt config or truncated weights
@@ -105,13 +71,13 @@ def _check_draft(recipe: Recipe) -> list[str]:
             problems.append("draft.target_layer_ids: layer ids are 0-based and non-negative")
         elif sorted(set(ids)) != ids:
             problems.append(f"draft.target_layer_ids: must be unique and increasing, got {ids}")
-        depth = target_geometry(recipe)["num_hidden_layers"]
+        depth = target_geometry(recipe, strict=False).num_hidden_layers
         if ids and depth is not None and max(ids) >= depth:
             problems.append(
                 f"draft.target_layer_ids: layer {max(ids)} is beyond the target's {depth} layers "
                 f"(0-based: 0..{depth - 1}); output of layer k is transformers hidden_states[k+1]"
             )
-    vocab = target_geometry(recipe)["vocab_size"]
+    vocab = target_geometry(recipe, strict=False).vocab_size
     if draft.mask_token_id is not None and vocab is not None and draft.mask_token_id >= vocab:
         problems.append(f"draft.mask_token_id: {draft.mask_token_id} is outside the target vocabulary ({vocab})")
     return problems
@@ -147,7 +113,7 @@ def _check_stages(recipe: Recipe) -> list[str]:
             f"train.max_seq_len: {train.max_seq_len} exceeds target.max_model_len {recipe.target.max_model_len}"
         )
     if recipe.publish.repo_id is not None:
-        from dspark_cli.publish.hubs import repo_id_problem
+        from dspark_cli.publish import repo_id_problem
 
         problem = repo_id_problem(recipe.publish.repo_id)
         if problem:

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dspark_cli.errors import RecipeError, UsageError
-from dspark_cli.manifest import make_public
+from dspark_cli.artifacts.files import make_public
 from dspark_cli.recipe.schema import Recipe
 
 RESOLVED_NAME = "recipe.yaml"

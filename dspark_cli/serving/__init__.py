@@ -1,1 +1,27 @@
-"""Serving: the `vllm serve` command for a target with its DSpark draft (`launch.py`)."""
+"""Serving: the `vllm serve` command for a target with its DSpark draft (`launch.py`), the server's
+lifecycle (`launcher.py`) and the recipe a draft carries (`trust.py`).
+
+    from dspark_cli.serving import serve_command, shell_line
+    argv, env = serve_command(recipe, "runs/tiny/draft")
+
+Other stages import only the names below (publish renders the serve command on its model card).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {
+    "serve_command": "dspark_cli.serving.launch",
+    "serve_plan": "dspark_cli.serving.launch",
+    "shell_line": "dspark_cli.serving.launch",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dspark_cli.serving' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

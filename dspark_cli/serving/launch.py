@@ -21,14 +21,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.artifacts.draft import read_draft_manifest
 from dspark_cli.errors import DataError, UsageError
-
-
-def draft_manifest(draft_dir: Path) -> dict[str, Any]:
-    """The dspark_manifest.json of an exported draft, or a one-line UsageError (serve and publish need it)."""
-    from dspark_cli.export.integrity import read_draft_manifest
-
-    return read_draft_manifest(draft_dir)
 
 
 METHODS = ("dspark", "ngram", "none")
@@ -53,7 +47,7 @@ def serve_plan(recipe: Any, draft_dir: str | Path, *, method: str = "dspark",
     the target it was trained for, its serving env); a draft dir that does not exist yet gives the
     command for the recipe alone (`--dry-run --recipe R` before training). `none` and `ngram` serve the
     draft's target, so the draft is checked for them too (a baseline of another target compares nothing)."""
-    from dspark_cli.export.integrity import verify_draft
+    from dspark_cli.export import verify_draft
 
     if Path(draft_dir).exists():
         verify_draft(draft_dir, recipe.target.model, doing="not serving it")
@@ -87,15 +81,14 @@ def serve_command(recipe: Any, draft_dir: str | Path, *, draft_ref: str | None =
     """(argv, extra environment) of the `vllm serve` launch for `recipe` and the draft at `draft_dir`;
     `draft_ref` names the draft in the command instead of its local path (a hub repo id, for model cards);
     `vllm_args` are appended verbatim (after the recipe's `serve.extra_args`: the last one wins in vLLM)."""
-    from dspark_cli.targets.registry import resolve_target
+    from dspark_cli.targets import target_location
 
     draft_dir = Path(draft_dir)
-    manifest = draft_manifest(draft_dir) if draft_dir.exists() else {}
+    manifest = read_draft_manifest(draft_dir) if draft_dir.exists() else {}
     serving = manifest.get("serving", {})
     serve = recipe.serve
     spec = speculative_config(recipe, draft_dir, serving, method, draft_ref)
-    local = resolve_target(recipe.target.model)
-    target = str(local) if local is not None else recipe.target.model
+    target = target_location(recipe)
     argv = ["vllm", "serve", target, "--host", serve.host, "--port", str(serve.port),
             "--tensor-parallel-size", str(serve.tensor_parallel_size),
             "--gpu-memory-utilization", str(serve.gpu_memory_utilization),
@@ -110,7 +103,7 @@ def serve_command(recipe: Any, draft_dir: str | Path, *, draft_ref: str | None =
     if kwargs:
         argv += ["--default-chat-template-kwargs", json.dumps(kwargs)]
     argv += list(serve.extra_args) + list(vllm_args or [])
-    from dspark_cli.export.integrity import serving_findings
+    from dspark_cli.export import serving_findings
 
     refused = [f for f in serving_findings(manifest) if f.severity == "error"]
     if refused:  # never hand vLLM what a draft may not ask for, whoever calls this

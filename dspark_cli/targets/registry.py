@@ -41,7 +41,8 @@ def resolve_target(name_or_path: str) -> Path | None:
         if not (path / "config.json").is_file():
             raise UsageError(
                 f"bundled target {name_or_path!r} is missing its files at {path}",
-                "reinstall dspark, or rebuild it: python -m dspark_cli.targets.build_tiny --out " + str(TINY_DIR),
+                "reinstall dspark, or rebuild it in a source checkout: "
+                "python -m tools.tiny_targets.build_tiny --out " + str(TINY_DIR),
             )
         check_target_files(path)
         return path

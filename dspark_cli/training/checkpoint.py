@@ -36,7 +36,7 @@ import torch
 
 from dspark_cli.contract import Contract
 from dspark_cli.errors import ContractError, DataError, UsageError
-from dspark_cli.manifest import write_json_atomic
+from dspark_cli.artifacts.files import write_json_atomic
 from dspark_cli.training.distributed import DistEnv, barrier
 from dspark_cli.training.integrity import (SafePlanner, SafeReader, checkpoint_errors, hash_own_files,
                                           verify_checkpoint, write_checksums)

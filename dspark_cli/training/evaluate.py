@@ -29,7 +29,7 @@ from dspark_cli.training.target import load_target_embeddings
 
 def load_trained_draft(train_dir: str | Path, target_dir: str | Path) -> Any:
     """The consolidated draft of a training run (`final/`), with the target's embeddings attached."""
-    from dspark_cli.export.source import build_model, load_draft_dir
+    from dspark_cli.artifacts.draft import build_model, load_draft_dir
 
     loaded = load_draft_dir(train_dir)
     model = build_model(loaded.config, loaded.state_dict)

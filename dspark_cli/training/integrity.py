@@ -26,7 +26,6 @@ Exception` catches; `checkpoint_errors` turns it (and OS errors) into one-line d
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import pickle
@@ -41,7 +40,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from dspark_cli.errors import DataError, DsparkError
-from dspark_cli.manifest import sha256_file, write_json_atomic
+from dspark_cli.artifacts.files import sha256_file, write_json_atomic
 from dspark_cli.training.distributed import DistEnv
 
 CHECKSUMS = "checksums.json"

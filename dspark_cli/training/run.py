@@ -27,36 +27,9 @@ from typing import Any
 from dspark_cli.contract import Contract
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe import Recipe
+from dspark_cli.targets import mask_token_id, target_directory, target_geometry
 
 log = logging.getLogger(__name__)
-
-
-def target_directory(recipe: Recipe) -> Path:
-    from dspark_cli.targets.registry import resolve_target
-
-    path = resolve_target(recipe.target.model)
-    if path is not None:
-        return path
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(recipe.target.model, revision=recipe.target.revision, local_files_only=True,
-                                      allow_patterns=["*.json", "*.safetensors"]))
-    except Exception:  # noqa: BLE001 - any hub/cache failure means the same thing to the user
-        raise UsageError(f"target {recipe.target.model} is not available locally",
-                         f"download it first: hf download {recipe.target.model}") from None
-
-
-def resolve_mask_token(recipe: Recipe, target_dir: Path) -> int | None:
-    if recipe.draft.mask_token_id is not None:
-        return recipe.draft.mask_token_id
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(recipe.target.tokenizer or str(target_dir))
-    except (OSError, ValueError):
-        return None
-    return tokenizer.mask_token_id
 
 
 def build_draft_config(recipe: Recipe, target_dir: Path, layer_ids: list[int]):
@@ -67,12 +40,12 @@ def build_draft_config(recipe: Recipe, target_dir: Path, layer_ids: list[int]):
     config = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
     draft = recipe.draft.model_dump()
     draft["target_layer_ids"] = layer_ids  # capture's resolution, so the draft reads what was captured
-    draft["mask_token_id"] = resolve_mask_token(recipe, target_dir)
+    draft["mask_token_id"] = mask_token_id(recipe, target_dir)
     return draft_config_from_recipe(draft, recipe.target.model_dump(), target_config=config)
 
 
 def train_contract(recipe: Recipe, draft_config) -> Contract:
-    from dspark_cli.capture.plan import contract_for_recipe
+    from dspark_cli.capture import contract_for_recipe
 
     base = contract_for_recipe(recipe)
     return dataclasses.replace(base, mask_token_id=draft_config.mask_token_id, block_size=draft_config.block_size)
@@ -88,9 +61,9 @@ def capture_lengths(directory: str | Path, max_seq_len: int) -> list[int]:
     """
     from safetensors import SafetensorError, safe_open
 
-    from dspark_cli.capture.shards import RECAPTURE
+    from dspark_cli.capture import RECAPTURE
     from dspark_cli.errors import DataError
-    from dspark_cli.manifest import read_manifest
+    from dspark_cli.artifacts.files import read_manifest
 
     directory = Path(directory)
     lengths = []
@@ -118,8 +91,8 @@ def _offline_source(recipe: Recipe, contract: Contract, env) -> tuple[Callable[[
     file is missing (a damaged shard's error says to delete it): it resumes, rewriting just those.
     A complete capture made with other capture settings is refused rather than trained on."""
     from dspark_cli.capture import iter_captured
-    from dspark_cli.capture.shards import damaged_shards
-    from dspark_cli.manifest import read_manifest
+    from dspark_cli.capture import damaged_shards
+    from dspark_cli.artifacts.files import read_manifest
     from dspark_cli.training.distributed import barrier
 
     directory = Path(recipe.stage_dir("capture"))
@@ -200,7 +173,7 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
 def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[str, Any]], None] | None = None,
               sequences: Callable[[], Iterable[Any]] | None = None) -> dict[str, Any]:
     """Train the draft the recipe describes; returns the summary also written to manifest.json (rank 0)."""
-    from dspark_cli.capture.plan import resolve_layer_ids, target_geometry
+    from dspark_cli.capture import resolve_layer_ids
     from dspark_cli.training.distributed import init_distributed, shutdown
 
     env = init_distributed()

@@ -26,7 +26,7 @@ import torch
 from dspark_cli import __version__
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
-from dspark_cli.manifest import make_public, sha256_file, write_json_atomic
+from dspark_cli.artifacts.files import make_public, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
 from dspark_cli.training.checkpoint import clean_stale, load_checkpoint, resolve_resume, save_checkpoint
 from dspark_cli.training.data import StepStream, prepare

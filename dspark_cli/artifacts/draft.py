@@ -1,4 +1,4 @@
-"""Where an export reads a trained draft from, and how a draft directory is read back.
+"""A draft on disk, read back: a training output or an exported draft directory, and its manifest.
 
 Accepted inputs (`dspark export CHECKPOINT`):
 - a training output directory (`runs/tiny/train`): its consolidated `final/` is used, and its
@@ -7,6 +7,10 @@ Accepted inputs (`dspark export CHECKPOINT`):
 
     draft = load_draft_dir("runs/tiny/train")       # -> LoadedDraft(config, state_dict, manifest)
     model = build_model(draft.config, draft.state_dict)
+    manifest = read_draft_manifest("runs/tiny/draft")  # dspark_manifest.json of an export, or one-line error
+
+Every stage that loads a draft (training's evaluation, bench, serve, publish) reads it here; the
+checks an exported draft must pass before it is trusted are `dspark_cli.export.verify_draft`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,22 @@ from dspark_cli.errors import DataError, UsageError
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+DRAFT_MANIFEST = "dspark_manifest.json"  # what export writes next to the draft's files
+
+
+def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:
+    """The draft's dspark_manifest.json; one-line UsageError when absent, DataError when unreadable."""
+    path = Path(draft_dir) / DRAFT_MANIFEST
+    if not path.is_file():
+        raise UsageError(f"{draft_dir} is not a dspark draft directory (no {DRAFT_MANIFEST})",
+                         "export one first: dspark export runs/NAME/train -o DIR")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise DataError(f"{path}: unreadable ({exc})", "export the draft again") from None
+    if not isinstance(data, dict) or data.get("kind") != "dspark.draft":
+        raise DataError(f"{path} is not the manifest of a dspark draft", "export the draft again")
+    return data
 
 
 @dataclass

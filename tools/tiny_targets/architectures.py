@@ -1,6 +1,6 @@
 """Architectures of the bundled tiny targets, one per family dspark serves.
 
-    python -m dspark_cli.targets.architectures     # parameter counts and bf16 sizes of both
+    python -m tools.tiny_targets.architectures     # parameter counts and bf16 sizes of both
 
 `tiny-mla` is a `DeepseekV3ForCausalLM` (the Kimi-K3 / DeepSeek-V3 family): vLLM's CPU MLA kernel only
 handles a 576-wide latent, so `kv_lora_rank + qk_rope_head_dim = 512 + 64` exactly as on K3; `q_lora_rank`

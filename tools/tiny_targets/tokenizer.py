@@ -1,6 +1,6 @@
 """The tiny targets' shared tokenizer: byte-level BPE trained here, chat special tokens, a chat template.
 
-    python -m dspark_cli.targets.build_tiny --out /tmp/tiny     # trains it as the build's first step
+    python -m tools.tiny_targets.build_tiny --out /tmp/tiny     # trains it as the build's first step
 
 Token ids 0..5 are the special tokens (fixed, so they never depend on BPE training):
 `<|pad|>` 0, `<|end|>` 1 (EOS, closes every turn), `<|system|>` 2, `<|user|>` 3, `<|assistant|>` 4,

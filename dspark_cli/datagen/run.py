@@ -17,22 +17,22 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from dspark_cli import __version__
-from dspark_cli.data.chat import ChatFormat
-from dspark_cli.data.conversation import Conversation
-from dspark_cli.data.engines import Engine, Sampling
-from dspark_cli.data.filters import FilterReport, eval_fingerprints, filter_conversations
-from dspark_cli.data.shards import PartialShard, read_jsonl, shard_path
-from dspark_cli.data.sources import read_source, source_name
-from dspark_cli.errors import DataError, UsageError
-from dspark_cli.manifest import MANIFEST_NAME, resumable_manifest, sha256_file, write_json_atomic
+from dspark_cli.prompts.conversation import Conversation
+from dspark_cli.datagen.engines import Engine, Sampling
+from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations
+from dspark_cli.artifacts.jsonl import PartialShard, read_jsonl, shard_path
+from dspark_cli.prompts.sources import read_source, source_name
+from dspark_cli.errors import UsageError
+from dspark_cli.artifacts.files import MANIFEST_NAME, resumable_manifest, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
+from dspark_cli.targets import ChatFormat, load_tokenizer, target_location
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]  # (conversations done, total, tokens generated so far)
@@ -54,26 +54,6 @@ class DatagenPlan:
     def shards(self, shard_size: int) -> list[list[Conversation]]:
         convs = self.conversations
         return [convs[i : i + shard_size] for i in range(0, len(convs), shard_size)]
-
-
-def target_location(recipe: Recipe) -> str:
-    """Local directory of the target (bundled name or path), or its hub repo id."""
-    from dspark_cli.targets.registry import resolve_target
-
-    local = resolve_target(recipe.target.model)
-    return str(local) if local is not None else recipe.target.model
-
-
-def load_tokenizer(recipe: Recipe) -> Any:
-    from transformers import AutoTokenizer
-
-    name = recipe.target.tokenizer or target_location(recipe)
-    try:
-        return AutoTokenizer.from_pretrained(name, revision=recipe.target.revision,
-                                             trust_remote_code=recipe.target.trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot load the tokenizer of {name}: {str(exc).splitlines()[0][:200]}",
-                         "check target.model / target.tokenizer (offline: a local directory)") from None
 
 
 def eval_exclusions(recipe: Recipe) -> set[str]:
@@ -180,14 +160,14 @@ def make_engine(recipe: Recipe, plan: DatagenPlan, llm: Any = None) -> Engine | 
     common = {"dtype": recipe.target.dtype, "trust_remote_code": recipe.target.trust_remote_code,
               "revision": recipe.target.revision}
     if datagen.engine == "hf":
-        from dspark_cli.data.engines import HFEngine
+        from dspark_cli.datagen.engines import HFEngine
 
         return HFEngine(plan.target_path, plan.chat.tokenizer, sampling, **common)
     if datagen.endpoint:
-        from dspark_cli.data.engines import EndpointEngine
+        from dspark_cli.datagen.engines import EndpointEngine
 
         return EndpointEngine(datagen.endpoint, sampling)
-    from dspark_cli.data.engines import VLLMEngine
+    from dspark_cli.datagen.engines import VLLMEngine
 
     return VLLMEngine(plan.target_path, plan.chat.tokenizer, sampling, max_model_len=recipe.target.max_model_len,
                       tensor_parallel_size=datagen.tensor_parallel_size,
@@ -273,18 +253,3 @@ def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress 
                     "tokens_per_second": round(tokens / elapsed, 1) if elapsed > 0 else None})
     log.info("datagen: %d conversations in %d shards -> %s", len(plan.conversations), len(shards), plan.out_dir)
     return summary
-
-
-def iter_records(directory: str | Path) -> Iterator[dict[str, Any]]:
-    """Read a finished datagen directory back, verifying every shard's checksum against the manifest."""
-    from dspark_cli.manifest import read_manifest
-
-    directory = Path(directory)
-    manifest = read_manifest(directory)
-    if manifest.get("kind") != "dspark.datagen" or not manifest.get("complete"):
-        raise DataError(f"{directory}: not a finished datagen output", "run (or finish) `dspark datagen` first")
-    for entry in manifest["shards"]:
-        path = directory / entry["file"]
-        if not path.is_file() or sha256_file(path) != entry["sha256"]:
-            raise DataError(f"{path}: missing or checksum mismatch", "re-run `dspark datagen` to regenerate it")
-        yield from read_jsonl(path)

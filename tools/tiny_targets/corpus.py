@@ -1,6 +1,6 @@
 """The tiny targets' chat corpus: the running Python's standard library as instruction -> response pairs.
 
-    python -m dspark_cli.targets.corpus            # counts per split and task, and three samples
+    python -m tools.tiny_targets.corpus            # counts per split and task, and three samples
 
 Every machine has the stdlib source, under the PSF license, so the corpus is rebuilt rather than shipped.
 Each top-level function, method, class and module with a docstring becomes one or more chat turns:

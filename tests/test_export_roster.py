@@ -17,7 +17,7 @@ from test_draft_config import K3_DRAFT, K3_TARGET, QWEN3_8B_DRAFT, QWEN3_8B_TARG
 
 from dspark_cli.draft.build import draft_config_from_recipe  # noqa: E402
 from dspark_cli.draft.config import vllm_config_dict  # noqa: E402
-from dspark_cli.draft.roster import build_meta_model, tensor_roster  # noqa: E402
+from dspark_cli.export.roster import build_meta_model, tensor_roster  # noqa: E402
 
 
 def _load(engine, cfg, roster):
@@ -164,7 +164,7 @@ def test_name_mapping_agrees_with_vllms_own_mappers():
 def test_export_dry_run_plan_is_json_and_consistent():
     import json
 
-    from dspark_cli.draft.roster import export_dry_run
+    from dspark_cli.export.roster import export_dry_run
 
     plan = export_dry_run({**K3_DRAFT}, K3_TARGET)
     assert json.loads(json.dumps(plan)) == plan

@@ -1,6 +1,6 @@
 """Held-out quality of a tiny target: teacher-forced loss / next-token accuracy, EOS share, `ast.parse` share.
 
-    python -m dspark_cli.targets.eval_tiny tiny-mla        # the card's numbers, recomputed from the shipped files
+    python -m tools.tiny_targets.eval_tiny tiny-mla        # the card's numbers, recomputed from the shipped files
 
 Shared by the build (which writes the numbers into the card) and tests/test_tiny_targets.py (which recomputes
 them with thresholds). Accuracy and loss cover assistant tokens and their EOS only, as in training.
@@ -14,7 +14,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 
-from dspark_cli.targets.corpus import Pair
+from tools.tiny_targets.corpus import Pair
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def held_out_metrics(model, tokenizer, pairs: list[Pair], batch_size: int = 32) 
     """Teacher-forced cross-entropy and top-1 accuracy on the assistant turn of every pair."""
     import torch
 
-    from dspark_cli.targets.tokenizer import encode_chat
+    from tools.tiny_targets.tokenizer import encode_chat
 
     total_loss, correct, count = 0.0, 0, 0
     encoded = [encode_chat(tokenizer, p.messages()) for p in pairs]
@@ -121,7 +121,7 @@ def evaluate_dir(path: str, num_held_out: int | None = None) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dspark_cli.targets.corpus import build_corpus, eval_prompts
+    from tools.tiny_targets.corpus import build_corpus, eval_prompts
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -139,7 +139,7 @@ def evaluate_dir(path: str, num_held_out: int | None = None) -> dict:
 
 
 def main() -> None:
-    from dspark_cli.targets.registry import resolve_target
+    from dspark_cli.targets import resolve_target
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target", help="tiny-mla, tiny-gqa or a directory")

@@ -1,6 +1,6 @@
 """Train one tiny target on the tokenized stdlib chat corpus (one process, one fixed thread count).
 
-    python -m dspark_cli.targets.build_tiny --out /tmp/tiny --steps 20     # a 1-minute smoke run of the build
+    python -m tools.tiny_targets.build_tiny --out /tmp/tiny --steps 20     # a 1-minute smoke run of the build
 
 Called by `build_tiny` once per target, each in its own process so the two train side by side on 2 cores.
 Conversations are packed whole into rows of `seq_len` tokens (first fit, in a seeded shuffle order, the rest

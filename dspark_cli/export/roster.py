@@ -1,6 +1,6 @@
 """The tensors an export writes, listed without allocating them (meta device).
 
-    from dspark_cli.draft.roster import tensor_roster
+    from dspark_cli.export.roster import tensor_roster
     for t in tensor_roster(cfg):           # cfg: DSparkDraftConfig
         print(t["name"], t["shape"], t["dtype"])
     plan = export_dry_run(recipe.draft.model_dump(), recipe.target.model_dump())  # + config.json

@@ -1,6 +1,6 @@
 """The README.md card written next to each tiny target's weights, from its build.json record.
 
-    python -m dspark_cli.targets.build_tiny --out dspark_cli/targets/tiny     # writes both cards
+    python -m tools.tiny_targets.build_tiny --out dspark_cli/targets/tiny     # writes both cards
 """
 
 from __future__ import annotations
@@ -55,12 +55,12 @@ Architecture `{arch}`, {record['num_params'] / 1e6:.2f} M parameters, weights st
 (`model.safetensors`, {size_mb:.2f} MB); `config.json` says `dtype: float32`, so engines compute in float32.
 Resolve it anywhere dspark takes a target: `target.model: {name}`.
 
-Rebuild (deterministic, CPU): `python -m dspark_cli.targets.build_tiny --out dspark_cli/targets/tiny`.
+Rebuild (deterministic, CPU): `python -m tools.tiny_targets.build_tiny --out dspark_cli/targets/tiny`.
 
 ## Corpus and license
 
 The Python {record['python']} standard library's own source (PSF License Agreement, a permissive,
-GPL-compatible license), turned into single-turn chats by `dspark_cli/targets/corpus.py`: "Write a Python
+GPL-compatible license), turned into single-turn chats by `tools/tiny_targets/corpus.py`: "Write a Python
 function `f(args)` that ..." -> the function's source, "Explain what `module.f` does." -> its docstring's first
 paragraph, signature and module questions; a third get one of three system prompts. Split by a hash of the
 object's qualified name: {record['num_train_pairs']} training pairs, {record['num_held_out_pairs']} held out
@@ -100,7 +100,7 @@ model's share is about {(record['prepare_s'] + train['steps'] * record['step_s_p
 
 ## Held-out quality
 
-Computed in float32 from the shipped files (`python -m dspark_cli.targets.eval_tiny {name}`); greedy decoding,
+Computed in float32 from the shipped files (`python -m tools.tiny_targets.eval_tiny {name}`); greedy decoding,
 limit {256} new tokens.
 
 | metric | value |

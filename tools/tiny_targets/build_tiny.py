@@ -1,8 +1,8 @@
 """Rebuild the bundled tiny targets (tiny-mla, tiny-gqa) from scratch, deterministically, on CPU.
 
-    python -m dspark_cli.targets.build_tiny --out dspark_cli/targets/tiny              # the shipped weights
-    python -m dspark_cli.targets.build_tiny --out /tmp/tiny --steps 20 --eval-held-out 64   # ~2 min smoke run
-    python -m dspark_cli.targets.build_tiny --out dspark_cli/targets/tiny --cards-only  # re-render the cards
+    python -m tools.tiny_targets.build_tiny --out dspark_cli/targets/tiny              # the shipped weights
+    python -m tools.tiny_targets.build_tiny --out /tmp/tiny --steps 20 --eval-held-out 64   # ~2 min smoke run
+    python -m tools.tiny_targets.build_tiny --out dspark_cli/targets/tiny --cards-only  # re-render the cards
 
 Steps: (1) the stdlib chat corpus (`corpus.py`), (2) one byte-level BPE tokenizer for both (`tokenizer.py`),
 (3) both models trained side by side, one process and one thread each (`train_tiny.py`), saved in bf16,
@@ -25,7 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from dspark_cli.targets.card import write_card
+from tools.tiny_targets.card import write_card
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 TARGETS = ("tiny-mla", "tiny-gqa")
 # Steps per target, chosen so both finish together on 2 cores (an MLA step costs ~1.3x a GQA step on CPU).
@@ -37,9 +39,9 @@ def _prepare(build_dir: Path, vocab_size: int) -> dict:
     """Corpus + tokenizer; saves the tokenizer into each target dir and the packed rows for the workers."""
     import torch
 
-    from dspark_cli.targets.corpus import build_corpus, python_version
-    from dspark_cli.targets.tokenizer import encode_chat, train_tokenizer
-    from dspark_cli.targets.train_tiny import TrainConfig, pack_rows
+    from tools.tiny_targets.corpus import build_corpus, python_version
+    from tools.tiny_targets.tokenizer import encode_chat, train_tokenizer
+    from tools.tiny_targets.train_tiny import TrainConfig, pack_rows
 
     t0 = time.time()
     corpus = build_corpus()
@@ -72,9 +74,9 @@ def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None) -
     import torch
     from transformers import AutoTokenizer, GenerationConfig
 
-    from dspark_cli.targets.architectures import ARCHITECTURES
-    from dspark_cli.targets.eval_tiny import evaluate_dir
-    from dspark_cli.targets.train_tiny import TrainConfig, config_dict, train
+    from tools.tiny_targets.architectures import ARCHITECTURES
+    from tools.tiny_targets.eval_tiny import evaluate_dir
+    from tools.tiny_targets.train_tiny import TrainConfig, config_dict, train
 
     out = build_dir / name
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -121,9 +123,11 @@ def build(out: Path, steps: dict[str, int], vocab_size: int = VOCAB_SIZE, eval_h
     # Two processes, one thread each: the 2 cores train both models at once, and a single-threaded model
     # is bit-reproducible regardless of how many cores the rebuilding machine has.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # the workers import tools.tiny_targets from this checkout, wherever the build is started from
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     procs = {}
     for name in TARGETS:
-        cmd = [sys.executable, "-m", "dspark_cli.targets.build_tiny", "--worker", name, "--out", str(out),
+        cmd = [sys.executable, "-m", "tools.tiny_targets.build_tiny", "--worker", name, "--out", str(out),
                "--steps", str(steps[name])]
         if eval_held_out:
             cmd += ["--eval-held-out", str(eval_held_out)]

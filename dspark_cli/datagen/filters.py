@@ -5,7 +5,7 @@ Evaluation prompts are excluded by the hash of each normalised user turn (see
 question is dropped too. `mt_bench` is built in as fingerprints (`eval_sets/mt_bench.sha256`,
 no text); any other entry is a prompt file or dataset in a schema datagen reads.
 
-    python -m dspark_cli.data.filters --fingerprint question.jsonl > eval_sets/NAME.sha256
+    python -m dspark_cli.datagen.filters --fingerprint question.jsonl > eval_sets/NAME.sha256
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_cli.data.conversation import Conversation, prompt_hash, turn_hashes
+from dspark_cli.prompts.conversation import Conversation, prompt_hash, turn_hashes
 from dspark_cli.errors import UsageError
 
 EVAL_SET_DIR = Path(__file__).with_name("eval_sets")
@@ -32,7 +32,7 @@ def eval_fingerprints(name: str) -> set[str]:
     if builtin.is_file():
         lines = builtin.read_text(encoding="utf-8").splitlines()
         return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
-    from dspark_cli.data.sources import read_source
+    from dspark_cli.prompts.sources import read_source
     from dspark_cli.recipe.schema import PromptSource
 
     hashes: set[str] = set()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.data.conversation import Conversation, to_conversation
+from dspark_cli.prompts.conversation import Conversation, to_conversation
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import PromptSource
 
@@ -52,7 +52,7 @@ def _looks_local(path: str) -> bool:
 
 
 def _bundled(path: str) -> Path | None:
-    from dspark_cli.data.bundled import bundled_dataset
+    from dspark_cli.prompts.bundled import bundled_dataset
 
     return bundled_dataset(path)
 

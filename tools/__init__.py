@@ -1,0 +1,1 @@
+"""Maintainer tools, not shipped in the dspark package."""
