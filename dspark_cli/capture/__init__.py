@@ -15,7 +15,7 @@ Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `hf.py
 
 from __future__ import annotations
 
-from typing import Any
+from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {
     "plan_capture": "dspark_cli.capture.plan",
@@ -35,10 +35,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dspark_cli.capture' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -13,15 +13,9 @@ output is read back by `dspark_cli.artifacts.datagen`. Importing this package is
 
 from __future__ import annotations
 
-from typing import Any
+from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {"plan_datagen": "dspark_cli.datagen.run", "run_datagen": "dspark_cli.datagen.run"}
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dspark_cli.datagen' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

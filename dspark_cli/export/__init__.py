@@ -12,7 +12,7 @@ Import-light: nothing here imports torch at package import.
 
 from __future__ import annotations
 
-from typing import Any
+from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {
     "export_draft": "dspark_cli.export.writer",
@@ -22,10 +22,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dspark_cli.export' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -15,7 +15,7 @@ Other packages import only the names below: `repo_id_problem` (recipe validation
 
 from __future__ import annotations
 
-from typing import Any
+from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {
     "preflight": "dspark_cli.publish.run",
@@ -26,10 +26,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dspark_cli.publish' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

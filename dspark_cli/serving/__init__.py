@@ -9,7 +9,7 @@ Other stages import only the names below (publish renders the serve command on i
 
 from __future__ import annotations
 
-from typing import Any
+from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {
     "serve_command": "dspark_cli.serving.launch",
@@ -18,10 +18,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'dspark_cli.serving' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
