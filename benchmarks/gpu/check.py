@@ -67,15 +67,15 @@ def has_cuda() -> bool:
 # 1. numerics
 # --------------------------------------------------------------------------------------------------
 
-def _tiny_setup(arch: str):
+def _tiny_setup(arch: str, overrides: tuple[str, ...] = ()):
     """(recipe, target_dir, draft_config) of the tiny recipe on the bundled target of `arch`."""
     from dspark_cli.capture.plan import resolve_layer_ids
     from dspark_cli.recipe import load_recipe
     from dspark_cli.targets import target_directory, target_geometry
     from dspark_cli.training.run import build_draft_config
 
-    overrides = [] if arch == "mla" else ["target.model=tiny-gqa", "draft.arch=gqa"]
-    recipe = load_recipe("tiny", overrides)
+    target = [] if arch == "mla" else ["target.model=tiny-gqa", "draft.arch=gqa"]
+    recipe = load_recipe("tiny", [*target, *overrides])
     target_dir = target_directory(recipe)
     layer_ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
     return recipe, target_dir, build_draft_config(recipe, target_dir, layer_ids)
@@ -103,23 +103,20 @@ def _synthetic_examples(config, num: int, lengths: list[int], num_anchors: int, 
     return out
 
 
-def _forward_backward(recipe, config, target_dir, examples, device: str, dtype, attn: str, compile: bool):
-    """(logits [S, V] fp32 on CPU, loss, {name: grad fp32 CPU}) of one micro-batch, from seed-0 weights."""
+def _forward_backward(arch: str, examples, device: str, dtype, attn: str, compile: bool):
+    """(logits [S, V] fp32 on CPU, loss, {name: grad fp32 CPU}) of one micro-batch, from the trainer's
+    seeded weights (`build_step_module`), with `draft.attention` and `train.compile` as given."""
     import torch
 
-    from dspark_cli.draft.model import DSparkDraftModel
     from dspark_cli.training.data import collate
-    from dspark_cli.training.step import LossConfig, TrainStep, local_weight, trainable_slots
-    from dspark_cli.training.target import load_target_embeddings
+    from dspark_cli.training.distributed import DistEnv
+    from dspark_cli.training.session import build_step_module
+    from dspark_cli.training.step import local_weight, trainable_slots
 
-    torch.manual_seed(0)
-    model = DSparkDraftModel(config, attn_impl=attn)
-    model.init_weights(generator=torch.Generator().manual_seed(0))
-    embed, lm_head = load_target_embeddings(target_dir, dtype=torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
-    model.set_target_embeddings(embed, lm_head)
-    loss_cfg = recipe.train.loss
-    step = TrainStep(model, LossConfig(ce=loss_cfg.ce, l1=loss_cfg.l1, confidence=loss_cfg.confidence,
-                                       gamma=loss_cfg.slot_decay_gamma), compile=compile).to(device)
+    recipe, target_dir, config = _tiny_setup(arch, (f"draft.attention={attn}",
+                                                    f"train.compile={str(compile).lower()}"))
+    step = build_step_module(recipe, config, target_dir, DistEnv(0, 1, 0, torch.device(device)), dtype)
+    model, loss_cfg = step.draft, recipe.train.loss
     batch = collate(examples, dtype).to(torch.device(device))
     ok = trainable_slots(batch, config.block_size)
     weight = local_weight(ok, loss_cfg.slot_decay_gamma)
@@ -158,12 +155,12 @@ def section_numerics(smoke: bool) -> dict[str, Any]:
         log("numerics: no CUDA device: the CUDA rows are skipped (the CPU reference and bf16 calibration run)")
     failures = []
     for arch in ("mla", "gqa"):
-        recipe, target_dir, config = _tiny_setup(arch)
+        config = _tiny_setup(arch)[2]
         examples = _synthetic_examples(config, num=2, lengths=[96, 128] if not smoke else [40, 48], num_anchors=16)
         started = time.perf_counter()
-        ref = _forward_backward(recipe, config, target_dir, examples, "cpu", torch.float32, "auto", False)
+        ref = _forward_backward(arch, examples, "cpu", torch.float32, "auto", False)
         rows: dict[str, Any] = {"fp32_cpu": {"loss": ref[1]}}
-        bf16_cpu = _compare(ref, _forward_backward(recipe, config, target_dir, examples, "cpu", torch.bfloat16,
+        bf16_cpu = _compare(ref, _forward_backward(arch, examples, "cpu", torch.bfloat16,
                                                    "sdpa", False))
         rows["bf16_cpu"] = bf16_cpu
         variants = [("fp32_cuda_flex", torch.float32, False), ("bf16_cuda_flex", torch.bfloat16, False),
@@ -173,7 +170,7 @@ def section_numerics(smoke: bool) -> dict[str, Any]:
                 rows[name] = {"status": "skipped: no CUDA device"}
                 continue
             try:
-                row = _compare(ref, _forward_backward(recipe, config, target_dir, examples, "cuda", dtype, "flex",
+                row = _compare(ref, _forward_backward(arch, examples, "cuda", dtype, "flex",
                                                       compiled))
             except Exception as exc:  # noqa: BLE001 - a failing variant is a result, the others still run
                 rows[name] = {"status": f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
@@ -299,12 +296,10 @@ def _template_config(template: str, smoke: bool):
 def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str, Any]:
     import torch
 
-    from dspark_cli.draft.model import DSparkDraftModel
     from dspark_cli.training.data import Step
     from dspark_cli.training.distributed import DistEnv
     from dspark_cli.training.loop import LoopConfig, train_step
-    from dspark_cli.training.session import make_optimizer
-    from dspark_cli.training.step import LossConfig, TrainStep
+    from dspark_cli.training.session import build_step_module, make_optimizer
 
     recipe, config = _template_config(template, smoke)
     train = recipe.train
@@ -314,16 +309,11 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
     num_anchors = 8 if smoke else train.num_anchors
     started = time.perf_counter()
     bf16 = device.type == "cuda"
-    torch.manual_seed(0)
-    model = DSparkDraftModel(config, attn_impl=recipe.draft.attention)
-    model.init_weights(generator=torch.Generator().manual_seed(0))
     emb_dtype = torch.bfloat16 if bf16 else torch.float32
-    model.set_target_embeddings(torch.randn(config.vocab_size, config.target_hidden_size, dtype=emb_dtype),
-                                torch.randn(config.vocab_size, config.target_hidden_size, dtype=emb_dtype) * 0.02)
-    loss = train.loss
-    module = TrainStep(model, LossConfig(ce=loss.ce, l1=loss.l1, confidence=loss.confidence,
-                                         gamma=loss.slot_decay_gamma), compile=train.compile).to(device)
+    embeddings = (torch.randn(config.vocab_size, config.target_hidden_size, dtype=emb_dtype),
+                  torch.randn(config.vocab_size, config.target_hidden_size, dtype=emb_dtype) * 0.02)
     env = DistEnv(0, 1, 0, device)
+    module = build_step_module(recipe, config, None, env, emb_dtype, embeddings=embeddings)
     optimizer = make_optimizer(module, recipe, env)
     build_s = time.perf_counter() - started
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)

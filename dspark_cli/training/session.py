@@ -42,15 +42,18 @@ from dspark_cli.training.target import load_target_embeddings
 log = logging.getLogger(__name__)
 
 
-def build_step_module(recipe: Recipe, draft_config: Any, target_dir: Path, env: DistEnv,
-                      embed_dtype: torch.dtype) -> TrainStep:
+def build_step_module(recipe: Recipe, draft_config: Any, target_dir: Path | None, env: DistEnv,
+                      embed_dtype: torch.dtype, *, embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
+                      ) -> TrainStep:
+    """The seeded draft with the target's frozen embed_tokens / lm_head (read from `target_dir`, or
+    `embeddings` given directly, e.g. synthetic ones for benchmarks), its objective, on `env`'s device."""
     from dspark_cli.draft.model import DSparkDraftModel
 
     train = recipe.train
     torch.manual_seed(train.seed)
     model = DSparkDraftModel(draft_config, attn_impl=recipe.draft.attention)
     model.init_weights(generator=torch.Generator().manual_seed(train.seed))
-    embed, lm_head = load_target_embeddings(target_dir, dtype=embed_dtype)
+    embed, lm_head = embeddings or load_target_embeddings(target_dir, dtype=embed_dtype)
     model.set_target_embeddings(embed, lm_head)
     loss = LossConfig(ce=train.loss.ce, l1=train.loss.l1, confidence=train.loss.confidence,
                       gamma=train.loss.slot_decay_gamma)
