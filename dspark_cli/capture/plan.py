@@ -115,6 +115,13 @@ class CapturePlan:
         return shard_tensor_bytes(shard.tokens, shard.loss_tokens, len(shard.ids), len(self.layer_ids),
                                   self.geometry.hidden_size)
 
+    def worker_shards(self, worker: int, workers: int) -> list[ShardPlan]:
+        """The shards capture worker `worker` of `workers` owns: a deterministic, disjoint share whose
+        union over the workers is the whole plan (shard i belongs to worker i % workers)."""
+        if not 0 <= worker < workers:
+            raise ValueError(f"worker {worker} is not one of 0..{workers - 1}")
+        return [shard for shard in self.shards if shard.index % workers == worker]
+
     def samples(self) -> Iterator[tuple[int, str, list[int], list[int]]]:
         """(shard index, sequence id, input ids, loss mask) in plan order, streamed from the datagen shards."""
         owner = {seq_id: shard.index for shard in self.shards for seq_id in shard.ids}

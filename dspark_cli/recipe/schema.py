@@ -116,6 +116,10 @@ class CaptureSection(Section):
     max_seq_len: int = Field(4096, gt=0, description="Truncate conversations longer than this (tokens).")
     shard_tokens: int = Field(262144, gt=0, description="Tokens per safetensors shard.")
     queue_max_shards: int = Field(2, gt=0, description="Online mode: most shards held on disk at once.")
+    workers: int = Field(
+        1, gt=0, description="Capture worker processes, each with its own engine; worker w captures the "
+        "planned shards w, w + workers, w + 2 * workers, ... (offline workers, online producers)."
+    )
     aux_attn_res_stream: bool = Field(
         False, description="Kimi-K3 only: value of VLLM_KIMI_K3_AUX_ATTN_RES_STREAM at capture; "
         "serving must use the same value."
