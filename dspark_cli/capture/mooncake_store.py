@@ -1,0 +1,289 @@
+"""The Mooncake store as an online stream's store, for clusters without a shared filesystem.
+
+    store = open_mooncake_store("mooncake://10.0.0.5:50051/k3-run1")   # master host:rpc port / namespace
+    store.put("shards/shard-00003.safetensors", data)
+    store.get("producers/0.json")              # bytes, or None
+    store.keys("shards/"); store.remove(key); store.used_bytes(); store.close()
+
+Location: `mooncake://HOST[:PORT]/NAMESPACE[?admin_port=9003&segment=0&protocol=tcp&device=&local_hostname=H]`.
+HOST:PORT is the `mooncake_master` RPC address (port 50051 by default); `admin_port` its HTTP admin port
+(`-metrics_port`, 9003 by default), used to list keys, which the client API cannot do; `segment` the bytes
+(`512MB`, `4GB` or a number) of this process's memory it lends to the store: 0 by default, so objects live
+in long-lived `mooncake_client` processes and survive a producer or trainer killed mid-run; `protocol`
+`tcp` or `rdma` (with `device`, e.g. `mlx5_0`). Every key lives under NAMESPACE, so several streams can
+share one master.
+
+Same semantics as the file store (capture/store.py), built on Mooncake objects, which are immutable:
+- `put` writes a new object `NAMESPACE/KEY@VERSION` (VERSION grows), then removes the older versions;
+  `get` reads the newest version that is complete. So a reader sees the old bytes or the new ones, never
+  a part, and never a missing key while it is being replaced. (Mooncake's own `upsert` is not used: under
+  concurrent reads it made the key unreadable and kept its memory allocated.) An older version read in
+  the last `-default_kv_lease_ttl` (10 s) keeps its lease and is removed by a later put or `remove`.
+- Objects are put hard-pinned: the master never evicts an unconsumed shard; a full store is an error
+  (the stream's bound must stay below the memory mounted).
+- Data moves through one registered staging buffer per client (`put_from` / `get_into`), so objects of
+  any size pass without Mooncake's local buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from dspark_cli.errors import DataError, DsparkError, UsageError
+
+SCHEME = "mooncake"
+DEFAULT_RPC_PORT = 50051
+DEFAULT_ADMIN_PORT = 9003
+VERSION_SEP = "@"
+MAGIC = 0x01  # first byte of every object this store writes (so empty values fit, foreign objects show)
+_NOT_FOUND = -704
+_NOT_READY = -703  # a put still in flight
+_NO_SPACE = -200
+_GRANULE = 1 << 20
+MIN_SEGMENT = 16 << 20  # a client lends nothing or at least this much
+_SIZE = re.compile(r"^(\d+)\s*([kmgt]?i?b?)?$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+INSTALL_HINT = ("pip install 'dspark[mooncake]' (mooncake-transfer-engine-non-cuda; the CUDA build "
+                "mooncake-transfer-engine works too), and the RDMA user library it links even for TCP: "
+                "apt-get install libibverbs1")
+
+
+@dataclass(frozen=True)
+class MooncakeLocation:
+    """A parsed `mooncake://` location."""
+
+    master: str  # host:rpc_port
+    admin: str  # host:admin_port
+    namespace: str
+    segment_bytes: int = 0
+    protocol: str = "tcp"
+    device: str = ""
+    local_hostname: str = ""
+
+
+def _size(text: str, location: str) -> int:
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise UsageError(f"stream {location}: segment={text!r} is not a size", "write bytes, or e.g. 512MB, 4GB")
+    return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()[:1]]
+
+
+def parse_location(location: str) -> MooncakeLocation:
+    """`mooncake://HOST[:PORT]/NAMESPACE[?...]` -> MooncakeLocation; one-line UsageError if malformed."""
+    parts = urlsplit(location)
+    hint = "write mooncake://MASTER_HOST:50051/NAMESPACE[?admin_port=9003&segment=0&protocol=tcp]"
+    namespace = parts.path.strip("/")
+    if parts.scheme != SCHEME or not parts.hostname or not namespace:
+        raise UsageError(f"stream {location}: not a Mooncake location", hint)
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", namespace):
+        raise UsageError(f"stream {location}: namespace {namespace!r} must be letters, digits, _ . - and /", hint)
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    unknown = sorted(set(query) - {"admin_port", "segment", "protocol", "device", "local_hostname"})
+    if unknown:
+        raise UsageError(f"stream {location}: unknown option {unknown[0]!r}", hint)
+    protocol = query.get("protocol", "tcp")
+    if protocol not in ("tcp", "rdma"):
+        raise UsageError(f"stream {location}: protocol={protocol!r}", "use protocol=tcp or protocol=rdma")
+    try:
+        port = parts.port or DEFAULT_RPC_PORT
+        admin_port = int(query.get("admin_port", DEFAULT_ADMIN_PORT))
+    except ValueError as exc:
+        raise UsageError(f"stream {location}: {exc}", hint) from None
+    segment = _size(query.get("segment", "0"), location)
+    if 0 < segment < MIN_SEGMENT:
+        raise UsageError(f"stream {location}: segment={query['segment']} is below Mooncake's 16 MiB minimum",
+                         "lend 0 (the default) or at least 16MB")
+    host = parts.hostname
+    return MooncakeLocation(f"{host}:{port}", f"{host}:{admin_port}", namespace, segment, protocol,
+                            query.get("device", ""), query.get("local_hostname", ""))
+
+
+def _check_key(key: str) -> None:
+    """The store keys of capture/store.py (relative `/` names, no `..`), minus what Mooncake names reserve."""
+    if (not key or key.startswith("/") or ".." in key.split("/") or key.endswith(".tmp")
+            or VERSION_SEP in key or any(c.isspace() for c in key)):
+        raise ValueError(f"bad store key {key!r}")
+
+
+def _load_client() -> tuple[Any, Any]:
+    try:
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+    except ImportError as exc:
+        if getattr(exc, "name", None) in ("mooncake", "mooncake.store"):
+            raise UsageError("the Mooncake store client is not installed", INSTALL_HINT) from None
+        raise UsageError(f"the Mooncake store client does not load: {exc}", INSTALL_HINT) from None
+    return MooncakeDistributedStore, ReplicateConfig
+
+
+class MooncakeStore:
+    """One Mooncake client as a Store (put / get / remove / keys / used_bytes) under one namespace."""
+
+    def __init__(self, location: str | MooncakeLocation, *, timeout_s: float = 30.0) -> None:
+        self.where = parse_location(location) if isinstance(location, str) else location
+        self.location = f"{SCHEME}://{self.where.master}/{self.where.namespace}"
+        self.timeout_s = timeout_s
+        client_class, config_class = _load_client()
+        self._admin("health")  # fails in seconds; the client's own setup retries for 90 s
+        local = self.where.local_hostname or os.environ.get("MOONCAKE_LOCAL_HOSTNAME") or _own_address()
+        client = client_class()
+        status = client.setup(local, "P2PHANDSHAKE", self.where.segment_bytes, 0, self.where.protocol,
+                              self.where.device, self.where.master)
+        if status != 0:
+            raise DsparkError(f"stream {self.location}: the Mooncake client did not start (status {status})",
+                              f"check that mooncake_master serves {self.where.master} and that {local} "
+                              "is this machine's address (local_hostname=...)")
+        self._client = client
+        self._config = config_class()
+        self._config.with_hard_pin = True  # never evicted: an unconsumed shard must not vanish
+        self._lock = threading.Lock()
+        self._buffer: bytearray | None = None
+        self._view: Any = None
+        self._last_version = 0
+
+    # --- the Store interface ---------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        _check_key(key)
+        older = self._versions().get(key, [])
+        with self._lock:
+            version = max(time.time_ns(), older[-1] + 1 if older else 0, self._last_version + 1)
+            self._last_version = version
+            size = len(data) + 1
+            address = self._staging(size)
+            self._buffer[0] = MAGIC
+            self._buffer[1:size] = data
+            status = self._client.put_from(self._name(key, version), address, size, self._config)
+        if status == _NO_SPACE:
+            raise DsparkError(f"stream {self.location}: the Mooncake store is full ({size} bytes for {key})",
+                              "mount more memory (mooncake_client -global_segment_size) or lower the stream's "
+                              "bound (capture.queue_max_shards)")
+        self._check(status, "put", key)
+        for old in older:  # a version read in the last lease period stays until a later put or remove
+            self._client.remove(self._name(key, old))
+
+    def get(self, key: str) -> bytes | None:
+        _check_key(key)
+        for _ in range(3):  # every listed version vanished: it was replaced meanwhile, list again
+            versions = self._versions().get(key)
+            if not versions:
+                return None
+            for version in reversed(versions):  # the newest first; a version still being written is skipped
+                data = self._read(self._name(key, version))
+                if data is not None:
+                    return data
+        return None
+
+    def remove(self, key: str) -> None:
+        _check_key(key)
+        for version in self._versions().get(key, []):
+            status = self._client.remove(self._name(key, version), True)  # now, whatever a recent read's lease
+            if status != _NOT_FOUND:
+                self._check(status, "remove", key)
+
+    def keys(self, prefix: str) -> list[str]:
+        return sorted(key for key in self._versions() if key.startswith(prefix))
+
+    def used_bytes(self) -> int:
+        total = 0
+        for key, versions in self._versions().items():
+            for version in versions:
+                size = self._client.get_size(self._name(key, version))
+                total += max(size, 0)  # removed between listing and size: nothing held
+        return total
+
+    def close(self) -> None:
+        with self._lock:
+            if self._buffer is not None:
+                self._client.unregister_buffer(ctypes.addressof(self._view))
+                self._buffer = self._view = None
+            self._client.close()
+
+    def __enter__(self) -> MooncakeStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- internals -------------------------------------------------------------------------------------
+
+    def _name(self, key: str, version: int) -> str:
+        return f"{self.where.namespace}/{key}{VERSION_SEP}{version:020d}"
+
+    def _admin(self, path: str) -> str:
+        url = f"http://{self.where.admin}/{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
+                return response.read().decode("utf-8")
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise DsparkError(f"stream {self.location}: the Mooncake master's admin port {self.where.admin} "
+                              f"does not answer ({reason})",
+                              "start mooncake_master there, or give its -metrics_port as ?admin_port=") from None
+
+    def _versions(self) -> dict[str, list[int]]:
+        """key -> its object versions, oldest first, from the master's key list."""
+        prefix = self.where.namespace + "/"
+        found: dict[str, list[int]] = {}
+        for line in self._admin("get_all_keys").splitlines():
+            if not line.startswith(prefix) or VERSION_SEP not in line:
+                continue
+            key, _, version = line[len(prefix):].rpartition(VERSION_SEP)
+            if version.isdigit():
+                found.setdefault(key, []).append(int(version))
+        return {key: sorted(versions) for key, versions in found.items()}
+
+    def _staging(self, size: int) -> int:
+        """The registered buffer's address, grown to hold `size` bytes (caller holds the lock)."""
+        if self._buffer is None or len(self._buffer) < size:
+            if self._buffer is not None:
+                self._client.unregister_buffer(ctypes.addressof(self._view))
+                self._buffer = self._view = None
+            capacity = -(-size // _GRANULE) * _GRANULE
+            buffer = bytearray(capacity)
+            view = (ctypes.c_char * capacity).from_buffer(buffer)
+            self._check(self._client.register_buffer(ctypes.addressof(view), capacity), "register a buffer for", "")
+            self._buffer, self._view = buffer, view
+        return ctypes.addressof(self._view)
+
+    def _read(self, name: str) -> bytes | None:
+        size = self._client.get_size(name)
+        if size in (_NOT_FOUND, _NOT_READY):
+            return None
+        self._check(size, "size", name)
+        with self._lock:
+            address = self._staging(size)
+            got = self._client.get_into(name, address, size)
+            if got in (_NOT_FOUND, _NOT_READY):
+                return None
+            self._check(got, "get", name)
+            if got != size or self._buffer[0] != MAGIC:
+                raise DataError(f"stream {self.location}: object {name} is not one this store wrote "
+                                f"({got} of {size} bytes)", "use a namespace of its own for each stream")
+            return bytes(self._buffer[1:size])
+
+    def _check(self, status: Any, what: str, key: str) -> None:
+        if not isinstance(status, int) or status < 0:
+            raise DsparkError(f"stream {self.location}: Mooncake {what} {key} failed (status {status})",
+                              "see the mooncake_master log; status codes are in Mooncake's types.h")
+
+
+def _own_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def open_mooncake_store(location: str) -> MooncakeStore:
+    """The store factory for `mooncake://` locations (capture/store.py's BACKENDS["mooncake"])."""
+    return MooncakeStore(location)
