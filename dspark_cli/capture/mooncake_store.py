@@ -116,6 +116,7 @@ def _check_key(key: str) -> None:
 
 
 def _load_client() -> tuple[Any, Any]:
+    os.environ.setdefault("MC_LOG_LEVEL", "WARNING")  # Mooncake logs ~15 INFO lines per client otherwise
     try:
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
     except ImportError as exc:
@@ -203,10 +204,13 @@ class MooncakeStore:
 
     def close(self) -> None:
         with self._lock:
+            if self._client is None:
+                return
             if self._buffer is not None:
                 self._client.unregister_buffer(ctypes.addressof(self._view))
                 self._buffer = self._view = None
             self._client.close()
+            self._client = None
 
     def __enter__(self) -> MooncakeStore:
         return self
@@ -251,7 +255,8 @@ class MooncakeStore:
             capacity = -(-size // _GRANULE) * _GRANULE
             buffer = bytearray(capacity)
             view = (ctypes.c_char * capacity).from_buffer(buffer)
-            self._check(self._client.register_buffer(ctypes.addressof(view), capacity), "register a buffer for", "")
+            self._check(self._client.register_buffer(ctypes.addressof(view), capacity), "register_buffer of",
+                        f"{capacity} bytes")
             self._buffer, self._view = buffer, view
         return ctypes.addressof(self._view)
 
