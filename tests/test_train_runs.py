@@ -108,8 +108,9 @@ def test_compiled_training_over_static_shapes_gives_the_loss_curve_of_eager(targ
     Bounds: at most 2 distinct batch shapes and 2 compiles (dynamo frames, first compiles included)
     over the 12 steps: one shape per length bucket the data touches (32 and 64; every sequence is
     longer than 16), the anchors and rows fixed by the bucket, and `block_states` compiled with
-    static shapes, once per shape. The eager run's batches take 14 shapes (measured), each of
-    which would be a compile under static-shape compilation.
+    static shapes, once per shape. The eager run's batches take 13 shapes (measured), each of
+    which would be a compile under static-shape compilation (before length buckets, this compiled
+    run made 11 shapes and 3 compiles in 8 steps, going dynamic after the second).
 
     Same curve: padding is masked out and inductor computes the same math in another rounding order
     (measured ~1e-8 relative; same tolerance argument as 1 vs 2 processes). The first step runs
