@@ -17,7 +17,7 @@ out-of-memory kill costs one section, and the results file is rewritten after ev
                prompts and steps than the shipped recipe, to fit): time per stage and tau.
 3. throughput  the shipped trainer's step (`training.loop.train_step`) at the real draft sizes of the
                qwen3-8b and kimi-k3 templates on synthetic target states, 50 steps: tokens/s, MFU
-               against the measured bf16 matmul peak, peak memory, distinct batch shapes, recompiles.
+               against the measured bf16 matmul peak, peak memory, distinct batch shapes, dynamo compiles.
 4. fsdp        `dspark`'s trainer under torchrun with one process: FSDP2 over NCCL, a checkpoint save,
                a resume, and the resumed run's losses against an uninterrupted run's.
 """
@@ -304,7 +304,7 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
     recipe, config = _template_config(template, smoke)
     train = recipe.train
     max_len = 64 if smoke else train.max_seq_len
-    lengths = [max_len, max_len * 3 // 4, max_len // 2]  # chat data has mixed lengths: see the recompiles
+    lengths = [max_len, max_len * 3 // 4, max_len // 2]  # chat data has mixed lengths: see the compiles
     num_steps = 3 if smoke else 50
     num_anchors = 8 if smoke else train.num_anchors
     started = time.perf_counter()
@@ -320,14 +320,14 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
     examples = _synthetic_examples(config, num=len(lengths), lengths=lengths, num_anchors=num_anchors)
     cfg = LoopConfig(num_steps=num_steps, lr=train.lr, min_lr_ratio=train.min_lr_ratio, warmup_steps=0,
                      grad_clip=train.grad_clip, log_every=10, checkpoint_every=num_steps, block_size=config.block_size,
-                     loss=module.loss_config, data_dtype=emb_dtype, autocast_dtype=torch.bfloat16 if bf16 else None)
-    import torch._dynamo.utils as dynamo_utils
+                     loss=module.loss_config, data_dtype=emb_dtype, autocast_dtype=torch.bfloat16 if bf16 else None,
+                     shapes=module.shape_plan)  # the trainer's static shapes (train.length_buckets) on this device
+    from dspark_cli.training.shapes import CompileCounter
 
-    dynamo_utils.counters.clear()
+    compiles = CompileCounter()
     shapes, times, tokens, flops_per_token = set(), [], 0, None
     for i in range(num_steps):
         example = examples[i % len(examples)]  # one sequence per step, lengths rotating
-        shapes.add((example.num_tokens, example.anchors.numel()))
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -336,6 +336,7 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
         loss_value = float(result.stats[0]) if result.stats.numel() else float("nan")
         if device.type == "cuda":
             torch.cuda.synchronize()
+        shapes |= result.signatures
         if result.flops is not None:
             flops_per_token = result.flops / max(result.tokens, 1)
         times.append(time.perf_counter() - t0)
@@ -351,7 +352,8 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
             "tokens_per_s": round(tokens_per_s, 1), "flops_per_token": flops_per_token,
             "mfu": round(flops_per_token * tokens_per_s / peak, 4) if flops_per_token else None,
             "peak_memory_gib": round(memory, 2) if memory is not None else None,
-            "distinct_shapes": len(shapes), "recompiles": int(dynamo_utils.counters["stats"].get("unique_graphs", 0)),
+            "distinct_shapes": len(shapes), "compiles": compiles.read()["compiles"],
+            "length_buckets": list(module.shape_plan.lengths) if module.shape_plan else None,
             "last_loss_stat": loss_value, "status": "ok"}
 
 

@@ -43,10 +43,13 @@ def train(
     else:
         summary = run_train(loaded, resume=resume, on_log=lambda record: say(_log_line(record)))
     if main_process:
+        from dspark_cli.training.shapes import describe
+
         final = summary.get("final_metrics") or {}
         say(f"train: {summary['steps']} steps, {summary['tokens']} tokens, loss {final.get('loss', float('nan')):.4f}, "
-            f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1 "
-            f"-> {summary['final']}; next: dspark export {summary['output_dir']}", style="green")
+            f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1, "
+            f"{describe(summary.get('shapes'))} -> {summary['final']}; next: dspark export {summary['output_dir']}",
+            style="green")
 
 
 def _log_line(record: dict[str, Any]) -> str:

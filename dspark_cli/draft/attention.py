@@ -29,9 +29,9 @@ Implementations (`attn_impl`):
           masked key tiles, which matters on GPU where A * N and T are large (SDPA with an
           arbitrary boolean mask may fall back to a kernel that reads every masked tile, or to
           the math kernel that materialises B*H*Q*K scores).
-          Pad batches to a fixed T and A to avoid recompiles. On CPU it has no backward
-          (PyTorch raises), so use it there only under `torch.no_grad()`. Not run on a GPU in
-          this repository's CI: the CPU forward is tested against SDPA.
+          Pad batches to a fixed T and A to avoid recompiles (training does: training/shapes.py).
+          On CPU it has no backward (PyTorch raises), so use it there only under `torch.no_grad()`.
+          Not run on a GPU in this repository's CI: the CPU forward is tested against SDPA.
 - "eager" explicit fp32 `softmax(q k^T * scale) v`: slow, transparent, for debugging.
 - "auto"  "flex" on CUDA; on CPU "blockwise" when dspark's C kernels are built (the usual case)
           or under torch.compile, "sdpa" otherwise (`resolve_attn_impl`).
@@ -144,6 +144,7 @@ class BlockLayout:
 
 
 _compiled_flex = None
+FLEX_RECOMPILE_LIMIT = 16  # shapes compiled before dynamo runs flex eagerly (the recipe's bucket limit)
 
 
 def _flex(q, k, v, block_mask, scale):
@@ -157,8 +158,9 @@ def _flex(q, k, v, block_mask, scale):
                          "there)", "train on CPU with draft.attention=auto, blockwise or sdpa")
     if _compiled_flex is None:
         # dynamic=False: one compile per shape. (Dynamic-shape flex fails to build its C++
-        # kernel on CPU with torch 2.13 when the shape changes.)
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        # kernel on CPU with torch 2.13 when the shape changes.) Training pads its batches to at most
+        # FLEX_RECOMPILE_LIMIT shapes (train.length_buckets), so it never falls back to eager flex.
+        _compiled_flex = torch.compile(flex_attention, dynamic=False, recompile_limit=FLEX_RECOMPILE_LIMIT)
     return _compiled_flex(
         q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )

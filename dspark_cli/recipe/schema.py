@@ -10,7 +10,7 @@ decides whether torch is needed at all.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -202,6 +202,13 @@ class TrainSection(Section):
         False, description="torch.compile the draft's layers (forward and backward): ~15-20% faster steps on CPU, "
         "after a compile of seconds and another when batch shapes first change; needs a C++ compiler on CPU."
     )
+    length_buckets: Literal["auto", "fit", "pow2"] | list[Annotated[int, Field(gt=0)]] = Field(
+        "auto", max_length=16, description="Static batch shapes: pad every micro-batch to one of a few lengths "
+        "(anchors to `min(num_anchors, length)`, rows so a micro-batch costs at most one longest row), so "
+        "compiled kernels compile once per length instead of once per batch. `pow2`: powers of two from 128 "
+        "up to `max_seq_len` (padding at most 2x, one compile each); a list: those lengths (at most 16) plus "
+        "`max_seq_len`; `fit`: each micro-batch padded to its own longest row; `auto`: `pow2` on CUDA "
+        "(flex attention is compiled there), `fit` on CPU.")
     nproc_per_node: int = Field(1, gt=0, description="Processes per machine (one per GPU); >1 launches torchrun.")
     nnodes: int = Field(1, gt=0, description="Machines (torchrun rendezvous).")
     rdzv_endpoint: str | None = Field(None, description="torchrun rendezvous host:port for several machines.")

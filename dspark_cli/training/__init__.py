@@ -11,6 +11,7 @@ Importing this package is free (no torch); the pieces import it themselves.
 - loss.py        the DSpark objective with a fused, chunked vocabulary pass (CE + L1 + their gradients)
 - metrics.py     per-slot accuracy, expected acceptance length (tau, greedy and T=1), sinks
 - flops.py       model FLOPs per step (for MFU)
+- shapes.py      static batch shapes (length buckets) for compiled kernels; shape and compile counts
 - step.py        `TrainStep`: the draft plus its loss as one module (what FSDP2 wraps); anchor rows
 - distributed.py process groups, FSDP2 `fully_shard`, the torchrun command line
 - checkpoint.py  DCP checkpoints written atomically, `latest` pointer, contract check on resume

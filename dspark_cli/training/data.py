@@ -205,16 +205,21 @@ def split_to(groups: list[list[Example]], count: int) -> list[list[Example]]:
 
 @dataclass
 class Batch:
-    """One rank's share of a step, right-padded to its longest sequence."""
+    """One rank's share of a step, right-padded to its longest sequence or to a fixed shape."""
 
     aux: torch.Tensor  # [B, T, F]
     input_ids: torch.Tensor  # [B, T]
     last_hidden: torch.Tensor  # [B, T, H]
     label_ok: torch.Tensor  # [B, T] bool
-    seq_lens: torch.Tensor  # [B]
+    seq_lens: torch.Tensor  # [B] (0 for an empty padding row)
     anchors: torch.Tensor  # [B, A] (padding anchors are 0 with anchor_mask False)
     anchor_mask: torch.Tensor  # [B, A] bool
     num_tokens: int
+
+    @property
+    def signature(self) -> tuple[int, int, int]:
+        """(rows, tokens, anchors): what a compiled kernel specialises on (training/shapes.py)."""
+        return (*self.input_ids.shape, self.anchors.shape[1])
 
     def to(self, device: torch.device) -> Batch:
         moved = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
@@ -222,27 +227,41 @@ class Batch:
         return Batch(**moved)
 
 
-def collate(examples: list[Example], dtype: torch.dtype, like: Example | None = None) -> Batch:
+def collate(examples: list[Example], dtype: torch.dtype, like: Example | None = None,
+            shape: tuple[int, int, int] | None = None) -> Batch:
     """Stack examples into a right-padded batch; hidden states cast to the compute dtype.
-    No examples: a one-row batch of `like`'s shape with no anchors (trains nothing)."""
+
+    `shape` = (rows, tokens, anchors): pad to exactly that (static shapes, training/shapes.py); rows
+    beyond the examples are empty (no tokens, no anchors). Otherwise the batch is as wide as its
+    longest row and its largest anchor count. No examples: a batch of `like`'s feature sizes with no
+    anchors (trains nothing), of `shape`, or else of one 2-token row."""
     if not examples:
         assert like is not None, "an empty micro-batch needs an example to take its shapes from"
+        if shape is not None:
+            return _padded([], dtype, shape, like.aux.shape[-1], like.last_hidden.shape[-1])
         empty = Example(like.epoch, like.index, like.input_ids[:2], like.aux[:2], like.last_hidden[:2],
                         torch.zeros(2, dtype=torch.bool), torch.zeros(1, dtype=torch.long))
         batch = collate([empty], dtype)
         batch.anchor_mask.zero_()
         batch.num_tokens = 0
         return batch
-    bsz = len(examples)
-    width = max(e.num_tokens for e in examples)
-    num_anchors = max(e.anchors.numel() for e in examples)
-    feat, hidden = examples[0].aux.shape[-1], examples[0].last_hidden.shape[-1]
+    if shape is None:
+        shape = (len(examples), max(e.num_tokens for e in examples), max(e.anchors.numel() for e in examples))
+    return _padded(examples, dtype, shape, examples[0].aux.shape[-1], examples[0].last_hidden.shape[-1])
+
+
+def _padded(examples: list[Example], dtype: torch.dtype, shape: tuple[int, int, int], feat: int,
+            hidden: int) -> Batch:
+    bsz, width, num_anchors = shape
+    if len(examples) > bsz or any(e.num_tokens > width or e.anchors.numel() > num_anchors for e in examples):
+        raise ValueError(f"{len(examples)} examples do not fit the batch shape {shape}")
     aux = torch.zeros(bsz, width, feat, dtype=dtype)
     last = torch.zeros(bsz, width, hidden, dtype=dtype)
     ids = torch.zeros(bsz, width, dtype=torch.long)
     label_ok = torch.zeros(bsz, width, dtype=torch.bool)
     anchors = torch.zeros(bsz, num_anchors, dtype=torch.long)
     anchor_mask = torch.zeros(bsz, num_anchors, dtype=torch.bool)
+    seq_lens = torch.zeros(bsz, dtype=torch.long)
     for b, e in enumerate(examples):
         n, a = e.num_tokens, e.anchors.numel()
         aux[b, :n] = e.aux
@@ -251,5 +270,5 @@ def collate(examples: list[Example], dtype: torch.dtype, like: Example | None = 
         label_ok[b, :n] = e.label_ok
         anchors[b, :a] = e.anchors
         anchor_mask[b, :a] = True
-    seq_lens = torch.tensor([e.num_tokens for e in examples], dtype=torch.long)
+        seq_lens[b] = n
     return Batch(aux, ids, last, label_ok, seq_lens, anchors, anchor_mask, int(seq_lens.sum()))

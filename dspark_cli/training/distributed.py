@@ -57,19 +57,28 @@ def init_distributed(device: str | None = None) -> DistEnv:
     return DistEnv(rank, world, local, dev, owns_group=owns)
 
 
-def shard(module: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+def shard(module: torch.nn.Module, env: DistEnv, param_dtype: torch.dtype | None = None) -> torch.nn.Module:
     """FSDP2 with one unit for the whole draft: parameters, gradients and optimizer state are sharded
     across ranks; the parameters are gathered once per forward and once per backward.
 
     Not one unit per decoder layer: the draft's forward computes every layer's context K/V up front
     (`DSparkDraftModel.context_kv`, outside the layers' own forward), which per-layer units would
     meet still sharded. Drafts are a few layers, so gathering them whole costs little memory.
+
+    `param_dtype` bf16 (bf16 training): FSDP2's `MixedPrecisionPolicy` all-gathers the parameters in
+    bf16 (half the traffic and the unsharded copy) and reduce-scatters the gradients in fp32, so
+    gradient sums lose no precision (and gloo, which cannot reduce bf16, works); the sharded master
+    weights and AdamW's state stay fp32. Forward inputs are not cast: the batch is already in the
+    compute dtype and the global slot weight must stay fp32.
     """
     if not env.distributed:
         return module
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    fully_shard(module)
+    policy = MixedPrecisionPolicy()
+    if param_dtype is not None and param_dtype != torch.float32:
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    fully_shard(module, mp_policy=policy)
     return module
 
 

@@ -30,6 +30,7 @@ from dspark_cli.training.data import Step, collate, micro_batches, split_to
 from dspark_cli.training.distributed import DistEnv, all_reduce_max, all_reduce_min, all_reduce_sum, clip_grad_norm
 from dspark_cli.training.flops import attention_flops, count_flops
 from dspark_cli.training.metrics import stats_size, summarize
+from dspark_cli.training.shapes import CompileCounter, ShapePlan
 from dspark_cli.training.step import LossConfig, local_weight, trainable_slots
 
 
@@ -47,6 +48,7 @@ class LoopConfig:
     data_dtype: torch.dtype  # hidden states are cast to this (fp32 on CPU, bf16 with autocast)
     autocast_dtype: torch.dtype | None  # None: no autocast
     peak_flops: float | None = None
+    shapes: ShapePlan | None = None  # fixed micro-batch shapes (training/shapes.py); None: pad to fit
 
 
 def lr_at(step: int, cfg: LoopConfig) -> float:
@@ -102,17 +104,31 @@ class StepResult:
     stats: torch.Tensor  # summed metric stats (metrics.STATS layout)
     grad_norm: torch.Tensor
     flops: int | None  # counted when asked
+    signatures: set[tuple[int, int, int]]  # the micro-batches' (rows, tokens, anchors)
 
 
 def train_step(env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Step,
                cfg: LoopConfig, lr: float, *, count: bool = False) -> StepResult:
-    """One optimiser step on this rank's share of `data`, in micro-batches of alike sequences
-    (`data.micro_batches`: less padding) whose gradients add up to the whole step's."""
+    """One optimiser step on this rank's share of `data`, in micro-batches whose gradients add up to
+    the whole step's: of alike sequences (`data.micro_batches`: less padding), or with `cfg.shapes`
+    of one length bucket each, padded to its fixed shape."""
     mine = data.for_rank(env.rank, env.world_size)
-    groups = micro_batches(mine)
+    plan = cfg.shapes
+    if plan is None:
+        groups = micro_batches(mine)
+        shapes: list[tuple[int, int, int] | None] = [None] * len(groups)
+    else:
+        planned = plan.micro_batches(mine)
+        groups, shapes = [g for _, g in planned], [plan.shape(length) for length, _ in planned]
     if env.distributed:  # every rank runs as many forward/backward passes (FSDP2 collectives pair up)
-        groups = split_to(groups, all_reduce_max(len(groups), env))
-    batches = [collate(g, cfg.data_dtype, like=mine[0]).to(env.device) for g in groups]
+        count = all_reduce_max(len(groups), env)
+        if plan is None:
+            groups = split_to(groups, count)
+            shapes = [None] * len(groups)
+        else:  # empty ones of a shape this rank has (splitting would make new shapes)
+            shapes += [shapes[-1]] * (count - len(groups))
+            groups += [[] for _ in range(count - len(groups))]
+    batches = [collate(g, cfg.data_dtype, like=mine[0], shape=shape).to(env.device) for g, shape in zip(groups, shapes)]
     oks = [trainable_slots(b, cfg.block_size) for b in batches]
     weight = all_reduce_sum(sum(local_weight(ok, cfg.loss.gamma) for ok in oks), env)
     for group in optimizer.param_groups:
@@ -142,7 +158,8 @@ def train_step(env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Opt
     grad_norm = clip_grad_norm([p for p in module.parameters() if p.requires_grad], cfg.grad_clip, env)
     optimizer.step()
     real = [g for g in groups if g]
-    return StepResult(sum(e.num_tokens for g in real for e in g), sum(len(g) for g in real), stats, grad_norm, flops)
+    return StepResult(sum(e.num_tokens for g in real for e in g), sum(len(g) for g in real), stats, grad_norm, flops,
+                      {b.signature for b in batches})
 
 
 def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: Iterator[Step],
@@ -152,7 +169,8 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
     """Run steps start_step .. num_steps - 1 (fewer if the data ends first; the last one is checkpointed).
 
     `checkpoint(step, data_position, last_record, tokens_done)` is called every `checkpoint_every`
-    steps and at the end. Returns {"record": last logged record, "step": steps done, "tokens": tokens done}.
+    steps and at the end. Returns {"record": last logged record, "step": steps done, "tokens": tokens done,
+    "shapes": `shape_summary`}.
     """
     n = cfg.block_size
     acc = torch.zeros(stats_size(n), device=env.device)
@@ -162,6 +180,8 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
     record: dict[str, Any] | None = None
     done, saved, position = start_step, start_step, None
     first_bad = torch.full((), NEVER, dtype=torch.int64, device=env.device)
+    signatures: set[tuple[int, int, int]] = set()
+    compiles = CompileCounter()
     for step in range(start_step, cfg.num_steps):
         data = next(steps, None)
         if data is None:  # the data ran out early (online queue finished): stop cleanly
@@ -172,6 +192,7 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
         first_bad = mark_nonfinite(first_bad, step, stats, grad_norm)
         if result.flops is not None:
             flops_per_token = result.flops / max(result.tokens, 1)
+        signatures |= result.signatures
         acc += stats.detach()
         acc_tokens += result.tokens
         acc_seqs += result.sequences
@@ -203,4 +224,14 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
     if done > saved and position is not None:
         check_finite(first_bad, env, saved)
         checkpoint(done, position, record, tokens_done)
-    return {"record": record, "step": done, "tokens": tokens_done}
+    return {"record": record, "step": done, "tokens": tokens_done,
+            "shapes": shape_summary(signatures, compiles, cfg.shapes, env)}
+
+
+def shape_summary(signatures: set[tuple[int, int, int]], compiles: CompileCounter, plan: ShapePlan | None,
+                  env: DistEnv) -> dict[str, Any]:
+    """What a run compiled: distinct micro-batch shapes (rows, tokens, anchors) and dynamo's compiles
+    (frames compiled, first compiles included, and graphs), each the most of any rank; the buckets."""
+    counts = compiles.read()
+    return {"signatures": all_reduce_max(len(signatures), env), "compiles": all_reduce_max(counts["compiles"], env),
+            "graphs": all_reduce_max(counts["graphs"], env), "length_buckets": list(plan.lengths) if plan else None}

@@ -46,8 +46,11 @@ def build_step_module(recipe: Recipe, draft_config: Any, target_dir: Path | None
                       embed_dtype: torch.dtype, *, embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
                       ) -> TrainStep:
     """The seeded draft with the target's frozen embed_tokens / lm_head (read from `target_dir`, or
-    `embeddings` given directly, e.g. synthetic ones for benchmarks), its objective, on `env`'s device."""
+    `embeddings` given directly, e.g. synthetic ones for benchmarks), its objective, on `env`'s device,
+    with the run's fixed batch shapes (`TrainStep.shape_plan`). `embed_dtype` is the compute dtype:
+    bf16 also makes FSDP2 gather the parameters in bf16 (`distributed.shard`)."""
     from dspark_cli.draft.model import DSparkDraftModel
+    from dspark_cli.training.shapes import shape_plan
 
     train = recipe.train
     torch.manual_seed(train.seed)
@@ -57,7 +60,8 @@ def build_step_module(recipe: Recipe, draft_config: Any, target_dir: Path | None
     model.set_target_embeddings(embed, lm_head)
     loss = LossConfig(ce=train.loss.ce, l1=train.loss.l1, confidence=train.loss.confidence,
                       gamma=train.loss.slot_decay_gamma)
-    return shard(TrainStep(model, loss, compile=train.compile).to(env.device), env)
+    step = TrainStep(model, loss, compile=train.compile, shapes=shape_plan(train, draft_config.block_size, env.device))
+    return shard(step.to(env.device), env, param_dtype=embed_dtype)
 
 
 def make_optimizer(module: torch.nn.Module, recipe: Recipe, env: DistEnv) -> torch.optim.Optimizer:
@@ -174,7 +178,8 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
     cfg = LoopConfig(num_steps=num_steps, lr=train.lr, min_lr_ratio=train.min_lr_ratio, warmup_steps=train.warmup_steps,
                      grad_clip=train.grad_clip, log_every=train.log_every, checkpoint_every=train.checkpoint_every,
                      block_size=draft_config.block_size, loss=module.loss_config, data_dtype=dtype,
-                     autocast_dtype=torch.bfloat16 if bf16 else None, peak_flops=peak_flops(env.device, dtype))
+                     autocast_dtype=torch.bfloat16 if bf16 else None, peak_flops=peak_flops(env.device, dtype),
+                     shapes=module.shape_plan)
     try:
         result = train_loop(env=env, module=module, optimizer=optimizer, steps=iter(stream), start_step=start_step,
                             cfg=cfg, log=on_record, checkpoint=on_checkpoint, tokens_done=tokens_done)
@@ -185,7 +190,7 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
     summary = {"output_dir": str(out_dir), "steps": result["step"], "num_steps": num_steps,
                "resumed_from": str(checkpoint_path) if checkpoint_path else None, "tokens": result["tokens"],
                "world_size": env.world_size, "final_metrics": result["record"] or meta.get("metrics"),
-               "wall_s": round(time.time() - started, 1),
+               "wall_s": round(time.time() - started, 1), "shapes": result["shapes"],
                "final": str(out_dir / "final")}
     if env.is_main:
         write_json_atomic(out_dir / "manifest.json", {

@@ -25,6 +25,7 @@ from dspark_cli.draft.attention import BlockLayout, resolve_attn_impl
 from dspark_cli.training.data import Batch
 from dspark_cli.training.loss import slot_weights, vocab_loss
 from dspark_cli.training.metrics import stats_vector
+from dspark_cli.training.shapes import ShapePlan
 
 
 @dataclass(frozen=True)
@@ -106,16 +107,19 @@ def local_weight(ok: torch.Tensor, gamma: float) -> torch.Tensor:
 
 class TrainStep(nn.Module):
     def __init__(self, draft: nn.Module, loss: LossConfig, anchor_groups: int | None = None,
-                 compile: bool = False) -> None:
+                 compile: bool = False, shapes: ShapePlan | None = None) -> None:
         """`anchor_groups`: rows each sequence's anchors are split into (None: `choose_groups`).
         `compile`: run `block_states` (context K/V, the block backbone) through `torch.compile`, which
-        fuses its element-wise chains (norms, RoPE, SiLU, residual adds) forward and backward; shapes
-        that change between steps make it dynamic after the first change rather than recompiling."""
+        fuses its element-wise chains (norms, RoPE, SiLU, residual adds) forward and backward.
+        `shapes`: the run's fixed batch shapes (training/shapes.py; the loop pads to them): compiled
+        with static shapes, one compile per shape, the recompile limit raised to their number. Without
+        them shapes that change between steps make the compiled code dynamic after the first change."""
         super().__init__()
         self.draft = draft
         self.loss_config = loss
         self.anchor_groups = anchor_groups
         self.compiled = compile
+        self.shape_plan = shapes
         self._rope_tables: dict = {}  # device -> RoPE cos / sin table; never trained, never saved
         self._compiled_states: dict = {}  # device type -> compiled block_states
 
@@ -127,12 +131,17 @@ class TrainStep(nn.Module):
         fn = self._compiled_states.get(device.type)
         if fn is None:
             options = {"cpp_wrapper": True} if device.type == "cpu" else None
-            fn = self._compiled_states[device.type] = torch.compile(block_states, options=options)
+            static = {} if self.shape_plan is None else {
+                "dynamic": False, "recompile_limit": max(8, self.shape_plan.max_shapes + 1)}
+            fn = self._compiled_states[device.type] = torch.compile(block_states, options=options, **static)
         return fn
 
     def rope_table(self, length: int, device: torch.device):
         """The draft's RoPE table for positions < length at least, kept across steps (a longer table
-        gathers the same rows; one length, a power of two, keeps the compiled graph's shapes)."""
+        gathers the same rows; one length, a power of two, keeps the compiled graph's shapes). With
+        fixed shapes it is built for the longest one at once, so it never changes shape."""
+        if self.shape_plan is not None:
+            length = max(length, self.shape_plan.lengths[-1] + self.draft.config.block_size)
         table = self._rope_tables.get(device)
         if table is None or table[0].shape[0] < length:
             table = self._rope_tables[device] = self.draft.rope_table(1 << (length - 1).bit_length(), device)
