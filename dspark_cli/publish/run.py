@@ -8,7 +8,8 @@ from typing import Any
 
 from dspark_cli.errors import DataError, DsparkError, UsageError
 from dspark_cli.publish.card import model_card
-from dspark_cli.publish.hubs import hub_tokens, repo_id_problem, upload_huggingface, upload_modelscope
+from dspark_cli.hubrules import repo_id_problem
+from dspark_cli.publish.hubs import hub_tokens, upload_huggingface, upload_modelscope
 
 BENCH_FILES = ("bench.json", "bench.md")
 CARD_FILES = ("README.md",)  # a model card the user wrote into the draft dir is published as is
