@@ -7,20 +7,9 @@ import itertools
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 from dspark_cli.bench.engine import Proposal
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors on 2 busy cores: OpenMP hand-offs cost far more than they save (softmax ~1000x
-    slower multi-threaded). Import it into a test module to make it autouse there."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def chi_square_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> tuple[float, int, float]:
