@@ -173,7 +173,8 @@ def export_random_draft(recipe, directory: Path, *, seed: int = 0) -> Path:
     (train / "final" / "config.json").write_text(json.dumps(vllm_config_dict(config, "float32")), encoding="utf-8")
     contract = dataclasses.replace(contract_for_recipe(recipe), mask_token_id=config.mask_token_id,
                                    block_size=config.block_size)
-    (train / "manifest.json").write_text(json.dumps({"contract": contract.to_dict(),
+    (train / "manifest.json").write_text(json.dumps({"kind": "dspark.train", "complete": True,
+                                                     "contract": contract.to_dict(),
                                                      "recipe": recipe.model_dump(mode="json")}), encoding="utf-8")
     export_draft(train, directory, recipe=recipe, dtype="float32", force=True)
     return directory

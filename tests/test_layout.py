@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "hubrules": set(),
     "recipe": {"errors", "artifacts", "targets", "hubrules"},
     "targets": {"errors", "contract", "recipe"},
-    "artifacts": {"errors", "draft", "recipe"},
+    "artifacts": {"errors", "contract", "draft", "recipe"},
     "prompts": {"errors", "recipe"},
     "kernels": set(),
     "draft": {"errors", "contract", "kernels"},
