@@ -71,6 +71,26 @@ def test_a_training_output_without_a_finished_manifest_is_one_line(tmp_path, man
     assert one_line(info.value) and str(train) in str(info.value)
 
 
+def test_a_draft_beside_another_tools_manifest_is_still_a_draft(tmp_path):
+    """Only a training run's manifest.json is taken for one: bench and serve load exported drafts that
+    may sit in any directory (`_resolve` is the step of `load_draft_dir` that finds the manifest)."""
+    from dspark_cli.artifacts.draft import _resolve
+
+    draft = tmp_path / "models" / "draft"
+    draft.mkdir(parents=True)
+    (draft / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "models" / "manifest.json").write_text('{"kind": "another-tool", "complete": true}')
+    assert _resolve(draft) == (draft, {})
+    train = tmp_path / "train"
+    (train / "final").mkdir(parents=True)
+    (train / "final" / "model.safetensors").write_bytes(b"weights")
+    (train / "manifest.json").write_text('{"kind": "another-tool"}')
+    with pytest.raises(DataError, match="not the manifest of a dspark training run"):  # final/ of a run: strict
+        _resolve(train / "final")
+    (train / "manifest.json").write_text('{"kind": "dspark.train", "complete": true, "summary": {"steps": 3}}')
+    assert _resolve(train / "final") == (train / "final", json.loads((train / "manifest.json").read_text()))
+
+
 def test_a_broken_draft_manifest_is_not_skipped_when_looking_for_the_drafts_recipe(tmp_path):
     """`dspark bench/serve/publish DRAFT` without --recipe take the recipe the draft carries; a corrupt
     dspark_manifest.json used to count as 'no recipe' (the defaults) instead of the error it is."""

@@ -76,16 +76,19 @@ def draft_config_from_vllm_dict(data: dict[str, Any]) -> Any:
 def _resolve(path: Path) -> tuple[Path, dict[str, Any]]:
     """(directory with weights + config, training manifest or {}).
 
-    A training output directory must hold the manifest of a finished run; a directory of weights
-    takes the manifest.json beside it or in its parent (`final/` of a training run), when there is one,
-    read as strictly."""
-    from dspark_cli.artifacts.files import MANIFEST_NAME
-    from dspark_cli.artifacts.train import read_train_manifest
+    A training output directory must hold the manifest of a finished run, and so must the parent of
+    a `final/` directory passed itself. Any other directory of weights (an exported draft, a copy)
+    takes a training run's manifest.json beside it or in its parent when there is one, and ignores
+    any other file of that name (another tool's)."""
+    from dspark_cli.artifacts.files import MANIFEST_NAME, manifest_kind
+    from dspark_cli.artifacts.train import KIND, read_train_manifest
 
     if (path / "final" / WEIGHTS).is_file():
         return path / "final", read_train_manifest(path)
     if (path / WEIGHTS).is_file():
-        beside = next((d for d in (path, path.parent) if (d / MANIFEST_NAME).is_file()), None)
+        if path.name == "final" and (path.parent / MANIFEST_NAME).is_file():
+            return path, read_train_manifest(path.parent)
+        beside = next((d for d in (path, path.parent) if manifest_kind(d) == KIND), None)
         return path, read_train_manifest(beside) if beside is not None else {}
     if (path / "checkpoints").is_dir():
         raise UsageError(f"{path} has checkpoints but no consolidated final/ draft (training did not finish)",
