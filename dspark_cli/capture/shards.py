@@ -1,4 +1,4 @@
-"""Hidden-state shards: safetensors files of many sequences, written and decoded; a reader that trusts nothing.
+"""Hidden-state shards: safetensors files of many sequences, written and decoded by a reader that trusts nothing.
 
     write_shard(out / "shard-00000.safetensors", sequences, layer_ids=[1, 2, 3], hidden_size=160)
     for seq in iter_captured("runs/tiny/hidden", expect=contract): ...

@@ -18,9 +18,9 @@ place and then replaces `latest` (write + fsync + rename). A crash at any point 
 checkpoint and pointer intact, so a crash costs at most one checkpoint interval. A failed save (disk
 full) removes its temp dir; the next run removes any that a killed run left (`clean_stale`).
 Loading verifies the checksums before anything is unpickled and refuses a checkpoint without them
-(integrity.py). The directory is read back (`latest`, meta.json, checksums.json) by
-`dspark_cli.artifacts.train`. The newest `KEEP` checkpoints are kept. The frozen target embeddings are buffers,
-not parameters: they are never in a checkpoint.
+(integrity.py). The newest `KEEP` checkpoints are kept. The frozen target embeddings are buffers,
+not parameters: they are never in a checkpoint. The directory is read back (`latest`, meta.json,
+checksums.json) by `dspark_cli.artifacts.train`.
 """
 
 from __future__ import annotations

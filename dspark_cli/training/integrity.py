@@ -6,12 +6,11 @@
     with checkpoint_errors("load", path): dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner())
 
 Checksums: `checksums.json` lists the sha256 and size of every file of the checkpoint (the DCP
-`.metadata` and `__<rank>_<n>.distcp` files, meta.json, recipe.yaml; read back, and each file checked,
-by `dspark_cli.artifacts.train`). It is written last, inside the
-temp directory, before the atomic rename, so a complete checkpoint always has one. Before a load
-every listed file is checked (ranks split the files and agree on the first failure), so a
-truncated, overwritten or bit-flipped file is one DataError naming it -- before torch reads any of
-it. A checkpoint without `checksums.json` (an older dspark, or made by hand) is refused: there is no
+`.metadata` and `__<rank>_<n>.distcp` files, meta.json, recipe.yaml; read and checked file by file
+by `dspark_cli.artifacts.train`). It is written last, inside the temp directory, before the atomic
+rename, so a complete checkpoint always has one. Before a load every listed file is checked (ranks
+split the files and agree on the first failure), so a truncated, overwritten or bit-flipped file is
+one DataError naming it -- before torch reads any of it. A checkpoint without `checksums.json` (an older dspark, or made by hand) is refused: there is no
 way to tell it is intact.
 
 Checksums stop accidents, not an attacker who rewrites checksums.json too, so loading itself runs
