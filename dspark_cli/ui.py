@@ -33,7 +33,7 @@ def debug_enabled() -> bool:
 def _clean(text: str) -> str:
     """`text` without hub tokens: hub clients' own messages are scrubbed where they are called
     (publish/hubs.py); this catches any other path a token could take to the terminal."""
-    from dspark_cli.publish import known_tokens, scrub
+    from dspark_cli.hubrules import known_tokens, scrub
 
     return scrub(text, known_tokens())
 

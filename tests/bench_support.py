@@ -7,20 +7,9 @@ import itertools
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 from dspark_cli.bench.engine import Proposal
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors on 2 busy cores: OpenMP hand-offs cost far more than they save (softmax ~1000x
-    slower multi-threaded). Import it into a test module to make it autouse there."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def chi_square_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> tuple[float, int, float]:
@@ -184,7 +173,8 @@ def export_random_draft(recipe, directory: Path, *, seed: int = 0) -> Path:
     (train / "final" / "config.json").write_text(json.dumps(vllm_config_dict(config, "float32")), encoding="utf-8")
     contract = dataclasses.replace(contract_for_recipe(recipe), mask_token_id=config.mask_token_id,
                                    block_size=config.block_size)
-    (train / "manifest.json").write_text(json.dumps({"contract": contract.to_dict(),
+    (train / "manifest.json").write_text(json.dumps({"kind": "dspark.train", "complete": True,
+                                                     "contract": contract.to_dict(),
                                                      "recipe": recipe.model_dump(mode="json")}), encoding="utf-8")
     export_draft(train, directory, recipe=recipe, dtype="float32", force=True)
     return directory

@@ -138,3 +138,25 @@ def tiny_vllm_server():
 # ---------------------------------------------------------------------------------------------------------
 # End of the vLLM server block.
 # ---------------------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Bench tests on tiny tensors (owner: bench). A test module asks for it with
+# `pytestmark = pytest.mark.usefixtures("one_thread")`.
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors on 2 busy cores: OpenMP hand-offs cost far more than they save (softmax ~1000x
+    slower multi-threaded). One torch thread for the whole module that uses it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+# ---------------------------------------------------------------------------------------------------------
+# End of the bench block.
+# ---------------------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_support import (  # noqa: E402
-    one_thread,  # noqa: F401 - autouse fixture
     TINY_LAYER_IDS,
     TableDrafter,
     TableLM,
@@ -42,6 +41,8 @@ from dspark_cli.bench.engine import (  # noqa: E402
     Speculation,
     SpeculativeEngine,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 ALPHA = 1e-3
 

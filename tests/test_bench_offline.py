@@ -20,13 +20,14 @@ from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_support import export_random_draft, one_thread  # noqa: E402, F401 - one_thread: autouse fixture
+from bench_support import export_random_draft  # noqa: E402
 
 from dspark_cli.cli import app  # noqa: E402
 from dspark_cli.recipe import load_recipe  # noqa: E402
 from dspark_cli.targets import BUNDLED_TARGETS  # noqa: E402
 
 pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
     pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-mla"] / "config.json").is_file(), reason="tiny targets not built"),
 ]
 

@@ -19,23 +19,16 @@ size (p = 0 in double precision), so the test has power far beyond what alpha co
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_support import one_thread  # noqa: E402, F401 - autouse fixture
-
-from dspark_cli.bench.verify import (  # noqa: E402
+from dspark_cli.bench.verify import (
     Verified,
     confidence_prefix,
     target_probs,
     top_p_mask,
     verify,
-    verify_block,
     verify_greedy,
     verify_standard,
 )
@@ -45,7 +38,7 @@ L = K + 1
 TRIALS = 200_000
 ALPHA = 1e-3
 
-
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def prefix_index(prefix: tuple[int, ...]) -> int:

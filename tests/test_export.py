@@ -36,6 +36,7 @@ def trained_dir(tmp_path: Path, arch: str) -> tuple[Path, torch.nn.Module, torch
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(train / "final" / "model.safetensors"))
     (train / "final" / "config.json").write_text(json.dumps(vllm_config_dict(model.config, "float32")))
     (train / "manifest.json").write_text(json.dumps({
+        "kind": "dspark.train", "complete": True,
         "contract": {"target": "synthetic", "target_layer_ids": LAYER_IDS, "block_size": 4,
                      "extra": {"aux_attn_res_stream": False}},
         "summary": {"steps": 10, "final": {"loss": 1.0}}}))

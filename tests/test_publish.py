@@ -46,7 +46,7 @@ def exported(tmp_path_factory) -> Path:
     draft = export_random_draft(recipe, root / "draft")
     bench = root / "bench"
     bench.mkdir()
-    (bench / "bench.json").write_text(json.dumps({"draft_dir": str(draft), "offline": {"runs": [
+    (bench / "bench.json").write_text(json.dumps({"kind": "dspark.bench", "draft_dir": str(draft), "offline": {"runs": [
         {"dataset": "tiny-eval", "temperature": 0.0, "threshold": 0.0, "num_turns": 20,
          "tau": {"mean": 2.25, "ci95": [2.0, 2.5], "n": 100}},
         {"dataset": "tiny-eval", "temperature": 0.0, "threshold": 0.5, "num_turns": 20,

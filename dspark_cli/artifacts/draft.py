@@ -2,7 +2,7 @@
 
 Accepted inputs (`dspark export CHECKPOINT`):
 - a training output directory (`runs/tiny/train`): its consolidated `final/` is used, and its
-  `manifest.json` supplies the contract and the training summary;
+  `manifest.json` (`artifacts.train.read_train_manifest`) supplies the contract and the training summary;
 - a directory holding `model.safetensors` + `config.json` (a `final/` dir, or an exported draft).
 
     draft = load_draft_dir("runs/tiny/train")       # -> LoadedDraft(config, state_dict, manifest)
@@ -74,17 +74,22 @@ def draft_config_from_vllm_dict(data: dict[str, Any]) -> Any:
 
 
 def _resolve(path: Path) -> tuple[Path, dict[str, Any]]:
-    """(directory with weights + config, training manifest or {})."""
-    manifest: dict[str, Any] = {}
-    if (path / "manifest.json").is_file():
-        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    """(directory with weights + config, training manifest or {}).
+
+    A training output directory must hold the manifest of a finished run, and so must the parent of
+    a `final/` directory passed itself. Any other directory of weights (an exported draft, a copy)
+    takes a training run's manifest.json beside it or in its parent when there is one, and ignores
+    any other file of that name (another tool's)."""
+    from dspark_cli.artifacts.files import MANIFEST_NAME, manifest_kind
+    from dspark_cli.artifacts.train import KIND, read_train_manifest
+
     if (path / "final" / WEIGHTS).is_file():
-        return path / "final", manifest
+        return path / "final", read_train_manifest(path)
     if (path / WEIGHTS).is_file():
-        parent = path.parent / "manifest.json"
-        if not manifest and parent.is_file():
-            manifest = json.loads(parent.read_text(encoding="utf-8"))
-        return path, manifest
+        if path.name == "final" and (path.parent / MANIFEST_NAME).is_file():
+            return path, read_train_manifest(path.parent)
+        beside = next((d for d in (path, path.parent) if manifest_kind(d) == KIND), None)
+        return path, read_train_manifest(beside) if beside is not None else {}
     if (path / "checkpoints").is_dir():
         raise UsageError(f"{path} has checkpoints but no consolidated final/ draft (training did not finish)",
                          "finish it with `dspark train --resume auto`, then export")

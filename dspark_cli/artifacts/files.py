@@ -68,9 +68,12 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise DataError(f"{directory}: no {MANIFEST_NAME}; not a dspark artifact (or an unfinished one)",
                         "re-run the stage that makes it")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: corrupt manifest ({exc.msg} at line {exc.lineno})", "re-run the stage") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: corrupt manifest (not a JSON object)", "re-run the stage")
+    return data
 
 
 def resumable_manifest(out_dir: Path, *, kind: str, fingerprint: str, shard_glob: str, section: str,

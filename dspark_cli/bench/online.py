@@ -285,13 +285,12 @@ def sweep(base_url: str, datasets: list[BenchDataset], recipe: Recipe, *,
 
 
 def load_baseline_report(path: str) -> dict[str, Any]:
+    from dspark_cli.artifacts.bench import read_bench_report
+
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"bench.baseline_report not found: {path}", "point it at a bench.json written by dspark bench")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: invalid JSON ({exc.msg})") from None
+    data = read_bench_report(file)
     online = data.get("online") or {}
     if not online.get("endpoint_runs"):
         raise DataError(f"{path} has no online runs to use as a baseline", "run dspark bench --endpoint on the baseline")

@@ -5,6 +5,7 @@
 
 Reference numbers (`bench.reference`, e.g. `{mt_bench_tau_t1: 3.72}`: the DSpark paper's MT-Bench tau
 for Qwen3-8B at T = 1) are matched to runs by `<dataset>_tau_t<temperature>` and shown beside ours.
+bench.json is read back by `dspark_cli.artifacts.bench.read_bench_report`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.artifacts.bench import REPORT
 from dspark_cli.artifacts.files import write_json_atomic
 
 
@@ -152,11 +154,11 @@ def write_report(result: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
     from dspark_cli.bench.plots import write_plots
 
     out = Path(out_dir)
-    files: dict[str, Any] = {"json": str(out / "bench.json"), "markdown": str(out / "bench.md"), "plots": {}}
+    files: dict[str, Any] = {"json": str(out / REPORT), "markdown": str(out / "bench.md"), "plots": {}}
     result["files"] = files
-    write_json_atomic(out / "bench.json", result)  # the measurements first: plotting can still fail
+    write_json_atomic(out / REPORT, result)  # the measurements first: plotting can still fail
     files["plots"] = plots = write_plots(result, result.get("reference", []), out)
-    write_json_atomic(out / "bench.json", result)
+    write_json_atomic(out / REPORT, result)
     tmp = out / ".bench.md.tmp"
     tmp.write_text(markdown(result, plots), encoding="utf-8")
     tmp.replace(out / "bench.md")

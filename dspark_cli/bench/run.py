@@ -35,11 +35,12 @@ def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: b
         raise UsageError("nothing to benchmark", "pass DRAFT_DIR --offline, or --endpoint URL of a running server")
     if offline and draft_dir is None:
         draft_dir = recipe.stage_dir("export")
+    from dspark_cli.artifacts.bench import KIND
     from dspark_cli.artifacts.files import ensure_writable_dir
 
     out_dir = ensure_writable_dir(recipe.stage_dir("bench"), "the bench report")  # before the work, not after
     result: dict[str, Any] = {
-        "kind": "dspark.bench", "format_version": 1, "dspark": __version__, "name": recipe.name,
+        "kind": KIND, "format_version": 1, "dspark": __version__, "name": recipe.name,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "target": recipe.target.model, "draft_dir": str(draft_dir) if draft_dir else None,
         "bench": recipe.bench.model_dump(mode="json"), "serve": recipe.serve.model_dump(mode="json"),

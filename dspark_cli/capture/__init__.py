@@ -8,9 +8,10 @@
     python -m dspark_cli.capture.online RECIPE QUEUE_DIR  # online producer; the trainer runs iter_queue
 
 Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `hf.py` (transformers hooks),
-`vllm.py` (GPU engine arguments and post-processing), `shards.py` (safetensors format, reader),
+`vllm.py` (GPU engine arguments and post-processing), `shards.py` (safetensors format, tensor decoding),
 `queue.py` (bounded online queue), `run.py` (orchestration), `online.py` (producer entry point),
-`types.py` (`CapturedSequence`). Importing this package does not import torch.
+`types.py` (`CapturedSequence`). The output directory and its manifest are read by
+`dspark_cli.artifacts.capture`. Importing this package does not import torch.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ _EXPORTS = {
     "contract_for_recipe": "dspark_cli.capture.plan",
     "build_plan": "dspark_cli.capture.plan",
     "resolve_layer_ids": "dspark_cli.capture.plan",
-    "RECAPTURE": "dspark_cli.capture.shards",
-    "damaged_shards": "dspark_cli.capture.shards",
     "run_capture": "dspark_cli.capture.run",
     "iter_captured": "dspark_cli.capture.shards",
-    "verify_captured": "dspark_cli.capture.shards",
+    "verify_captured": "dspark_cli.artifacts.capture",  # the capture directory's reader, no tensors
     "OnlineQueue": "dspark_cli.capture.queue",
     "iter_queue": "dspark_cli.capture.queue",
     "produce_online": "dspark_cli.capture.online",

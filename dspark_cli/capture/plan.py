@@ -223,8 +223,11 @@ def plan_capture(recipe: Recipe) -> dict[str, Any]:
 
 
 def _already_done(recipe: Recipe, plan: CapturePlan) -> int:
-    path = Path(recipe.stage_dir("capture")) / "manifest.json"
-    if not path.is_file():
+    """Shards a capture of this very plan has already listed in its output directory (finished or not)."""
+    from dspark_cli.artifacts.files import MANIFEST_NAME, read_manifest
+
+    directory = Path(recipe.stage_dir("capture"))
+    if not (directory / MANIFEST_NAME).is_file():
         return 0
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest = read_manifest(directory)
     return len(manifest.get("shards", [])) if manifest.get("fingerprint") == plan.fingerprint else 0

@@ -21,7 +21,8 @@ from typing import Any
 
 from dspark_cli import __version__
 from dspark_cli.capture.plan import CapturePlan, build_plan, goal_bytes_per_token
-from dspark_cli.capture.shards import MANIFEST_KIND, shard_name, write_shard
+from dspark_cli.artifacts.capture import KIND as MANIFEST_KIND
+from dspark_cli.capture.shards import shard_name, write_shard
 from dspark_cli.artifacts.files import MANIFEST_NAME, resumable_manifest, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
 

@@ -1,4 +1,4 @@
-"""Hidden-state shards: safetensors files of many sequences, a manifest, and a reader that trusts nothing.
+"""Hidden-state shards: safetensors files of many sequences, written and decoded by a reader that trusts nothing.
 
     write_shard(out / "shard-00000.safetensors", sequences, layer_ids=[1, 2, 3], hidden_size=160)
     for seq in iter_captured("runs/tiny/hidden", expect=contract): ...
@@ -15,6 +15,8 @@ M loss-masked tokens, n layers of width H):
 and the safetensors metadata `{"format": "dspark.capture.v1", "ids": [...], "target_layer_ids": [...],
 "hidden_size": H}`. Files are written to a temp name, fsynced and renamed. Readers check size and
 sha256 against the manifest before anything is yielded, then the layout; every failure is one line.
+The capture directory and its manifest are read by `dspark_cli.artifacts.capture` (`read_capture`,
+`verify_shard_file`, `verify_captured`); this module decodes the tensors.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from dspark_cli.artifacts.capture import RECAPTURE, read_capture, verify_shard_file
+from dspark_cli.artifacts.files import make_public, sha256_file
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
-from dspark_cli.artifacts.files import make_public, read_manifest, sha256_file
 
 SHARD_FORMAT = "dspark.capture.v1"
-MANIFEST_KIND = "dspark.capture"
 HIDDEN_DTYPE = torch.bfloat16
 
 
@@ -70,41 +72,13 @@ def write_shard(path: Path, sequences: list[CapturedSequence], *, layer_ids: lis
             "loss_tokens": int(tensors["loss_mask"].sum()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-# What fixes a damaged offline shard: `dspark train` (and `dspark run`) capture a finished capture's
-# missing shards again before training (training/run.py), so deleting the file is the whole repair.
-RECAPTURE = "delete it and re-run `dspark train` (capture rewrites missing shards); nothing was read from it"
 QUEUE_HINT = "the online capture queue is damaged; re-run `dspark train`"
-
-
-def verify_file(path: Path, entry: dict[str, Any], hint: str = RECAPTURE) -> None:
-    """One-line DataError unless `path` exists with the size and sha256 its manifest `entry` records."""
-    if not path.is_file():
-        raise DataError(f"{path}: missing", "re-run `dspark train` (capture rewrites missing shards)"
-                        if hint == RECAPTURE else hint)
-    size = path.stat().st_size
-    if size != entry["bytes"]:
-        raise DataError(f"{path}: truncated or altered ({size} bytes, the manifest says {entry['bytes']})", hint)
-    if sha256_file(path) != entry["sha256"]:
-        raise DataError(f"{path}: checksum mismatch (corrupt shard)", hint)
-
-
-def damaged_shards(directory: Path, manifest: dict[str, Any]) -> list[str]:
-    """Shards of a finished capture whose files are missing (to capture again); one-line DataError
-    for one present with the wrong size. Sizes only (stat): checksums are checked as shards are read."""
-    missing = []
-    for entry in manifest.get("shards", []):
-        path = Path(directory) / entry["file"]
-        if not path.is_file():
-            missing.append(entry["file"])
-        elif path.stat().st_size != entry["bytes"]:
-            verify_file(path, entry)
-    return missing
 
 
 def read_shard(path: Path, entry: dict[str, Any], *, layer_ids: list[int], hidden_size: int,
                hint: str = RECAPTURE) -> list[CapturedSequence]:
     """Verify `path` against its manifest `entry` (size, sha256), then its layout; return its sequences."""
-    verify_file(path, entry, hint)
+    verify_shard_file(path, entry, hint)
     try:
         with safe_open(str(path), "pt") as handle:
             meta = handle.metadata() or {}
@@ -150,34 +124,11 @@ def unpack(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str], *
     return out
 
 
-def check_manifest(directory: Path, manifest: dict[str, Any], expect: Contract | None) -> None:
-    """Refuse a manifest that is not a finished capture or was made under another contract (one line)."""
-    if manifest.get("kind") != MANIFEST_KIND:
-        raise DataError(f"{directory}: not a dspark capture output (kind {manifest.get('kind')!r})",
-                        "point to the capture output directory (default <output_dir>/hidden)")
-    if not manifest.get("complete"):
-        raise DataError(f"{directory}: capture did not finish", "re-run `dspark train` (capture resumes where it stopped)")
-    if expect is not None:
-        expect.check_against(manifest["contract"], str(directory))
-
-
 def iter_captured(directory: str | os.PathLike[str], *, expect: Contract | None = None) -> Iterator[CapturedSequence]:
     """Every captured sequence of an offline capture directory, shard by shard, each shard verified first."""
     directory = Path(directory)
-    manifest = read_manifest(directory)
-    check_manifest(directory, manifest, expect)
+    manifest = read_capture(directory, expect=expect)
     layout = manifest["layout"]
     for entry in manifest["shards"]:
         yield from read_shard(directory / entry["file"], entry, layer_ids=layout["target_layer_ids"],
                               hidden_size=layout["hidden_size"])
-
-
-def verify_captured(directory: str | os.PathLike[str], *, expect: Contract | None = None) -> dict[str, Any]:
-    """Check the manifest and every shard's size and sha256 without loading tensors (one pass over the
-    files); a trainer that must not start on a damaged cache calls this first. Returns the manifest."""
-    directory = Path(directory)
-    manifest = read_manifest(directory)
-    check_manifest(directory, manifest, expect)
-    for entry in manifest["shards"]:
-        verify_file(directory / entry["file"], entry)
-    return manifest

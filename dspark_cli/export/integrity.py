@@ -109,7 +109,7 @@ def draft_findings(draft_dir: str | Path, target: str | None = None, *,
                                        "were not checked", "export it with dspark", "warning")]
     manifest = read_draft_manifest(draft_dir)
     findings = checksum_findings(draft_dir, manifest)  # first: a changed file explains the findings after it
-    findings += check_draft_dir(draft_dir, local_config(target))
+    findings += check_draft_dir(draft_dir, local_config(target), bool(manifest.get("include_embeddings")))
     return manifest, [*findings, *target_findings(manifest, target), *serving_findings(manifest)]
 
 

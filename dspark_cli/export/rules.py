@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.artifacts.draft import DRAFT_MANIFEST, read_draft_manifest
 from dspark_cli.errors import DataError
 
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -254,9 +255,9 @@ def check_draft_dir(directory: str | Path, target_config: dict[str, Any] | None 
     except (OSError, ValueError, DataError) as exc:
         return [Finding("model.safetensors", f"unreadable header ({getattr(exc, 'message', exc)})", "export again")]
     findings = check_config(config)
-    if include_embeddings is None:
-        manifest = directory / "dspark_manifest.json"
-        include_embeddings = bool(manifest.is_file() and json.loads(manifest.read_text()).get("include_embeddings"))
+    if include_embeddings is None:  # what export recorded; a broken manifest is its reader's one-line error
+        include_embeddings = (directory / DRAFT_MANIFEST).is_file() and \
+            bool(read_draft_manifest(directory).get("include_embeddings"))
     if not any(f.severity == "error" and f.key in ("architectures",) for f in findings):
         findings += check_weights(config, tensors, include_embeddings)
     if target_config is not None:

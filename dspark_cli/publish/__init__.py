@@ -8,9 +8,8 @@ vLLM loader check (`dspark export --check`), the repo id must be `owner/name`, a
 for must have a token -- all before the first byte is sent. Then one commit per hub uploads the
 draft's files, a README.md model card (unless the directory already has one) and, when the recipe's
 bench stage measured this draft, its report under `bench/`.
-
-Other packages import only the names below: `repo_id_problem` (recipe validation) and
-`known_tokens` / `scrub` (the CLI keeps tokens out of every message) are the hub rules kept here.
+The hub rules that other parts need too (the repo-id rule, the token scrubber) live in
+`dspark_cli/hubrules.py`.
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ from dspark_cli.lazy import lazy_exports
 _EXPORTS = {
     "preflight": "dspark_cli.publish.run",
     "publish_draft": "dspark_cli.publish.run",
-    "repo_id_problem": "dspark_cli.publish.hubs",
-    "known_tokens": "dspark_cli.publish.hubs",
-    "scrub": "dspark_cli.publish.hubs",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -9,8 +9,8 @@
 and tokens follow the hub clients' own conventions (HF_ENDPOINT / HF_TOKEN or `hf auth login`;
 MODELSCOPE_ENDPOINT / MODELSCOPE_API_TOKEN or `modelscope login`), overridable from the recipe's
 `publish` section. Every message that leaves a hub client -- errors, log records -- passes `scrub`
-first, so a server that echoes `Authorization: Bearer <token>` back cannot put the token on the
-terminal. ModelScope's client commits a folder, so its files are staged as hard links
+(`dspark_cli/hubrules.py`) first, so a server that echoes `Authorization: Bearer <token>` back cannot
+put the token on the terminal. ModelScope's client commits a folder, so its files are staged as hard links
 (copies across filesystems) in a hidden directory beside the draft, removed afterwards; its
 uploader batches commits by size, which for a draft (a few small files and one weights file) is
 one commit.
@@ -22,33 +22,13 @@ import contextlib
 import io
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from dspark_cli.errors import DsparkError, UsageError
-
-# --- tokens never leave: every message from a hub client passes through `scrub` ----------------------
-
-_SECRET_SHAPES = (
-    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 ***"),  # an Authorization header value
-    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), "hf_***"),  # a Hugging Face token (hf_ + 34 characters) anywhere
-    (re.compile(r"(?i)([?&](?:token|access_token|api_key|apikey)=)[^&\s'\"]+"), r"\1***"),  # in a URL
-    (re.compile(r"(?i)((?:token|api_key|apikey|authorization)[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9._~+/=-]{8,}"),
-     r"\1***"),  # "token": "...", api_key=... in an echoed request
-)
-
-
-def scrub(text: str, secrets: tuple[str, ...] = ()) -> str:
-    """`text` without the given tokens and without anything shaped like a credential."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    for pattern, replacement in _SECRET_SHAPES:
-        text = pattern.sub(replacement, text)
-    return text
+from dspark_cli.hubrules import scrub
 
 
 @contextlib.contextmanager
@@ -98,30 +78,6 @@ def hub_tokens(hubs: list[str]) -> dict[str, str]:
     return tokens
 
 
-_REPO_PART = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?$")
-
-
-def repo_id_problem(repo_id: str) -> str | None:
-    """Why `repo_id` is not a name both hubs accept, or None. Hugging Face's rule (huggingface_hub's
-    `validate_repo_id`), with the namespace required: `owner/name`, each part 1-96 characters of
-    letters, digits, `_`, `-` and `.`, not starting or ending with `-` or `.`, no `--` or `..`, not
-    ending in `.git`."""
-    parts = repo_id.split("/")
-    if len(parts) != 2:
-        return f"{repo_id!r} is not of the form owner/name"
-    for part, what in zip(parts, ("owner", "name")):
-        if len(part) > 96:
-            return f"its {what} is {len(part)} characters long; the hubs allow at most 96"
-        if not _REPO_PART.match(part):
-            return (f"its {what} {part!r} may hold only letters, digits, '_', '-' and '.', and may not start "
-                    "or end with '-' or '.'")
-    if "--" in repo_id or ".." in repo_id:
-        return f"{repo_id!r} contains '--' or '..', which the hubs refuse"
-    if repo_id.endswith(".git"):
-        return f"{repo_id!r} ends in '.git', which the hubs refuse"
-    return None
-
-
 def huggingface_token() -> str:
     from huggingface_hub import get_token
 
@@ -146,18 +102,6 @@ def _reason(exc: Exception) -> str:
     said = " ".join(str(getattr(exc, "server_message", None) or "").split())
     line = f"{first}: {said}" if said and said not in first else first
     return f"HTTP {status}: {line}" if status and str(status) not in line else line
-
-
-def known_tokens() -> tuple[str, ...]:
-    """The hub tokens this process could be using (environment and Hugging Face's token file), without
-    importing a hub client: what `scrub` removes from any error the CLI prints."""
-    names = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN")
-    tokens = [os.environ[name] for name in names if os.environ.get(name)]
-    hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    for token_file in (Path(os.environ.get("HF_TOKEN_PATH") or hf_home / "token"),):
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            tokens.append(token_file.read_text(encoding="utf-8").strip())
-    return tuple(t for t in tokens if len(t) >= 8)
 
 
 def upload_huggingface(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from dspark_cli.errors import DataError, DsparkError, UsageError
 from dspark_cli.publish.card import model_card
-from dspark_cli.publish.hubs import hub_tokens, repo_id_problem, upload_huggingface, upload_modelscope
+from dspark_cli.hubrules import repo_id_problem
+from dspark_cli.publish.hubs import hub_tokens, upload_huggingface, upload_modelscope
 
 BENCH_FILES = ("bench.json", "bench.md")
 CARD_FILES = ("README.md",)  # a model card the user wrote into the draft dir is published as is
@@ -37,11 +37,12 @@ def _check_draft(draft_dir: Path, target: str | None) -> tuple[dict[str, Any], l
 
 def _bench_report(recipe: Any, draft_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Path]]:
     """The recipe's bench report if it measured this very draft: (bench.json, files to upload under bench/)."""
+    from dspark_cli.artifacts.bench import REPORT, read_bench_report
+
     bench_dir = Path(recipe.stage_dir("bench"))
-    report = bench_dir / "bench.json"
-    if not report.is_file():
+    if not (bench_dir / REPORT).is_file():
         return None, {}
-    data = json.loads(report.read_text(encoding="utf-8"))
+    data = read_bench_report(bench_dir / REPORT)
     if Path(str(data.get("draft_dir", ""))).resolve() != draft_dir.resolve():
         return None, {}
     files = {f"bench/{name}": bench_dir / name for name in BENCH_FILES if (bench_dir / name).is_file()}

@@ -113,7 +113,7 @@ def _check_stages(recipe: Recipe) -> list[str]:
             f"train.max_seq_len: {train.max_seq_len} exceeds target.max_model_len {recipe.target.max_model_len}"
         )
     if recipe.publish.repo_id is not None:
-        from dspark_cli.publish import repo_id_problem
+        from dspark_cli.hubrules import repo_id_problem
 
         problem = repo_id_problem(recipe.publish.repo_id)
         if problem:

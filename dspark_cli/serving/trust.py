@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from dspark_cli.artifacts.draft import DRAFT_MANIFEST, read_draft_manifest
 from dspark_cli.errors import UsageError
 
 TRUST_FIELDS: dict[str, Any] = {"target.trust_remote_code": False, "serve.extra_args": [],
@@ -28,19 +29,16 @@ TRUST_FIELDS: dict[str, Any] = {"target.trust_remote_code": False, "serve.extra_
 
 
 def recipe_of_dir(directory: str | Path) -> str | None:
-    """The recipe file a draft dir carries: its recipe.yaml, else its manifest's recipe written to a temp file."""
-    import json
-
+    """The recipe file a draft dir carries: its recipe.yaml, else its manifest's recipe written to a temp file;
+    None when it has neither. A manifest that is there but broken is its reader's one-line error."""
     import yaml
 
     directory = Path(directory)
     if (directory / "recipe.yaml").is_file():
         return str(directory / "recipe.yaml")
-    manifest = directory / "dspark_manifest.json"
-    try:
-        recipe = json.loads(manifest.read_text(encoding="utf-8")).get("recipe") if manifest.is_file() else None
-    except (ValueError, OSError, AttributeError):
-        recipe = None
+    if not (directory / DRAFT_MANIFEST).is_file():
+        return None
+    recipe = read_draft_manifest(directory).get("recipe")
     if not isinstance(recipe, dict) or not recipe:
         return None
     handle = tempfile.NamedTemporaryFile("w", prefix="dspark-draft-recipe-", suffix=".yaml", delete=False)  # noqa: SIM115

@@ -25,5 +25,6 @@ Importing this package is free (no torch); the pieces import it themselves.
 Output layout under `recipe.stage_dir("train")`:
 `checkpoints/step-NNNNNN/` (DCP + meta.json) and `checkpoints/latest`, `metrics.jsonl`,
 `recipe.yaml`, `manifest.json`, and `final/model.safetensors` + `final/config.json` (a plain
-consolidated draft in vLLM's names, loadable without torch.distributed).
+consolidated draft in vLLM's names, loadable without torch.distributed). It is read back (manifest,
+`latest`, meta.json, checksums.json) by `dspark_cli.artifacts.train`.
 """

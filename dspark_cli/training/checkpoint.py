@@ -19,13 +19,13 @@ checkpoint and pointer intact, so a crash costs at most one checkpoint interval.
 full) removes its temp dir; the next run removes any that a killed run left (`clean_stale`).
 Loading verifies the checksums before anything is unpickled and refuses a checkpoint without them
 (integrity.py). The newest `KEEP` checkpoints are kept. The frozen target embeddings are buffers,
-not parameters: they are never in a checkpoint.
+not parameters: they are never in a checkpoint. The directory is read back (`latest`, meta.json,
+checksums.json) by `dspark_cli.artifacts.train`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import warnings
@@ -35,15 +35,14 @@ from typing import Any
 import torch
 
 from dspark_cli.contract import Contract
-from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.artifacts.files import write_json_atomic
+from dspark_cli.artifacts.train import LATEST, META, is_complete_checkpoint, latest_checkpoint, read_checkpoint_meta
+from dspark_cli.errors import ContractError, UsageError
 from dspark_cli.training.distributed import DistEnv, barrier
 from dspark_cli.training.integrity import (SafePlanner, SafeReader, checkpoint_errors, hash_own_files,
                                           verify_checkpoint, write_checksums)
 
 KEEP = 3
-LATEST = "latest"
-META = "meta.json"
 
 
 def step_name(step: int) -> str:
@@ -137,27 +136,10 @@ def _write_pointer(root: Path, name: str) -> None:
     _fsync_dir(root)
 
 
-def _complete(path: Path) -> bool:
-    """Renamed into place (what `latest` may name); whether its files are intact is `verify_checkpoint`'s job."""
-    return (path / META).is_file() and (path / ".metadata").is_file()
-
-
 def _prune(root: Path) -> None:
-    done = sorted(p for p in root.glob("step-*") if _complete(p))
+    done = sorted(p for p in root.glob("step-*") if is_complete_checkpoint(p))
     for old in done[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    """The checkpoint `latest` names; the newest complete one if the pointer is missing or stale."""
-    root = Path(out_dir) / "checkpoints"
-    pointer = root / LATEST
-    if pointer.is_file():
-        named = root / pointer.read_text(encoding="utf-8").strip()
-        if _complete(named):
-            return named
-    done = sorted(p for p in root.glob("step-*") if _complete(p))
-    return done[-1] if done else None
 
 
 def resolve_resume(out_dir: Path, resume: str) -> Path | None:
@@ -176,17 +158,10 @@ def resolve_resume(out_dir: Path, resume: str) -> Path | None:
         if found is None:
             raise UsageError(f"{path} has no complete checkpoint", "pass a checkpoints/step-NNNNNN directory")
         return found
-    if not _complete(path):
+    if not is_complete_checkpoint(path):
         raise UsageError(f"--resume {resume}: not a complete dspark checkpoint (needs {META} and .metadata)",
                          "pass --resume auto, never, or a checkpoints/step-NNNNNN directory")
     return path
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads((Path(path) / META).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path}: unreadable {META} ({exc})", "resume from another checkpoint") from None
 
 
 def check_contract(meta: dict[str, Any], contract: Contract, where: Path) -> None:
@@ -208,7 +183,7 @@ def load_checkpoint(env: DistEnv, path: Path, *, module: torch.nn.Module, optimi
     from dspark_cli.training.settings import check_same_settings
 
     verify_checkpoint(env, path)
-    meta = read_meta(path)
+    meta = read_checkpoint_meta(path)
     check_contract(meta, contract, path)
     if settings is not None:  # before the load: a changed draft shape would not even load
         check_same_settings(meta.get("settings"), settings, where=path, out_dir=Path(path).parent.parent)

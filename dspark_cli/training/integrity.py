@@ -6,11 +6,11 @@
     with checkpoint_errors("load", path): dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner())
 
 Checksums: `checksums.json` lists the sha256 and size of every file of the checkpoint (the DCP
-`.metadata` and `__<rank>_<n>.distcp` files, meta.json, recipe.yaml). It is written last, inside the
-temp directory, before the atomic rename, so a complete checkpoint always has one. Before a load
-every listed file is checked (ranks split the files and agree on the first failure), so a
-truncated, overwritten or bit-flipped file is one DataError naming it -- before torch reads any of
-it. A checkpoint without `checksums.json` (an older dspark, or made by hand) is refused: there is no
+`.metadata` and `__<rank>_<n>.distcp` files, meta.json, recipe.yaml; read and checked file by file
+by `dspark_cli.artifacts.train`). It is written last, inside the temp directory, before the atomic
+rename, so a complete checkpoint always has one. Before a load every listed file is checked (ranks
+split the files and agree on the first failure), so a truncated, overwritten or bit-flipped file is
+one DataError naming it -- before torch reads any of it. A checkpoint without `checksums.json` (an older dspark, or made by hand) is refused: there is no
 way to tell it is intact.
 
 Checksums stop accidents, not an attacker who rewrites checksums.json too, so loading itself runs
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import pickle
 import shutil
 from collections.abc import Iterator
@@ -39,12 +38,11 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from dspark_cli.errors import DataError, DsparkError
 from dspark_cli.artifacts.files import sha256_file, write_json_atomic
+from dspark_cli.artifacts.train import (CHECKSUMS, CHECKSUMS_FORMAT, checkpoint_file_problem, checkpoint_hint,
+                                        read_checksums)
+from dspark_cli.errors import DataError, DsparkError
 from dspark_cli.training.distributed import DistEnv
-
-CHECKSUMS = "checksums.json"
-FORMAT = "dspark.checkpoint-checksums.v1"
 
 
 def _gather(env: DistEnv, value: Any) -> list[Any]:
@@ -77,41 +75,7 @@ def write_checksums(directory: Path, digests: dict[str, dict[str, Any]]) -> None
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.name not in files and path.name != CHECKSUMS:
             files[path.name] = _entry(path)
-    write_json_atomic(directory / CHECKSUMS, {"format": FORMAT, "files": files})
-
-
-def _hint(path: Path) -> str:
-    return (f"resume from an earlier checkpoint (--resume {path.parent}/step-NNNNNN), or start over in a new "
-            "directory with -o DIR")
-
-
-def read_checksums(path: Path) -> dict[str, dict[str, Any]]:
-    file = Path(path) / CHECKSUMS
-    if not file.is_file():
-        raise DataError(f"{path}: checkpoint has no {CHECKSUMS} (written by an older dspark, by hand, or not "
-                        "finished), so it cannot be checked; refusing to load it", _hint(Path(path)))
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-        files = data["files"]
-        if data.get("format") != FORMAT or not isinstance(files, dict):
-            raise ValueError(f"format {data.get('format')!r}")
-        return {str(name): {"bytes": int(e["bytes"]), "sha256": str(e["sha256"])} for name, e in files.items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"{file}: unreadable checksums ({exc})", _hint(Path(path))) from None
-
-
-def _check(path: Path, name: str, entry: dict[str, Any]) -> str | None:
-    file = path / name
-    if "/" in name or name.startswith(".."):
-        return f"{path}: {CHECKSUMS} lists a file outside the checkpoint ({name!r})"
-    if not file.is_file():
-        return f"{file}: missing (listed in {CHECKSUMS})"
-    size = file.stat().st_size
-    if size != entry["bytes"]:
-        return f"{file}: truncated or altered ({size} bytes, {CHECKSUMS} says {entry['bytes']})"
-    if sha256_file(file) != entry["sha256"]:
-        return f"{file}: checksum mismatch (corrupt checkpoint file)"
-    return None
+    write_json_atomic(directory / CHECKSUMS, {"format": CHECKSUMS_FORMAT, "files": files})
 
 
 def verify_checkpoint(env: DistEnv, path: Path) -> None:
@@ -123,10 +87,10 @@ def verify_checkpoint(env: DistEnv, path: Path) -> None:
                     if name not in files), None)
     if problem is None:
         names = sorted(files)
-        problem = next((p for name in names[env.rank::env.world_size] if (p := _check(path, name, files[name]))), None)
+        problem = next((p for name in names[env.rank::env.world_size] if (p := checkpoint_file_problem(path, name, files[name]))), None)
     first = next((p for p in _gather(env, problem) if p), None)
     if first:
-        raise DataError(first + "; nothing was loaded from it", _hint(path))
+        raise DataError(first + "; nothing was loaded from it", checkpoint_hint(path))
 
 
 # -- loading that runs no code ----------------------------------------------------------------------
@@ -201,7 +165,8 @@ def checkpoint_errors(action: str, path: Path) -> Iterator[None]:
         yield
     except (CheckpointException, OSError, pickle.UnpicklingError, EOFError) as exc:
         if action == "load":
-            raise DataError(f"{path}: unreadable checkpoint ({_first_failure(exc)})", _hint(Path(path))) from None
+            raise DataError(f"{path}: unreadable checkpoint ({_first_failure(exc)})",
+                            checkpoint_hint(Path(path))) from None
         what = "writing final/" if path.name == "final" else f"saving checkpoint {path.name}"
         raise DsparkError(f"{what} failed ({_first_failure(exc)}{_free_space(path.parent)}); the previous "
                           "checkpoint is intact", "free disk space (or fix the error), then re-run: "

@@ -61,13 +61,12 @@ def capture_lengths(directory: str | Path, max_seq_len: int) -> list[int]:
     """
     from safetensors import SafetensorError, safe_open
 
-    from dspark_cli.capture import RECAPTURE
+    from dspark_cli.artifacts.capture import RECAPTURE, read_capture
     from dspark_cli.errors import DataError
-    from dspark_cli.artifacts.files import read_manifest
 
     directory = Path(directory)
     lengths = []
-    for entry in read_manifest(directory)["shards"]:
+    for entry in read_capture(directory)["shards"]:
         try:
             with safe_open(str(directory / entry["file"]), "pt") as handle:
                 seq_lens, mask = handle.get_tensor("seq_lens").tolist(), handle.get_tensor("loss_mask").bool()
@@ -91,12 +90,11 @@ def _offline_source(recipe: Recipe, contract: Contract, env) -> tuple[Callable[[
     file is missing (a damaged shard's error says to delete it): it resumes, rewriting just those.
     A complete capture made with other capture settings is refused rather than trained on."""
     from dspark_cli.capture import iter_captured
-    from dspark_cli.capture import damaged_shards
-    from dspark_cli.artifacts.files import read_manifest
+    from dspark_cli.artifacts.capture import damaged_shards, finished_capture, read_capture
     from dspark_cli.training.distributed import barrier
 
     directory = Path(recipe.stage_dir("capture"))
-    manifest = read_manifest(directory) if (directory / "manifest.json").is_file() else {}
+    manifest = finished_capture(directory) or {}
     if manifest.get("complete"):
         _check_capture_settings(recipe, directory, manifest)
     missing = damaged_shards(directory, manifest) if manifest.get("complete") else []
@@ -108,7 +106,7 @@ def _offline_source(recipe: Recipe, contract: Contract, env) -> tuple[Callable[[
         run_capture(recipe)
     barrier(env)
     expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
-    return (lambda: iter_captured(directory, expect=expect)), read_manifest(directory).get("fingerprint")
+    return (lambda: iter_captured(directory, expect=expect)), read_capture(directory).get("fingerprint")
 
 
 def _check_capture_settings(recipe: Recipe, directory: Path, manifest: dict[str, Any]) -> None:
