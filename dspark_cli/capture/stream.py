@@ -224,7 +224,10 @@ class StreamReader:
         self.peak_bytes = max(self.peak_bytes, self.store.used_bytes())
         where = f"{self.location}/{shard_key(index)}"
         if data is None:
-            raise DataError(f"{where}: published but gone (released by a run further ahead?)", HINT)
+            if index < released_below(self.store):
+                raise DataError(f"{self.location}: shard {index} was already trained on and released",
+                                "resume from the checkpoint that released it (--resume auto), or " + HINT)
+            raise DataError(f"{where}: published but gone", HINT)
         if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise DataError(f"{where}: checksum mismatch (corrupt or altered shard)", HINT)
         layout = self.status[worker]["layout"]

@@ -10,8 +10,10 @@
 The plan comes from the capture plan (datagen lengths; no hidden state needed): epoch 0 takes the
 trainable sequences in plan order (shard 0, 1, ...: the order producers finish them in, so
 the stream stays short), later epochs (only with `capture.keep_max_bytes`) a seeded shuffle of the
-shards and of each shard's sequences. Steps are packed by `plan.pack_steps` (budget
-`train.tokens_per_step`, >= 1 sequence per rank) and split over ranks by `Step.for_rank`'s balanced
+shards and of each shard's sequences. Steps are packed by `plan.pack_steps` on the budget
+`train.tokens_per_step` alone, so a step's global batch does not depend on P or N; only where a
+step would hold fewer sequences than ranks does it join the next one (the last step takes the few
+left at the end, so every sequence is trained). Each step is split over ranks by `Step.for_rank`'s balanced
 rule, from lengths alone, so every rank knows every step's owner of every sequence; a rank reads
 only the shards holding its own sequences. Anchors are seeded by (seed, epoch, position in the plan).
 
@@ -113,14 +115,26 @@ def plan_online(capture_plan: Any, *, max_seq_len: int, tokens_per_step: int, wo
     steps: list[list[list[Item]]] = []
     num_shards = len(capture_plan.shards)
     last_use = [0] * num_shards
-    for group in pack_steps(((i, i.num_tokens) for i in items), tokens_per_step, world_size):
+    groups: list[list[Item]] = []
+    pending: list[Item] = []
+    for group in pack_steps(((i, i.num_tokens) for i in items), tokens_per_step, 1):  # the budget alone
+        pending += group
+        if len(pending) >= world_size:  # a step of fewer sequences than ranks joins the next one
+            groups.append(pending)
+            pending = []
+            if max_steps is not None and len(groups) >= max_steps:
+                break
+    if pending and groups and (max_steps is None or len(groups) < max_steps):
+        groups[-1] += pending  # the few left at the end join the last step
+    elif pending and not groups:
+        raise DataError(f"{len(items)} trainable sequences cannot give each of {world_size} ranks one",
+                        "use fewer ranks, or more datagen samples")
+    for group in groups:
         split = Step([_Length(i) for i in group], {})
         steps.append([[e.item for e in split.for_rank(r, world_size)] for r in range(world_size)])
         for item in group:
             if item.epoch == 0:
                 last_use[item.shard] = len(steps)
-        if max_steps is not None and len(steps) >= max_steps:
-            break
     for s in range(1, num_shards):  # a shard nothing trains on goes with the one before it
         last_use[s] = max(last_use[s], last_use[s - 1])
     return OnlinePlan(steps, num_shards, last_use, keep)
