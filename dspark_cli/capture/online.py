@@ -1,11 +1,12 @@
 """Online capture producers: P processes, each with its own engine, publish their shards into the stream.
 
     python -m dspark_cli.capture.online RECIPE STREAM [key=value ...]            # supervise capture.workers producers
-    python -m dspark_cli.capture.online RECIPE STREAM --worker 1 [key=value ...] # one producer (what the supervisor runs)
+    python -m dspark_cli.capture.online RECIPE STREAM --only=2,3 [key=value ...] # supervise producers 2 and 3 here
+    python -m dspark_cli.capture.online RECIPE STREAM --worker=1 [key=value ...] # one producer (what the supervisor runs)
 
 `dspark train` starts the supervisor itself (global rank 0, in a thread) unless
-`capture.external_producers`; on inference machines `dspark capture --online STREAM RECIPE` runs
-it. The supervisor restarts a producer that died (SIGKILL, OOM, ...) up to `MAX_RESTARTS` times;
+`capture.external_producers`; on inference machines this module's command runs it (`--only`: the
+producers this machine runs, the others run elsewhere against the same stream). The supervisor restarts a producer that died (SIGKILL, OOM, ...) up to `MAX_RESTARTS` times;
 the restarted producer skips every shard it had published (capture/stream.py). A producer started
 by a rank dies with its supervisor (PR_SET_PDEATHSIG), so a trainer restarted by torchrun starts
 fresh producers instead of finding two writers per share. Producer w captures the plan's shards
@@ -78,10 +79,11 @@ class Supervisor:
 
     def __init__(self, recipe_file: str | Path, location: str, recipe: Any, *, overrides: list[str] | None = None,
                  environ: dict[str, str] | None = None, poll_s: float = 0.2, bind_to_parent: bool = True,
-                 on_event: Callable[[str], None] | None = None) -> None:
+                 on_event: Callable[[str], None] | None = None, workers: list[int] | None = None) -> None:
         self.recipe_file, self.location, self.recipe = str(recipe_file), location, recipe
         self.overrides, self.environ, self.poll_s = list(overrides or []), environ, poll_s
         self.bind_to_parent, self.on_event = bind_to_parent, on_event or log.info
+        self.workers = list(range(recipe.capture.workers)) if workers is None else list(workers)
         self.procs: dict[int, subprocess.Popen] = {}
         self.restarts: dict[int, int] = {}
         self.error: str | None = None
@@ -97,9 +99,8 @@ class Supervisor:
         return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if self.bind_to_parent else None)
 
     def run(self) -> None:
-        workers = self.recipe.capture.workers
         try:
-            for worker in range(workers):
+            for worker in self.workers:
                 self.procs[worker] = self._spawn(worker)
             while not self._stop.is_set() and self.procs:
                 for worker, proc in list(self.procs.items()):
@@ -162,7 +163,7 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dspark_cli.errors import DsparkError
+    from dspark_cli.errors import DsparkError, UsageError
     from dspark_cli.recipe import load_recipe
 
     args = sys.argv[1:] if argv is None else argv
@@ -177,13 +178,17 @@ def main(argv: list[str] | None = None) -> int:
         if "--worker" in options:
             summary = produce_stream(recipe, args[1], int(options["--worker"]), restarts=int(options.get("--restarts", 0)))
         else:
-            supervisor = Supervisor(args[0], args[1], recipe, overrides=overrides)
+            only = [int(w) for w in options["--only"].split(",")] if "--only" in options else None
+            if only is not None and not all(0 <= w < recipe.capture.workers for w in only):
+                raise UsageError(f"--only={options['--only']}: producers are 0..{recipe.capture.workers - 1}",
+                                 "name this machine's share of capture.workers")
+            supervisor = Supervisor(args[0], args[1], recipe, overrides=overrides, workers=only)
             started = time.time()
             supervisor.run()
             if supervisor.error:
                 print(f"error: {supervisor.error}", file=sys.stderr)
                 return 1
-            summary = {"stream": args[1], "producers": recipe.capture.workers, "restarts": supervisor.restarts,
+            summary = {"stream": args[1], "producers": len(supervisor.workers), "restarts": supervisor.restarts,
                        "seconds": round(time.time() - started, 1)}
     except DsparkError as exc:
         print(f"error: {exc}", file=sys.stderr)

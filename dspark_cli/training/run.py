@@ -142,6 +142,18 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
                            "block_size": recipe.draft.block_size, "capture": capture}
     lengths = None
     directory = Path(recipe.stage_dir("capture"))
+    if recipe.capture.mode == "online" and capture.get("datagen_ready"):
+        from dspark_cli.capture import build_plan
+        from dspark_cli.training.online import plan_online
+
+        keep = recipe.capture.keep_max_bytes is not None
+        plan = plan_online(build_plan(recipe), max_seq_len=train.max_seq_len, tokens_per_step=train.tokens_per_step,
+                           world_size=world, seed=train.seed, epochs=train.epochs if keep else 1.0,
+                           max_steps=train.max_steps, keep=keep)
+        out.update(num_steps=len(plan.steps), num_sequences=plan.consumed(len(plan.steps)),
+                   num_tokens=sum(i.num_tokens for step in plan.steps for rank in step for i in rank),
+                   stream_shards_needed=plan.required_shards(train.checkpoint_every), exact=True)
+        return out
     if (directory / "manifest.json").is_file():
         try:
             lengths = capture_lengths(directory, train.max_seq_len)
