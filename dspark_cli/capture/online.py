@@ -55,6 +55,9 @@ def produce_stream(recipe: Any, location: str, worker: int, *, restarts: int = 0
     window = 1 << 40 if recipe.capture.keep_max_bytes else recipe.capture.queue_max_shards
     producer = StreamProducer(open_store(location), worker=worker, workers=recipe.capture.workers,
                               max_shards=window, restarts=restarts)
+    # each engine its own scratch (vLLM's hidden-states connector writes under <capture dir>/.vllm)
+    scratch = str(Path(recipe.stage_dir("capture")) / f".producer-{worker}")
+    recipe = recipe.model_copy(update={"capture": recipe.capture.model_copy(update={"output_dir": scratch})})
     try:
         return run_capture(recipe, queue=producer)
     except StreamClosed as exc:

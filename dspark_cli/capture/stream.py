@@ -150,6 +150,9 @@ class StreamProducer:
         if consumer_finished(self.store):
             raise StreamClosed(f"the trainers finished before shard {index}")
         self.store.put(shard_key(index), data)
+        if consumer_finished(self.store):  # finished while it was written: the trainers' cleanup may have missed it
+            self.store.remove(shard_key(index))
+            raise StreamClosed(f"the trainers finished before shard {index}")
         name = shard_name(index)
         mask_tokens = sum(int(s.loss_mask.sum()) for s in sequences)
         entry = {"file": name, "sequences": len(sequences), "tokens": sum(s.num_tokens for s in sequences),
@@ -243,6 +246,9 @@ class StreamReader:
         write_json(self.store, CONSUMER_KEY, {
             "released_below": max(below, start), "step": step, "finished": finished, "time": time.time(),
             "peak_bytes": max(self.peak_bytes, int(previous.get("peak_bytes", 0)))})
+        if finished:  # after `finished` is visible: what a producer still publishes it removes itself
+            for key in self.store.keys(SHARD_PREFIX):
+                self.store.remove(key)
 
     def summary(self) -> dict[str, Any]:
         """Peak store bytes as the producers and this reader sampled them, and the producers' state."""

@@ -163,10 +163,13 @@ class OnlineSource:
     """The stream, the plan and (on rank 0, unless external) the producers' supervisor."""
 
     def __init__(self, recipe: Any, *, env: Any, out_dir: Path, contract: Any) -> None:
-        from dspark_cli.capture import StreamReader, build_plan, open_store
+        from dspark_cli.capture import StreamReader, build_plan, device_split_problems, open_store
 
         train, capture = recipe.train, recipe.capture
         self.recipe, self.env, self.out_dir = recipe, env, out_dir
+        if not capture.external_producers and (problems := device_split_problems(recipe)):
+            raise UsageError(f"the producer / trainer device split cannot work: {'; '.join(problems)}",
+                             "set capture.devices and train.devices to disjoint lists that fit (docs/online.md)")
         capture_plan = build_plan(recipe)
         keep = capture.keep_max_bytes is not None
         if keep and (total := sum(capture_plan.shard_bytes(s) for s in capture_plan.shards)) > capture.keep_max_bytes:
