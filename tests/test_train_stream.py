@@ -165,6 +165,8 @@ def test_two_producers_two_ranks_train_every_sample_once_like_offline(datagen, t
                           + ["capture.mode=offline", f"train.output_dir={tmp_path / 'offline'}"])
     reference = run_train(offline, resume="never")
     online_final, offline_final = summary["final_metrics"], reference["final_metrics"]
+    print(f"tau online {online_final['tau_greedy']:.3f} ({summary['num_steps']} steps) offline "
+          f"{offline_final['tau_greedy']:.3f} ({reference['num_steps']} steps); peak {summary['stream']['peak_bytes']} bytes")
     assert abs(online_final["tau_greedy"] - offline_final["tau_greedy"]) <= TAU_TOLERANCE, (online_final, offline_final)
 
 
