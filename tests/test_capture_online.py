@@ -1,4 +1,5 @@
-"""Online capture: a producer process fills a bounded on-disk queue while a (slow) consumer drains it.
+"""Online capture: producer processes fill a bounded stream while a (slow) consumer drains it; the
+older single-producer queue (capture/queue.py).
 
     .venv/bin/python -m pytest tests/test_capture_online.py -q
 """
@@ -35,47 +36,50 @@ def watch(directory: Path, stop: threading.Event, seen: dict[str, int]) -> None:
             for entry in os.scandir(directory):
                 size = entry.stat().st_size
                 total += size
-                shards += entry.name.endswith((".safetensors", ".safetensors.tmp"))
+                shards += ".safetensors" in entry.name  # temp files included
         except FileNotFoundError:
             pass  # a shard deleted between listing and stat
         seen["shards"], seen["bytes"] = max(seen["shards"], shards), max(seen["bytes"], total)
         time.sleep(0.001)
 
 
-def test_online_queue_stays_bounded_and_matches_offline(tmp_path):
+def test_two_producers_fill_a_bounded_stream_that_matches_offline(tmp_path):
+    from dspark_cli.capture import StreamReader, build_plan, open_store
+
     recipe = capture_recipe("tiny-gqa", tmp_path, "capture.shard_tokens=50", "capture.queue_max_shards=2",
-                            "capture.batch_size=2")
+                            "capture.batch_size=2", "capture.workers=2")
     run_capture(recipe)
     offline = list(iter_captured(recipe.stage_dir("capture"), expect=contract_for_recipe(recipe)))
     shard_sizes = [s["bytes"] for s in json.loads((Path(recipe.stage_dir("capture")) / "manifest.json").read_text())["shards"]]
-    assert len(shard_sizes) >= 5  # enough shards for an unbounded producer to overrun a bound of 2
-    queue_dir = tmp_path / "queue"
-    queue_dir.mkdir()
+    assert len(shard_sizes) >= 5  # enough shards for unbounded producers to overrun a bound of 2
+    stream_dir = tmp_path / "stream"
+    stream_dir.mkdir()
     write_resolved(recipe, tmp_path / "cfg")
     seen, stop = {"shards": 0, "bytes": 0}, threading.Event()
-    watcher = threading.Thread(target=watch, args=(queue_dir, stop, seen), daemon=True)
+    watcher = threading.Thread(target=watch, args=(stream_dir / "shards", stop, seen), daemon=True)
     watcher.start()
-    producer = subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.online", str(tmp_path / "cfg" / "recipe.yaml"),
-                                 str(queue_dir)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    supervisor = subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.online", str(tmp_path / "cfg" / "recipe.yaml"),
+                                   str(stream_dir)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader = StreamReader(open_store(stream_dir), fingerprint=build_plan(recipe).fingerprint, workers=2,
+                          expect=contract_for_recipe(recipe), timeout_s=120)
     online = []
     try:
-        for seq in iter_queue(queue_dir, expect=contract_for_recipe(recipe), timeout_s=120):
-            online.append(seq)
-            time.sleep(0.3)  # a slow trainer: the producer must wait for it
-        out, err = producer.communicate(timeout=60)
+        for index in range(len(shard_sizes)):  # the trainer's order; a slow one: the producers wait for it
+            online += reader.read(index)
+            time.sleep(0.3)
+            reader.release(index + 1, step=index + 1, finished=index + 1 == len(shard_sizes))
+        out, err = supervisor.communicate(timeout=60)
     finally:
         stop.set()
-        producer.kill()
+        supervisor.kill()
     watcher.join()
-    assert producer.returncode == 0, err[-2000:]
-    summary = json.loads(out.strip().splitlines()[-1])
-    status = read_status(queue_dir)
-    assert status["finished"] and status["peak_shards"] <= 2 and seen["shards"] <= 2
-    assert summary["producer_wait_seconds"] > 0  # the bound was what held it back
+    assert supervisor.returncode == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1])["producers"] == 2
+    summary = reader.summary()
+    assert summary["peak_shards"] <= 2 and seen["shards"] <= 2
     biggest_two = sum(sorted(shard_sizes)[-2:])
-    assert status["peak_bytes"] <= biggest_two + 64 * 1024 and seen["bytes"] <= biggest_two + 64 * 1024
-    assert summary["peak_disk_bytes"] == status["peak_bytes"]
-    assert not list(queue_dir.glob("*.safetensors*"))  # the consumer deleted everything it consumed
+    assert summary["peak_bytes"] <= biggest_two + 64 * 1024 and seen["bytes"] <= biggest_two + 64 * 1024
+    assert not list(stream_dir.rglob("*.safetensors*"))  # everything consumed was released
     assert [s.id for s in online] == [s.id for s in offline]
     for a, b in zip(online, offline, strict=True):
         for field in ("input_ids", "loss_mask", "aux_hidden", "last_hidden"):

@@ -5,13 +5,15 @@
     run_capture(recipe)                                   # offline shards + manifest, resumable
     for seq in iter_captured(recipe.stage_dir("capture"), expect=contract_for_recipe(recipe)): ...
 
-    python -m dspark_cli.capture.online RECIPE QUEUE_DIR  # online producer; the trainer runs iter_queue
+    python -m dspark_cli.capture.online RECIPE STREAM     # online producers (capture.workers of them)
 
 Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `hf.py` (transformers hooks),
 `vllm.py` (GPU engine arguments and post-processing), `shards.py` (safetensors format, tensor decoding),
-`queue.py` (bounded online queue), `run.py` (orchestration), `online.py` (producer entry point),
-`types.py` (`CapturedSequence`). The output directory and its manifest are read by
-`dspark_cli.artifacts.capture`. Importing this package does not import torch.
+`store.py` (the online stream's key/bytes store: files by default; `mooncake_store.py` the Mooncake
+one), `stream.py` (P producers -> N readers over a store, bounded), `devices.py` (producer / trainer
+device split), `queue.py` (the older single-producer queue), `run.py` (orchestration), `online.py`
+(producers and their supervisor), `types.py` (`CapturedSequence`). The output directory and its manifest
+are read by `dspark_cli.artifacts.capture`. Importing this package does not import torch.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ _EXPORTS = {
     "OnlineQueue": "dspark_cli.capture.queue",
     "iter_queue": "dspark_cli.capture.queue",
     "produce_online": "dspark_cli.capture.online",
+    "produce_stream": "dspark_cli.capture.online",
+    "Supervisor": "dspark_cli.capture.online",
+    "open_store": "dspark_cli.capture.store",
+    "StreamReader": "dspark_cli.capture.stream",
+    "StreamProducer": "dspark_cli.capture.stream",
+    "device_split_problems": "dspark_cli.capture.devices",
+    "producer_environ": "dspark_cli.capture.devices",
+    "narrow_train_devices": "dspark_cli.capture.devices",
     "CapturedSequence": "dspark_cli.capture.types",
 }
 

@@ -1,47 +1,198 @@
-"""Online capture producer: fills a bounded on-disk queue while the trainer consumes it.
+"""Online capture producers: P processes, each with its own engine, publish their shards into the stream.
 
-    python -m dspark_cli.capture.online templates/recipes/tiny.yaml runs/tiny/hidden-queue [key=value ...]
+    python -m dspark_cli.capture.online RECIPE STREAM [key=value ...]            # supervise capture.workers producers
+    python -m dspark_cli.capture.online RECIPE STREAM --only=2,3 [key=value ...] # supervise producers 2 and 3 here
+    python -m dspark_cli.capture.online RECIPE STREAM --worker=1 [key=value ...] # one producer (what the supervisor runs)
 
-or, from Python, in a process of its own (safe under `multiprocessing` spawn: module-level, picklable
-arguments):
+`dspark train` starts the supervisor itself (global rank 0, in a thread) unless
+`capture.external_producers`; on inference machines this module's command runs it (`--only`: the
+producers this machine runs, the others run elsewhere against the same stream). The supervisor restarts a producer that died (SIGKILL, OOM, ...) up to `MAX_RESTARTS` times;
+the restarted producer skips every shard it had published (capture/stream.py). A producer started
+by a rank dies with its supervisor (PR_SET_PDEATHSIG), so a trainer restarted by torchrun starts
+fresh producers instead of finding two writers per share. Producer w captures the plan's shards
+w, w + P, ... on its devices (capture/devices.py).
 
-    ctx = multiprocessing.get_context("spawn")
-    ctx.Process(target=produce_online, args=("tiny.yaml", "runs/tiny/hidden-queue", ["capture.batch_size=4"])).start()
-    for seq in iter_queue("runs/tiny/hidden-queue", expect=contract_for_recipe(recipe)): ...
-
-The bound is `capture.queue_max_shards`; peak disk lands in `<queue>/queue.json` (`peak_bytes`).
-Restarted after a crash, the producer continues after the last shard it published.
+`produce_online(recipe, queue_dir)` is the older single-producer queue (capture/queue.py), kept
+for benchmarks/capture.py.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
+import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
+MAX_RESTARTS = 3  # per producer, per supervisor
 
 
 def produce_online(recipe: Any, queue_dir: str | os.PathLike[str], overrides: list[str] | None = None) -> dict[str, Any]:
-    """Run capture into the queue at `queue_dir`; `recipe` is a Recipe or a recipe path/template name."""
+    """Run capture into the single-producer queue at `queue_dir` (capture/queue.py)."""
     from dspark_cli.capture.queue import OnlineQueue
     from dspark_cli.capture.run import run_capture
     from dspark_cli.recipe import Recipe, load_recipe
 
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, overrides or [])
-    queue = OnlineQueue(queue_dir, recipe.capture.queue_max_shards)
-    return run_capture(recipe, queue=queue)
+    return run_capture(recipe, queue=OnlineQueue(queue_dir, recipe.capture.queue_max_shards))
+
+
+def produce_stream(recipe: Any, location: str, worker: int, *, restarts: int = 0) -> dict[str, Any]:
+    """Producer `worker` of `capture.workers`: capture its shards into the stream at `location`."""
+    from dspark_cli.capture.run import run_capture
+    from dspark_cli.capture.store import open_store
+    from dspark_cli.capture.stream import StreamClosed, StreamProducer
+
+    # keeping shards for later epochs: the trainer checked the whole stream fits capture.keep_max_bytes
+    window = 1 << 40 if recipe.capture.keep_max_bytes else recipe.capture.queue_max_shards
+    producer = StreamProducer(open_store(location), worker=worker, workers=recipe.capture.workers,
+                              max_shards=window, restarts=restarts)
+    # each engine its own scratch (vLLM's hidden-states connector writes under <capture dir>/.vllm)
+    scratch = str(Path(recipe.stage_dir("capture")) / f".producer-{worker}")
+    recipe = recipe.model_copy(update={"capture": recipe.capture.model_copy(update={"output_dir": scratch})})
+    try:
+        return run_capture(recipe, queue=producer)
+    except StreamClosed as exc:
+        return {"stream": location, "worker": worker, "closed": str(exc)}
+
+
+def _die_with_parent() -> None:  # in the child, before exec: SIGKILL when the supervising thread goes
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the supervisor's finally still stops them
+
+
+class Supervisor:
+    """Start `capture.workers` producer processes for the stream and keep them running until each finished.
+
+    `run()` blocks (the `dspark capture --online` foreground); `start()` runs it in a thread (the
+    trainer's rank 0) and `stop()` ends it and its producers. `error` holds the reason it gave up.
+    """
+
+    def __init__(self, recipe_file: str | Path, location: str, recipe: Any, *, overrides: list[str] | None = None,
+                 environ: dict[str, str] | None = None, poll_s: float = 0.2, bind_to_parent: bool = True,
+                 on_event: Callable[[str], None] | None = None, workers: list[int] | None = None) -> None:
+        self.recipe_file, self.location, self.recipe = str(recipe_file), location, recipe
+        self.overrides, self.environ, self.poll_s = list(overrides or []), environ, poll_s
+        self.bind_to_parent, self.on_event = bind_to_parent, on_event or log.info
+        self.workers = list(range(recipe.capture.workers)) if workers is None else list(workers)
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.restarts: dict[int, int] = {}
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _spawn(self, worker: int) -> subprocess.Popen:
+        from dspark_cli.capture.devices import producer_environ
+
+        cmd = [sys.executable, "-m", "dspark_cli.capture.online", self.recipe_file, self.location,
+               f"--worker={worker}", f"--restarts={self.restarts.get(worker, 0)}", *self.overrides]
+        env = producer_environ(self.recipe, worker, self.environ if self.environ is not None else os.environ)
+        return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if self.bind_to_parent else None)
+
+    def run(self) -> None:
+        try:
+            for worker in self.workers:
+                self.procs[worker] = self._spawn(worker)
+            while not self._stop.is_set() and self.procs:
+                for worker, proc in list(self.procs.items()):
+                    code = proc.poll()
+                    if code is None:
+                        continue
+                    if code == 0:
+                        del self.procs[worker]
+                        continue
+                    if code in (1, 2):  # a DsparkError: the producer recorded it; restarting repeats it
+                        self.error = f"capture producer {worker} failed (exit {code}); its error is in the stream"
+                        self._stop.set()
+                        break
+                    if self.restarts.get(worker, 0) >= MAX_RESTARTS:
+                        self.error = f"capture producer {worker} died {MAX_RESTARTS + 1} times (last exit {code})"
+                        self._fail(worker, self.error)
+                        self._stop.set()
+                        break
+                    self.restarts[worker] = self.restarts.get(worker, 0) + 1
+                    self.on_event(f"capture producer {worker} exited with {code}: restarting it "
+                                  f"({self.restarts[worker]} of {MAX_RESTARTS})")
+                    self.procs[worker] = self._spawn(worker)
+                self._stop.wait(self.poll_s)
+        finally:
+            self._terminate()
+
+    def _fail(self, worker: int, message: str) -> None:
+        from dspark_cli.capture.store import open_store
+        from dspark_cli.capture.stream import producer_key, read_json, write_json
+
+        store = open_store(self.location)
+        status = read_json(store, producer_key(worker))
+        if status is not None:
+            status["error"] = message
+            write_json(store, producer_key(worker), status)
+
+    def _terminate(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def start(self) -> Supervisor:
+        self._thread = threading.Thread(target=self.run, name="capture-producers", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def pids(self) -> dict[int, int]:
+        return {worker: proc.pid for worker, proc in self.procs.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dspark_cli.errors import DsparkError
+    from dspark_cli.errors import DsparkError, UsageError
+    from dspark_cli.recipe import load_recipe
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2 or args[0] in ("-h", "--help"):
         print(__doc__.strip().splitlines()[2].strip())
         return 2
+    options = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args[2:] if a.startswith("--") and "=" in a}
+    overrides = [a for a in args[2:] if not a.startswith("--")]
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        summary = produce_online(args[0], args[1], args[2:])
+        recipe = load_recipe(args[0], overrides)
+        if "--worker" in options:
+            summary = produce_stream(recipe, args[1], int(options["--worker"]), restarts=int(options.get("--restarts", 0)))
+        else:
+            only = [int(w) for w in options["--only"].split(",")] if "--only" in options else None
+            if only is not None and not all(0 <= w < recipe.capture.workers for w in only):
+                raise UsageError(f"--only={options['--only']}: producers are 0..{recipe.capture.workers - 1}",
+                                 "name this machine's share of capture.workers")
+            supervisor = Supervisor(args[0], args[1], recipe, overrides=overrides, workers=only)
+            started = time.time()
+            supervisor.run()
+            if supervisor.error:
+                print(f"error: {supervisor.error}", file=sys.stderr)
+                return 1
+            summary = {"stream": args[1], "producers": len(supervisor.workers), "restarts": supervisor.restarts,
+                       "seconds": round(time.time() - started, 1)}
     except DsparkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

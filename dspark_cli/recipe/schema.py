@@ -115,10 +115,28 @@ class CaptureSection(Section):
     batch_size: int = Field(8, gt=0, description="Sequences per capture forward.")
     max_seq_len: int = Field(4096, gt=0, description="Truncate conversations longer than this (tokens).")
     shard_tokens: int = Field(262144, gt=0, description="Tokens per safetensors shard.")
-    queue_max_shards: int = Field(2, gt=0, description="Online mode: most shards held on disk at once.")
+    queue_max_shards: int = Field(
+        2, gt=0, description="Online mode: most shards held in the stream at once (all producers together); "
+        "producers wait when it is reached. Must cover one checkpoint interval of shards.")
     workers: int = Field(
         1, gt=0, description="Capture worker processes, each with its own engine; worker w captures the "
         "planned shards w, w + workers, w + 2 * workers, ... (offline workers, online producers)."
+    )
+    stream: str | None = Field(
+        None, description="Online mode: where producers publish shards and trainers read them (a directory on a "
+        "filesystem both share, or a store URL); default `<capture dir>-stream`."
+    )
+    external_producers: bool = Field(
+        False, description="Online mode: the producers run elsewhere (`dspark capture --online` on inference "
+        "machines); `dspark train` only reads the stream instead of starting them."
+    )
+    devices: list[int] | None = Field(
+        None, description="Online mode, one machine: devices of the producers' engines (producer w takes the w-th "
+        "group of engine tensor-parallel size); disjoint from `train.devices`."
+    )
+    keep_max_bytes: int | None = Field(
+        None, gt=0, description="Online mode: keep consumed shards for `train.epochs` > 1 while the whole stream "
+        "fits in this many bytes; unset, online data is read once (one epoch)."
     )
     aux_attn_res_stream: bool = Field(
         False, description="Kimi-K3 only: value of VLLM_KIMI_K3_AUX_ATTN_RES_STREAM at capture; "
@@ -210,6 +228,10 @@ class TrainSection(Section):
         "`max_seq_len`; `fit`: each micro-batch padded to its own longest row; `auto`: `pow2` on CUDA "
         "(flex attention is compiled there), `fit` on CPU.")
     nproc_per_node: int = Field(1, gt=0, description="Processes per machine (one per GPU); >1 launches torchrun.")
+    devices: list[int] | None = Field(
+        None, description="Devices of this machine's trainer ranks (local rank r uses the r-th); with online "
+        "capture, disjoint from `capture.devices`."
+    )
     nnodes: int = Field(1, gt=0, description="Machines (torchrun rendezvous).")
     rdzv_endpoint: str | None = Field(None, description="torchrun rendezvous host:port for several machines.")
     checkpoint_every: int = Field(500, gt=0, description="Steps between checkpoints (also at the end).")

@@ -8,8 +8,9 @@
     torchrun --standalone --nproc-per-node 2 -m dspark_cli.cli train tiny   # what `--nproc 2` runs
 
 Data: offline, the capture directory (`recipe.stage_dir("capture")`, run first when it is not
-complete; rank 0 captures, the others wait); online, the capture queue `<capture dir>-queue` fed by
-`python -m dspark_cli.capture.online`, started here and read once (`train.max_steps` required).
+complete; rank 0 captures, the others wait); online, the stream `capture.stream` (default
+`<capture dir>-stream`) that `capture.workers` producers fill (started here on rank 0, or elsewhere
+with `capture.external_producers`), read by every rank in a step plan fixed up front (training/online.py).
 `sequences=` bypasses capture (tests, benchmarks): a callable returning an iterable of
 CapturedSequence-like objects, the same order on every call.
 """
@@ -18,8 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import subprocess
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -119,22 +118,13 @@ def _check_capture_settings(recipe: Recipe, directory: Path, manifest: dict[str,
                              "directory (capture.output_dir=DIR, or a new output_dir)")
 
 
-def _online_source(recipe: Recipe, out_dir: Path, env) -> tuple[Callable[[], Iterable[Any]], Any]:
-    from dspark_cli.capture import iter_queue
-    from dspark_cli.recipe import write_resolved
+def _online_source(recipe: Recipe, out_dir: Path, env, contract: Contract):
+    """The online stream for this rank (training/online.py): the step plan from the datagen lengths,
+    the stream `capture.stream` (default `<capture dir>-stream`), and on rank 0 the producers'
+    supervisor unless `capture.external_producers`. Every rank of any world size reads its own share."""
+    from dspark_cli.training.online import OnlineSource
 
-    if recipe.train.max_steps is None:
-        raise UsageError("capture.mode=online reads the data once: set train.max_steps",
-                         "e.g. train.max_steps=1000, or use capture.mode=offline for epochs")
-    if env.world_size > 1:  # one consumer per queue; sharing it across ranks is not built
-        raise UsageError("capture.mode=online trains in one process", "use capture.mode=offline with --nproc > 1")
-    queue = Path(recipe.stage_dir("capture") + "-queue")
-    recipe_file = write_resolved(recipe, out_dir / "online-producer")
-    from dspark_cli.training.host import child_environ
-
-    producer = subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.online", str(recipe_file), str(queue)],
-                                env=child_environ())
-    return (lambda: iter_queue(queue, delete=True, timeout_s=3600)), producer
+    return OnlineSource(recipe, env=env, out_dir=out_dir, contract=contract)
 
 
 def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, Any]:
@@ -150,6 +140,18 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
                            "block_size": recipe.draft.block_size, "capture": capture}
     lengths = None
     directory = Path(recipe.stage_dir("capture"))
+    if recipe.capture.mode == "online" and capture.get("datagen_ready"):
+        from dspark_cli.capture import build_plan
+        from dspark_cli.training.online import plan_online
+
+        keep = recipe.capture.keep_max_bytes is not None
+        plan = plan_online(build_plan(recipe), max_seq_len=train.max_seq_len, tokens_per_step=train.tokens_per_step,
+                           world_size=world, seed=train.seed, epochs=train.epochs if keep else 1.0,
+                           max_steps=train.max_steps, keep=keep)
+        out.update(num_steps=len(plan.steps), num_sequences=plan.consumed(len(plan.steps)),
+                   num_tokens=sum(i.num_tokens for step in plan.steps for rank in step for i in rank),
+                   stream_shards_needed=plan.required_shards(train.checkpoint_every), exact=True)
+        return out
     if (directory / "manifest.json").is_file():
         try:
             lengths = capture_lengths(directory, train.max_seq_len)
@@ -174,6 +176,10 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
     from dspark_cli.capture import resolve_layer_ids
     from dspark_cli.training.distributed import init_distributed, shutdown
 
+    if recipe.capture.mode == "online" or recipe.train.devices:
+        from dspark_cli.capture import narrow_train_devices
+
+        narrow_train_devices(recipe)  # before CUDA starts: this machine's ranks on train.devices
     env = init_distributed()
     if env.device.type == "cpu":
         from dspark_cli.training.host import keep_freed_memory
@@ -185,10 +191,11 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         draft_config = build_draft_config(recipe, target_dir, layer_ids)
         contract = train_contract(recipe, draft_config)
         out_dir = Path(recipe.stage_dir("train"))
-        producer = lengths = data_id = None
+        online = lengths = data_id = None
         if sequences is None:
             if recipe.capture.mode == "online":
-                sequences, producer = _online_source(recipe, out_dir, env)
+                online = _online_source(recipe, out_dir, env, contract)
+                data_id = online.reader.fingerprint
             else:
                 sequences, data_id = _offline_source(recipe, contract, env)
                 lengths = lambda: capture_lengths(recipe.stage_dir("capture"), recipe.train.max_seq_len)  # noqa: E731
@@ -197,11 +204,9 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
 
             return train_session(recipe, env=env, target_dir=target_dir, draft_config=draft_config,
                                  contract=contract, out_dir=out_dir, sequences=sequences, resume=resume,
-                                 on_log=on_log, single_pass=recipe.capture.mode == "online" and producer is not None,
-                                 lengths=lengths, data_id=data_id)
+                                 on_log=on_log, lengths=lengths, data_id=data_id, online=online)
         finally:
-            if producer is not None and producer.poll() is None:
-                producer.terminate()
-                producer.wait(timeout=30)
+            if online is not None:
+                online.close()
     finally:
         shutdown(env)

@@ -118,10 +118,13 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
 def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_config: Any, contract: Contract,
                   out_dir: Path, sequences: Callable[[], Iterable[Any]], resume: str,
                   on_log: Callable[[dict[str, Any]], None] | None, single_pass: bool = False,
-                  lengths: Callable[[], list[int]] | None = None, data_id: str | None = None) -> dict[str, Any]:
+                  lengths: Callable[[], list[int]] | None = None, data_id: str | None = None,
+                  online: Any = None) -> dict[str, Any]:
     """`lengths()`: the prepared sequence lengths without reading hidden states (default: one pass
     over `sequences()`), needed to plan an epochs-based run. `data_id` identifies the data (the
-    capture fingerprint): a checkpoint made from other data or settings is refused (settings.py)."""
+    capture fingerprint): a checkpoint made from other data or settings is refused (settings.py).
+    `online` (training/online.py `OnlineSource`) replaces `sequences`: its plan fixes the steps, it
+    yields this rank's share of each, and shards are released after each checkpoint."""
     train = recipe.train
     started = time.time()
     bf16 = train.precision == "bf16" or (train.precision == "auto" and env.device.type == "cuda")
@@ -141,11 +144,12 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
         log.info("resumed from %s (step %d)", checkpoint_path, start_step)
 
     seq_lengths = None
-    if not (train.max_steps or single_pass):
-        seq_lengths = lengths() if lengths is not None else count_lengths(sequences, recipe)
-    if train.max_steps:
+    if online is not None:
+        num_steps = online.num_steps
+    elif train.max_steps:
         num_steps = train.max_steps
     else:
+        seq_lengths = lengths() if lengths is not None else count_lengths(sequences, recipe)
         num_steps = plan_run(lengths=seq_lengths, tokens_per_step=train.tokens_per_step, epochs=train.epochs,
                              max_steps=None, world_size=env.world_size, seed=train.seed).num_steps
     if num_steps == 0:
@@ -169,19 +173,24 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
                         meta={"num_steps": num_steps, "position": pos, "tokens": tokens,
                               "contract": contract.to_dict(), "settings": settings, "metrics": record,
                               "time": time.time()})
+        if online is not None:  # the checkpoint covers these steps: their shards can go
+            online.after_checkpoint(step)
 
-    stream = StepStream(sequences, seed=train.seed, num_anchors=train.num_anchors, max_seq_len=train.max_seq_len,
-                        tokens_per_step=train.tokens_per_step, world_size=env.world_size,
-                        epochs=None if train.max_steps else train.epochs,
-                        num_items_per_epoch=len(seq_lengths) if seq_lengths else None, single_pass=single_pass,
-                        start=position)
+    if online is not None:
+        steps = online.steps(start_step, position)
+    else:
+        steps = iter(StepStream(sequences, seed=train.seed, num_anchors=train.num_anchors,
+                                max_seq_len=train.max_seq_len, tokens_per_step=train.tokens_per_step,
+                                world_size=env.world_size, epochs=None if train.max_steps else train.epochs,
+                                num_items_per_epoch=len(seq_lengths) if seq_lengths else None,
+                                single_pass=single_pass, start=position))
     cfg = LoopConfig(num_steps=num_steps, lr=train.lr, min_lr_ratio=train.min_lr_ratio, warmup_steps=train.warmup_steps,
                      grad_clip=train.grad_clip, log_every=train.log_every, checkpoint_every=train.checkpoint_every,
                      block_size=draft_config.block_size, loss=module.loss_config, data_dtype=dtype,
                      autocast_dtype=torch.bfloat16 if bf16 else None, peak_flops=peak_flops(env.device, dtype),
                      shapes=module.shape_plan)
     try:
-        result = train_loop(env=env, module=module, optimizer=optimizer, steps=iter(stream), start_step=start_step,
+        result = train_loop(env=env, module=module, optimizer=optimizer, steps=steps, start_step=start_step,
                             cfg=cfg, log=on_record, checkpoint=on_checkpoint, tokens_done=tokens_done)
     finally:
         if env.is_main:
@@ -192,6 +201,12 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
                "world_size": env.world_size, "final_metrics": result["record"] or meta.get("metrics"),
                "wall_s": round(time.time() - started, 1), "shapes": result["shapes"],
                "final": str(out_dir / "final")}
+    if online is not None:
+        summary["stream"] = online.finish(result["step"])
+        if env.is_main:
+            log.info("stream %s: peak %d bytes (%d shards at most, bound %d)", summary["stream"]["location"],
+                     summary["stream"]["peak_bytes"], summary["stream"]["peak_shards"],
+                     summary["stream"]["max_shards"])
     if env.is_main:
         write_json_atomic(out_dir / "manifest.json", {
             "kind": "dspark.train", "format_version": 1, "dspark": __version__, "complete": True,

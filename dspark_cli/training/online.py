@@ -1,0 +1,280 @@
+"""Online training's rank side: a step plan known before any state is captured, read from the stream.
+
+    source = OnlineSource(recipe, env=env, out_dir=out_dir, contract=contract)   # plans; rank 0 starts producers
+    source.num_steps                                  # fixed up front, whatever P producers and N ranks are
+    for step in source.steps(start_step, position):   # this rank's sequences of each step, from the stream
+        ...
+    source.after_checkpoint(step)                     # rank 0: release the shards the checkpoint covers
+    source.finish()                                   # the stream summary (peak bytes, producers, restarts)
+
+The plan comes from the capture plan (datagen lengths; no hidden state needed): epoch 0 takes the
+trainable sequences in plan order (shard 0, 1, ...: the order producers finish them in, so
+the stream stays short), later epochs (only with `capture.keep_max_bytes`) a seeded shuffle of the
+shards and of each shard's sequences. Steps are packed by `plan.pack_steps` on the budget
+`train.tokens_per_step` alone, so a step's global batch does not depend on P or N; only where a
+step would hold fewer sequences than ranks does it join the next one (the last step takes the few
+left at the end, so every sequence is trained). Each step is split over ranks by `Step.for_rank`'s balanced
+rule, from lengths alone, so every rank knows every step's owner of every sequence; a rank reads
+only the shards holding its own sequences. Anchors are seeded by (seed, epoch, position in the plan).
+
+The stream position is the step: a checkpoint at step c records it (`position["step"]`), rank 0
+then releases every shard no step after c uses, and `--resume auto` continues at step c + 1 with
+exactly the sequences the plan gives it, from shards still in the stream. Each rank appends the
+sequence ids it trains to `<train dir>/stream-ids/rank-R.jsonl` (`{"step", "ids", "pid"}`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dspark_cli.errors import DataError, UsageError
+from dspark_cli.training.data import Step, prepare
+from dspark_cli.training.plan import epoch_rng, pack_steps
+
+log = logging.getLogger(__name__)
+READ_TIMEOUT_S = 3600.0  # how long a rank waits for one shard (engines can take minutes to load)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One trainable sequence of the plan."""
+
+    epoch: int
+    index: int  # position among all planned sequences (seeds its anchors)
+    seq_id: str
+    shard: int
+    slot: int  # position inside its shard
+    num_tokens: int  # after train.max_seq_len
+
+
+@dataclass
+class OnlinePlan:
+    steps: list[list[list[Item]]]  # steps[s][rank]: the items rank trains at step s + 1
+    num_shards: int
+    last_use: list[int]  # per shard: the last step (1-based) an epoch-0 item of it is trained; 0 for none
+    keep: bool  # shards kept for later epochs: released only at the end
+
+    def release_below(self, step: int) -> int:
+        """Shards below this index are needed by no step after `step` (0 while they are kept)."""
+        if self.keep and step < len(self.steps):
+            return 0
+        return next((s for s, last in enumerate(self.last_use) if last > step), self.num_shards)
+
+    def consumed(self, step: int) -> int:
+        return sum(len(rank) for s in self.steps[:step] for rank in s)
+
+    def required_shards(self, checkpoint_every: int) -> int:
+        """The smallest `capture.queue_max_shards` that never stalls: the shards from the oldest one a
+        resume may still need (the last checkpoint's) to the newest one the current step reads."""
+        need, high = 1, -1
+        for s, ranks in enumerate(self.steps, start=1):
+            high = max([high] + [i.shard for rank in ranks for i in rank if i.epoch == 0])
+            need = max(need, high - self.release_below((s - 1) // checkpoint_every * checkpoint_every) + 1)
+        return need
+
+
+class _Length:
+    def __init__(self, item: Item) -> None:
+        self.item, self.num_tokens = item, item.num_tokens
+
+
+def plan_online(capture_plan: Any, *, max_seq_len: int, tokens_per_step: int, world_size: int, seed: int,
+                epochs: float = 1.0, max_steps: int | None = None, keep: bool = False) -> OnlinePlan:
+    """The whole run's steps and their per-rank split, from the capture plan's token ids and masks."""
+    first: list[Item] = []
+    by_shard: dict[int, list[Item]] = {}
+    slot, current = 0, None
+    for index, (shard, seq_id, ids, mask) in enumerate(capture_plan.samples()):
+        slot = slot + 1 if shard == current else 0
+        current = shard
+        kept = min(len(ids), max_seq_len)  # trainable: some loss position with a target state before it
+        if any(mask[p] and mask[p - 1] for p in range(1, kept)):
+            item = Item(0, index, seq_id, shard, slot, kept)
+            first.append(item)
+            by_shard.setdefault(shard, []).append(item)
+    items = list(first)
+    epoch = 1
+    while keep and epoch < epochs:
+        rng = epoch_rng(seed, epoch)
+        order = sorted(by_shard)
+        rng.shuffle(order)
+        epoch_items = []
+        for shard in order:
+            group = list(by_shard[shard])
+            rng.shuffle(group)
+            epoch_items += [dataclasses.replace(i, epoch=epoch) for i in group]
+        items += epoch_items[:round(min(1.0, epochs - epoch) * len(epoch_items))]
+        epoch += 1
+    steps: list[list[list[Item]]] = []
+    num_shards = len(capture_plan.shards)
+    last_use = [0] * num_shards
+    groups: list[list[Item]] = []
+    pending: list[Item] = []
+    for group in pack_steps(((i, i.num_tokens) for i in items), tokens_per_step, 1):  # the budget alone
+        pending += group
+        if len(pending) >= world_size:  # a step of fewer sequences than ranks joins the next one
+            groups.append(pending)
+            pending = []
+            if max_steps is not None and len(groups) >= max_steps:
+                break
+    if pending and groups and (max_steps is None or len(groups) < max_steps):
+        groups[-1] += pending  # the few left at the end join the last step
+    elif pending and not groups:
+        raise DataError(f"{len(items)} trainable sequences cannot give each of {world_size} ranks one",
+                        "use fewer ranks, or more datagen samples")
+    for group in groups:
+        split = Step([_Length(i) for i in group], {})
+        steps.append([[e.item for e in split.for_rank(r, world_size)] for r in range(world_size)])
+        for item in group:
+            if item.epoch == 0:
+                last_use[item.shard] = len(steps)
+    for s in range(1, num_shards):  # a shard nothing trains on goes with the one before it
+        last_use[s] = max(last_use[s], last_use[s - 1])
+    return OnlinePlan(steps, num_shards, last_use, keep)
+
+
+class OnlineStep(Step):
+    """One step as this rank sees it: only its own examples, the step's tokens over all ranks."""
+
+    def __init__(self, examples: list[Any], position: dict[str, int], total_tokens: int) -> None:
+        super().__init__(examples, position)
+        self.total_tokens = total_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return self.total_tokens
+
+    def for_rank(self, rank: int, world_size: int) -> list[Any]:
+        return self.examples
+
+
+def stream_location(recipe: Any) -> str:
+    return recipe.capture.stream or recipe.stage_dir("capture") + "-stream"
+
+
+class OnlineSource:
+    """The stream, the plan and (on rank 0, unless external) the producers' supervisor."""
+
+    def __init__(self, recipe: Any, *, env: Any, out_dir: Path, contract: Any) -> None:
+        from dspark_cli.capture import StreamReader, build_plan, device_split_problems, open_store
+
+        train, capture = recipe.train, recipe.capture
+        self.recipe, self.env, self.out_dir = recipe, env, out_dir
+        if not capture.external_producers and (problems := device_split_problems(recipe)):
+            raise UsageError(f"the producer / trainer device split cannot work: {'; '.join(problems)}",
+                             "set capture.devices and train.devices to disjoint lists that fit (docs/online.md)")
+        capture_plan = build_plan(recipe)
+        keep = capture.keep_max_bytes is not None
+        if keep and (total := sum(capture_plan.shard_bytes(s) for s in capture_plan.shards)) > capture.keep_max_bytes:
+            raise UsageError(f"capture.keep_max_bytes={capture.keep_max_bytes} cannot hold the whole stream "
+                             f"({total} bytes) for train.epochs={train.epochs}",
+                             f"raise it to >= {total}, or unset it to read the data once")
+        epochs = train.epochs if keep else 1.0
+        self.plan = plan_online(capture_plan, max_seq_len=train.max_seq_len, tokens_per_step=train.tokens_per_step,
+                                world_size=env.world_size, seed=train.seed, epochs=epochs, max_steps=train.max_steps,
+                                keep=keep)
+        self.required = self.plan.required_shards(train.checkpoint_every)
+        if not keep and self.required > capture.queue_max_shards:
+            raise UsageError(f"capture.queue_max_shards={capture.queue_max_shards} is too small: one checkpoint "
+                             f"interval (train.checkpoint_every={train.checkpoint_every}) spans {self.required} shards",
+                             f"set capture.queue_max_shards>={self.required}, or lower train.checkpoint_every "
+                             "or capture.shard_tokens")
+        self.location = stream_location(recipe)
+        expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
+        self.reader = StreamReader(open_store(self.location), fingerprint=capture_plan.fingerprint,
+                                   workers=capture.workers, expect=expect, timeout_s=READ_TIMEOUT_S)
+        self.supervisor = None
+        if env.is_main and not capture.external_producers:
+            self.supervisor = self._start_producers()
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.plan.steps)
+
+    def _start_producers(self) -> Any:
+        from dspark_cli.capture import Supervisor
+        from dspark_cli.recipe import write_resolved
+        from dspark_cli.training.host import child_environ
+
+        recipe_file = write_resolved(self.recipe, self.out_dir / "online-producer")
+        log.info("starting %d capture producer(s) into %s", self.recipe.capture.workers, self.location)
+        return Supervisor(recipe_file, self.location, self.recipe, environ=child_environ(), on_event=log.warning).start()
+
+    def steps(self, start_step: int, position: dict[str, int]) -> Iterator[Step]:
+        """This rank's share of steps start_step + 1 .. num_steps (None-free; the plan fixes them)."""
+        if start_step and position.get("consumed") != self.plan.consumed(start_step):
+            raise UsageError(f"the checkpoint at step {start_step} was made with another online step plan "
+                             f"(other train.nproc_per_node / nnodes, tokens_per_step or data)",
+                             "resume with the same number of ranks, or train into a new directory (-o DIR)")
+        if self.env.is_main:
+            self.reader.release(self.plan.release_below(start_step), step=start_step)
+        rank = self.env.rank
+        train = self.recipe.train
+        remaining: dict[tuple[int, int], set[int]] = {}
+        for ranks in self.plan.steps[start_step:]:
+            for item in ranks[rank]:
+                remaining.setdefault((item.epoch, item.shard), set()).add(item.slot)
+        cache: dict[tuple[int, int], dict[int, Any]] = {}
+        ids_dir = self.out_dir / "stream-ids"
+        ids_dir.mkdir(parents=True, exist_ok=True)
+        consumed = self.plan.consumed(start_step)
+        with open(ids_dir / f"rank-{rank}.jsonl", "a", encoding="utf-8") as ids_log:
+            for number in range(start_step, self.num_steps):
+                ranks = self.plan.steps[number]
+                examples = []
+                for item in ranks[rank]:
+                    key = (item.epoch, item.shard)
+                    if key not in cache:
+                        wanted = remaining[key]
+                        cache[key] = {s: q for s, q in enumerate(self.reader.read(item.shard)) if s in wanted}
+                    seq = cache[key].pop(item.slot, None)
+                    remaining[key].discard(item.slot)
+                    if not remaining[key]:
+                        del cache[key], remaining[key]
+                    examples.append(self._prepare(item, seq, train))
+                consumed += sum(len(r) for r in ranks)
+                ids_log.write(json.dumps({"step": number + 1, "ids": [i.seq_id for i in ranks[rank]],
+                                          "pid": os.getpid()}) + "\n")
+                ids_log.flush()
+                tokens = sum(i.num_tokens for r in ranks for i in r)
+                yield OnlineStep(examples, {"epoch": ranks[rank][-1].epoch, "consumed": consumed,
+                                            "step": number + 1}, tokens)
+
+    def _prepare(self, item: Item, seq: Any, train: Any) -> Any:
+        where = f"{self.location}: shard {item.shard} position {item.slot}"
+        if seq is None or seq.id != item.seq_id:
+            raise DataError(f"{where} holds {getattr(seq, 'id', 'nothing')}, the plan says {item.seq_id}",
+                            "the stream was made from other datagen output; use a new stream")
+        example = prepare(seq, epoch=item.epoch, index=item.index, seed=train.seed, num_anchors=train.num_anchors,
+                          max_seq_len=train.max_seq_len)
+        if example is None or example.num_tokens != item.num_tokens:
+            raise DataError(f"{where}: {item.seq_id} has no target states where its loss mask says so",
+                            "the capture backend dropped states; re-capture with capture.backend=hf to compare")
+        return example
+
+    def after_checkpoint(self, step: int) -> None:
+        if self.env.is_main:
+            self.reader.release(self.plan.release_below(step), step=step)
+
+    def finish(self, step: int) -> dict[str, Any]:
+        """Release everything (rank 0), stop the producers; the stream's numbers for the run summary."""
+        if self.env.is_main:
+            self.reader.release(self.plan.num_shards, step=step, finished=True)
+        self.close()
+        summary = self.reader.summary()
+        summary.update(required_shards=self.required, planned_steps=self.num_steps)
+        return summary
+
+    def close(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            if self.supervisor.error:
+                log.warning("capture producers: %s", self.supervisor.error)
+            self.supervisor = None
