@@ -21,6 +21,7 @@ _EXPORTS = {
     "preflight": "dspark_cli.publish.run",
     "publish_draft": "dspark_cli.publish.run",
     "repo_id_problem": "dspark_cli.publish.hubs",
+    "hub_tokens": "dspark_cli.publish.hubs",
     "known_tokens": "dspark_cli.publish.hubs",
     "scrub": "dspark_cli.publish.hubs",
 }

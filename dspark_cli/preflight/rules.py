@@ -1,0 +1,114 @@
+"""Recipe rules: what a stage refuses from the recipe alone, whatever machine it runs on.
+
+Each rule is `rule(recipe, context) -> [problem lines]`; RULES lists them per stage. The cross-field
+checks every stage shares live in `recipe/checks.py` and run first (`preflight`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dspark_cli.targets import resolve_target, target_geometry
+
+if TYPE_CHECKING:
+    from dspark_cli.preflight import Context
+    from dspark_cli.recipe.schema import Recipe
+
+
+def online_needs_max_steps(recipe: Recipe, context: Context) -> list[str]:
+    """Online capture is read once, so the run's length must be given in steps (training/run.py)."""
+    if recipe.capture.mode == "online" and recipe.train.max_steps is None:
+        return ["train.max_steps: capture.mode=online reads the data once, so training needs a step count; "
+                "set train.max_steps (e.g. 1000), or use capture.mode=offline to train for epochs"]
+    return []
+
+
+def online_single_process(recipe: Recipe, context: Context) -> list[str]:
+    """Online capture feeds one training process: the queue has one consumer (training/run.py)."""
+    train = recipe.train
+    if recipe.capture.mode == "online" and train.nproc_per_node * train.nnodes > 1:
+        return [f"train.nproc_per_node: capture.mode=online trains in one process, this recipe asks for "
+                f"{train.nproc_per_node * train.nnodes}; set train.nproc_per_node=1 and train.nnodes=1, "
+                "or use capture.mode=offline"]
+    return []
+
+
+def k3_stream_needs_vllm(recipe: Recipe, context: Context) -> list[str]:
+    """Only vLLM captures Kimi-K3's attention-residual stream (capture/plan.py)."""
+    capture = recipe.capture
+    if capture.aux_attn_res_stream and capture.backend == "hf" and target_geometry(recipe, strict=False).is_kimi_k3:
+        return ["capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's attention-residual stream; "
+                "set capture.backend=vllm, or aux_attn_res_stream=false (and serve with the same)"]
+    return []
+
+
+def datagen_has_sources(recipe: Recipe, context: Context) -> list[str]:
+    if not recipe.datagen.sources:
+        return ["datagen.sources: empty; add a prompt file or dataset, e.g. sources: [{path: prompts.jsonl}]"]
+    return []
+
+
+def export_format_built(recipe: Recipe, context: Context) -> list[str]:
+    if recipe.export.format != "vllm":
+        return [f"export.format: {recipe.export.format} is not built yet; use export.format=vllm"]
+    return []
+
+
+def export_embeddings_need_a_local_target(recipe: Recipe, context: Context) -> list[str]:
+    """--include-embeddings reads the target's own safetensors files (export/writer.py)."""
+    if recipe.export.include_embeddings and _hub_id(recipe):
+        return [f"export.include_embeddings: reads the target's weights from disk, and target.model "
+                f"{recipe.target.model} is a hub id; download it and set target.model to its directory"]
+    return []
+
+
+def bench_has_datasets(recipe: Recipe, context: Context) -> list[str]:
+    if not recipe.bench.datasets:
+        return ["bench.datasets: empty; add mt_bench, speed_bench, or a prompt file"]
+    return []
+
+
+def bench_thresholds_need_confidence(recipe: Recipe, context: Context) -> list[str]:
+    """Confidence-scheduled verification reads the confidence head (bench/engine.py)."""
+    if any(t > 0 for t in recipe.bench.confidence_thresholds) and not recipe.draft.confidence_head:
+        return ["bench.confidence_thresholds: thresholds above 0 need draft.confidence_head: true; "
+                "set bench.confidence_thresholds=[0.0] for a draft without one"]
+    return []
+
+
+def publish_destination(recipe: Recipe, context: Context) -> list[str]:
+    """A repo and at least one hub (publish/run.py); the repo id's spelling is checked with the recipe."""
+    problems = []
+    if not recipe.publish.repo_id:
+        problems.append("publish.repo_id: publishing needs a destination repo; pass --repo-id OWNER/NAME "
+                        "or set publish.repo_id")
+    if not recipe.publish.hubs:
+        problems.append("publish.hubs: empty; set publish.hubs=[huggingface]")
+    return problems
+
+
+def serve_method_known(recipe: Recipe, context: Context) -> list[str]:
+    from dspark_cli.serving import METHODS
+
+    method = context.options.serve_method
+    if method not in METHODS:
+        return [f"--method: unknown serve method {method!r}; use one of: {', '.join(METHODS)}"]
+    return []
+
+
+def _hub_id(recipe: Recipe) -> bool:
+    try:
+        return resolve_target(recipe.target.model) is None
+    except Exception:  # noqa: BLE001 - a broken target is check_recipe's problem, reported there
+        return False
+
+
+RULES = {
+    "datagen": [datagen_has_sources],
+    "capture": [k3_stream_needs_vllm],
+    "train": [online_needs_max_steps, online_single_process],
+    "export": [export_format_built, export_embeddings_need_a_local_target],
+    "bench": [bench_has_datasets, bench_thresholds_need_confidence],
+    "serve": [serve_method_known],
+    "publish": [publish_destination],
+}
