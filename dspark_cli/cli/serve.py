@@ -38,8 +38,8 @@ def serve(
     loaded = load_beside(recipe, draft_dir, rest, {"serve.port": port})
     if loaded is None:
         raise UsageError("serve needs a draft directory exported by dspark, or --recipe", "dspark serve runs/NAME/draft")
-    preflight_stage(loaded, ["serve"], recipe, serve_method=method, dry_run=dry_run)
     argv, env = serve_plan(loaded, draft_dir or loaded.stage_dir("export"), method=method, vllm_args=vllm_args)
+    preflight_stage(loaded, ["serve"], recipe, serve_method=method, dry_run=dry_run)  # the draft is checked first
     if dry_run:
         stdout.print(shell_line(argv, env), markup=False, highlight=False)
         return

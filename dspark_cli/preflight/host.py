@@ -147,7 +147,7 @@ def serve_runs_here(recipe: Recipe, context: Context) -> list[str]:
         problems.append(f"serve.tensor_parallel_size: {serve.tensor_parallel_size} GPUs, {machine.gpus} visible "
                         "here; lower serve.tensor_parallel_size")
     if not port_free(serve.host, serve.port):
-        problems.append(f"serve.port: {serve.port} on {serve.host} is already in use; pass --port "
+        problems.append(f"serve.port: port {serve.port} on {serve.host} is already in use; pass --port "
                         f"(another server on {serve.port}?)")
     try:
         vllm = find_vllm()
