@@ -87,15 +87,6 @@ def publish_destination(recipe: Recipe, context: Context) -> list[str]:
     return problems
 
 
-def serve_method_known(recipe: Recipe, context: Context) -> list[str]:
-    from dspark_cli.serving import METHODS
-
-    method = context.options.serve_method
-    if method not in METHODS:
-        return [f"--method: unknown serve method {method!r}; use one of: {', '.join(METHODS)}"]
-    return []
-
-
 def _hub_id(recipe: Recipe) -> bool:
     try:
         return resolve_target(recipe.target.model) is None
@@ -109,6 +100,5 @@ RULES = {
     "train": [online_needs_max_steps, online_single_process],
     "export": [export_format_built, export_embeddings_need_a_local_target],
     "bench": [bench_has_datasets, bench_thresholds_need_confidence],
-    "serve": [serve_method_known],
     "publish": [publish_destination],
 }
