@@ -128,7 +128,7 @@ def test_embeddings_of_a_hub_target_cannot_be_exported(here):
 
 
 def test_publish_needs_a_repo_and_a_hub(here):
-    assert refused(here, stage=["publish"]).startswith("error: publish.repo_id: publishing needs a destination repo")
+    assert refused(here, stage=["publish"]).startswith("error: publish.repo_id: publish needs a destination repo")
     assert "error: publish.hubs: empty" in refused(here, "publish.repo_id=me/draft", "publish.hubs=[]",
                                                    stage=["publish"])
     passes(here)  # publish is not one of the stages `dspark run` runs unless asked

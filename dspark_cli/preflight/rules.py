@@ -80,7 +80,7 @@ def publish_destination(recipe: Recipe, context: Context) -> list[str]:
     """A repo and at least one hub (publish/run.py); the repo id's spelling is checked with the recipe."""
     problems = []
     if not recipe.publish.repo_id:
-        problems.append("publish.repo_id: publishing needs a destination repo; pass --repo-id OWNER/NAME "
+        problems.append("publish.repo_id: publish needs a destination repo; pass --repo-id OWNER/NAME "
                         "or set publish.repo_id")
     if not recipe.publish.hubs:
         problems.append("publish.hubs: empty; set publish.hubs=[huggingface]")
