@@ -62,11 +62,22 @@ def test_each_command_is_a_small_module_of_the_cli_package():
         assert len(path.read_text().splitlines()) <= 150, path
 
 
-def test_validate_every_template_passes():
-    for name in ("tiny", "qwen3-8b", "llama-3.1-8b", "kimi-k3"):
-        result = invoke("validate", f"templates/recipes/{name}.yaml")
-        assert result.exit_code == 0, result.output
-        assert "ok" in result.output
+@pytest.mark.parametrize("name", ["tiny", "qwen3-8b", "llama-3.1-8b", "kimi-k3"])
+def test_validate_every_template_passes_as_a_recipe(name):
+    """--recipe-only: the templates judged on their own (their GPUs and hub targets are not on this machine)."""
+    result = invoke("validate", f"templates/recipes/{name}.yaml", "--recipe-only")
+    assert result.exit_code == 0, result.output
+    assert "ok (recipe only" in result.output
+
+
+def test_validate_judges_this_machine_by_default(tmp_path):
+    """Without --recipe-only a GPU template fails here: its hub target is not on this machine (an empty hub cache)."""
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    out = subprocess.run([str(Path(sys.executable).with_name("dspark")), "validate", "templates/recipes/qwen3-8b.yaml"], capture_output=True, text=True,
+                         env=env, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 2, out.stderr
+    assert "error: target.model: Qwen/Qwen3-8B is not on this machine" in out.stderr
+    assert invoke("validate", "tiny").exit_code == 0  # the CPU template runs here
 
 
 def test_validate_typo_exits_2_with_did_you_mean(tmp_path):

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from dspark_cli.cli.common import (DraftDirArg, FormatOpt, OverridesArg, RecipeOpt, check_format, load, load_beside,
-                                   split_positional)
+                                   preflight_stage, split_positional)
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, print_json, print_table, say
 
@@ -42,6 +42,7 @@ def bench(
     flags = {"bench.endpoint": endpoint, "bench.baseline_endpoint": baseline_endpoint}
     loaded = load_beside(recipe, draft_dir, rest, flags) or load(recipe, rest, flags)
     offline = offline or (draft_dir is not None and loaded.bench.endpoint is None)
+    preflight_stage(loaded, ["bench"], recipe)
     if output_format == "json":
         print_json(run_bench(loaded, draft_dir=draft_dir, offline=offline))
         return

@@ -53,6 +53,22 @@ def load(recipe: str | None, overrides: list[str] | None, flags: dict[str, Any] 
     return loaded
 
 
+def preflight_stage(loaded, stages: list[str] | tuple[str, ...], recipe: str | None = None, *, machine: bool = True,
+                    **options: Any) -> None:
+    """The preflight of a stage command, before any work: every refusal of `stages` at once, exit 2.
+
+    `options` are the command's flags that change what it refuses (`preflight.StageOptions`); `machine=False`
+    judges the recipe alone (dry runs, which need no engine). torchrun's children skip it: their parent ran it.
+    """
+    import os
+
+    from dspark_cli.preflight import StageOptions, check_preflight
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return
+    check_preflight(loaded, stages, StageOptions(**options), machine=machine, source=recipe)
+
+
 def load_beside(recipe: str | None, directory: str | None, overrides: list[str], flags: dict[str, Any] | None = None):
     """The user's `recipe`, else the one draft `directory` carries, minus its trust (serving/trust.py);
     None if neither."""

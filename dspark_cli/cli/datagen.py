@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dspark_cli.cli.common import DryRunOpt, OverridesArg, RecipeArg, load
+from dspark_cli.cli.common import DryRunOpt, OverridesArg, RecipeArg, load, preflight_stage
 from dspark_cli.ui import handle_errors, print_table, say
 
 
@@ -23,6 +23,7 @@ def datagen(
     from dspark_cli.ui import progress_bar
 
     loaded = load(recipe, overrides, {"datagen.output_dir": output_dir, "datagen.engine": engine})
+    preflight_stage(loaded, ["datagen"], recipe, machine=not dry_run)
     if dry_run:
         _render_plan(run_datagen(loaded, dry_run=True))
         return

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from dspark_cli.cli.common import (DryRunOpt, FormatOpt, OverridesArg, RecipeOpt, check_format, load, recipe_beside,
-                                   split_positional, tensor_rows)
+from dspark_cli.cli.common import (DryRunOpt, FormatOpt, OverridesArg, RecipeOpt, check_format, load, preflight_stage,
+                                   recipe_beside, split_positional, tensor_rows)
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, print_json, print_table, say
 
@@ -55,6 +55,8 @@ def export(
         return
     if checkpoint is None:
         raise UsageError("export needs a CHECKPOINT (a training output directory) unless --meta --dry-run")
+    if loaded is not None:
+        preflight_stage(loaded, ["export"], recipe, machine=not dry_run, force=force, inputs={"export": checkpoint})
     result = export_checkpoint(checkpoint, recipe=loaded, output=output, dtype=dtype, fmt=export_format,
                                include_embeddings=include_embeddings, target=target, force=force, dry_run=dry_run)
     _render_export(result, dry_run, output_format)

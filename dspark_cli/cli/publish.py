@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from dspark_cli.cli.common import (DraftDirArg, FormatOpt, OverridesArg, RecipeOpt, check_format, load_beside,
-                                   split_positional)
+                                   preflight_stage, split_positional)
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, print_json, print_table, say
 
@@ -44,6 +44,7 @@ def publish(
     if loaded is None:
         raise UsageError("publish needs a draft directory exported by dspark, or --recipe",
                          "dspark publish runs/NAME/draft --repo-id OWNER/NAME")
+    preflight_stage(loaded, ["publish"], recipe, dry_run=dry_run)
     result = publish_draft(loaded, draft_dir, dry_run=dry_run)
     if output_format == "json":
         print_json(result)

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dspark_cli.cli.common import OverridesArg, RecipeArg, load
+from dspark_cli.cli.common import OverridesArg, RecipeArg, load, preflight_stage
 from dspark_cli.ui import handle_errors, print_table, say
 
 
@@ -22,6 +22,7 @@ def run(
     from dspark_cli.pipeline import STAGES, run_pipeline
 
     loaded = load(recipe, overrides)
+    preflight_stage(loaded, ["datagen", "capture", "train", "export", "bench"] + ["publish"] * publish, recipe, force=True)
     if publish:  # a destination and tokens now, not after hours of training
         from dspark_cli.publish import preflight
 

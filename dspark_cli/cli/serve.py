@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from dspark_cli.cli.common import DraftDirArg, OverridesArg, RecipeOpt, load_beside, split_positional
+from dspark_cli.cli.common import DraftDirArg, OverridesArg, RecipeOpt, load_beside, preflight_stage, split_positional
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, say, stdout
 
@@ -39,6 +39,7 @@ def serve(
     if loaded is None:
         raise UsageError("serve needs a draft directory exported by dspark, or --recipe", "dspark serve runs/NAME/draft")
     argv, env = serve_plan(loaded, draft_dir or loaded.stage_dir("export"), method=method, vllm_args=vllm_args)
+    preflight_stage(loaded, ["serve"], recipe, serve_method=method, dry_run=dry_run)  # the draft is checked first
     if dry_run:
         stdout.print(shell_line(argv, env), markup=False, highlight=False)
         return

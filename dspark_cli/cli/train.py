@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dspark_cli.cli.common import DryRunOpt, OverridesArg, RecipeArg, load
+from dspark_cli.cli.common import DryRunOpt, OverridesArg, RecipeArg, load, preflight_stage
 from dspark_cli.ui import handle_errors, print_table, say, stdout
 
 
@@ -23,6 +23,7 @@ def train(
     # --resume auto continues from the latest checkpoint (a crash costs at most train.checkpoint_every
     # steps); --nproc N > 1 relaunches this command under torchrun, whose children train.
     loaded = load(recipe, overrides, {"train.output_dir": output_dir, "train.nproc_per_node": nproc})
+    preflight_stage(loaded, ["capture", "train"], recipe, machine=not dry_run, resume=resume)
     if dry_run:
         from dspark_cli.training.run import plan_train
 

@@ -1,4 +1,4 @@
-"""`dspark validate RECIPE`: every problem of a recipe at once, as text or JSON."""
+"""`dspark validate RECIPE`: every problem of a recipe, and of this machine for it, at once, as text or JSON."""
 
 from __future__ import annotations
 
@@ -14,20 +14,31 @@ from dspark_cli.ui import handle_errors, print_json, say, stdout
 def validate(
     recipe: RecipeArg,
     overrides: OverridesArg = None,
+    stage: Annotated[list[str] | None, typer.Option(
+        "--stage", help="Check only this stage (repeatable): datagen, capture, train, export, bench, serve, publish. "
+                        "Default: the stages `dspark run` runs.", show_default=False)] = None,
+    recipe_only: Annotated[bool, typer.Option(
+        "--recipe-only", help="Judge the recipe alone: skip the checks of this machine (GPUs, engines, packages, "
+                              "files, tokens), e.g. a cluster recipe on a laptop.")] = False,
     show: Annotated[bool, typer.Option("--print", help="Print the resolved recipe.")] = False,
     output_format: FormatOpt = "text",
 ) -> None:
-    """Check a recipe: types, ranges, unknown keys and cross-stage rules, all problems at once.
+    """Check a recipe: everything a stage would refuse, before any work, all problems at once.
 
-    `--format json` prints the resolved recipe, or `{"ok": false, "problems": [...], "hint": ...}`
+    Types, ranges, unknown keys and cross-stage rules, then each stage's own refusals (the same
+    preflight every stage command and `dspark run` make first): process and GPU counts, engines and
+    packages installed, prompt files, output directories. `--recipe-only` skips this machine's
+    checks. `--format json` prints the resolved recipe, or `{"ok": false, "problems": [...], "hint": ...}`
     (exit 2) when there are problems.
     """
     from dspark_cli.errors import DsparkError, RecipeError
+    from dspark_cli.preflight import RUN_STAGES, check_preflight
     from dspark_cli.recipe import dump_recipe
 
     check_format(output_format)
     try:
         loaded = load(recipe, overrides)
+        check_preflight(loaded, stage or RUN_STAGES, machine=not recipe_only, source=recipe)
     except DsparkError as exc:
         if output_format == "json":
             problems = exc.problems if isinstance(exc, RecipeError) else [exc.message]
@@ -38,4 +49,4 @@ def validate(
         return
     if show:
         stdout.print(dump_recipe(loaded), markup=False)
-    say(f"{recipe}: ok", style="green")
+    say(f"{recipe}: ok" + (" (recipe only; this machine not checked)" if recipe_only else ""), style="green")

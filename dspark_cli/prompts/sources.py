@@ -47,6 +47,20 @@ def read_source(source: PromptSource) -> Iterator[Conversation]:
         raise UsageError(f"prompt source {source.path} is empty", "point datagen.sources at a file with records")
 
 
+def local_source_problem(path: str) -> str | None:
+    """Why a source or evaluation set that names a local file cannot be read (None: fine, or a hub dataset).
+
+    What `read_source` would refuse first, asked without reading it (the preflight)."""
+    if _bundled(path) is not None or not _looks_local(path):
+        return None
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return f"{path} not found; check the path (a local .jsonl, .json or .parquet file)"
+    if file.suffix.lower() not in LOCAL_SUFFIXES:
+        return f"{path}: unsupported file type {file.suffix or '(none)'}; use .jsonl, .json or .parquet"
+    return None
+
+
 def _looks_local(path: str) -> bool:
     return path.endswith(LOCAL_SUFFIXES) or path.startswith(("/", "./", "../", "~")) or Path(path).exists()
 

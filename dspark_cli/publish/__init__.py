@@ -19,6 +19,7 @@ from dspark_cli.lazy import lazy_exports
 _EXPORTS = {
     "preflight": "dspark_cli.publish.run",
     "publish_draft": "dspark_cli.publish.run",
+    "hub_tokens": "dspark_cli.publish.hubs",
 }
 __all__ = sorted(_EXPORTS)
 

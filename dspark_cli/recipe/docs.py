@@ -26,7 +26,11 @@ overrides < command flags; list items take overrides by index (`datagen.sources[
 `dspark validate RECIPE` checks a recipe and reports every problem at once: types and ranges,
 then rules across sections (layer ids against the target's depth, `capture.max_seq_len` and
 `train.max_seq_len` within `target.max_model_len`, output directories that a file stands in the
-way of, a `publish.repo_id` the hubs would refuse, a local target's `config.json` and weights).
+way of, a `publish.repo_id` the hubs would refuse, a local target's `config.json` and weights),
+then everything each stage would refuse before doing any work (the same preflight every stage
+command and `dspark run` make first): online capture without `train.max_steps`, processes per GPU,
+engines and packages installed, prompt files, output directories another stage wrote. Add
+`--recipe-only` to skip this machine's checks (a cluster recipe on a laptop).
 Every stage writes the resolved recipe (`recipe.yaml`) into its output directory.
 
 This page is generated from the schema (`python -m dspark_cli.recipe.docs > docs/recipe.md`).

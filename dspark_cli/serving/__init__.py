@@ -4,7 +4,8 @@ lifecycle (`launcher.py`) and the recipe a draft carries (`trust.py`).
     from dspark_cli.serving import serve_command, shell_line
     argv, env = serve_command(recipe, "runs/tiny/draft")
 
-Other stages import only the names below (publish renders the serve command on its model card).
+Other parts import only the names below (publish renders the serve command on its model card; the
+preflight asks what `dspark serve` would refuse).
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from __future__ import annotations
 from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {
+    "METHODS": "dspark_cli.serving.launch",
+    "MIN_VLLM": "dspark_cli.serving.launcher",
+    "find_vllm": "dspark_cli.serving.launcher",
+    "port_free": "dspark_cli.serving.launcher",
+    "version_tuple": "dspark_cli.serving.launcher",
     "serve_command": "dspark_cli.serving.launch",
     "serve_plan": "dspark_cli.serving.launch",
     "shell_line": "dspark_cli.serving.launch",

