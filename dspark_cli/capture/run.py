@@ -162,3 +162,33 @@ def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: A
 
 def _ordered(plan: CapturePlan, entries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return [entries[shard_name(s.index)] for s in plan.shards if shard_name(s.index) in entries]
+
+
+def capture_pending(recipe: Recipe) -> str | None:
+    """Why offline training cannot start on the capture output yet (None: it is complete and whole).
+
+    Incomplete (or never made), or a listed shard file is missing: the capture stage resumes and
+    writes just what is not there. No torch: `dspark train` asks before it loads anything."""
+    from dspark_cli.artifacts.files import read_manifest
+    from dspark_cli.capture.shards import damaged_shards
+
+    if recipe.capture.mode != "offline":
+        return None
+    directory = Path(recipe.stage_dir("capture"))
+    if not (directory / MANIFEST_NAME).is_file():
+        return "not made yet"
+    manifest = read_manifest(directory)
+    if not manifest.get("complete"):
+        return "not complete"
+    missing = damaged_shards(directory, manifest)
+    return f"missing {', '.join(missing)}" if missing else None
+
+
+def ensure_capture(recipe: Recipe, *, on_progress: Progress | None = None) -> dict[str, Any] | None:
+    """The capture stage, when training would need it: run (resume) the offline capture if its output
+    is pending; None when there is nothing to do (complete, or capture.mode online)."""
+    reason = capture_pending(recipe)
+    if reason is None:
+        return None
+    log.info("capture output %s is %s: capturing first", recipe.stage_dir("capture"), reason)
+    return run_capture(recipe, on_progress=on_progress)
