@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from dspark_cli.errors import NotBuiltError
+from dspark_cli.errors import DsparkError, NotBuiltError
 from dspark_cli.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,41 @@ def run_capture(recipe: Recipe, progress: ProgressFactory | None = None, log_lin
 
 
 def run_train(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
+    """Train as `dspark train` does, through its launcher: here in one process, else under torchrun
+    (`train.nproc_per_node x nnodes > 1`; gloo on CPU, NCCL on GPU), whose rank 0 prints the log
+    lines (passed to `log_line`); the stage's summary is then read back from the train manifest.
+    An offline capture that is not complete runs first, in this process (never in a rank)."""
+    import tempfile
+    from pathlib import Path
+
+    from dspark_cli.capture import ensure_capture
+    from dspark_cli.recipe import write_resolved
+    from dspark_cli.training.launch import relaunch_under_torchrun
+
+    def capture_first() -> None:
+        with (progress or _quiet)("capture", "sequences") as update:
+            ensure_capture(recipe, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
+
+    say = log_line or (lambda line: log.info("%s", line))
+    with tempfile.TemporaryDirectory(prefix="dspark-launch-") as tmp:
+        recipe_file = write_resolved(recipe, tmp)  # what every rank loads: this recipe, overrides applied
+        code = relaunch_under_torchrun(
+            recipe, recipe_arg=str(recipe_file), overrides=[], resume="auto", before=capture_first,
+            on_launch=lambda cmd: say(f"launching {recipe.train.nproc_per_node} x {recipe.train.nnodes} "
+                                      f"processes: {' '.join(cmd[1:5])} ..."),
+            on_line=lambda line: say(line.removeprefix("train: ")))
+    if code is None:
+        return _train_here(recipe, log_line)
+    if code != 0:
+        raise DsparkError(f"training under torchrun failed (exit code {code})",
+                          "the ranks' error is printed above; fix it and run again (training resumes "
+                          "from its last checkpoint)")
+    import json
+
+    return json.loads((Path(recipe.stage_dir("train")) / "manifest.json").read_text(encoding="utf-8"))["summary"]
+
+
+def _train_here(recipe: Recipe, log_line: LogLine | None) -> dict[str, Any]:
     from dspark_cli.training.metrics import format_line
     from dspark_cli.training.run import run_train as train
 

@@ -326,3 +326,46 @@ def test_vllm_capture_equals_hf_capture_on_gpu(captured, tmp_path):
     for mine, hf in zip(got, sequences, strict=True):
         assert torch.allclose(mine.aux_hidden.float(), hf.aux_hidden.float(), rtol=0.05, atol=0.05)
         assert torch.allclose(mine.last_hidden.float(), hf.last_hidden.float(), rtol=0.05, atol=0.05)
+
+
+def test_two_workers_write_what_one_process_writes_and_keep_a_killed_workers_shards(tmp_path):
+    """capture.workers=2: the same shard files and fingerprint as one process; a shard a killed worker
+    finished (listed in its worker file, not yet in the manifest) is kept, not captured again."""
+    import shutil
+
+    from dspark_cli.artifacts.files import write_json_atomic
+    from dspark_cli.capture.run import _manifest
+
+    one = capture_recipe("tiny-mla", tmp_path / "one", "capture.shard_tokens=150")
+    run_capture(one)
+    one_manifest = json.loads((Path(one.stage_dir("capture")) / "manifest.json").read_text())
+    two = capture_recipe("tiny-mla", tmp_path / "two", "capture.shard_tokens=150", "capture.workers=2")
+    plan = build_plan(two)
+    assert len(plan.shards) >= 3
+    out = Path(two.stage_dir("capture"))
+    out.mkdir(parents=True)
+    write_json_atomic(out / "manifest.json", _manifest(plan, {}, [], complete=False))  # as the killed run left it
+    kept = one_manifest["shards"][1]
+    shutil.copy(Path(one.stage_dir("capture")) / kept["file"], out / kept["file"])
+    write_json_atomic(out / ".worker-1.json", {"fingerprint": plan.fingerprint, "worker": 1, "workers": 2,
+                                               "backend": {}, "shards": [kept]})
+    mtime = (out / kept["file"]).stat().st_mtime_ns
+    summary = run_capture(two)
+    assert summary["workers"] == 2 and summary["shards"] == len(plan.shards)
+    assert (out / kept["file"]).stat().st_mtime_ns == mtime
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["fingerprint"] == one_manifest["fingerprint"]
+    # Names, sizes and counts; not sha256: safetensors writes the header's metadata in hash-map order, so a
+    # shard's bytes differ from run to run even in one process (its tensors and metadata do not).
+    strip = lambda entries: [{k: v for k, v in e.items() if k != "sha256"} for e in entries]  # noqa: E731
+    assert strip(manifest["shards"]) == strip(one_manifest["shards"])
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    for entry in manifest["shards"]:
+        mine, theirs = out / entry["file"], Path(one.stage_dir("capture")) / entry["file"]
+        a, b = load_file(mine), load_file(theirs)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), entry["file"]
+        assert safe_open(str(mine), "pt").metadata() == safe_open(str(theirs), "pt").metadata()
+    assert not list(out.glob(".worker-*")) and not list(out.glob(".*.tmp"))
+    assert [s.id for s in iter_captured(out)] == [s.id for s in iter_captured(Path(one.stage_dir("capture")))]

@@ -110,3 +110,18 @@ def test_plan_lengths_from_shard_metadata_equal_the_prepared_sequences(captured)
                     if (e := prepare(s, epoch=0, index=i, seed=0, num_anchors=1, max_seq_len=max_len))]
         assert capture_lengths(recipe.stage_dir("capture"), max_len) == prepared
     assert prepared == [] or set(prepared) == {20}  # truncated
+
+
+def test_an_incomplete_capture_inside_training_is_one_line(captured, tmp_path):
+    """Capture is a stage before training (run by `dspark train` / `dspark run` in the launching process);
+    training itself, which may be one rank of many, refuses to capture."""
+    from dspark_cli.errors import DataError
+    from dspark_cli.recipe import load_recipe
+    from dspark_cli.training.run import run_train
+
+    recipe = load_recipe("tiny", [*_overrides(captured), f"capture.output_dir={tmp_path / 'none'}",
+                                  f"train.output_dir={tmp_path / 'train'}"])
+    with pytest.raises(DataError, match="capture output is not made yet") as err:
+        run_train(recipe, resume="never")
+    assert "\n" not in str(err.value) and "dspark train RECIPE" in err.value.hint
+    assert not (tmp_path / "none").exists()

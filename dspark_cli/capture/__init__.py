@@ -3,6 +3,7 @@
     from dspark_cli.capture import plan_capture, run_capture, iter_captured
     plan_capture(recipe)                                  # sizes, no model load (`dspark train --dry-run`)
     run_capture(recipe)                                   # offline shards + manifest, resumable
+    ensure_capture(recipe)                                # the same, only when training would need it
     for seq in iter_captured(recipe.stage_dir("capture"), expect=contract_for_recipe(recipe)): ...
 
     python -m dspark_cli.capture.online RECIPE STREAM     # online producers (capture.workers of them)
@@ -26,6 +27,8 @@ _EXPORTS = {
     "build_plan": "dspark_cli.capture.plan",
     "resolve_layer_ids": "dspark_cli.capture.plan",
     "run_capture": "dspark_cli.capture.run",
+    "capture_pending": "dspark_cli.capture.run",
+    "ensure_capture": "dspark_cli.capture.run",
     "iter_captured": "dspark_cli.capture.shards",
     "verify_captured": "dspark_cli.artifacts.capture",  # the capture directory's reader, no tensors
     "OnlineQueue": "dspark_cli.capture.queue",

@@ -6,7 +6,8 @@
 Offline: shards are written in plan order; after each one the manifest (complete: false) lists it with
 its checksum, so a killed run re-started with the same recipe skips exactly the listed shards and
 rewrites any other (a shard renamed into place just before the kill is simply written again): no
-shard is missing or duplicated. A directory made by another plan (datagen output, layer ids, target,
+shard is missing or duplicated. `capture.workers > 1` spreads the shards over worker processes
+(capture/workers.py), with the same files. A directory made by another plan (datagen output, layer ids, target,
 shard size, ...) is refused. Online: the same shards go to an `OnlineQueue` instead.
 """
 
@@ -109,6 +110,8 @@ def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: A
         done = {shard_name(i): {} for i in queue.open(fingerprint=plan.fingerprint, contract=plan.contract,
                                                       layout=layout, num_shards=len(plan.shards))}
     pending = [s for s in plan.shards if shard_name(s.index) not in done]
+    if queue is None and capturer is None and recipe.capture.workers > 1 and pending:
+        return _capture_with_workers(plan, out_dir, done, on_progress)
     if pending and capturer is None:
         capturer = make_capturer(plan, out_dir)
     backend = capturer.describe() if capturer is not None else {"backend": recipe.capture.backend, "resumed": True}
@@ -161,5 +164,61 @@ def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: A
     return summary
 
 
+def _capture_with_workers(plan: CapturePlan, out_dir: Path, done: dict[str, dict[str, Any]],
+                          on_progress: Progress | None) -> dict[str, Any]:
+    """Offline capture by `capture.workers` processes (capture/workers.py); the same summary."""
+    from dspark_cli.capture.workers import capture_with_workers
+
+    def write(backend: dict[str, Any], entries: dict[str, dict[str, Any]], complete: bool) -> None:
+        write_json_atomic(out_dir / MANIFEST_NAME, _manifest(plan, backend, _ordered(plan, entries), complete))
+
+    started = time.perf_counter()
+    backend = capture_with_workers(plan.recipe, plan, out_dir, done, on_progress, write)
+    elapsed = time.perf_counter() - started
+    from dspark_cli.artifacts.files import read_manifest
+
+    manifest = read_manifest(out_dir)
+    captured = sum(s.tokens for s in plan.shards if shard_name(s.index) not in done)
+    log.info("capture: %d sequences, %d tokens in %d shards by %d workers -> %s", plan.num_sequences,
+             plan.num_tokens, len(plan.shards), plan.recipe.capture.workers, out_dir)
+    return {"output_dir": str(out_dir), "mode": "offline", "backend": backend.get("backend"),
+            "workers": plan.recipe.capture.workers, "sequences": plan.num_sequences, "tokens": plan.num_tokens,
+            "loss_tokens": plan.num_loss_tokens, "shards": len(plan.shards), "captured_tokens": captured,
+            "seconds": round(elapsed, 2), "tokens_per_second": round(captured / elapsed, 1) if elapsed else None,
+            "goal_bytes_per_token": goal_bytes_per_token(len(plan.layer_ids), plan.geometry.hidden_size),
+            "truncated": plan.truncated, "skipped_no_loss": plan.skipped_no_loss,
+            "bytes": manifest["bytes"], "bytes_per_token": manifest["bytes_per_token"]}
+
+
 def _ordered(plan: CapturePlan, entries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return [entries[shard_name(s.index)] for s in plan.shards if shard_name(s.index) in entries]
+
+
+def capture_pending(recipe: Recipe) -> str | None:
+    """Why offline training cannot start on the capture output yet (None: it is complete and whole).
+
+    Incomplete (or never made), or a listed shard file is missing: the capture stage resumes and
+    writes just what is not there. No torch: `dspark train` asks before it loads anything."""
+    from dspark_cli.artifacts.files import read_manifest
+    from dspark_cli.artifacts.capture import damaged_shards
+
+    if recipe.capture.mode != "offline":
+        return None
+    directory = Path(recipe.stage_dir("capture"))
+    if not (directory / MANIFEST_NAME).is_file():
+        return "not made yet"
+    manifest = read_manifest(directory)
+    if not manifest.get("complete"):
+        return "not complete"
+    missing = damaged_shards(directory, manifest)
+    return f"missing {', '.join(missing)}" if missing else None
+
+
+def ensure_capture(recipe: Recipe, *, on_progress: Progress | None = None) -> dict[str, Any] | None:
+    """The capture stage, when training would need it: run (resume) the offline capture if its output
+    is pending; None when there is nothing to do (complete, or capture.mode online)."""
+    reason = capture_pending(recipe)
+    if reason is None:
+        return None
+    log.info("capture output %s is %s: capturing first", recipe.stage_dir("capture"), reason)
+    return run_capture(recipe, on_progress=on_progress)

@@ -1,4 +1,5 @@
-"""`dspark run RECIPE`: every stage in order (datagen, capture, train, export, bench, and publish)."""
+"""`dspark run RECIPE`: every stage in order (datagen, capture, train, export, bench, and publish);
+`--rehearse`: the same recipe at tiny scale on this machine (recipe/rehearse.py)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,18 @@ def run(
     overrides: OverridesArg = None,
     publish: Annotated[bool, typer.Option(
         "--publish", help="Also publish at the end (repo and tokens are checked before the first stage).")] = False,
+    rehearse: Annotated[bool, typer.Option(
+        "--rehearse", help="The same recipe at tiny scale on this machine (sizes and hardware only; a table "
+        "shows what changed), under OUTPUT_DIR-rehearsal; serve as a dry run, no publish.")] = False,
 ) -> None:
     """Run the whole pipeline from one recipe: datagen, capture, train, export, bench (and publish)."""
     from dspark_cli.errors import NotBuiltError
     from dspark_cli.pipeline import STAGES, run_pipeline
 
     loaded = load(recipe, overrides)
+    if rehearse:
+        loaded = _rehearsal(loaded)
+        publish = False
     preflight_stage(loaded, ["datagen", "capture", "train", "export", "bench"] + ["publish"] * publish, recipe, force=True)
     if publish:  # a destination and tokens now, not after hours of training
         from dspark_cli.publish import preflight
@@ -34,7 +41,10 @@ def run(
     results = run_pipeline(loaded, stages=wanted, on_stage=lambda r: say(f"  {r.name}: {r.status} {r.detail}".rstrip()),
                            progress=lambda stage, unit: progress_bar(f"  {stage}", unit=unit),
                            log_line=lambda line: say(f"  train: {line}"))
-    print_table("stages", ["stage", "status", "detail"], [[r.name, r.status, r.detail] for r in results])
+    rows = [[r.name, r.status, r.detail] for r in results]
+    if rehearse:
+        rows += _serve_dry_run(loaded, results)
+    print_table("stages", ["stage", "status", "detail"], rows)
     _say_results({r.name: r.outputs for r in results if r.status == "done"})
     missing = [r.name for r in results if r.status == "not built"]
     if missing:
@@ -44,6 +54,32 @@ def run(
         )
 
 
+def _rehearsal(loaded):
+    """The rehearsal of `loaded` (recipe/rehearse.py), its substitution table printed, checked again."""
+    from dspark_cli.errors import RecipeError
+    from dspark_cli.recipe.checks import check_recipe
+    from dspark_cli.recipe.rehearse import rehearsal_recipe
+
+    rehearsal, changes = rehearsal_recipe(loaded)
+    print_table(f"rehearsal of {loaded.name}: what changed (sizes and hardware only)",
+                ["field", "recipe", "rehearsal", "why"], [[c.field, c.real, c.rehearsal, c.why] for c in changes])
+    problems = check_recipe(rehearsal)
+    if problems:
+        raise RecipeError(problems, "the rehearsal of this recipe is refused: fix the recipe, not the rehearsal")
+    return rehearsal
+
+
+def _serve_dry_run(loaded, results) -> list[list[str]]:
+    """The serve stage of a rehearsal: the `vllm serve` command the recipe's settings give, not run."""
+    from dspark_cli.serving import serve_plan, shell_line
+
+    if not any(r.name == "export" and r.status == "done" for r in results):
+        return [["serve", "skipped", "needs export"]]
+    argv, env = serve_plan(loaded, loaded.stage_dir("export"))
+    say(f"serve (dry run): {shell_line(argv, env)}")
+    return [["serve", "dry run", "the vllm serve command (printed above)"]]
+
+
 def _say_results(outputs: dict[str, Any]) -> None:
     """The few numbers a finished run is for: where the draft is and its acceptance length."""
     if "export" in outputs:
@@ -51,8 +87,9 @@ def _say_results(outputs: dict[str, Any]) -> None:
     bench_result = outputs.get("bench") or {}
     for run_ in (bench_result.get("offline") or {}).get("runs", []):
         if run_.get("threshold", 0.0) == 0.0:
-            low, high = run_["tau"]["ci95"]
-            say(f"tau on {run_['dataset']} at T={run_['temperature']:g}: {run_['tau']['mean']:.2f} "
-                f"[{low:.2f}, {high:.2f}] tokens per verification step", style="green")
+            low, high = run_["tau"].get("ci95") or (None, None)
+            ci = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""  # none from one prompt
+            say(f"tau on {run_['dataset']} at T={run_['temperature']:g}: {run_['tau']['mean']:.2f}{ci} "
+                "tokens per verification step", style="green")
     if bench_result.get("files"):
         say(f"report: {bench_result['files']['markdown']}")

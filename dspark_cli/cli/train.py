@@ -1,4 +1,5 @@
-"""`dspark train RECIPE`: capture and train the draft, here or under torchrun (or show the plan)."""
+"""`dspark train RECIPE`: capture (here, when its output is not complete), then train the draft here or
+under torchrun (or show the plan)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def train(
 ) -> None:
     """Capture hidden states and train the draft (FSDP2; torchrun when several processes)."""
     # --resume auto continues from the latest checkpoint (a crash costs at most train.checkpoint_every
-    # steps); --nproc N > 1 relaunches this command under torchrun, whose children train.
+    # steps); --nproc N > 1 relaunches this command under torchrun, whose children train. An offline
+    # capture that is not complete runs first, in this process, before any rank starts.
     loaded = load(recipe, overrides, {"train.output_dir": output_dir, "train.nproc_per_node": nproc})
     preflight_stage(loaded, ["capture", "train"], recipe, machine=not dry_run, resume=resume)
     if dry_run:
@@ -32,7 +34,8 @@ def train(
     from dspark_cli.training.launch import is_main_process, relaunch_under_torchrun
 
     code = relaunch_under_torchrun(loaded, recipe_arg=recipe, overrides=list(overrides or []), resume=resume,
-                                   output_dir=output_dir, on_launch=lambda cmd: say(
+                                   output_dir=output_dir, before=lambda: _capture_first(loaded),
+                                   on_launch=lambda cmd: say(
                                        f"launching {loaded.train.nproc_per_node} processes: {' '.join(cmd[1:5])} ..."))
     if code is not None:
         raise typer.Exit(code)
@@ -51,6 +54,20 @@ def train(
             f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1, "
             f"{describe(summary.get('shapes'))} -> {summary['final']}; next: dspark export {summary['output_dir']}",
             style="green")
+
+
+def _capture_first(loaded) -> None:
+    """The capture stage, before training, when its output is not complete (resumes a killed one)."""
+    from dspark_cli.capture import capture_pending, ensure_capture
+    from dspark_cli.ui import progress_bar
+
+    if capture_pending(loaded) is None:
+        return
+    with progress_bar("capture", unit="sequences") as update:
+        summary = ensure_capture(loaded, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
+    if summary is not None:
+        say(f"capture: {summary['sequences']} sequences, {summary['tokens']} tokens in {summary['shards']} shards "
+            f"-> {summary['output_dir']}")
 
 
 def _log_line(record: dict[str, Any]) -> str:

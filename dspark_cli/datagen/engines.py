@@ -131,6 +131,7 @@ class VLLMEngine:
                                       "tensor_parallel_size": tensor_parallel_size}
             if data_parallel_size > 1:
                 kwargs["data_parallel_size"] = data_parallel_size
+            kwargs.update(cpu_engine_defaults())
             llm = LLM(**kwargs)
         self.llm = llm
 
@@ -155,6 +156,35 @@ class VLLMEngine:
         import vllm
 
         return {"engine": "vllm", "vllm": vllm.__version__}
+
+
+# KV cache of a vLLM engine on CPU when VLLM_CPU_KVCACHE_SPACE does not say (bytes): enough for the
+# tiny targets' and rehearsals' batches, small enough to start on a shared machine.
+CPU_KV_CACHE_BYTES = 256 * 2**20
+
+
+def cpu_engine_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """`LLM` arguments that make vllm-cpu start on an ordinary machine; {} on a GPU.
+
+    On CPU, vLLM reads `gpu_memory_utilization` (0.92 by default) as the share of host memory to
+    reserve and refuses to start when that much is not free -- on a shared machine, always. A fixed
+    KV-cache size skips that reservation (VLLM_CPU_KVCACHE_SPACE, in GiB, still wins when set).
+    Eager mode: torch.compile of the model costs a minute or more of CPU start-up. vllm-cpu's custom
+    `rotary_embedding` op mis-rotates MLA's strided q_pe / k_pe views in eager mode, so the native
+    RoPE is used (correct for every model; the op only matters for speed on GPUs).
+    """
+    import os
+
+    import torch
+
+    environ = os.environ if environ is None else environ
+    if torch.cuda.is_available():
+        return {}
+    out: dict[str, Any] = {"enforce_eager": True, "compilation_config": {"custom_ops": ["-rotary_embedding"]}}
+    if not environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        out["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    log.info("vLLM on CPU: %s", out)
+    return out
 
 
 class EndpointEngine:

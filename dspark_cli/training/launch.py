@@ -1,6 +1,8 @@
-"""How `dspark train` runs: here, in one process, or relaunched under torchrun with one child per rank.
+"""How training is started, the one launcher of `dspark train` and `dspark run`: here, in one process,
+or under torchrun with one child per rank -- after the capture stage, which runs here, never in a rank.
 
-    code = relaunch_under_torchrun(recipe, recipe_arg="tiny", overrides=[], resume="auto")
+    code = relaunch_under_torchrun(recipe, recipe_arg="tiny", overrides=[], resume="auto",
+                                   before=lambda: ensure_capture(recipe))
     if code is None:             # train here (a single process, or a torchrun child)
         run_train(recipe, resume="auto")
 
@@ -23,6 +25,10 @@ def is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def world_size(recipe: Recipe) -> int:
+    return recipe.train.nproc_per_node * recipe.train.nnodes
+
+
 def child_args(recipe_arg: str, overrides: list[str], *, nproc: int, resume: str, output_dir: str | None) -> list[str]:
     """The `dspark train ...` arguments each torchrun child runs with.
 
@@ -35,24 +41,39 @@ def child_args(recipe_arg: str, overrides: list[str], *, nproc: int, resume: str
 
 def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[str], resume: str,
                             output_dir: str | None = None,
-                            on_launch: Callable[[list[str]], None] | None = None) -> int | None:
+                            on_launch: Callable[[list[str]], None] | None = None,
+                            before: Callable[[], None] | None = None,
+                            on_line: Callable[[str], None] | None = None) -> int | None:
     """Prepare this process for training, or train in torchrun's children instead.
 
-    With `train.nproc_per_node` 1 this binds the process's threads to their cores and returns None
-    (train here). With more processes and outside torchrun it runs `dspark train` under torchrun
-    (after `on_launch(command)`) and returns its exit code; inside a torchrun child it returns None.
+    `before()` (the capture stage) runs first in this process -- never in a torchrun child, whose
+    peers would wait for it in a collective. With one process in all (`nproc_per_node x nnodes`)
+    this binds the process's threads to their cores (before `before`, which may load torch) and
+    returns None (train here). With more, outside torchrun, it runs `dspark train` under torchrun
+    (after `on_launch(command)`) and returns its exit code; `on_line` receives each line the
+    children print (else they print to this process's stdout). Inside a torchrun child it returns None.
     """
-    nproc = recipe.train.nproc_per_node
-    if nproc == 1:  # one process on every core: keep its threads on their cores
-        bind_threads()
-        return None
     if under_torchrun():
         return None
+    if world_size(recipe) == 1:  # one process on every core: keep its threads on their cores
+        bind_threads()
+        if before is not None:
+            before()
+        return None
+    if before is not None:
+        before()
     from dspark_cli.training.distributed import torchrun_command
 
+    nproc = recipe.train.nproc_per_node
     args = child_args(recipe_arg, overrides, nproc=nproc, resume=resume, output_dir=output_dir)
     cmd = torchrun_command(args, nproc=nproc, nnodes=recipe.train.nnodes, rdzv_endpoint=recipe.train.rdzv_endpoint,
                            run_id=recipe.name)
     if on_launch is not None:
         on_launch(cmd)
-    return subprocess.run(cmd, check=False).returncode
+    if on_line is None:
+        return subprocess.run(cmd, check=False).returncode
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            on_line(line.rstrip("\n"))
+    return proc.returncode

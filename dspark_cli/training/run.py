@@ -3,12 +3,14 @@
     from dspark_cli.recipe import load_recipe
     from dspark_cli.training.run import run_train, plan_train
     plan_train(load_recipe("tiny"))                  # steps / tokens / sequences (reads the data once)
-    run_train(load_recipe("tiny", ["train.max_steps=20"]), resume="auto")
+    recipe = load_recipe("tiny", ["train.max_steps=20"])
+    ensure_capture(recipe)                           # from dspark_cli.capture: the stage before training
+    run_train(recipe, resume="auto")
 
     torchrun --standalone --nproc-per-node 2 -m dspark_cli.cli train tiny   # what `--nproc 2` runs
 
-Data: offline, the capture directory (`recipe.stage_dir("capture")`, run first when it is not
-complete; rank 0 captures, the others wait); online, the stream `capture.stream` (default
+Data: offline, the finished capture directory (`recipe.stage_dir("capture")`; the capture stage
+runs before training, in the launching process); online, the stream `capture.stream` (default
 `<capture dir>-stream`) that `capture.workers` producers fill (started here on rank 0, or elsewhere
 with `capture.external_producers`), read by every rank in a step plan fixed up front (training/online.py).
 `sequences=` bypasses capture (tests, benchmarks): a callable returning an iterable of
@@ -85,27 +87,23 @@ def capture_lengths(directory: str | Path, max_seq_len: int) -> list[int]:
 def _offline_source(recipe: Recipe, contract: Contract, env) -> tuple[Callable[[], Iterable[Any]], str | None]:
     """The capture output as a sequence source, and its fingerprint (the data's identity).
 
-    Capture runs first (rank 0; the others wait) when its output is not complete or a listed shard
-    file is missing (a damaged shard's error says to delete it): it resumes, rewriting just those.
-    A complete capture made with other capture settings is refused rather than trained on."""
-    from dspark_cli.capture import iter_captured
-    from dspark_cli.artifacts.capture import damaged_shards, finished_capture, read_capture
-    from dspark_cli.training.distributed import barrier
+    Capture is its own stage, run before training by the launching process (`dspark train`, `dspark
+    run`: `capture.ensure_capture`), never inside a rank, whose peers would wait for it in a
+    collective: an incomplete capture here is a one-line error. A complete capture made with other
+    capture settings is refused rather than trained on."""
+    from dspark_cli.capture import capture_pending, iter_captured
+    from dspark_cli.artifacts.capture import read_capture
+    from dspark_cli.errors import DataError
 
     directory = Path(recipe.stage_dir("capture"))
-    manifest = finished_capture(directory) or {}
-    if manifest.get("complete"):
-        _check_capture_settings(recipe, directory, manifest)
-    missing = damaged_shards(directory, manifest) if manifest.get("complete") else []
-    if (not manifest.get("complete") or missing) and env.is_main:
-        from dspark_cli.capture import run_capture
-
-        log.info("capture output %s is %s: capturing first", directory,
-                 f"missing {', '.join(missing)}" if missing else "not complete")
-        run_capture(recipe)
-    barrier(env)
+    pending = capture_pending(recipe)
+    if pending is not None:
+        raise DataError(f"{directory}: the capture output is {pending}; training reads a finished capture",
+                        "run `dspark train RECIPE` or `dspark run RECIPE`: both run the capture stage first")
+    manifest = read_capture(directory)
+    _check_capture_settings(recipe, directory, manifest)
     expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
-    return (lambda: iter_captured(directory, expect=expect)), read_capture(directory).get("fingerprint")
+    return (lambda: iter_captured(directory, expect=expect)), manifest.get("fingerprint")
 
 
 def _check_capture_settings(recipe: Recipe, directory: Path, manifest: dict[str, Any]) -> None:
