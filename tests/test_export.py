@@ -167,6 +167,13 @@ CONFIG_RULES = [
     ("mla", {"dflash_config": {"mask_token_id": 5}}, "mask_token_id: 96 disagrees with dflash_config.mask_token_id 5"),
     ("gqa", {"eagle_aux_hidden_state_layer_ids": [0, 2, 5]}, "eagle_aux_hidden_state_layer_ids: vLLM reads it"),
     ("gqa", {"is_causal": True}, "is_causal: causal draft attention"),
+    # RoPE: YaRN only where vLLM applies it to a draft (MLA's deepseek_yarn), and then complete
+    ("gqa", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                 "original_max_position_embeddings": 1024}}, "rope_parameters.rope_type: 'yarn'"),
+    ("mla", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}},
+     "rope_parameters.rope_type: 'linear'"),
+    ("mla", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 32.0}},
+     "rope_parameters.original_max_position_embeddings: missing"),
 ]
 
 

@@ -329,3 +329,11 @@ def test_train_resume_never_over_checkpoints(here):
     assert "error: --resume never: " in result.output and "already holds checkpoints (latest step-000010)" in \
         result.output
     assert sorted(p.name for p in (here / "run").iterdir()) == ["data", "train"]  # no capture started
+
+
+def test_an_export_config_vllm_would_refuse_is_caught_before_training(here):
+    """YaRN on a GQA draft: vLLM's Qwen3 draft applies another YaRN, so export refuses it after training;
+    the preflight judges the config export would write (the meta-device plan) first."""
+    errors = refused(here, "draft.arch=gqa", "target.model=tiny-gqa",
+                     "draft.rope_scaling={factor: 4, original_max_position_embeddings: 512}")
+    assert "rope_scaling" in errors or "rope_parameters.rope_type: 'yarn'" in errors, errors

@@ -17,6 +17,7 @@ from dspark_cli.lazy import lazy_exports
 _EXPORTS = {
     "export_draft": "dspark_cli.export.writer",
     "verify_draft": "dspark_cli.export.integrity",
+    "planned_config_problems": "dspark_cli.export.run",
     "draft_findings": "dspark_cli.export.integrity",
     "serving_findings": "dspark_cli.export.integrity",
 }

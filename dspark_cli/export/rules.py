@@ -120,15 +120,28 @@ def check_config(config: dict[str, Any]) -> list[Finding]:
                            "(dspark export does)", "warning"))
     if config.get("hidden_act", "silu") != "silu":
         out.append(Finding("hidden_act", f"{config.get('hidden_act')!r}: dspark drafts use silu", 'set "silu"'))
-    rope = config.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") != "default":
-        out.append(Finding("rope_parameters.rope_type", f"{rope.get('rope_type')!r}: drafts are trained with default RoPE",
-                           'set "default"'))
+    out += _check_rope(config, arch)
     if "block_size" not in config:
         out.append(Finding("block_size", "missing: vLLM then needs num_speculative_tokens on every launch",
                            "write the block size the draft was trained with", "warning"))
     out += _check_mla_config(config) if arch == "mla" else _check_gqa_config(config)
     return out
+
+
+def _check_rope(config: dict[str, Any], arch: str) -> list[Finding]:
+    """Default RoPE for every draft; YaRN also for an MLA draft, which vLLM's MLA layers apply as
+    `deepseek_yarn` (the published Kimi-K3 draft: factor 32 over 32768 positions)."""
+    rope = config.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", "default")
+    if rope_type == "yarn" and arch == "mla":
+        missing = [k for k in ("factor", "original_max_position_embeddings") if not rope.get(k)]
+        return [Finding(f"rope_parameters.{k}", "missing: vLLM's YaRN needs it", "write the value the draft was "
+                        "trained with") for k in missing]
+    if rope_type != "default":
+        allowed = '"default" or "yarn"' if arch == "mla" else '"default"'
+        return [Finding("rope_parameters.rope_type", f"{rope_type!r}: {arch} drafts are trained with {allowed} RoPE",
+                        f"set {allowed}")]
+    return []
 
 
 def _check_mla_config(config: dict[str, Any]) -> list[Finding]:

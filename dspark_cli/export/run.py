@@ -43,6 +43,41 @@ def check_draft(directory: str | Path, target: str | None = None) -> list[Any]:
     return draft_findings(directory, target, require_manifest=False)[1]
 
 
+def planned_config_problems(recipe: Recipe) -> list[str]:
+    """What export would refuse about the draft this recipe describes, judged before any training from
+    the meta-device plan: a draft config that cannot be built, and the vLLM loader rules (rules.py,
+    errors only) its config.json would break. The mask token is left to export when the recipe leaves
+    it to the tokenizer; a hub target not on this machine without declared geometry is not judged."""
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.export.rules import check_config
+    from dspark_cli.export.roster import export_dry_run
+    from dspark_cli.targets import target_config
+
+    if recipe.export.format != "vllm":
+        return []
+    draft = recipe.draft.model_dump()
+    if draft.get("mask_token_id") is None:
+        draft["mask_token_id"] = 0  # a placeholder: export takes the tokenizer's mask token
+    target = recipe.target.model_dump()
+    config = None
+    if target_config(recipe) is not None:
+        from transformers import AutoConfig
+
+        from dspark_cli.targets import resolve_target
+
+        config = AutoConfig.from_pretrained(resolve_target(recipe.target.model))
+    elif not all(target.get(k) for k in ("hidden_size", "vocab_size", "num_hidden_layers")):
+        return []
+    try:
+        planned = export_dry_run(draft, target, config, recipe.export.dtype)["config"]
+    except DsparkError as exc:  # DraftConfigError: what training would refuse when it builds the draft
+        return [f"draft: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")]
+    findings = [f for f in check_config(planned) if f.severity == "error"]
+    if recipe.draft.mask_token_id is None:
+        findings = [f for f in findings if f.key != "mask_token_id"]
+    return [f"draft: the exported config.json would break a vLLM loader rule: {f.line()}" for f in findings]
+
+
 def meta_plan(recipe: Recipe) -> dict[str, Any]:
     """The vLLM config.json and every tensor (name, shape, dtype) of the draft `recipe` describes.
 

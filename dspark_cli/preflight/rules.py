@@ -73,6 +73,13 @@ def export_embeddings_need_a_local_target(recipe: Recipe, context: Context) -> l
     return []
 
 
+def export_config_loads_in_vllm(recipe: Recipe, context: Context) -> list[str]:
+    """The draft's config.json as export will write it, against vLLM's loader rules, before training."""
+    from dspark_cli.export import planned_config_problems
+
+    return planned_config_problems(recipe)
+
+
 def bench_has_datasets(recipe: Recipe, context: Context) -> list[str]:
     if not recipe.bench.datasets:
         return ["bench.datasets: empty; add mt_bench, speed_bench, or a prompt file"]
@@ -109,7 +116,7 @@ RULES = {
     "datagen": [datagen_has_sources],
     "capture": [k3_stream_needs_vllm],
     "train": [online_stream_holds_a_checkpoint_interval, online_device_split],
-    "export": [export_format_built, export_embeddings_need_a_local_target],
+    "export": [export_format_built, export_embeddings_need_a_local_target, export_config_loads_in_vllm],
     "bench": [bench_has_datasets, bench_thresholds_need_confidence],
     "publish": [publish_destination],
 }
