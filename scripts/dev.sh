@@ -42,7 +42,7 @@ case "${1:-}" in
         ensure_venv
         shift
         export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false NO_MKDOCS_2_WARNING=1
-        "$VENV/bin/python" -m pytest -q "$@"
+        "$VENV/bin/python" -m pytest -q --durations=20 "$@"
         "$VENV/bin/mkdocs" build --strict --quiet --site-dir "${TMPDIR:-/tmp}/dspark-site"
         ;;
     *)
