@@ -250,3 +250,23 @@ def test_a_killed_rank_restarts_from_its_checkpoint_at_the_checkpointed_stream_p
     ids, rerun = trained_ids(train_dir, summary["num_steps"], 2)
     assert ids == Counter(planned_ids(overrides))  # nothing lost, nothing trained twice into the result
     assert 1 <= rerun <= 2  # at most one checkpoint interval (train.checkpoint_every=2) trained again
+
+
+def test_kept_stream_trains_two_epochs_within_its_byte_bound(datagen, tmp_path):
+    """capture.keep_max_bytes: the consumed shards stay for the second epoch (the published draft
+    trained about two), every sample is trained exactly twice, and the stream never holds more
+    bytes than the bound; at the end everything is released."""
+    from dspark_cli.recipe import load_recipe
+    from dspark_cli.training.run import run_train
+
+    bound = 50_000_000
+    overrides = overrides_for(datagen, tmp_path, "train.epochs=2.0", f"capture.keep_max_bytes={bound}",
+                              f"capture.queue_max_shards={MAX_SHARDS}")
+    stream = tmp_path / "run" / "hidden-stream"
+    with Watcher(stream) as watch:
+        summary = run_train(load_recipe("tiny", overrides), resume="never")
+    ids, rerun = trained_ids(tmp_path / "run" / "train", summary["num_steps"], 2)
+    once = Counter(planned_ids(overrides))
+    assert ids == Counter({name: 2 * count for name, count in once.items()}) and rerun == 0
+    assert watch.bytes <= bound and summary["stream"]["peak_bytes"] <= bound
+    assert not list(stream.rglob("*.safetensors"))
