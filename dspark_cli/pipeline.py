@@ -94,9 +94,9 @@ def run_train(recipe: Recipe, progress: ProgressFactory | None = None, log_line:
         raise DsparkError(f"training under torchrun failed (exit code {code})",
                           "the ranks' error is printed above; fix it and run again (training resumes "
                           "from its last checkpoint)")
-    import json
+    from dspark_cli.artifacts.train import read_train_manifest
 
-    return json.loads((Path(recipe.stage_dir("train")) / "manifest.json").read_text(encoding="utf-8"))["summary"]
+    return read_train_manifest(Path(recipe.stage_dir("train")))["summary"]
 
 
 def _train_here(recipe: Recipe, log_line: LogLine | None) -> dict[str, Any]:

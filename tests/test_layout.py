@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     # the one preflight of every stage: recipe rules, this machine, output paths (what serve / publish refuse)
     "preflight": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "datagen", "capture", "export",
                   "serving", "publish"},
-    "pipeline": {"errors", "recipe", "datagen", "capture", "training", "export", "bench", "publish"},
+    "pipeline": {"errors", "recipe", "artifacts", "datagen", "capture", "training", "export", "bench", "publish"},
     "cli": {"errors", "recipe", "targets", "ui", "pipeline", "datagen", "capture", "training", "export", "bench",
             "serving", "publish", "artifacts", "prompts", "draft", "kernels", "contract", "preflight"},
 }
