@@ -92,6 +92,9 @@ def publish(*args: str, hub: LoopbackHub | None, token: str | None = TOKEN, home
         env["HF_TOKEN"] = token
     if ms is not None:
         env["MODELSCOPE_ENDPOINT"] = ms.url
+        # ModelScope's client retries a failed commit 5 times with growing waits (about a minute in
+        # all); the loopback server's failures are deliberate, so one retry shows the same behaviour
+        env["MODELSCOPE_UPLOAD_COMMIT_MAX_ATTEMPTS"] = "2"
     if ms_token is not None:
         env["MODELSCOPE_API_TOKEN"] = ms_token
     return subprocess.run([DSPARK, "publish", *args], capture_output=True, text=True, env=env, timeout=120)

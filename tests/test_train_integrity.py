@@ -206,8 +206,9 @@ def _recorded(work: Path) -> tuple[bytes, bytes]:
 
 
 @pytest.mark.parametrize("change, named, fix", [
-    (("train.max_steps=2", "capture.max_seq_len=256"), "capture.max_seq_len=64 (this recipe: 256)",
-     "capture.output_dir=DIR"),
+    # the preflight's line (it refuses before any work; training itself would refuse the same)
+    (("train.max_steps=2", "capture.max_seq_len=256"), "captured with capture.max_seq_len=64, this recipe says 256",
+     "capture into a new capture.output_dir"),
     (("train.max_steps=2",), "train.max_steps None -> 2", "-o DIR"),
     (("draft.num_layers=3",), "draft.num_layers 2 -> 3", "-o DIR"),
     (("train.lr=0.01", "train.seed=3"), "train.lr 0.001 -> 0.01, train.seed 0 -> 3", "-o DIR"),

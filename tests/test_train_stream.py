@@ -163,6 +163,9 @@ def test_two_producers_two_ranks_train_every_sample_once_like_offline(datagen, t
     # the offline run on the same data (one process, its own shuffled order): same neighbourhood
     offline = load_recipe("tiny", [o for o in overrides if not o.startswith(("capture.mode", "train.nproc"))]
                           + ["capture.mode=offline", f"train.output_dir={tmp_path / 'offline'}"])
+    from dspark_cli.capture import ensure_capture
+
+    ensure_capture(offline)  # capture is its own stage, before training
     reference = run_train(offline, resume="never")
     online_final, offline_final = summary["final_metrics"], reference["final_metrics"]
     print(f"tau online {online_final['tau_greedy']:.3f} ({summary['num_steps']} steps) offline "
