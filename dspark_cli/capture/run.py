@@ -1,4 +1,4 @@
-"""Capture orchestration: plan -> backend -> shards (offline directory or online queue), resumably.
+"""Capture orchestration: plan -> backend -> shards (offline directory or online stream), resumably.
 
     from dspark_cli.capture import run_capture
     run_capture(load_recipe("tiny"))          # runs/tiny/hidden/shard-*.safetensors + manifest.json
@@ -96,7 +96,9 @@ def _capture_shard(capturer: Any, batch_size: int, samples: list[tuple[str, list
 
 def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: Any = None,
                 capturer: Any = None) -> dict[str, Any]:
-    """Capture every planned shard not done yet, offline (stage dir) or into `queue` (an `OnlineQueue`)."""
+    """Capture every planned shard not done yet, offline (stage dir) or into `queue` (an online stream
+    producer: `capture.stream.StreamProducer`, or the older single-producer `capture.queue.OnlineQueue`
+    that benchmarks/capture.py still drives; both open / put / fail / finish)."""
     plan = build_plan(recipe)
     out_dir = Path(recipe.stage_dir("capture"))
     layout = layout_of(plan)
