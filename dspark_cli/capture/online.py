@@ -76,7 +76,7 @@ def _die_with_parent() -> None:  # in the child, before exec: SIGKILL when the s
 class Supervisor:
     """Start `capture.workers` producer processes for the stream and keep them running until each finished.
 
-    `run()` blocks (the `dspark capture --online` foreground); `start()` runs it in a thread (the
+    `run()` blocks (the `python -m dspark_cli.capture.online` foreground); `start()` runs it in a thread (the
     trainer's rank 0) and `stop()` ends it and its producers. `error` holds the reason it gave up.
     """
 

@@ -221,7 +221,7 @@ class StreamReader:
                 raise DataError(f"{self.location}: producer {worker} finished without shard {index}", HINT)
             if time.monotonic() - started > self.timeout_s:
                 raise DataError(f"{self.location}: no shard {index} from capture producer {worker} after "
-                                f"{self.timeout_s:.0f} s", "are the producers running (`dspark capture --online`)?")
+                                f"{self.timeout_s:.0f} s", "are the producers running (`python -m dspark_cli.capture.online`)?")
             time.sleep(self.poll_s)
         data = self.store.get(shard_key(index))
         self.peak_bytes = max(self.peak_bytes, self.store.used_bytes())

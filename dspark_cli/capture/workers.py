@@ -51,14 +51,17 @@ def worker_entries(out_dir: Path, plan: CapturePlan) -> dict[str, dict[str, Any]
     return found
 
 
-def worker_environ(worker: int, workers: int) -> dict[str, str]:
-    """The worker's environment: on GPUs its share of the visible devices. On CPU the threads are the
-    launching process's: fewer threads per worker would change the float summation order, and with it
-    the shard bytes, which must not depend on how many workers captured them.
+def worker_environ(recipe: Recipe, worker: int, workers: int) -> dict[str, str]:
+    """The worker's environment, as an online producer's (`devices.producer_environ`: its share of
+    `capture.devices` when the recipe names them); without them, on GPUs, an even share of the visible
+    devices. On CPU the threads are the launching process's: fewer threads per worker would change the
+    float summation order, and with it the shard bytes, which must not depend on how many workers
+    captured them."""
+    from dspark_cli.capture.devices import producer_environ
 
-    TODO(capture device fields): each worker takes len(GPUs) // workers devices; once the recipe
-    names a capture tensor-parallel size, split by that instead and check it fits."""
-    env = _child_environ()
+    env = producer_environ(recipe, worker, _child_environ())
+    if recipe.capture.devices:
+        return env
     import torch
 
     if torch.cuda.is_available():
@@ -67,7 +70,7 @@ def worker_environ(worker: int, workers: int) -> dict[str, str]:
         per = len(ids) // workers
         if per == 0:
             raise UsageError(f"capture.workers={workers} needs a GPU each; {len(ids)} visible",
-                             f"set capture.workers={len(ids)} or fewer")
+                             f"set capture.workers={len(ids)} or fewer, or capture.devices")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[worker * per:(worker + 1) * per])
     return env
 
@@ -91,7 +94,7 @@ def capture_with_workers(recipe: Recipe, plan: CapturePlan, out_dir: Path, done:
         path.unlink()
     recipe_file = write_resolved(recipe, out_dir)
     procs = [subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.workers", str(recipe_file), str(w),
-                               str(workers)], env=worker_environ(w, workers)) for w in range(workers)]
+                               str(workers)], env=worker_environ(recipe, w, workers)) for w in range(workers)]
     sizes = {shard_name(s.index): (len(s.ids), s.tokens) for s in plan.shards}
     try:
         while any(p.poll() is None for p in procs):

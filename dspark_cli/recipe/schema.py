@@ -127,12 +127,12 @@ class CaptureSection(Section):
         "filesystem both share, or a store URL); default `<capture dir>-stream`."
     )
     external_producers: bool = Field(
-        False, description="Online mode: the producers run elsewhere (`dspark capture --online` on inference "
-        "machines); `dspark train` only reads the stream instead of starting them."
+        False, description="Online mode: the producers run elsewhere (`python -m dspark_cli.capture.online` on "
+        "inference machines); `dspark train` only reads the stream instead of starting them."
     )
     devices: list[int] | None = Field(
-        None, description="Online mode, one machine: devices of the producers' engines (producer w takes the w-th "
-        "group of engine tensor-parallel size); disjoint from `train.devices`."
+        None, description="One machine: devices of the capture engines (online producer or offline worker w takes "
+        "the w-th group of engine tensor-parallel size); online, disjoint from `train.devices`."
     )
     keep_max_bytes: int | None = Field(
         None, gt=0, description="Online mode: keep consumed shards for `train.epochs` > 1 while the whole stream "
