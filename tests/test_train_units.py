@@ -470,7 +470,12 @@ def test_fsdp2_under_bf16_gathers_bf16_parameters_and_keeps_fp32_masters(tmp_pat
     from dspark_cli.training.distributed import DistEnv, shard
     from dspark_cli.training.step import TrainStep, local_weight
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    # The session's in-process vLLM engines (tests/conftest.py) may already have made this process a
+    # one-process group; use it then, and leave it to them.
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    assert dist.get_world_size() == 1
     try:
         model, _, _ = tiny_model("gqa", attn_impl="sdpa")
         step = shard(TrainStep(model, LossConfig()), DistEnv(0, 1, 0, torch.device("cpu"), owns_group=True),
@@ -487,4 +492,5 @@ def test_fsdp2_under_bf16_gathers_bf16_parameters_and_keeps_fp32_masters(tmp_pat
         assert trained and all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in trained)
         assert torch.isfinite(loss.float())
     finally:
-        dist.destroy_process_group()
+        if owned:
+            dist.destroy_process_group()
