@@ -276,6 +276,18 @@ def test_an_export_directory_that_is_not_an_earlier_draft(here):
         here, "export.output_dir=.")
 
 
+def test_an_earlier_draft_is_judged_as_dspark_run_replaces_it(here):
+    """After a finished run, `validate` of the same recipe passes (`dspark run` replaces its own earlier
+    draft); `--stage export` judges as `dspark export` without --force does."""
+    (here / "draft").mkdir()
+    (here / "draft" / "dspark_manifest.json").write_text(json.dumps({"kind": "dspark.draft"}))
+    result = runner.invoke(app, ["validate", "tiny", f"output_dir={here / 'run'}", f"export.output_dir={here / 'draft'}"])
+    assert result.exit_code == 0, result.output
+    errors = refused(here, f"export.output_dir={here / 'draft'}", stage=["export"])
+    assert errors.startswith(f"error: export.output_dir: {here / 'draft'} already exists (an earlier draft); "
+                             "pass --force"), errors
+
+
 def test_the_export_command_refuses_before_any_work(here):
     (here / "ckpt").mkdir()
     (here / "draft").mkdir()

@@ -15,8 +15,9 @@ def validate(
     recipe: RecipeArg,
     overrides: OverridesArg = None,
     stage: Annotated[list[str] | None, typer.Option(
-        "--stage", help="Check only this stage (repeatable): datagen, capture, train, export, bench, serve, publish. "
-                        "Default: the stages `dspark run` runs.", show_default=False)] = None,
+        "--stage", help="Check only this stage (repeatable), as its own command judges it: datagen, capture, train, "
+                        "export, bench, serve, publish. Default: the stages `dspark run` runs, as it runs them.",
+        show_default=False)] = None,
     recipe_only: Annotated[bool, typer.Option(
         "--recipe-only", help="Judge the recipe alone: skip the checks of this machine (GPUs, engines, packages, "
                               "files, tokens), e.g. a cluster recipe on a laptop.")] = False,
@@ -32,13 +33,16 @@ def validate(
     (exit 2) when there are problems.
     """
     from dspark_cli.errors import DsparkError, RecipeError
-    from dspark_cli.preflight import RUN_STAGES, check_preflight
+    from dspark_cli.preflight import RUN_STAGES, StageOptions, check_preflight
     from dspark_cli.recipe import dump_recipe
 
     check_format(output_format)
     try:
         loaded = load(recipe, overrides)
-        check_preflight(loaded, stage or RUN_STAGES, machine=not recipe_only, source=recipe)
+        # no --stage: judged as `dspark run` runs them (it replaces its own earlier draft); with --stage,
+        # as that stage's own command without flags (`dspark export` refuses an earlier draft without --force)
+        options = StageOptions() if stage else StageOptions(force=True)
+        check_preflight(loaded, stage or RUN_STAGES, options, machine=not recipe_only, source=recipe)
     except DsparkError as exc:
         if output_format == "json":
             problems = exc.problems if isinstance(exc, RecipeError) else [exc.message]
