@@ -302,20 +302,55 @@ def test_ngram_server_reports_acceptance_length(launched):
         assert spec_counters(response.read().decode()) is None  # no speculation, no counters
 
 
-def test_bench_against_the_launched_server_and_its_baseline(launched, tmp_path):
-    result = runner.invoke(app, ["bench", "--recipe", "tiny", "target.model=tiny-gqa", f"output_dir={tmp_path}",
-                                 "--endpoint", launched["ngram"].url, "--baseline-endpoint", launched["none"].url,
-                                 "bench.datasets=[tiny-eval]", "bench.num_prompts=3", "bench.max_tokens=24",
+def _bench(tmp_path: Path, name: str, *args: str) -> dict:
+    result = runner.invoke(app, ["bench", "--recipe", "tiny", "target.model=tiny-gqa", f"output_dir={tmp_path / name}",
+                                 *args, "bench.datasets=[tiny-eval]", "bench.num_prompts=4", "bench.max_tokens=32",
                                  "bench.concurrency=[1, 2]", "bench.temperatures=[0.0]", "--format", "json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def test_bench_against_the_launched_server_and_its_baseline(launched, tmp_path):
+    """`dspark bench --endpoint`: vLLM's own /metrics counters of the ngram server (its proposals, real
+    verification), speedup against the plain server, live and from a saved baseline report."""
+    from PIL import Image
+
+    spec_url, base_url = launched["ngram"].url, launched["none"].url
+    k = load_recipe("tiny").draft.block_size  # served without a draft: ngram proposes the recipe's block size
+    data = _bench(tmp_path, "live", "--endpoint", spec_url, "--baseline-endpoint", base_url)
+    online = data["online"]
+    levels = online["endpoint_runs"]["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2]
+    for level in levels:
+        assert level["num_failed"] == 0 and level["num_requests"] == 4  # tiny-eval prompts are single-turn
+        assert level["output_tokens"] > 0 and level["ttft_mean"] > 0 and level["tpot_mean"] > 0
+        spec = level["spec_decode"]
+        assert spec["num_drafts"] > 0 and 0 < spec["num_draft_tokens"] <= k * spec["num_drafts"]
+        assert spec["tau"] == pytest.approx(1 + spec["num_accepted_tokens"] / spec["num_drafts"])
+        per_pos = spec["num_accepted_tokens_per_pos"]
+        assert len(per_pos) == k and sum(per_pos) == spec["num_accepted_tokens"]
+        assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))  # position i is only accepted after i-1
+    for level in online["baseline_runs"]["levels"]:
+        assert level["spec_decode"] is None  # no speculation, no counters
+    for row, level in zip(online["speedup"], levels, strict=True):
+        base = next(b for b in online["baseline_runs"]["levels"] if b["concurrency"] == level["concurrency"])
+        assert row["speedup"] == pytest.approx(level["output_tokens_per_second"] / base["output_tokens_per_second"])
+    print("ngram online:", [(r["concurrency"], round(r["speedup"], 3)) for r in online["speedup"]],
+          "tau", [round(lv["spec_decode"]["tau"], 3) for lv in levels])
+    report = Path(data["files"]["markdown"]).read_text()
+    assert "speedup" in report and "TTFT ms" in report and base_url in report
+    plots = data["files"]["plots"]
+    with Image.open(plots["throughput_vs_concurrency"]) as image:
+        assert json.loads(image.text["Description"])["series"] == ["speculative T=0", "baseline T=0"]
+    with Image.open(plots["acceptance_per_position"]) as image:
+        assert json.loads(image.text["Description"])["series"] == ["online T=0"]
+
+    # a saved baseline run instead of a live baseline endpoint
+    saved = _bench(tmp_path, "baseline", "--endpoint", base_url)
+    data = _bench(tmp_path, "against-saved", "--endpoint", spec_url, f"bench.baseline_report={saved['files']['json']}")
     rows = data["online"]["speedup"]
     assert [r["concurrency"] for r in rows] == [1, 2] and all(r["speedup"] > 0 for r in rows)
-    for level in data["online"]["endpoint_runs"]["levels"]:
-        assert level["ttft_mean"] > 0 and level["spec_decode"]["tau"] >= 1.0
-    report = Path(data["files"]["markdown"]).read_text()
-    assert "speedup" in report and "TTFT ms" in report and launched["none"].url in report
-    assert "throughput_vs_concurrency" in data["files"]["plots"]
+    assert data["online"]["baseline_runs"]["source"] == saved["files"]["json"]
 
 
 def test_sigterm_stops_vllm_and_every_child(launched):
