@@ -49,6 +49,7 @@ def test_shipped_templates_validate(name):
     assert name in template_names()
     recipe = load_recipe(template_dir() / f"{name}.yaml")
     assert check_recipe(recipe) == []
+    assert load_recipe(name) == recipe  # by name too (`llama-3.1-8b`: a dot is not a file suffix)
 
 
 def test_template_headers_say_how_to_run_them():

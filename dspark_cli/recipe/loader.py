@@ -74,8 +74,8 @@ def resolve_recipe_path(recipe: str | os.PathLike[str]) -> Path:
     if path.is_file():
         return path
     candidate = template_dir() / f"{path.name}.yaml"
-    if not path.suffix and candidate.is_file():
-        return candidate
+    if path.name == str(recipe) and path.suffix not in (".yaml", ".yml") and candidate.is_file():
+        return candidate  # a bare name, dots allowed (`llama-3.1-8b`)
     names = template_names()
     close = difflib.get_close_matches(path.stem, names, n=1)
     hint = f"did you mean the template '{close[0]}'?" if close else f"templates: {', '.join(names)}"
