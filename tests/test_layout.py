@@ -29,14 +29,15 @@ ALLOWED: dict[str, set[str]] = {
     "artifacts": {"errors", "contract", "draft", "recipe"},
     "prompts": {"errors", "recipe"},
     "kernels": set(),
+    "procs": set(),  # children that die with their parent
     "draft": {"errors", "contract", "kernels"},
     "ui": {"errors", "hubrules"},
     "datagen": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts"},
-    "capture": {"errors", "lazy", "contract", "recipe", "targets", "artifacts"},
+    "capture": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "procs"},
     "training": {"errors", "contract", "recipe", "targets", "artifacts", "draft", "kernels", "capture"},
     "export": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "draft"},
     "bench": {"errors", "recipe", "targets", "artifacts", "prompts", "draft", "export"},
-    "serving": {"errors", "lazy", "targets", "artifacts", "export"},
+    "serving": {"errors", "lazy", "targets", "artifacts", "export", "procs"},
     "publish": {"errors", "lazy", "hubrules", "artifacts", "export", "serving"},
     # the one preflight of every stage: recipe rules, this machine, output paths (what serve / publish refuse)
     "preflight": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "datagen", "capture", "export",

@@ -64,15 +64,6 @@ def produce_stream(recipe: Any, location: str, worker: int, *, restarts: int = 0
         return {"stream": location, "worker": worker, "closed": str(exc)}
 
 
-def _die_with_parent() -> None:  # in the child, before exec: SIGKILL when the supervising thread goes
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: the supervisor's finally still stops them
-
-
 class Supervisor:
     """Start `capture.workers` producer processes for the stream and keep them running until each finished.
 
@@ -95,11 +86,14 @@ class Supervisor:
 
     def _spawn(self, worker: int) -> subprocess.Popen:
         from dspark_cli.capture.devices import producer_environ
+        from dspark_cli.procs import dies_with_parent
 
         cmd = [sys.executable, "-m", "dspark_cli.capture.online", self.recipe_file, self.location,
                f"--worker={worker}", f"--restarts={self.restarts.get(worker, 0)}", *self.overrides]
         env = producer_environ(self.recipe, worker, self.environ if self.environ is not None else os.environ)
-        return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if self.bind_to_parent else None)
+        # SIGKILL when the supervising thread goes: a producer's work is resumable
+        bind = dies_with_parent(signal.SIGKILL) if self.bind_to_parent else None
+        return subprocess.Popen(cmd, env=env, preexec_fn=bind)
 
     def run(self) -> None:
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -93,8 +94,12 @@ def capture_with_workers(recipe: Recipe, plan: CapturePlan, out_dir: Path, done:
     for path in out_dir.glob(WORKER_GLOB):  # their shards are in the manifest now
         path.unlink()
     recipe_file = write_resolved(recipe, out_dir)
+    from dspark_cli.procs import dies_with_parent
+
+    # resumable: a worker of a killed capture stage is SIGKILLed with it, the rerun keeps its finished shards
     procs = [subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.workers", str(recipe_file), str(w),
-                               str(workers)], env=worker_environ(recipe, w, workers)) for w in range(workers)]
+                               str(workers)], env=worker_environ(recipe, w, workers),
+                              preexec_fn=dies_with_parent(signal.SIGKILL)) for w in range(workers)]
     sizes = {shard_name(s.index): (len(s.ids), s.tokens) for s in plan.shards}
     try:
         while any(p.poll() is None for p in procs):

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dspark_cli.errors import DsparkError, UsageError
+from dspark_cli.procs import dies_with_parent
 
 log = logging.getLogger(__name__)
 # the oldest vLLM that serves each method (DSpark landed in 0.33; V1 ngram is older than anything we test)
@@ -210,18 +211,6 @@ def curl_request(url: str, model: str) -> str:
     return f"curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}"
 
 
-def _die_with_parent() -> None:
-    """In the vLLM child, before exec (Linux): SIGTERM it when the launcher dies, even by SIGKILL, which
-    the launcher cannot forward; vLLM then stops its engine core as on a forwarded SIGTERM."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: a killed launcher leaves vLLM to be stopped by hand
-        pass
-
-
 class Server:
     """A vLLM child process group with its log pumped to `sink` and the last lines kept."""
 
@@ -230,7 +219,7 @@ class Server:
         self.proc = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                      errors="replace", bufsize=1, start_new_session=True,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                     preexec_fn=dies_with_parent(signal.SIGTERM))  # vLLM stops cleanly on it
         self.pgid = self.proc.pid  # start_new_session: the child leads its own group
         self._pump = threading.Thread(target=self._copy, args=(sink,), daemon=True)
         self._pump.start()
