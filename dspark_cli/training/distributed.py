@@ -140,9 +140,13 @@ def shutdown(env: DistEnv) -> None:
 
 
 def torchrun_command(cli_args: list[str], *, nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None,
-                     run_id: str = "dspark-train") -> list[str]:
-    """`python -m torch.distributed.run ... -m dspark_cli.cli <cli_args>` for `nproc` processes per machine."""
+                     run_id: str = "dspark-train", max_restarts: int = 0) -> list[str]:
+    """`python -m torch.distributed.run ... -m dspark_cli.cli <cli_args>` for `nproc` processes per machine;
+    `max_restarts` > 0: torchrun restarts the whole gang after a rank dies (each rank resumes from the
+    last checkpoint, as `cli_args` say `--resume=auto`)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if max_restarts:
+        cmd.append(f"--max-restarts={max_restarts}")
     if nnodes > 1:
         if not rdzv_endpoint:
             from dspark_cli.errors import UsageError
