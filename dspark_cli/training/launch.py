@@ -83,6 +83,10 @@ def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[
     (after `on_launch(command)`) and returns its exit code; `on_line` receives each line the
     children print (else they print to this process's stdout). Inside a torchrun child it returns None.
 
+    With `train.nnodes > 1` (one launcher per machine, a shared output directory) only the launcher
+    that takes the capture directory's lock runs `before`; the others wait for the capture to be
+    complete (training/capture_gate.py).
+
     Online with local producers on GPUs and no device lists, the default producer / trainer split is
     resolved first (`resolve_device_split`, announced through `say`) and given to the ranks: set on
     `recipe` for one process, as overrides for torchrun's children (`gpus`: the machine's count, None
@@ -98,7 +102,11 @@ def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[
         if before is not None:
             before()
         return None
-    if before is not None:
+    if before is not None and recipe.train.nnodes > 1 and recipe.capture.mode == "offline":
+        from dspark_cli.training.capture_gate import capture_once
+
+        capture_once(recipe, before, say=say or print)  # one machine captures, the others wait for it
+    elif before is not None:
         before()
     cmd = launch_command(recipe, recipe_arg=recipe_arg, overrides=overrides, resume=resume, output_dir=output_dir,
                          devices=(recipe.capture.devices, recipe.train.devices) if split is not None else None)
