@@ -15,7 +15,7 @@ import pytest
 from dspark_cli.capture.devices import default_split, device_split_problems, narrow_train_devices, producer_environ
 from dspark_cli.preflight import Machine, preflight
 from dspark_cli.recipe import load_recipe
-from dspark_cli.training.launch import launch_command, resolve_device_split
+from dspark_cli.training.launch import launch_command, resolve_device_split, torchrun_environ
 
 ONLINE = ["capture.mode=online", "train.max_steps=10"]
 
@@ -128,3 +128,28 @@ def test_max_restarts_reaches_torchrun():
     default = launch_command(load_recipe("tiny", ["train.nproc_per_node=2"]), recipe_arg="tiny", overrides=[],
                              resume="auto", output_dir=None)
     assert not [a for a in default if a.startswith("--max-restarts")]
+    # the ranks get a store of their own, so a restarted gang never reads its predecessors' keys
+    assert torchrun_environ({"PATH": "/bin"}) == {"PATH": "/bin", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert torchrun_environ({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "0"
+
+
+def test_a_restarted_gang_on_torchruns_shared_store_gets_keys_of_its_own():
+    """Only the restart store's choice; the 2-process restart itself is tests/test_train_stream.py."""
+    from dspark_cli.training.distributed import restart_store
+
+    assert restart_store(2, {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}) is None
+    assert restart_store(2, {"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_RESTART_COUNT": "1"}) is None
+    from dspark_cli.errors import UsageError
+
+    with pytest.raises(UsageError, match="across machines"):  # agents count restarts differently: refused
+        restart_store(16, {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
+                           "TORCHELASTIC_MAX_RESTARTS": "3", "GROUP_WORLD_SIZE": "2"})
+    import torch.distributed as dist
+
+    shared = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)  # torchrun's agent store
+    shared.set("0/rank_0", "address of the dead gang's rank 0")
+    store = restart_store(2, {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "1",
+                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(shared.port)})
+    assert store is not None and not store.check(["0/rank_0"])  # the old key is not seen
+    store.set("0/rank_0", "new")
+    assert shared.get("dspark/restart-1/0/rank_0") == b"new"

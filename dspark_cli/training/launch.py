@@ -44,6 +44,18 @@ def child_args(recipe_arg: str, overrides: list[str], *, nproc: int, resume: str
     return args + ([f"train.output_dir={output_dir}"] if output_dir else [])
 
 
+# torchrun (since torch 2.5) shares its rendezvous TCPStore with the ranks' init_process_group, with no
+# per-restart prefix: a gang restarted by --max-restarts reads its dead predecessors' keys (gloo / NCCL
+# addresses) and fails to connect or hangs (pytorch/pytorch#135712). The ranks get a store of their own.
+UNSHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def torchrun_environ(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment torchrun runs in: this one, with the ranks' store not shared (the user's own
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE wins; training/distributed.py then keys the store per restart)."""
+    return {**UNSHARED_STORE, **(dict(os.environ) if base is None else base)}
+
+
 def resolve_device_split(recipe: Recipe, gpus: int | None = None) -> str | None:
     """Online training with local producers on a machine with GPUs and neither `capture.devices` nor
     `train.devices` set: put the default split (capture/devices.py `default_split`) on `recipe` in
@@ -112,9 +124,10 @@ def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[
                          devices=(recipe.capture.devices, recipe.train.devices) if split is not None else None)
     if on_launch is not None:
         on_launch(cmd)
+    env = torchrun_environ()
     if on_line is None:
-        return subprocess.run(cmd, check=False).returncode
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1) as proc:
+        return subprocess.run(cmd, check=False, env=env).returncode
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=env) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
