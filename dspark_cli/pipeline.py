@@ -84,7 +84,7 @@ def run_train(recipe: Recipe, progress: ProgressFactory | None = None, log_line:
     with tempfile.TemporaryDirectory(prefix="dspark-launch-") as tmp:
         recipe_file = write_resolved(recipe, tmp)  # what every rank loads: this recipe, overrides applied
         code = relaunch_under_torchrun(
-            recipe, recipe_arg=str(recipe_file), overrides=[], resume="auto", before=capture_first,
+            recipe, recipe_arg=str(recipe_file), overrides=[], resume="auto", before=capture_first, say=say,
             on_launch=lambda cmd: say(f"launching {recipe.train.nproc_per_node} x {recipe.train.nnodes} "
                                       f"processes: {' '.join(cmd[1:5])} ..."),
             on_line=lambda line: say(line.removeprefix("train: ")))

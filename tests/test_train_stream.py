@@ -221,30 +221,25 @@ def test_a_killed_producer_is_restarted_and_no_sample_is_lost_or_repeated(datage
     assert watch.shards <= MAX_SHARDS and summary["stream"]["peak_shards"] <= MAX_SHARDS
 
 
-def test_a_killed_rank_restarts_from_its_checkpoint_at_the_checkpointed_stream_position(datagen, tmp_path):
-    overrides = overrides_for(datagen, tmp_path, "train.nproc_per_node=2")
-    train_dir = tmp_path / "run" / "train"
+def kill_rank_1_after_the_first_checkpoint(train_dir: Path) -> tuple[threading.Thread, list[int]]:
+    """A thread that SIGKILLs rank 1 once it draws step 3 (step 2 is then trained and checkpointed)."""
     rank1 = train_dir / "stream-ids" / "rank-1.jsonl"
-    killed = []
+    killed: list[int] = []
 
-    def kill_rank_1_after_the_first_checkpoint() -> None:
-        def at_step_3() -> bool:  # step 3 is drawn once step 2 is trained and checkpointed
+    def kill() -> None:
+        def at_step_3() -> bool:
             return rank1.is_file() and any(json.loads(line)["step"] == 3 for line in rank1.read_text().splitlines())
         wait_for(at_step_3, what="rank 1 at step 3")
         pid = json.loads(rank1.read_text().splitlines()[-1])["pid"]
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
 
-    killer = threading.Thread(target=kill_rank_1_after_the_first_checkpoint, daemon=True)
+    killer = threading.Thread(target=kill, daemon=True)
     killer.start()
-    cmd = [str(BIN / "dspark"), "train", "tiny", *overrides]
-    first = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=400)
-    killer.join(timeout=5)
-    assert killed and first.returncode != 0, first.stdout[-3000:]
-    again = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=400)  # the same command: --resume auto is the default
-    assert again.returncode == 0, again.stdout[-4000:]
+    return killer, killed
+
+
+def assert_resumed_after_the_checkpoint(train_dir: Path, killed: list[int], overrides: list[str]) -> None:
     summary = json.loads((train_dir / "manifest.json").read_text())["summary"]
     assert summary["resumed_from"].endswith("step-000002") and summary["world_size"] == 2
     logs = step_logs(train_dir)
@@ -253,6 +248,36 @@ def test_a_killed_rank_restarts_from_its_checkpoint_at_the_checkpointed_stream_p
     ids, rerun = trained_ids(train_dir, summary["num_steps"], 2)
     assert ids == Counter(planned_ids(overrides))  # nothing lost, nothing trained twice into the result
     assert 1 <= rerun <= 2  # at most one checkpoint interval (train.checkpoint_every=2) trained again
+
+
+def test_a_killed_rank_restarts_from_its_checkpoint_at_the_checkpointed_stream_position(datagen, tmp_path):
+    overrides = overrides_for(datagen, tmp_path, "train.nproc_per_node=2")
+    train_dir = tmp_path / "run" / "train"
+    killer, killed = kill_rank_1_after_the_first_checkpoint(train_dir)
+    cmd = [str(BIN / "dspark"), "train", "tiny", *overrides]
+    first = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=400)
+    killer.join(timeout=5)
+    assert killed and first.returncode != 0, first.stdout[-3000:]
+    again = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=400)  # the same command: --resume auto is the default
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert_resumed_after_the_checkpoint(train_dir, killed, overrides)
+
+
+def test_torchrun_restarts_a_killed_rank_in_place_and_the_run_completes(datagen, tmp_path):
+    """train.max_restarts=1 (torchrun --max-restarts): rank 1 SIGKILLed after the checkpoint at step 2;
+    torchrun stops rank 0 (and the producers it started) and restarts both ranks within the same
+    command, which resume at step 3 from the stream position the checkpoint recorded. Failed before
+    (no --max-restarts passed; with it, torchrun's shared rendezvous store handed the restarted rank 1
+    the dead rank 0's gloo address: `Gloo connectFullMesh failed ... Connection refused`)."""
+    overrides = overrides_for(datagen, tmp_path, "train.nproc_per_node=2", "train.max_restarts=1")
+    train_dir = tmp_path / "run" / "train"
+    killer, killed = kill_rank_1_after_the_first_checkpoint(train_dir)
+    run = run_dspark(["train", "tiny", *overrides], timeout=300)
+    killer.join(timeout=5)
+    assert killed, run.stdout[-3000:]
+    assert_resumed_after_the_checkpoint(train_dir, killed, overrides)
 
 
 def test_kept_stream_trains_two_epochs_within_its_byte_bound(datagen, tmp_path):

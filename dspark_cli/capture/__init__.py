@@ -40,6 +40,8 @@ _EXPORTS = {
     "StreamReader": "dspark_cli.capture.stream",
     "StreamProducer": "dspark_cli.capture.stream",
     "device_split_problems": "dspark_cli.capture.devices",
+    "apply_default_split": "dspark_cli.capture.devices",
+    "visible_gpus": "dspark_cli.capture.devices",
     "producer_environ": "dspark_cli.capture.devices",
     "narrow_train_devices": "dspark_cli.capture.devices",
     "CapturedSequence": "dspark_cli.capture.types",

@@ -34,7 +34,7 @@ def train(
     from dspark_cli.training.launch import is_main_process, relaunch_under_torchrun
 
     code = relaunch_under_torchrun(loaded, recipe_arg=recipe, overrides=list(overrides or []), resume=resume,
-                                   output_dir=output_dir, before=lambda: _capture_first(loaded),
+                                   output_dir=output_dir, before=lambda: _capture_first(loaded), say=say,
                                    on_launch=lambda cmd: say(
                                        f"launching {loaded.train.nproc_per_node} processes: {' '.join(cmd[1:5])} ..."))
     if code is not None:

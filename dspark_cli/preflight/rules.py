@@ -34,14 +34,16 @@ def online_stream_holds_a_checkpoint_interval(recipe: Recipe, context: Context) 
 
 
 def online_device_split(recipe: Recipe, context: Context) -> list[str]:
-    """Producers and trainers on one node need disjoint devices that fit (capture/devices.py)."""
+    """Producers and trainers on one node need disjoint devices that fit (capture/devices.py): the lists
+    given, or with neither set on a machine with GPUs, the default split (producers first, then ranks)."""
     from dspark_cli.capture import device_split_problems
 
     if recipe.capture.mode != "online" or recipe.capture.external_producers:
         return []
     available = context.machine.gpus if context.machine is not None and context.machine.gpus else None
-    return [f"capture.devices / train.devices: {p}; give producers and trainers disjoint lists that fit "
-            "(docs/online.md)" for p in device_split_problems(recipe, available)]
+    return [f"capture.devices / train.devices: {p}; give producers and trainers disjoint lists that fit, or "
+            "lower capture.workers / train.nproc_per_node (docs/online.md)"
+            for p in device_split_problems(recipe, available)]
 
 
 def k3_stream_needs_vllm(recipe: Recipe, context: Context) -> list[str]:

@@ -132,7 +132,9 @@ class CaptureSection(Section):
     )
     devices: list[int] | None = Field(
         None, description="One machine: devices of the capture engines (online producer or offline worker w takes "
-        "the w-th group of engine tensor-parallel size); online, disjoint from `train.devices`."
+        "the w-th group of engine tensor-parallel size); online, disjoint from `train.devices`. Unset with "
+        "`train.devices` unset too, online training with local producers on GPUs takes the first "
+        "`workers` x engine-size GPUs."
     )
     keep_max_bytes: int | None = Field(
         None, gt=0, description="Online mode: keep consumed shards for `train.epochs` > 1 while the whole stream "
@@ -230,10 +232,14 @@ class TrainSection(Section):
     nproc_per_node: int = Field(1, gt=0, description="Processes per machine (one per GPU); >1 launches torchrun.")
     devices: list[int] | None = Field(
         None, description="Devices of this machine's trainer ranks (local rank r uses the r-th); with online "
-        "capture, disjoint from `capture.devices`."
+        "capture, disjoint from `capture.devices`. Unset with `capture.devices` unset too, online training with "
+        "local producers on GPUs takes the `nproc_per_node` GPUs after the producers'."
     )
     nnodes: int = Field(1, gt=0, description="Machines (torchrun rendezvous).")
     rdzv_endpoint: str | None = Field(None, description="torchrun rendezvous host:port for several machines.")
+    max_restarts: int = Field(
+        0, ge=0, description="torchrun `--max-restarts`: after a rank dies, restart every rank this many times at "
+        "most, each resuming from the last checkpoint (`--resume auto`); 0 ends the run.")
     checkpoint_every: int = Field(500, gt=0, description="Steps between checkpoints (also at the end).")
     log_every: int = Field(10, gt=0, description="Steps between metric lines.")
     metrics: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(

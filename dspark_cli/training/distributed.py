@@ -53,8 +53,41 @@ def init_distributed(device: str | None = None) -> DistEnv:
         torch.cuda.set_device(dev)
     owns = under_torchrun()
     if owns and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", device_id=dev if use_cuda else None)
+        backend, device_id = ("nccl", dev) if use_cuda else ("gloo", None)
+        store = restart_store(world)
+        if store is None:
+            dist.init_process_group(backend, device_id=device_id)
+        else:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, device_id=device_id)
     return DistEnv(rank, world, local, dev, owns_group=owns)
+
+
+def restart_store(world_size: int, environ: dict[str, str] | None = None) -> dist.Store | None:
+    """The ranks' store after a torchrun restart when it is torchrun's shared rendezvous store
+    (TORCHELASTIC_USE_AGENT_STORE): that store has no per-restart prefix, so a restarted gang would
+    read the dead gang's keys, e.g. gloo / NCCL addresses (pytorch/pytorch#135712). On one machine
+    (one agent) it is prefixed here by the agent's restart count. Several agents do not count
+    restarts alike (one whose ranks were healthy restarts them without counting), so there a run
+    that may restart is refused up front. None: the default store is right (no restart yet, or a
+    store of the ranks' own, as `dspark train` launches torchrun: training/launch.py)."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    if int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) and int(environ.get("GROUP_WORLD_SIZE", "1") or 1) > 1:
+        from dspark_cli.errors import UsageError
+
+        raise UsageError("torchrun --max-restarts across machines shares its rendezvous store with the ranks, so a "
+                         "restarted job would read the dead ranks' keys and hang",
+                         "start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment "
+                         "(dspark train sets it when it launches torchrun itself)")
+    restart = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if restart == 0:
+        return None
+    from torch.distributed.constants import default_pg_timeout
+
+    shared = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), world_size, is_master=False,
+                           timeout=default_pg_timeout)
+    return dist.PrefixStore(f"dspark/restart-{restart}", shared)
 
 
 def shard(module: torch.nn.Module, env: DistEnv, param_dtype: torch.dtype | None = None) -> torch.nn.Module:
@@ -140,9 +173,13 @@ def shutdown(env: DistEnv) -> None:
 
 
 def torchrun_command(cli_args: list[str], *, nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None,
-                     run_id: str = "dspark-train") -> list[str]:
-    """`python -m torch.distributed.run ... -m dspark_cli.cli <cli_args>` for `nproc` processes per machine."""
+                     run_id: str = "dspark-train", max_restarts: int = 0) -> list[str]:
+    """`python -m torch.distributed.run ... -m dspark_cli.cli <cli_args>` for `nproc` processes per machine;
+    `max_restarts` > 0: torchrun restarts the whole gang after a rank dies (each rank resumes from the
+    last checkpoint, as `cli_args` say `--resume=auto`)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if max_restarts:
+        cmd.append(f"--max-restarts={max_restarts}")
     if nnodes > 1:
         if not rdzv_endpoint:
             from dspark_cli.errors import UsageError

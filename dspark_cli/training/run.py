@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -175,8 +176,12 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
     from dspark_cli.training.distributed import init_distributed, shutdown
 
     if recipe.capture.mode == "online" or recipe.train.devices:
-        from dspark_cli.capture import narrow_train_devices
+        from dspark_cli.capture import apply_default_split, narrow_train_devices, visible_gpus
 
+        # the default split for ranks a user's torchrun started (the launcher has set it otherwise), counted
+        # before this process narrows its devices
+        if recipe.capture.mode == "online" and "DSPARK_ALL_DEVICES" not in os.environ:
+            apply_default_split(recipe, visible_gpus())
         narrow_train_devices(recipe)  # before CUDA starts: this machine's ranks on train.devices
     env = init_distributed()
     if env.device.type == "cpu":
