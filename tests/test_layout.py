@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "ui": {"errors", "hubrules"},
     "datagen": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts"},
     "capture": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "procs"},
-    "training": {"errors", "contract", "recipe", "targets", "artifacts", "draft", "kernels", "capture"},
+    "training": {"errors", "contract", "recipe", "targets", "artifacts", "draft", "kernels", "capture", "procs"},
     "export": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "draft"},
     "bench": {"errors", "recipe", "targets", "artifacts", "prompts", "draft", "export"},
     "serving": {"errors", "lazy", "targets", "artifacts", "export", "procs"},

@@ -125,3 +125,48 @@ def test_an_incomplete_capture_inside_training_is_one_line(captured, tmp_path):
         run_train(recipe, resume="never")
     assert "\n" not in str(err.value) and "dspark train RECIPE" in err.value.hint
     assert not (tmp_path / "none").exists()
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, parent in parents.items() if parent in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_sigkilled_launcher_takes_torchrun_and_its_ranks_with_it(captured, tmp_path):
+    """`dspark train` killed outright cannot stop torchrun itself: the kernel sends torchrun SIGTERM
+    (procs.dies_with_parent), which stops the ranks, instead of training on with nobody watching."""
+    import signal
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    launcher = subprocess.Popen([DSPARK, "train", "tiny", *_overrides(captured), "-o", str(tmp_path / "t"),
+                                 "--nproc", "2", "train.max_steps=1000", "train.epochs=1000.0"],
+                                env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while len(tree := _descendants(launcher.pid)) < 3 and time.time() < deadline and launcher.poll() is None:
+        time.sleep(0.2)  # torchrun and its 2 ranks
+    assert len(tree) >= 3, f"torchrun never started its ranks (exit {launcher.poll()})"
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.time() + 60
+    while (alive := [p for p in tree if _running(p)]) and time.time() < deadline:
+        time.sleep(0.2)
+    assert alive == [], f"torchrun or its ranks {alive} outlived the killed launcher"

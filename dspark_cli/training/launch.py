@@ -13,6 +13,7 @@ Import-light: nothing here imports torch, because a single process pins its Open
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Callable
 
@@ -125,9 +126,12 @@ def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[
     if on_launch is not None:
         on_launch(cmd)
     env = torchrun_environ()
+    from dspark_cli.procs import dies_with_parent
+
+    bind = dies_with_parent(signal.SIGTERM)  # a killed launcher: torchrun stops its ranks, not train on unwatched
     if on_line is None:
-        return subprocess.run(cmd, check=False, env=env).returncode
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=env) as proc:
+        return subprocess.run(cmd, check=False, env=env, preexec_fn=bind).returncode
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=env, preexec_fn=bind) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             on_line(line.rstrip("\n"))
