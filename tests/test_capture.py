@@ -416,3 +416,20 @@ def test_workers_of_a_killed_capture_stage_die_with_it(tmp_path):
     assert alive == [], f"capture workers {alive} outlived the killed stage"
     assert not (Path(recipe.stage_dir("capture")) / "manifest.json").is_file() or not json.loads(
         (Path(recipe.stage_dir("capture")) / "manifest.json").read_text())["complete"]
+
+
+def test_a_second_capture_into_a_directory_being_captured_is_refused(tmp_path):
+    recipe = capture_recipe("tiny-mla", tmp_path)
+    out = Path(recipe.stage_dir("capture"))
+    code = ("import sys, time; from dspark_cli.artifacts.files import exclusive_output\n"
+            "with exclusive_output(sys.argv[1], 'x'):\n    print('held', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError, match=r"capture.output_dir: .* is being written by another dspark process"):
+            run_capture(recipe)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sorted(p.name for p in out.iterdir()) == [".dspark-lock"]  # nothing written beside it
+    assert run_capture(recipe)["shards"] >= 1  # the lock went with its holder

@@ -170,3 +170,31 @@ def test_a_sigkilled_launcher_takes_torchrun_and_its_ranks_with_it(captured, tmp
     while (alive := [p for p in tree if _running(p)]) and time.time() < deadline:
         time.sleep(0.2)
     assert alive == [], f"torchrun or its ranks {alive} outlived the killed launcher"
+
+
+def _hold_lock(directory: Path) -> subprocess.Popen:
+    """Another process writing `directory` (it holds the directory's lock until killed)."""
+    code = ("import sys, time; from dspark_cli.artifacts.files import exclusive_output\n"
+            "with exclusive_output(sys.argv[1], 'x'):\n    print('held', flush=True); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_run_into_a_directory_being_trained_is_refused_and_touches_nothing(captured, tmp_path):
+    out = tmp_path / "t"
+    (out / "checkpoints" / ".tmp-step-000004").mkdir(parents=True)  # the first run's save in progress
+    holder = _hold_lock(out)
+    try:
+        second = _dspark("train", "tiny", *_overrides(captured), "-o", str(out))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert second.returncode == 2, second.stderr[-2000:]
+    error, hint = second.stderr.strip().splitlines()[-2:]
+    assert error.startswith(f"error: train.output_dir: {out} is being written by another dspark process (pid "), error
+    assert hint.startswith("hint: wait for it to finish, or set train.output_dir to another directory")
+    assert (out / "checkpoints" / ".tmp-step-000004").is_dir()  # not taken for a killed run's temp dir
+    assert not (out / "manifest.json").exists()
+    again = _dspark("train", "tiny", *_overrides(captured), "-o", str(out), "train.max_steps=2")
+    assert again.returncode == 0, again.stderr[-2000:]  # the lock went with its (killed) holder

@@ -9,10 +9,14 @@ trusting the user to repeat flags. Writes are atomic (temp file + rename).
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -233,3 +237,34 @@ def ensure_writable_dir(directory: str | os.PathLike[str], what: str) -> Path:
         raise UsageError(f"cannot write {what} to {directory}: {reason}",
                          "choose a writable directory (or fix its permissions) before running") from None
     return directory
+
+
+LOCK_NAME = ".dspark-lock"
+
+
+@contextlib.contextmanager
+def exclusive_output(out: str | os.PathLike[str], field: str) -> Iterator[Path]:
+    """Hold `out/.dspark-lock` while this process writes `out` (datagen, capture, train's rank 0).
+
+    A second dspark process writing the same directory would interleave shards or remove the first's
+    temp files as a killed run's: it is refused, one line, before it touches anything. `flock`, so the
+    lock goes with the process however it ends (SIGKILL too) and there is no stale lock to judge; on a
+    filesystem without flock (ENOLCK/ENOTSUP, e.g. Lustre mounted without `flock`) the stage runs unlocked."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            raise UsageError(f"{field}: {out} is being written by another dspark process ({holder})",
+                             f"wait for it to finish, or set {field} to another directory") from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        yield out
+    finally:
+        os.close(fd)  # releases the flock

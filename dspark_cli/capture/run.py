@@ -99,7 +99,16 @@ def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: A
     """Capture every planned shard not done yet, offline (stage dir) or into `queue` (an online stream
     producer: `capture.stream.StreamProducer`, or the older single-producer `capture.queue.OnlineQueue`
     that benchmarks/capture.py still drives; both open / put / fail / finish)."""
-    plan = build_plan(recipe)
+    plan = build_plan(recipe)  # every refusal of the recipe first, before the directory is made
+    if queue is not None:
+        return _run_capture(recipe, plan, on_progress, queue, capturer)
+    from dspark_cli.artifacts.files import exclusive_output
+
+    with exclusive_output(recipe.stage_dir("capture"), "capture.output_dir"):  # one writer at a time
+        return _run_capture(recipe, plan, on_progress, queue, capturer)
+
+
+def _run_capture(recipe: Recipe, plan: Any, on_progress: Progress | None, queue: Any, capturer: Any) -> dict[str, Any]:
     out_dir = Path(recipe.stage_dir("capture"))
     layout = layout_of(plan)
     if queue is None:

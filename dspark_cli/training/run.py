@@ -19,6 +19,7 @@ CapturedSequence-like objects, the same order on every call.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -188,12 +189,17 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         from dspark_cli.training.host import keep_freed_memory
 
         keep_freed_memory()
+    stack = contextlib.ExitStack()
     try:
         target_dir = target_directory(recipe)
         layer_ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
         draft_config = build_draft_config(recipe, target_dir, layer_ids)
         contract = train_contract(recipe, draft_config)
         out_dir = Path(recipe.stage_dir("train"))
+        if env.is_main:  # one run writes a train directory (another's temp files are not a killed run's)
+            from dspark_cli.artifacts.files import exclusive_output
+
+            stack.enter_context(exclusive_output(out_dir, "train.output_dir"))
         online = lengths = data_id = None
         if sequences is None:
             if recipe.capture.mode == "online":
@@ -212,4 +218,5 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
             if online is not None:
                 online.close()
     finally:
+        stack.close()
         shutdown(env)
