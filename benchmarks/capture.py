@@ -8,8 +8,10 @@ For each bundled tiny target (tiny-mla, tiny-gqa): a real `dspark datagen` (hf e
 - offline capture (hf backend, fp32 target, batch 8): capture tokens/s (forward + shard writing, model
   load excluded), shard bytes per token split into aux states / post-norm states / ids+mask / headers,
   against the goal 2 x (n_layers + 1) x hidden + 5 bytes (ids int32 + mask);
-- online capture with a 2-shard bound (producer in a spawned process, consumer draining in this one):
-  peak disk recorded by the producer, against the offline cache size.
+- online capture through the stream with a 2-shard bound (`capture.queue_max_shards=2`): one producer
+  (`produce_stream`, what `dspark train` runs) in a spawned process, a `StreamReader` in this one reading
+  the shards in order as a slow trainer would and releasing each once read; peak store bytes as the
+  producer and the reader sampled them, against the offline cache size.
 A projection for the published Kimi-K3 recipe (5 layers of 7168) is derived from the same formula.
 The machine's load average is recorded: on a shared 2-core box, numbers are on the low side.
 """
@@ -29,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dspark_cli.capture import contract_for_recipe, iter_queue, plan_capture, produce_online, run_capture  # noqa: E402
+from dspark_cli.capture import (StreamReader, contract_for_recipe, open_store, plan_capture,  # noqa: E402
+                                produce_stream, run_capture)
 from dspark_cli.capture.hf import HFCapturer  # noqa: E402
 from dspark_cli.capture.plan import build_plan, goal_bytes_per_token  # noqa: E402
 from dspark_cli.datagen.run import run_datagen  # noqa: E402
@@ -39,6 +42,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 REPEATS = 3
 ONLINE_SHARD_TOKENS = 128  # small shards online, so the 2-shard bound is a fraction of the whole cache
 TRAINER_TOKENS_PER_S = 250  # the online consumer's simulated training speed
+
+
+def produce(recipe_file: str, location: str) -> None:
+    """The online producer's process: producer 0 of 1 into the stream at `location`."""
+    produce_stream(load_recipe(recipe_file), location, 0)
 
 
 def recipe_for(target: str, root: Path, prompts: int, *extra: str):
@@ -74,21 +82,26 @@ def bench_target(target: str, root: Path, prompts: int) -> dict:
     parts = {"aux_states": 2 * n * hidden * tokens, "post_norm_states": 2 * hidden * loss,
              "ids_and_masks": 5 * tokens, "seq_lens": 4 * seqs}
     parts["headers"] = manifest["bytes"] - sum(parts.values())
-    # Online: same capture through a 2-shard queue, producer in its own (spawned) process.
-    queue_dir = root / "queue"
+    # Online: same capture through a 2-shard stream, producer in its own (spawned) process.
+    stream_dir = root / "stream"
     online_recipe = recipe_for(target, root, prompts, "capture.queue_max_shards=2", f"capture.shard_tokens={ONLINE_SHARD_TOKENS}")
     write_resolved(online_recipe, root / "cfg")
+    online_plan = build_plan(online_recipe)
     producer = multiprocessing.get_context("spawn").Process(
-        target=produce_online, args=(str(root / "cfg" / "recipe.yaml"), str(queue_dir)))
+        target=produce, args=(str(root / "cfg" / "recipe.yaml"), str(stream_dir)))
     started = time.perf_counter()
     producer.start()
+    reader = StreamReader(open_store(stream_dir), fingerprint=online_plan.fingerprint, workers=1,
+                          expect=contract_for_recipe(recipe), timeout_s=600)
     consumed = 0
-    for seq in iter_queue(queue_dir, expect=contract_for_recipe(recipe), timeout_s=600):
-        consumed += 1
-        time.sleep(seq.num_tokens / TRAINER_TOKENS_PER_S)  # a trainer slower than capture: the bound is met
+    for index in range(len(online_plan.shards)):
+        for seq in reader.read(index):
+            consumed += 1
+            time.sleep(seq.num_tokens / TRAINER_TOKENS_PER_S)  # a trainer slower than capture: the bound is met
+        reader.release(index + 1, step=index + 1)  # read (and, for a trainer, checkpointed): the producer moves on
     producer.join()
     online_s = time.perf_counter() - started
-    status = json.loads((queue_dir / "queue.json").read_text())
+    status = reader.summary()
     return {
         "target": target, "num_hidden_layers": plan["num_hidden_layers"], "hidden_size": hidden,
         "target_layer_ids": plan["target_layer_ids"], "sequences": seqs, "tokens": tokens, "loss_tokens": loss,

@@ -57,7 +57,7 @@ def run_datagen(recipe: Recipe, progress: ProgressFactory | None = None, log_lin
 
 def run_capture(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
     if recipe.capture.mode == "online":
-        return {"mode": "online", "detail": "captured while training (bounded queue)"}
+        return {"mode": "online", "detail": "captured while training (bounded stream)"}
     from dspark_cli.capture import run_capture as capture
 
     with (progress or _quiet)("capture", "sequences") as update:

@@ -1,5 +1,6 @@
-"""Online capture: producer processes fill a bounded stream while a (slow) consumer drains it; the
-older single-producer queue (capture/queue.py).
+"""Online capture: producer processes fill a bounded stream while a (slow) consumer drains it; a
+producer that dies for good is a one-line error; a restarted producer captures only what it had not
+published. (The stream's parts without processes: tests/test_stream_units.py.)
 
     .venv/bin/python -m pytest tests/test_capture_online.py -q
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -18,11 +20,10 @@ import pytest
 import torch
 from capture_support import capture_recipe
 
-from dspark_cli.capture import OnlineQueue, contract_for_recipe, iter_captured, iter_queue, run_capture
-from dspark_cli.capture.queue import read_status
-from dspark_cli.capture.types import CapturedSequence
-from dspark_cli.contract import Contract
-from dspark_cli.errors import ContractError, DataError
+from dspark_cli.capture import (StreamProducer, StreamReader, build_plan, contract_for_recipe, iter_captured,
+                                open_store, run_capture)
+from dspark_cli.capture.stream import producer_key, read_json
+from dspark_cli.errors import DataError
 from dspark_cli.recipe import write_resolved
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +45,6 @@ def watch(directory: Path, stop: threading.Event, seen: dict[str, int]) -> None:
 
 
 def test_two_producers_fill_a_bounded_stream_that_matches_offline(tmp_path):
-    from dspark_cli.capture import StreamReader, build_plan, open_store
-
     recipe = capture_recipe("tiny-gqa", tmp_path, "capture.shard_tokens=50", "capture.queue_max_shards=2",
                             "capture.batch_size=2", "capture.workers=2")
     run_capture(recipe)
@@ -86,70 +85,43 @@ def test_two_producers_fill_a_bounded_stream_that_matches_offline(tmp_path):
             assert torch.equal(getattr(a, field), getattr(b, field)), (a.id, field)
 
 
-def _sequence(name: str, hidden: int = 8, layers: int = 2, length: int = 5) -> CapturedSequence:
-    mask = torch.tensor([0, 0, 1, 1, 1][:length], dtype=torch.bool)
-    last = torch.randn(length, hidden).to(torch.bfloat16)
-    last[~mask] = 0
-    return CapturedSequence(name, torch.arange(length), mask, torch.randn(length, layers * hidden).to(torch.bfloat16), last)
+def test_a_producer_that_died_for_good_is_a_one_line_error_after_what_it_published(tmp_path, monkeypatch):
+    """A real producer (the supervisor's `python -m dspark_cli.capture.online --worker=0`) is SIGKILLed
+    while it waits for room; with no restarts left (MAX_RESTARTS lowered to 0 so one kill is enough)
+    the supervisor records it in the producer's status and the reader stops with one line."""
+    from dspark_cli.capture import Supervisor, online
+
+    monkeypatch.setattr(online, "MAX_RESTARTS", 0)
+    recipe = capture_recipe("tiny-gqa", tmp_path, "capture.shard_tokens=50", "capture.queue_max_shards=1",
+                            "capture.batch_size=2")
+    plan = build_plan(recipe)
+    assert len(plan.shards) >= 2
+    write_resolved(recipe, tmp_path / "cfg")
+    store = open_store(tmp_path / "stream")
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    supervisor = Supervisor(tmp_path / "cfg" / "recipe.yaml", str(tmp_path / "stream"), recipe, environ=environ,
+                            poll_s=0.05).start()
+    try:
+        reader = StreamReader(store, fingerprint=plan.fingerprint, workers=1, expect=contract_for_recipe(recipe),
+                              poll_s=0.02, timeout_s=120)
+        got = [s.id for s in reader.read(0)]  # the producer now waits: shard 1 is outside the 1-shard window
+        os.kill(read_json(store, producer_key(0))["producer"]["pid"], signal.SIGKILL)
+        reader.timeout_s = 20  # the supervisor notices within its poll; a timeout would fail the match
+        with pytest.raises(DataError, match=r"capture producer 0 failed: capture producer 0 died 1 times "
+                                            r"\(last exit -9\)") as info:
+            reader.read(1)
+    finally:
+        supervisor.stop()
+    assert got == list(plan.shards[0].ids) and "\n" not in str(info.value)
+    assert "died 1 times" in (supervisor.error or "")
 
 
-def _open(directory: Path, max_shards: int = 2, num_shards: int = 3) -> tuple[OnlineQueue, Contract]:
-    contract = Contract(target="t", target_config_sha256="abc", target_layer_ids=(0, 1))
-    queue = OnlineQueue(directory, max_shards, poll_s=0.01)
-    queue.open(fingerprint="f", contract=contract, num_shards=num_shards,
-               layout={"target_layer_ids": [0, 1], "hidden_size": 8})
-    return queue, contract
-
-
-def test_a_dead_or_failed_producer_is_one_line_error(tmp_path):
-    queue, contract = _open(tmp_path / "q")
-    queue.put(0, [_sequence("a/0"), _sequence("b/0")])
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    queue.status["producer"]["pid"] = dead.pid
-    queue._save()
-    got = []
-    with pytest.raises(DataError, match="died before shard 1") as info:
-        for seq in iter_queue(tmp_path / "q", expect=contract, poll_s=0.01):
-            got.append(seq.id)
-    assert got == ["a/0", "b/0"] and "\n" not in str(info.value)
-    failed, _ = _open(tmp_path / "q2")
-    failed.fail("CUDA out of memory")
-    with pytest.raises(DataError, match="producer failed: CUDA out of memory"):
-        next(iter_queue(tmp_path / "q2", poll_s=0.01))
-
-
-def test_queue_refuses_another_contract_and_a_corrupt_shard(tmp_path):
-    queue, contract = _open(tmp_path / "q", num_shards=1)
-    entry = queue.put(0, [_sequence("a/0")])
-    queue.finish()
-    other = Contract(target="t", target_config_sha256="abc", target_layer_ids=(0, 2))
-    with pytest.raises(ContractError, match="target_layer_ids"):
-        next(iter_queue(tmp_path / "q", expect=other))
-    path = tmp_path / "q" / entry["file"]
-    data = bytearray(path.read_bytes())
-    data[-3] ^= 0x01
-    path.write_bytes(bytes(data))
-    with pytest.raises(DataError, match="checksum mismatch"):
-        next(iter_queue(tmp_path / "q", expect=contract))
-    assert path.exists()  # nothing consumed, nothing deleted
-
-
-def test_producer_waits_for_room(tmp_path):
-    queue, _ = _open(tmp_path / "q", max_shards=1)
-    queue.put(0, [_sequence("a/0")])
-    threading.Timer(0.3, lambda: (tmp_path / "q" / "shard-00000.safetensors").unlink()).start()
-    started = time.perf_counter()
-    queue.put(1, [_sequence("b/0")])
-    assert time.perf_counter() - started >= 0.25 and queue.status["peak_shards"] == 1
-
-
-def test_restarted_producer_continues_after_its_last_published_shard(tmp_path):
+def test_restarted_producer_captures_only_what_it_had_not_published(tmp_path):
     from dspark_cli.capture.hf import HFCapturer
-    from dspark_cli.capture.plan import build_plan
 
     recipe = capture_recipe("tiny-gqa", tmp_path, "capture.shard_tokens=100", "capture.batch_size=8")
     plan = build_plan(recipe)
+    assert len(plan.shards) >= 3
     inner = HFCapturer(plan.geometry.location, plan.layer_ids, dtype="float32")
 
     class DiesAtThirdShard:
@@ -164,13 +136,20 @@ def test_restarted_producer_continues_after_its_last_published_shard(tmp_path):
                 raise KeyboardInterrupt  # killed
             return inner.capture(samples)
 
-    queue_dir = tmp_path / "queue"
+    store = open_store(tmp_path / "stream")
+    reader = StreamReader(store, fingerprint=plan.fingerprint, workers=1, expect=contract_for_recipe(recipe),
+                          poll_s=0.01, timeout_s=30)
     with pytest.raises(KeyboardInterrupt):
-        run_capture(recipe, queue=OnlineQueue(queue_dir, 10), capturer=DiesAtThirdShard())
-    assert sorted(read_status(queue_dir)["shards"]) == ["shard-00000.safetensors", "shard-00001.safetensors"]
-    first = next(iter_queue(queue_dir, delete=True))  # the trainer starts before the restart ...
-    summary = run_capture(recipe, queue=OnlineQueue(queue_dir, 10), capturer=inner)
-    rest = [s.id for s in iter_queue(queue_dir, expect=contract_for_recipe(recipe))]
+        run_capture(recipe, queue=StreamProducer(store, worker=0, workers=1, max_shards=10),
+                    capturer=DiesAtThirdShard())
+    assert sorted(read_json(store, producer_key(0))["shards"]) == ["shard-00000.safetensors", "shard-00001.safetensors"]
+    with pytest.raises(DataError, match="capture producer 0 failed: KeyboardInterrupt") as info:
+        reader.read(0)  # until it is restarted
+    assert "\n" not in str(info.value)
+    summary = run_capture(recipe, queue=StreamProducer(store, worker=0, workers=1, max_shards=10, restarts=1),
+                          capturer=inner)
     assert summary["captured_tokens"] < plan.num_tokens  # only the missing shards were captured again
-    # ... an abandoned generator deletes nothing: shard 0 is read again in full, then everything else once.
-    assert first.id == plan.shards[0].ids[0] and rest == [i for s in plan.shards for i in s.ids]
+    status = read_json(store, producer_key(0))
+    assert status["finished"] and status["error"] is None and status["restarts"] == 1
+    read = [s.id for i in range(len(plan.shards)) for s in reader.read(i)]
+    assert read == [i for s in plan.shards for i in s.ids]

@@ -12,9 +12,9 @@ Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `hf.py
 `vllm.py` (GPU engine arguments and post-processing), `shards.py` (safetensors format, tensor decoding),
 `store.py` (the online stream's key/bytes store: files by default; `mooncake_store.py` the Mooncake
 one), `stream.py` (P producers -> N readers over a store, bounded), `devices.py` (producer / trainer
-device split), `queue.py` (the older single-producer queue), `run.py` (orchestration), `online.py`
-(producers and their supervisor), `types.py` (`CapturedSequence`). The output directory and its manifest
-are read by `dspark_cli.artifacts.capture`. Importing this package does not import torch.
+device split), `run.py` (orchestration), `online.py` (producers and their supervisor), `types.py`
+(`CapturedSequence`). The output directory and its manifest are read by `dspark_cli.artifacts.capture`.
+Importing this package does not import torch.
 """
 
 from __future__ import annotations
@@ -31,9 +31,6 @@ _EXPORTS = {
     "ensure_capture": "dspark_cli.capture.run",
     "iter_captured": "dspark_cli.capture.shards",
     "verify_captured": "dspark_cli.artifacts.capture",  # the capture directory's reader, no tensors
-    "OnlineQueue": "dspark_cli.capture.queue",
-    "iter_queue": "dspark_cli.capture.queue",
-    "produce_online": "dspark_cli.capture.online",
     "produce_stream": "dspark_cli.capture.online",
     "Supervisor": "dspark_cli.capture.online",
     "open_store": "dspark_cli.capture.store",

@@ -11,9 +11,6 @@ the restarted producer skips every shard it had published (capture/stream.py). A
 by a rank dies with its supervisor (PR_SET_PDEATHSIG), so a trainer restarted by torchrun starts
 fresh producers instead of finding two writers per share. Producer w captures the plan's shards
 w, w + P, ... on its devices (capture/devices.py).
-
-`produce_online(recipe, queue_dir)` is the older single-producer queue (capture/queue.py), kept
-for benchmarks/capture.py.
 """
 
 from __future__ import annotations
@@ -32,17 +29,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 MAX_RESTARTS = 3  # per producer, per supervisor
-
-
-def produce_online(recipe: Any, queue_dir: str | os.PathLike[str], overrides: list[str] | None = None) -> dict[str, Any]:
-    """Run capture into the single-producer queue at `queue_dir` (capture/queue.py)."""
-    from dspark_cli.capture.queue import OnlineQueue
-    from dspark_cli.capture.run import run_capture
-    from dspark_cli.recipe import Recipe, load_recipe
-
-    if not isinstance(recipe, Recipe):
-        recipe = load_recipe(recipe, overrides or [])
-    return run_capture(recipe, queue=OnlineQueue(queue_dir, recipe.capture.queue_max_shards))
 
 
 def produce_stream(recipe: Any, location: str, worker: int, *, restarts: int = 0) -> dict[str, Any]:

@@ -191,7 +191,7 @@ def build_plan(recipe: Recipe) -> CapturePlan:
 
 
 def plan_capture(recipe: Recipe) -> dict[str, Any]:
-    """The plan as a dict (no model is loaded): sizes of the offline cache and of the online queue."""
+    """The plan as a dict (no model is loaded): sizes of the offline cache and of the online stream."""
     geometry = target_geometry(recipe)
     layer_ids = resolve_layer_ids(recipe, geometry.num_hidden_layers)
     n, hidden = len(layer_ids), geometry.hidden_size

@@ -8,7 +8,7 @@ its checksum, so a killed run re-started with the same recipe skips exactly the 
 rewrites any other (a shard renamed into place just before the kill is simply written again): no
 shard is missing or duplicated. `capture.workers > 1` spreads the shards over worker processes
 (capture/workers.py), with the same files. A directory made by another plan (datagen output, layer ids, target,
-shard size, ...) is refused. Online: the same shards go to an `OnlineQueue` instead.
+shard size, ...) is refused. Online: the same shards go to a stream producer instead (capture/stream.py).
 """
 
 from __future__ import annotations
@@ -97,8 +97,7 @@ def _capture_shard(capturer: Any, batch_size: int, samples: list[tuple[str, list
 def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: Any = None,
                 capturer: Any = None) -> dict[str, Any]:
     """Capture every planned shard not done yet, offline (stage dir) or into `queue` (an online stream
-    producer: `capture.stream.StreamProducer`, or the older single-producer `capture.queue.OnlineQueue`
-    that benchmarks/capture.py still drives; both open / put / fail / finish)."""
+    producer, `capture.stream.StreamProducer`: open / put / fail / finish)."""
     plan = build_plan(recipe)  # every refusal of the recipe first, before the directory is made
     if queue is not None:
         return _run_capture(recipe, plan, on_progress, queue, capturer)

@@ -72,9 +72,6 @@ def write_shard(path: Path, sequences: list[CapturedSequence], *, layer_ids: lis
             "loss_tokens": int(tensors["loss_mask"].sum()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-QUEUE_HINT = "the online capture queue is damaged; re-run `dspark train`"
-
-
 def read_shard(path: Path, entry: dict[str, Any], *, layer_ids: list[int], hidden_size: int,
                hint: str = RECAPTURE) -> list[CapturedSequence]:
     """Verify `path` against its manifest `entry` (size, sha256), then its layout; return its sequences."""

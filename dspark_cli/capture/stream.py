@@ -32,7 +32,7 @@ import socket
 import time
 from typing import Any
 
-from dspark_cli.capture.shards import QUEUE_HINT, pack, shard_name, unpack
+from dspark_cli.capture.shards import pack, shard_name, unpack
 from dspark_cli.capture.store import Store
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
@@ -86,7 +86,7 @@ def parse_shard(name: str, data: bytes, *, layer_ids: list[int], hidden_size: in
     except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
         raise DataError(f"{name}: unreadable shard ({str(exc).splitlines()[0][:120]})", HINT) from None
     return unpack(name, tensors, header.get("__metadata__") or {}, layer_ids=layer_ids, hidden_size=hidden_size,
-                  hint=QUEUE_HINT)
+                  hint=HINT)
 
 
 class StreamClosed(Exception):
@@ -98,7 +98,7 @@ def consumer_finished(store: Store) -> bool:
 
 
 class StreamProducer:
-    """Producer `worker` of `workers`: what `run_capture(queue=...)` writes through (the online queue API)."""
+    """Producer `worker` of `workers`: what `run_capture` writes through as its `queue` (open / put / fail / finish)."""
 
     def __init__(self, store: Store, *, worker: int, workers: int, max_shards: int, poll_s: float = 0.05,
                  restarts: int = 0) -> None:

@@ -110,7 +110,7 @@ class CaptureSection(Section):
     backend: Literal["hf", "vllm"] = Field("hf", description="`hf` (transformers hooks) or `vllm` (GPU).")
     mode: Literal["offline", "online"] = Field(
         "offline", description="`offline`: capture everything, then train. `online`: capture while "
-        "training, through a bounded on-disk queue."
+        "training, through a bounded stream of shards (docs/online.md)."
     )
     batch_size: int = Field(8, gt=0, description="Sequences per capture forward.")
     max_seq_len: int = Field(4096, gt=0, description="Truncate conversations longer than this (tokens).")

@@ -136,7 +136,7 @@ class StepStream:
         for epoch, count in epochs:
             if epoch < self.start["epoch"]:
                 continue
-            # an online queue forgets what was read, so a resumed run takes it from where it is now
+            # a single-pass source cannot be read again from its start, so a resumed run takes it from where it is now
             skip = self.start["consumed"] if epoch == self.start["epoch"] and not self.single_pass else 0
             prepared = self._prepared(epoch)
             stream = prepared if self.single_pass else shuffle_stream(prepared, self.seed, epoch)

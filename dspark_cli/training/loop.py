@@ -184,7 +184,7 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
     compiles = CompileCounter()
     for step in range(start_step, cfg.num_steps):
         data = next(steps, None)
-        if data is None:  # the data ran out early (online queue finished): stop cleanly
+        if data is None:  # the data ran out early (online stream finished): stop cleanly
             break
         lr = lr_at(step, cfg)
         result = train_step(env, module, optimizer, data, cfg, lr, count=flops_per_token is None)
