@@ -190,7 +190,11 @@ def main() -> None:
     p.add_argument("overrides", nargs="*")
     p.set_defaults(func=demo)
     sub.add_parser("table").set_defaults(func=table)
-    args = parser.parse_args()
+    args, extra = parser.parse_known_args()  # overrides may follow --data
+    if extra and not hasattr(args, "overrides"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides += extra
     args.work.mkdir(parents=True, exist_ok=True)
     args.func(args)
 
