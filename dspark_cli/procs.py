@@ -1,6 +1,7 @@
-"""Child processes that do not outlive the process that started them.
+"""Child processes that do not outlive the process that started them, or the stage that needed them.
 
     subprocess.Popen(cmd, preexec_fn=dies_with_parent(signal.SIGTERM))
+    stop_vllm_engine(llm)      # a vllm.LLM's engine-core process, when datagen / capture are done with it
 
 A parent that is killed outright (SIGKILL, the OOM killer) cannot stop its children itself. On Linux
 the child asks the kernel, between fork and exec, for `sig` when the thread that started it ends
@@ -14,6 +15,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 
@@ -32,3 +34,20 @@ def dies_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
             pass
 
     return bind
+
+
+def stop_vllm_engine(llm: Any) -> None:
+    """Stop a `vllm.LLM`'s engine-core process (and free the GPU memory it and this process hold).
+
+    Left to garbage collection the engine stays up, idle, until the process exits; on one machine
+    the stages after datagen or capture (training under torchrun) need those devices."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None:
+        core.shutdown()
+    del llm, core
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "procs": set(),  # children that die with their parent
     "draft": {"errors", "contract", "kernels"},
     "ui": {"errors", "hubrules"},
-    "datagen": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts"},
+    "datagen": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "procs"},
     "capture": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "procs"},
     "training": {"errors", "contract", "recipe", "targets", "artifacts", "draft", "kernels", "capture", "procs"},
     "export": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "draft"},

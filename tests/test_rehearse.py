@@ -66,6 +66,20 @@ def test_the_rehearsal_changes_only_sizes_and_hardware(name):
     assert rehearsal_recipe(real, vllm=False)[0].datagen.engine == "hf"
 
 
+class _Borrowed:
+    """The session's engine as datagen's own: it generates with it, and its request to stop the engine
+    when datagen is done (`procs.stop_vllm_engine`) is recorded (`calls[-1] == "shutdown"`) instead
+    of stopping the engine the next tests share (the qwen3 rehearsal checks a real stop)."""
+
+    def __init__(self, engine, calls: list) -> None:
+        self.generate, self.calls = engine.generate, calls
+        self.llm_engine = self  # stop_vllm_engine: llm.llm_engine.engine_core.shutdown()
+        self.engine_core = self
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
 @pytest.fixture
 def shared_llm(monkeypatch, tiny_vllm):
     """Hand datagen the session's engine for `target` instead of starting another (see the module docstring)."""
@@ -77,27 +91,68 @@ def shared_llm(monkeypatch, tiny_vllm):
         def llm(**kwargs):
             assert kwargs["model"] == str(resolve_target(target)), kwargs["model"]
             calls.append(kwargs)
-            return engine
+            return _Borrowed(engine, calls)
 
         monkeypatch.setattr("vllm.LLM", llm)
         return calls
     return use
 
 
-def _rehearse(tmp_path: Path, name: str, *, subprocess: bool = False):
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+    found, frontier = [], {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier}
+        found += frontier
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _rehearse(tmp_path: Path, name: str, *, subprocess: bool = False, seen_training: list | None = None):
     """`dspark run TEMPLATE --rehearse`, in this process (CliRunner) or as the `dspark` script. A run
     that starts its own vLLM engine goes in a subprocess: an engine's shutdown tears down vLLM's
-    process-wide parallel state, which the session's shared in-process engines live on."""
+    process-wide parallel state, which the session's shared in-process engines live on. There,
+    `seen_training` gets, for each sampled instant while torchrun runs, the vLLM engine-core
+    processes still alive under the run."""
+    seen_training = [] if seen_training is None else seen_training
     args = ["run", TEMPLATES[name], f"output_dir={tmp_path / 'run'}", "--rehearse"]
     if subprocess:
         import os
         import subprocess as sp
         import sys
 
+        import time
+
         root_dir = Path(__file__).resolve().parents[1]
-        done = sp.run([str(Path(sys.executable).with_name("dspark")), *args], cwd=root_dir, capture_output=True,
-                      text=True, timeout=900, env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(root_dir)})
-        code, output = done.returncode, done.stdout + done.stderr
+        with sp.Popen([str(Path(sys.executable).with_name("dspark")), *args], cwd=root_dir, stdout=sp.PIPE,
+                      stderr=sp.STDOUT, text=True,
+                      env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(root_dir)}) as proc:
+            import threading
+
+            chunks: list[str] = []
+            reader = threading.Thread(target=lambda: chunks.extend(proc.stdout), daemon=True)
+            reader.start()
+            deadline = time.time() + 900
+            while proc.poll() is None and time.time() < deadline:
+                tree = [_cmdline(p) for p in _descendants(proc.pid)]
+                if any("torch.distributed.run" in c for c in tree):  # training: datagen's engine must be gone
+                    seen_training.append([c for c in tree if "EngineCore" in c])
+                time.sleep(0.5)
+            if proc.poll() is None:
+                proc.kill()
+            reader.join(timeout=30)
+            code, output = proc.wait(), "".join(chunks)
     else:
         result = runner.invoke(app, args, env={"COLUMNS": "200"})
         code, output = result.exit_code, result.output
@@ -125,8 +180,11 @@ def test_tiny_rehearsal(tmp_path, shared_llm):
 
 
 def test_qwen3_8b_rehearsal_trains_with_two_processes_after_a_real_vllm_cpu_datagen(tmp_path):
-    out, root = _rehearse(tmp_path, "qwen3-8b", subprocess=True)
+    seen: list[list[str]] = []
+    out, root = _rehearse(tmp_path, "qwen3-8b", subprocess=True, seen_training=seen)
     assert "launching 2 x 1 processes" in out and "step 1/" in out  # rank 0's log lines come through
+    # datagen's engine stopped before training: on a GPU machine its memory is the trainers'
+    assert seen and not any(seen), f"vLLM's engine core was still up during training: {seen[:3]}"
     assert json.loads((root / "data" / "manifest.json").read_text())["engine"]["engine"] == "vllm"
     _check_trained_with(root, 2)
     hidden = json.loads((root / "hidden" / "manifest.json").read_text())
@@ -137,6 +195,7 @@ def test_llama_rehearsal_trains_with_two_processes(tmp_path, shared_llm):
     calls = shared_llm("tiny-gqa")
     out, root = _rehearse(tmp_path, "llama-3.1-8b")
     assert calls and calls[0]["kv_cache_memory_bytes"] and calls[0]["enforce_eager"]  # the CPU start-up defaults
+    assert calls[-1] == "shutdown"  # datagen stopped its engine before training
     _check_trained_with(root, 2)
 
 

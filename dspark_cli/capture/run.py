@@ -122,8 +122,18 @@ def _run_capture(recipe: Recipe, plan: Any, on_progress: Progress | None, queue:
     pending = [s for s in plan.shards if shard_name(s.index) not in done]
     if queue is None and capturer is None and recipe.capture.workers > 1 and pending:
         return _capture_with_workers(plan, out_dir, done, on_progress)
-    if pending and capturer is None:
+    made = pending and capturer is None
+    if made:
         capturer = make_capturer(plan, out_dir)
+    try:
+        return _capture_pending(recipe, plan, out_dir, done, on_progress, queue, capturer)
+    finally:
+        if made and hasattr(capturer, "close"):
+            capturer.close()  # a vLLM engine's devices are the trainers' next
+
+
+def _capture_pending(recipe: Recipe, plan: Any, out_dir: Path, done: dict[str, Any], on_progress: Progress | None,
+                     queue: Any, capturer: Any) -> dict[str, Any]:
     backend = capturer.describe() if capturer is not None else {"backend": recipe.capture.backend, "resumed": True}
     entries: dict[str, dict[str, Any]] = dict(done)
     if queue is None:

@@ -161,6 +161,7 @@ class VLLMCapturer:
 
     def __init__(self, recipe: Any, geometry: Any, layer_ids: list[int], *, storage_dir: str, llm: Any = None,
                  sampling_params: Any = None) -> None:
+        llm_given = llm
         self.layout = vllm_layout(layer_ids, geometry.num_hidden_layers)
         if "gemma" in (geometry.model_type or ""):
             raise UsageError(f"{geometry.model_type}: its final norm is not a plain RMSNorm",
@@ -176,7 +177,7 @@ class VLLMCapturer:
             from vllm import LLM
 
             llm = LLM(**self.kwargs)
-        self.llm = llm
+        self.llm, self.owns = llm, llm_given is None
         if sampling_params is None:
             from vllm import SamplingParams
 
@@ -193,6 +194,14 @@ class VLLMCapturer:
         return {"backend": "vllm", "vllm": version, "aux_layer_ids": self.layout.aux_ids,
                 "last_state": f"aux id {self.layout.aux_ids[self.layout.last_slot]} (pre-norm) + final RMSNorm",
                 "environment": self.env, "chunked_prefill": False, "prefix_caching": False}
+
+    def close(self) -> None:
+        """Stop the engine this capturer started: the training after the capture stage needs its devices."""
+        llm, self.llm = self.llm, None
+        if self.owns and llm is not None:
+            from dspark_cli.procs import stop_vllm_engine
+
+            stop_vllm_engine(llm)
 
     def capture(self, samples: list[Sample]) -> list[Any]:
         prompts = [{"prompt_token_ids": list(ids)} for _, ids, _ in samples]

@@ -45,6 +45,14 @@ class Engine(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+def close_engine(engine: Any) -> None:
+    """Free what the engine holds (a vLLM engine's engine-core process and its GPU memory): on one
+    machine the stages after datagen need the devices. Engines without `close` hold nothing to free."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+
+
 def _cut_at_stop(ids: list[int], stop_ids: set[int], limit: int) -> Generation:
     for position, token in enumerate(ids):
         if token in stop_ids:
@@ -117,6 +125,7 @@ class VLLMEngine:
                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, llm: Any = None) -> None:
         from vllm import LLM
 
+        llm_given = llm
         self.sampling = sampling
         self.tokenizer = tokenizer
         if llm is None:
@@ -133,7 +142,7 @@ class VLLMEngine:
                 kwargs["data_parallel_size"] = data_parallel_size
             kwargs.update(cpu_engine_defaults())
             llm = LLM(**kwargs)
-        self.llm = llm
+        self.llm, self.owns = llm, llm_given is None
 
     def generate(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int]) -> list[Generation]:
         from vllm import SamplingParams
@@ -156,6 +165,16 @@ class VLLMEngine:
         import vllm
 
         return {"engine": "vllm", "vllm": vllm.__version__}
+
+    def close(self) -> None:
+        """Stop an engine this object started (one handed in belongs to its caller): its engine-core
+        process ends and the devices' memory is free for training. Left to garbage collection it stays
+        up, idle, until the process exits (`dspark run` trains in that process or under it)."""
+        llm, self.llm = self.llm, None
+        if self.owns and llm is not None:
+            from dspark_cli.procs import stop_vllm_engine
+
+            stop_vllm_engine(llm)
 
 
 # KV cache of a vLLM engine on CPU when VLLM_CPU_KVCACHE_SPACE does not say (bytes): enough for the

@@ -25,12 +25,13 @@ from typing import Any
 
 from dspark_cli import __version__
 from dspark_cli.prompts.conversation import Conversation
-from dspark_cli.datagen.engines import Engine, Sampling
+from dspark_cli.datagen.engines import Engine, Sampling, close_engine
 from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations
 from dspark_cli.artifacts.jsonl import PartialShard, read_jsonl, shard_path
 from dspark_cli.prompts.sources import read_source, source_name
 from dspark_cli.errors import UsageError
-from dspark_cli.artifacts.files import MANIFEST_NAME, resumable_manifest, sha256_file, write_json_atomic
+from dspark_cli.artifacts.files import (MANIFEST_NAME, exclusive_output, resumable_manifest, sha256_file,
+                                       write_json_atomic)
 from dspark_cli.recipe import Recipe, write_resolved
 from dspark_cli.targets import ChatFormat, load_tokenizer, target_location
 
@@ -225,10 +226,18 @@ def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress 
         summary["already_done"] = sum(1 for i in range(len(shards)) if shard_path(plan.out_dir, i).is_file())
         return summary
     previous = _check_resumable(plan.out_dir, plan)
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_output(plan.out_dir, "datagen.output_dir"):  # one writer at a time
+        pending = any(not shard_path(plan.out_dir, i).is_file() for i in range(len(shards)))
+        engine = make_engine(recipe, plan, llm) if pending else None
+        try:
+            return _generate(recipe, plan, shards, summary, previous, engine, on_progress)
+        finally:
+            close_engine(engine)  # its devices are the next stages'
+
+
+def _generate(recipe: Recipe, plan: DatagenPlan, shards: list[Any], summary: dict[str, Any], previous: dict[str, Any],
+              engine: Engine | None, on_progress: Any) -> dict[str, Any]:
     write_resolved(recipe, plan.out_dir)
-    pending = any(not shard_path(plan.out_dir, i).is_file() for i in range(len(shards)))
-    engine = make_engine(recipe, plan, llm) if pending else None
     if engine is not None:
         engine_info = engine.describe()
     elif recipe.datagen.regenerate:
