@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from capture_support import DATAGEN_OVERRIDES, capture_recipe
+from procs_support import alive, children, hold_lock
 from safetensors.torch import save_file
 
 from dspark_cli.capture import contract_for_recipe, iter_captured, plan_capture, run_capture, verify_captured
@@ -371,25 +372,6 @@ def test_two_workers_write_what_one_process_writes_and_keep_a_killed_workers_sha
     assert [s.id for s in iter_captured(out)] == [s.id for s in iter_captured(Path(one.stage_dir("capture")))]
 
 
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_workers_of_a_killed_capture_stage_die_with_it(tmp_path):
     """SIGKILL of the process running the capture stage (it cannot stop its workers itself): the kernel
@@ -404,16 +386,16 @@ def test_workers_of_a_killed_capture_stage_die_with_it(tmp_path):
             "run_capture(load_recipe('tiny', sys.argv[1:]))")
     stage = subprocess.Popen([sys.executable, "-c", code, *overrides], env={**os.environ, "HF_HUB_OFFLINE": "1"})
     deadline = time.time() + 120
-    while len(workers := _children(stage.pid)) < 2 and time.time() < deadline and stage.poll() is None:
+    while len(workers := children(stage.pid)) < 2 and time.time() < deadline and stage.poll() is None:
         time.sleep(0.1)
     assert len(workers) == 2, f"the stage never started its 2 workers (exit {stage.poll()})"
     stage.send_signal(signal.SIGKILL)
     stage.wait()
     # at once (a worker alone needs longer than this to load torch and its target, let alone capture)
     deadline = time.time() + 3
-    while (alive := [w for w in workers if _running(w)]) and time.time() < deadline:
+    while (left := alive(workers)) and time.time() < deadline:
         time.sleep(0.1)
-    assert alive == [], f"capture workers {alive} outlived the killed stage"
+    assert left == [], f"capture workers {left} outlived the killed stage"
     assert not (Path(recipe.stage_dir("capture")) / "manifest.json").is_file() or not json.loads(
         (Path(recipe.stage_dir("capture")) / "manifest.json").read_text())["complete"]
 
@@ -421,11 +403,8 @@ def test_workers_of_a_killed_capture_stage_die_with_it(tmp_path):
 def test_a_second_capture_into_a_directory_being_captured_is_refused(tmp_path):
     recipe = capture_recipe("tiny-mla", tmp_path)
     out = Path(recipe.stage_dir("capture"))
-    code = ("import sys, time; from dspark_cli.artifacts.files import exclusive_output\n"
-            "with exclusive_output(sys.argv[1], 'x'):\n    print('held', flush=True); time.sleep(600)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    holder = hold_lock(out)
     try:
-        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(UsageError, match=r"capture.output_dir: .* is being written by another dspark process"):
             run_capture(recipe)
     finally:

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from procs_support import cmdline, descendants
+
 from dspark_cli.cli import app
 from dspark_cli.recipe import load_recipe
 from dspark_cli.recipe.rehearse import rehearsal_recipe, spread_layer_ids
@@ -98,27 +100,6 @@ def shared_llm(monkeypatch, tiny_vllm):
     return use
 
 
-def _descendants(pid: int) -> list[int]:
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            continue
-    found, frontier = [], {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier}
-        found += frontier
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _rehearse(tmp_path: Path, name: str, *, subprocess: bool = False, seen_training: list | None = None):
     """`dspark run TEMPLATE --rehearse`, in this process (CliRunner) or as the `dspark` script. A run
     that starts its own vLLM engine goes in a subprocess: an engine's shutdown tears down vLLM's
@@ -145,7 +126,7 @@ def _rehearse(tmp_path: Path, name: str, *, subprocess: bool = False, seen_train
             reader.start()
             deadline = time.time() + 900
             while proc.poll() is None and time.time() < deadline:
-                tree = [_cmdline(p) for p in _descendants(proc.pid)]
+                tree = [cmdline(p) for p in descendants(proc.pid)]
                 if any("torch.distributed.run" in c for c in tree):  # training: datagen's engine must be gone
                     seen_training.append([c for c in tree if "EngineCore" in c])
                 time.sleep(0.5)

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_support import export_random_draft  # noqa: E402
+from procs_support import alive  # noqa: E402
 from test_publish import resign  # noqa: E402
 
 from dspark_cli.cli import app  # noqa: E402
@@ -372,11 +373,6 @@ def test_datagen_through_the_launched_server_matches_hf(launched, tmp_path):
     assert manifest["engine"]["engine"] == "vllm-endpoint"
 
 
-def _left(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if Path(f"/proc/{pid}").exists()
-            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
-
-
 def test_sigterm_stops_vllm_and_every_child_and_sigkill_of_the_launcher_too(launched):
     """SIGTERM to `dspark serve` (the plain server) is forwarded; SIGKILL of `dspark serve` (the ngram one)
     cannot be, and vLLM still stops: the kernel sends it SIGTERM when its parent dies (PR_SET_PDEATHSIG)."""
@@ -386,13 +382,13 @@ def test_sigterm_stops_vllm_and_every_child_and_sigkill_of_the_launcher_too(laun
     ngram.proc.send_signal(signal.SIGKILL)
     plain.proc.send_signal(signal.SIGTERM)
     assert plain.proc.wait(timeout=120) == 0, Path(plain.out.name).read_text()
-    assert _left(plain.pids) == [], f"processes {_left(plain.pids)} outlived dspark serve"
+    assert alive(plain.pids) == [], f"processes {alive(plain.pids)} outlived dspark serve"
     assert "vLLM stopped; no process left" in Path(plain.out.name).read_text()
     assert ngram.proc.wait(timeout=10) == -signal.SIGKILL
     deadline = time.time() + 120
-    while _left(ngram.pids) and time.time() < deadline:
+    while alive(ngram.pids) and time.time() < deadline:
         time.sleep(0.5)
-    assert _left(ngram.pids) == [], f"processes {_left(ngram.pids)} outlived a SIGKILLed dspark serve"
+    assert alive(ngram.pids) == [], f"processes {alive(ngram.pids)} outlived a SIGKILLed dspark serve"
 
 
 def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):

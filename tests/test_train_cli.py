@@ -19,6 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train_fixtures  # noqa: E402
+from procs_support import alive, descendants, hold_lock  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DSPARK = str(Path(sys.executable).with_name("dspark"))
@@ -127,28 +128,6 @@ def test_an_incomplete_capture_inside_training_is_one_line(captured, tmp_path):
     assert not (tmp_path / "none").exists()
 
 
-def _descendants(pid: int) -> list[int]:
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            continue
-    found, frontier = [], [pid]
-    while frontier:
-        kids = [p for p, parent in parents.items() if parent in frontier]
-        found += kids
-        frontier = kids
-    return found
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_sigkilled_launcher_takes_torchrun_and_its_ranks_with_it(captured, tmp_path):
     """`dspark train` killed outright cannot stop torchrun itself: the kernel sends torchrun SIGTERM
@@ -161,30 +140,21 @@ def test_a_sigkilled_launcher_takes_torchrun_and_its_ranks_with_it(captured, tmp
                                  "--nproc", "2", "train.max_steps=1000", "train.epochs=1000.0"],
                                 env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 180
-    while len(tree := _descendants(launcher.pid)) < 3 and time.time() < deadline and launcher.poll() is None:
+    while len(tree := descendants(launcher.pid)) < 3 and time.time() < deadline and launcher.poll() is None:
         time.sleep(0.2)  # torchrun and its 2 ranks
     assert len(tree) >= 3, f"torchrun never started its ranks (exit {launcher.poll()})"
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
     deadline = time.time() + 60
-    while (alive := [p for p in tree if _running(p)]) and time.time() < deadline:
+    while (left := alive(tree)) and time.time() < deadline:
         time.sleep(0.2)
-    assert alive == [], f"torchrun or its ranks {alive} outlived the killed launcher"
-
-
-def _hold_lock(directory: Path) -> subprocess.Popen:
-    """Another process writing `directory` (it holds the directory's lock until killed)."""
-    code = ("import sys, time; from dspark_cli.artifacts.files import exclusive_output\n"
-            "with exclusive_output(sys.argv[1], 'x'):\n    print('held', flush=True); time.sleep(600)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
-    return holder
+    assert left == [], f"torchrun or its ranks {left} outlived the killed launcher"
 
 
 def test_a_second_run_into_a_directory_being_trained_is_refused_and_touches_nothing(captured, tmp_path):
     out = tmp_path / "t"
     (out / "checkpoints" / ".tmp-step-000004").mkdir(parents=True)  # the first run's save in progress
-    holder = _hold_lock(out)
+    holder = hold_lock(out)
     try:
         second = _dspark("train", "tiny", *_overrides(captured), "-o", str(out))
     finally:
