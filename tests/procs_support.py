@@ -61,3 +61,13 @@ def hold_lock(directory: Path) -> subprocess.Popen:
 def alive(pids: list[int]) -> list[int]:
     """Those of `pids` still running."""
     return [p for p in pids if running(p)]
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait up to `timeout` seconds for `pids` to end; those still running then."""
+    import time
+
+    deadline = time.time() + timeout
+    while (left := alive(pids)) and time.time() < deadline:
+        time.sleep(0.1)
+    return left

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from capture_support import DATAGEN_OVERRIDES, capture_recipe
-from procs_support import alive, children, hold_lock
+from procs_support import children, hold_lock, wait_gone
 from safetensors.torch import save_file
 
 from dspark_cli.capture import contract_for_recipe, iter_captured, plan_capture, run_capture, verify_captured
@@ -392,9 +392,7 @@ def test_workers_of_a_killed_capture_stage_die_with_it(tmp_path):
     stage.send_signal(signal.SIGKILL)
     stage.wait()
     # at once (a worker alone needs longer than this to load torch and its target, let alone capture)
-    deadline = time.time() + 3
-    while (left := alive(workers)) and time.time() < deadline:
-        time.sleep(0.1)
+    left = wait_gone(workers, 3)
     assert left == [], f"capture workers {left} outlived the killed stage"
     assert not (Path(recipe.stage_dir("capture")) / "manifest.json").is_file() or not json.loads(
         (Path(recipe.stage_dir("capture")) / "manifest.json").read_text())["complete"]

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_support import export_random_draft  # noqa: E402
-from procs_support import alive  # noqa: E402
+from procs_support import alive, wait_gone  # noqa: E402
 from test_publish import resign  # noqa: E402
 
 from dspark_cli.cli import app  # noqa: E402
@@ -385,10 +385,7 @@ def test_sigterm_stops_vllm_and_every_child_and_sigkill_of_the_launcher_too(laun
     assert alive(plain.pids) == [], f"processes {alive(plain.pids)} outlived dspark serve"
     assert "vLLM stopped; no process left" in Path(plain.out.name).read_text()
     assert ngram.proc.wait(timeout=10) == -signal.SIGKILL
-    deadline = time.time() + 120
-    while alive(ngram.pids) and time.time() < deadline:
-        time.sleep(0.5)
-    assert alive(ngram.pids) == [], f"processes {alive(ngram.pids)} outlived a SIGKILLed dspark serve"
+    assert (left := wait_gone(ngram.pids, 120)) == [], f"processes {left} outlived a SIGKILLed dspark serve"
 
 
 def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):

@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train_fixtures  # noqa: E402
-from procs_support import alive, descendants, hold_lock  # noqa: E402
+from procs_support import descendants, hold_lock, wait_gone  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DSPARK = str(Path(sys.executable).with_name("dspark"))
@@ -145,9 +145,7 @@ def test_a_sigkilled_launcher_takes_torchrun_and_its_ranks_with_it(captured, tmp
     assert len(tree) >= 3, f"torchrun never started its ranks (exit {launcher.poll()})"
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
-    deadline = time.time() + 60
-    while (left := alive(tree)) and time.time() < deadline:
-        time.sleep(0.2)
+    left = wait_gone(tree, 60)
     assert left == [], f"torchrun or its ranks {left} outlived the killed launcher"
 
 
