@@ -6,7 +6,8 @@
 
 Steps: (1) the stdlib chat corpus (`corpus.py`), (2) one byte-level BPE tokenizer for both (`tokenizer.py`),
 (3) both models trained side by side, one process and one thread each (`train_tiny.py`), saved in bf16,
-(4) each reloaded from its saved files and evaluated (`eval_tiny.py`), (5) a card (README.md) and
+(4) each reloaded from its saved files and evaluated (`eval_tiny.py`; EOS / loop rates on more held-out
+prompts with vLLM where it is installed, `loop_rates.py`), (5) a card (README.md) and
 build.json per target; train_log.jsonl has every step. Everything is built under `<out>/.build/` and renamed into place at the end.
 
 Determinism: fixed seeds, one torch thread per model, sorted file walks, a hash-based split; the corpus
@@ -113,6 +114,21 @@ def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None) -
           f"eos {metrics['generation']['eos_share']:.2f}, ast {metrics['generation']['ast_share']:.2f}", flush=True)
 
 
+def _held_out_rates(target_dir: Path, env: dict) -> dict | None:
+    """EOS / loop rates on many held-out prompts (`loop_rates.py`, vLLM); None where vLLM is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        print(f"[build] vllm is not installed: {target_dir.name}'s card skips the held-out loop rates", flush=True)
+        return None
+    out = target_dir / ".loop_rates.json"
+    subprocess.run([sys.executable, "-m", "tools.tiny_targets.loop_rates", str(target_dir), "--out", str(out)],
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    result = json.loads(out.read_text())
+    out.unlink()
+    return result
+
+
 def build(out: Path, steps: dict[str, int], vocab_size: int = VOCAB_SIZE, eval_held_out: int | None = None) -> None:
     wall0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
@@ -135,12 +151,14 @@ def build(out: Path, steps: dict[str, int], vocab_size: int = VOCAB_SIZE, eval_h
     failed = [name for name, proc in procs.items() if proc.wait() != 0]
     if failed:
         raise SystemExit(f"build failed for {', '.join(failed)}; see the output above (build dir {build_dir})")
+    held_out = {name: _held_out_rates(build_dir / name, env) for name in TARGETS}
     wall_s = time.time() - wall0
     host = {"cpus": os.cpu_count(), "machine": platform.machine(), "torch_threads_per_model": 1,
             "load_average_at_end": os.getloadavg()[0]}
     for name in TARGETS:
         result = json.loads((build_dir / f"{name}.result.json").read_text())
-        record = {"name": name, "build_wall_s": round(wall_s, 1), "host": host, **info, **result}
+        record = {"name": name, "build_wall_s": round(wall_s, 1), "host": host, **info, **result,
+                  "generation_held_out": held_out[name]}
         (build_dir / name / "build.json").write_text(json.dumps(record, indent=2) + "\n")
         write_card(build_dir / name, record)
     for name in TARGETS:

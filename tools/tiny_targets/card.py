@@ -39,6 +39,16 @@ def _arch_rows(config: dict) -> list[str]:
     return [f"| `{k}` | {config[k]} |" for k in keys if k in config]
 
 
+def _held_out_rows(held: dict | None) -> str:
+    """Card rows for `loop_rates.py`'s numbers (absent from a build without vLLM)."""
+    if not held:
+        return ""
+    code = held["by_task"].get("code", {"num_prompts": 0, "loops": 0})
+    return (f"| responses ending with EOS, {held['pairs']} pairs (vLLM) | {held['eos_share']:.2f} |\n"
+            f"| responses with a repetition loop, {held['pairs']} pairs (vLLM) | {held['loop_share']:.2f} |\n"
+            f"| of which code prompts that loop | {code['loops']}/{code['num_prompts']} |\n")
+
+
 def write_card(target_dir: Path, record: dict) -> None:
     name = record["name"]
     arch, family = _FAMILY[name]
@@ -110,12 +120,15 @@ limit {256} new tokens.
 | held-out loss, all {alls['num_prompts']} held-out pairs | {alls['loss']:.3f} |
 | held-out next-token accuracy, all held-out pairs | {alls['accuracy']:.3f} |
 | responses ending with EOS before the limit (50 prompts) | {gen['eos_share']:.2f} |
-| code responses `ast.parse` accepts ({gen['num_code']} code prompts) | {gen['ast_share']:.2f} |
+| responses with a repetition loop (50 prompts) | {gen['loop_share']:.2f} |
+{_held_out_rows(record.get('generation_held_out'))}| code responses `ast.parse` accepts ({gen['num_code']} code prompts) | {gen['ast_share']:.2f} |
 | mean response length (tokens) | {gen['mean_new_tokens']:.1f} |
 
 The 50 eval prompts: 30 code-writing and 20 explain/signature/module prompts from the held-out split
 (`corpus.eval_prompts`). "Parses" means `ast.parse` accepts the response and it defines a function or class
-(an empty or prose answer would otherwise parse too). For scale: random weights score ~0 accuracy and
+(an empty or prose answer would otherwise parse too). A response "loops" when a stretch of 16 or more tokens
+repeats itself with a period of at most 16 tokens, at least 3 times (`eval_tiny.loop_period`: four identical
+lines in a row, `_de_de_de...`); the corpus's own answers do that in 8 of 25,078. For scale: random weights score ~0 accuracy and
 ~8.3 nats (ln 4096); after 3 training steps (the build's smoke run) accuracy is 0.03-0.05, parse share 0.00, and
 EOS share is 0.00 (never stops) or 1.00 (stops at once with an empty answer), which is why no single number
 is trusted alone.

@@ -1,4 +1,4 @@
-"""Held-out quality of a tiny target: teacher-forced loss / next-token accuracy, EOS share, `ast.parse` share.
+"""Held-out quality of a tiny target: teacher-forced loss / next-token accuracy, EOS, loop and `ast.parse` shares.
 
     python -m tools.tiny_targets.eval_tiny tiny-mla        # the card's numbers, recomputed from the shipped files
 
@@ -19,6 +19,13 @@ from tools.tiny_targets.corpus import Pair
 logger = logging.getLogger(__name__)
 
 MAX_NEW_TOKENS = 256  # the length limit for "ends with EOS": longer than every reference answer
+# A response "loops" when some run of LOOP_MIN_SPAN or more tokens repeats itself with a period of at most
+# LOOP_MAX_PERIOD tokens, at least LOOP_MIN_REPEATS times: `self._x\n    self._x\n    self._x\n` or
+# `_de_de_de_de...`. Legitimate code rarely does (4 identical lines in a row, or a 16-token run of one
+# token); the stdlib's own answers in the corpus are the check (tests/test_tiny_targets.py).
+LOOP_MIN_SPAN = 16
+LOOP_MAX_PERIOD = 16
+LOOP_MIN_REPEATS = 3
 
 
 @dataclass
@@ -33,6 +40,7 @@ class HeldOutMetrics:
 class GenerationMetrics:
     num_prompts: int
     eos_share: float  # responses that end with EOS within MAX_NEW_TOKENS
+    loop_share: float  # responses with a repetition loop (`loop_period`), whether they end or not
     num_code: int
     ast_share: float  # code responses that ast.parse accepts and that define a function
     mean_new_tokens: float
@@ -84,6 +92,22 @@ def hf_generate(model, tokenizer, pairs: list[Pair], max_new_tokens: int = MAX_N
     return outputs
 
 
+def loop_period(ids: list[int]) -> int:
+    """The shortest period p (1..LOOP_MAX_PERIOD) of a repetition loop in `ids`, or 0 when there is none.
+
+    A loop of period p is a stretch where every token equals the one p before it, long enough that the
+    repeated stretch (the run plus its first period) covers max(LOOP_MIN_SPAN, LOOP_MIN_REPEATS * p) tokens.
+    """
+    for p in range(1, LOOP_MAX_PERIOD + 1):
+        need = max(LOOP_MIN_SPAN, LOOP_MIN_REPEATS * p)
+        run = 0
+        for i in range(p, len(ids)):
+            run = run + 1 if ids[i] == ids[i - p] else 0
+            if run + p >= need:
+                return p
+    return 0
+
+
 def code_of(text: str) -> str:
     """The code in a response: a fenced block's body when there is one, else the whole text."""
     if "```" in text:
@@ -110,6 +134,7 @@ def generation_metrics(tokenizer, pairs: list[Pair], outputs: list[list[int]],
     return GenerationMetrics(
         num_prompts=len(pairs),
         eos_share=sum(ended) / len(pairs),
+        loop_share=sum(loop_period(out) > 0 for out in outputs) / len(pairs),
         num_code=len(code_ok),
         ast_share=sum(code_ok) / max(1, len(code_ok)),
         mean_new_tokens=sum(len(o) for o in outputs) / len(pairs),
