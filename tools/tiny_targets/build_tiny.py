@@ -1,11 +1,13 @@
 """Rebuild the bundled tiny targets (tiny-mla, tiny-gqa) from scratch, deterministically, on CPU.
 
     python -m tools.tiny_targets.build_tiny --out dspark_cli/targets/tiny              # the shipped weights
-    python -m tools.tiny_targets.build_tiny --out /tmp/tiny --steps 20 --eval-held-out 64   # ~2 min smoke run
+    python -m tools.tiny_targets.build_tiny --out /tmp/tiny --steps 20 --finetune-iterations 4 --eval-held-out 64  # smoke run
     python -m tools.tiny_targets.build_tiny --out dspark_cli/targets/tiny --cards-only  # re-render the cards
 
 Steps: (1) the stdlib chat corpus (`corpus.py`), (2) one byte-level BPE tokenizer for both (`tokenizer.py`),
 (3) both models trained side by side, one process and one thread each (`train_tiny.py`), saved in bf16,
+then fine-tuned against repetition loops from those saved weights (`finetune_tiny.py`: MLE steps alternated
+with unlikelihood steps on the model's own greedy continuations; finetune_log.jsonl) and saved again,
 (4) each reloaded from its saved files and evaluated (`eval_tiny.py`; EOS / loop rates on more held-out
 prompts with vLLM where it is installed, `loop_rates.py`), (5) a card (README.md) and
 build.json per target; train_log.jsonl has every step. Everything is built under `<out>/.build/` and renamed into place at the end.
@@ -33,6 +35,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("tiny-mla", "tiny-gqa")
 # Steps per target, chosen so both finish together on 2 cores (an MLA step costs ~1.3x a GQA step on CPU).
 DEFAULT_STEPS = {"tiny-mla": 800, "tiny-gqa": 1000}
+# Overrides of FinetuneConfig per target for the anti-repetition stage after the base training.
+# MLA decodes ~4x slower than GQA under transformers on CPU, so it gets fewer iterations in the same time.
+FINETUNE: dict[str, dict] = {"tiny-mla": {"iterations": 64}, "tiny-gqa": {}}
 VOCAB_SIZE = 4096
 
 
@@ -70,7 +75,27 @@ def _prepare(build_dir: Path, vocab_size: int) -> dict:
     return info
 
 
-def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None) -> None:
+def _finetune(name: str, out: Path, tokenizer, rows, iterations: int | None = None) -> dict:
+    """The anti-repetition stage on the *saved* bf16 weights (as float32), saved over them in the same way."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tools.tiny_targets.corpus import build_corpus
+    from tools.tiny_targets.finetune_tiny import FinetuneConfig, config_dict, finetune, save_target, training_prompts
+
+    cfg = FinetuneConfig(**{**FINETUNE.get(name, {}), **({"iterations": iterations} if iterations else {})})
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="sdpa")
+    prompts = training_prompts(tokenizer, build_corpus().train)
+    t0 = time.time()
+    model, log = finetune(model, tokenizer, rows, prompts, cfg, out / "finetune_log.jsonl", name)
+    finetune_s = time.time() - t0
+    save_target(model, tokenizer, out, out)
+    return {**config_dict(cfg), "finetune_s": round(finetune_s, 1),
+            "final_mle_loss": sum(e["mle_loss"] for e in log[-20:]) / len(log[-20:])}
+
+
+def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None,
+            finetune_iterations: int | None = None) -> None:
     """One target: train, save in bf16 (config dtype float32, so engines compute in fp32 by default), evaluate."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig
@@ -96,6 +121,7 @@ def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None) -
     config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "dtype": "float32"}, indent=2) + "\n")
     GenerationConfig(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id, do_sample=False).save_pretrained(out)
+    finetune_result = _finetune(name, out, tokenizer, rows, finetune_iterations) if finetune_iterations != 0 else None
     t1 = time.time()
     metrics = evaluate_dir(str(out), num_held_out=eval_held_out)
     step_s = sorted(e["step_s"] for e in log)
@@ -107,6 +133,7 @@ def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None) -
         "step_s_p10": step_s[len(step_s) // 10],
         "final_train_loss": sum(e["loss"] for e in log[-20:]) / len(log[-20:]),
         "num_params": sum(p.numel() for p in model.parameters()),
+        **({"finetune": finetune_result} if finetune_result else {}),
         **metrics,
     }
     (build_dir / f"{name}.result.json").write_text(json.dumps(result, indent=2))
@@ -129,7 +156,8 @@ def _held_out_rates(target_dir: Path, env: dict) -> dict | None:
     return result
 
 
-def build(out: Path, steps: dict[str, int], vocab_size: int = VOCAB_SIZE, eval_held_out: int | None = None) -> None:
+def build(out: Path, steps: dict[str, int], vocab_size: int = VOCAB_SIZE, eval_held_out: int | None = None,
+          finetune_iterations: int | None = None) -> None:
     wall0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     build_dir = out / ".build"
@@ -147,6 +175,8 @@ def build(out: Path, steps: dict[str, int], vocab_size: int = VOCAB_SIZE, eval_h
                "--steps", str(steps[name])]
         if eval_held_out:
             cmd += ["--eval-held-out", str(eval_held_out)]
+        if finetune_iterations is not None:
+            cmd += ["--finetune-iterations", str(finetune_iterations)]
         procs[name] = subprocess.Popen(cmd, env=env)
     failed = [name for name, proc in procs.items() if proc.wait() != 0]
     if failed:
@@ -179,6 +209,9 @@ def main() -> None:
                         help="evaluate loss/accuracy on only this many held-out pairs (smoke runs)")
     parser.add_argument("--cards-only", action="store_true",
                         help="only rewrite each target's README.md from its build.json (no training)")
+    parser.add_argument("--finetune-iterations", type=int, default=None,
+                        help="iterations of the anti-repetition stage (finetune_tiny.py) after the base training; "
+                             "0 skips it (default: finetune_tiny.FinetuneConfig, per target overrides in FINETUNE)")
     parser.add_argument("--worker", choices=TARGETS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cards_only:
@@ -186,10 +219,10 @@ def main() -> None:
             write_card(args.out / name, json.loads((args.out / name / "build.json").read_text()))
         return
     if args.worker:
-        _worker(args.worker, args.out / ".build", args.steps, args.eval_held_out)
+        _worker(args.worker, args.out / ".build", args.steps, args.eval_held_out, args.finetune_iterations)
         return
     steps = {name: args.steps or DEFAULT_STEPS[name] for name in TARGETS}
-    build(args.out, steps, args.vocab_size, args.eval_held_out)
+    build(args.out, steps, args.vocab_size, args.eval_held_out, args.finetune_iterations)
 
 
 if __name__ == "__main__":
