@@ -49,6 +49,36 @@ def _held_out_rows(held: dict | None) -> str:
             f"| of which code prompts that loop | {code['loops']}/{code['num_prompts']} |\n")
 
 
+def _finetune_text(record: dict) -> str:
+    """The anti-repetition stage (`finetune_tiny.py`) and what it changed, when the build ran it."""
+    ft = record.get("finetune")
+    if not ft:
+        return ""
+    text = f"""
+### Against repetition loops
+
+Then {ft['iterations']} iterations of `finetune_tiny.py` on the saved weights: each one MLE step on {ft['batch_size']}
+packed rows as above and one sequence-level unlikelihood step (Welleck et al., 2019): the model greedily continues
+{ft['ul_prompts']} training prompts for {ft['ul_new_tokens']} tokens, and every token that completes a {ft['ngram']}-gram
+already seen in that continuation gets the loss -log(1 - p). Peak lr {ft['lr']}, warmup {ft['warmup_steps']}, cosine to
+{ft['min_lr_ratio']}x, seed {ft['seed']}, {ft['num_threads']} thread; {ft['finetune_s'] / 60:.1f} min. MLE steps alone (the
+control) left the loop share where it was; n = 4 (the paper's) also penalises code's legitimate repeats and cost accuracy.
+"""
+    before = record.get("before_finetune")
+    if before and before.get("generation_held_out") and record.get("generation_held_out"):
+        b, a = before, record
+        text += f"""
+| before -> after the stage | 50 eval prompts | {a['generation_held_out']['pairs']} pairs (vLLM) |
+| --- | --- | --- |
+| EOS share | {b['generation']['eos_share']:.2f} -> {a['generation']['eos_share']:.2f} | {b['generation_held_out']['eos_share']:.2f} -> {a['generation_held_out']['eos_share']:.2f} |
+| loop share | {b['generation']['loop_share']:.2f} -> {a['generation']['loop_share']:.2f} | {b['generation_held_out']['loop_share']:.2f} -> {a['generation_held_out']['loop_share']:.2f} |
+| next-token accuracy | {b['eval_prompts']['accuracy']:.3f} -> {a['eval_prompts']['accuracy']:.3f} | |
+| parse share (code) | {b['generation']['ast_share']:.2f} -> {a['generation']['ast_share']:.2f} | {b['generation_held_out']['ast_share']:.2f} -> {a['generation_held_out']['ast_share']:.2f} |
+| mean response tokens | {b['generation']['mean_new_tokens']:.1f} -> {a['generation']['mean_new_tokens']:.1f} | {b['generation_held_out']['mean_new_tokens']:.1f} -> {a['generation_held_out']['mean_new_tokens']:.1f} |
+"""
+    return text
+
+
 def write_card(target_dir: Path, record: dict) -> None:
     name = record["name"]
     arch, family = _FAMILY[name]
@@ -107,7 +137,7 @@ other jobs, load average {record['host']['load_average_at_end']:.1f} at the end)
 model's share is about {(record['prepare_s'] + train['steps'] * record['step_s_p10'] + record['eval_s']) / 60:.0f} min
 (corpus + tokenizer {record['prepare_s']:.0f} s, {train['steps']} steps x the 10th-percentile step time, evaluation
 {record['eval_s']:.0f} s measured under load); the build lasts as long as its slower model. See benchmarks/tiny_targets.md.
-
+{_finetune_text(record)}
 ## Held-out quality
 
 Computed in float32 from the shipped files (`python -m tools.tiny_targets.eval_tiny {name}`); greedy decoding,
