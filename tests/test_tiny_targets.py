@@ -190,6 +190,30 @@ def test_tokenizer_and_training_are_deterministic(corpus):
         assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), name
 
 
+def test_anti_repetition_stage_is_deterministic_and_targets_repeats(hf_target, corpus):
+    """finetune_tiny's candidates are the tokens completing an already-seen n-gram, and two runs of the stage
+    from the same weights give bit-identical weights (what lets a rebuild reproduce the shipped files)."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from tools.tiny_targets.finetune_tiny import FinetuneConfig, finetune, repeated_ngram_positions, training_prompts
+    from tools.tiny_targets.tokenizer import encode_chat
+    from tools.tiny_targets.train_tiny import pack_rows
+
+    assert repeated_ngram_positions([7, 1, 2, 3, 1, 2, 3, 1], 3) == [6, 7]
+    assert repeated_ngram_positions([1, 2, 3, 4, 5], 2) == []
+    name, _, tok = hf_target
+    pairs = corpus.train[:40]
+    rows = pack_rows([encode_chat(tok, p.messages()) for p in pairs], 128, tok.pad_token_id, seed=0)
+    cfg = FinetuneConfig(iterations=2, batch_size=2, ul_prompts=2, ul_new_tokens=24, warmup_steps=1)
+    weights = []
+    for _ in range(2):
+        model = AutoModelForCausalLM.from_pretrained(str(TINY_DIR / name), dtype=torch.float32, attn_implementation="sdpa")
+        finetune(model, tok, rows, training_prompts(tok, pairs), cfg, Path(os.devnull), name)
+        weights.append(model.state_dict())
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), name
+
+
 # ----------------------------------------------------------------------------- quality and engine agreement
 
 @pytest.fixture(scope="module")
