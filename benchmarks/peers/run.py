@@ -245,7 +245,7 @@ def markdown(result: dict) -> str:
           f"{result['timings']['datagen']['seconds']:.0f} s on {result['timings']['datagen']['engine']}, capture "
           f"{result['timings']['capture']['seconds']:.0f} s); load average {result['load_average_start']} at the "
           "start, "
-          f"{result['load_average_end']} at the end (2 cores shared with other jobs).", "",
+          f"{result['load_average_end']} at the end (2 cores; nothing else ran unless the load says so).", "",
           f"Data: one capture of `{TARGET}` ({d['sequences']} regenerated answers to bundled training prompts, "
           f"{d['tokens']:,} tokens, {d['loss_tokens']:,} trained), read by both trainers. Budget: "
           f"{result['steps']} steps of <= {result['recipe']['tokens_per_step']:,} tokens (SpecForge: "
