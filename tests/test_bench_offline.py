@@ -76,7 +76,9 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
         assert run["num_turns"] == 4  # 2 MT-Bench questions x 2 turns, answered turn by turn
         assert set(run["by_category"]) == {"writing"}
         assert len(run["acceptance_per_position"]) == recipe.draft.block_size
-    assert runs[0]["tau"]["mean"] < 1.1  # an untrained draft: almost nothing accepted
+    # an untrained draft: almost nothing accepted (the de-looped tiny-mla measured 1.17 over these 4 short
+    # turns, a trained draft 2+; the same bound as the engine test above)
+    assert runs[0]["tau"]["mean"] < 1.3
     sweep = data["offline"]["confidence_sweep"]
     assert [s["threshold"] for s in sweep] == [0.0, 0.6, 0.0, 0.6]
     assert sweep[1]["verified_per_step"] <= sweep[0]["verified_per_step"] == recipe.draft.block_size + 1

@@ -175,8 +175,8 @@ class VLLMCapturer:
         if llm is None:
             from dspark_cli.procs import keeps_environment
 
-            with keeps_environment():  # the K3 variables are for the engine's processes, as vLLM's own are
-                os.environ.update(self.env)
+            os.environ.update(self.env)  # kept: the K3 model code may read it in this process (untested here)
+            with keeps_environment():  # what importing and starting vLLM writes is for its own processes
                 from vllm import LLM
 
                 llm = LLM(**self.kwargs)
