@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tools.tiny_targets.train_tiny import IGNORE
+from tools.tiny_targets.train_tiny import IGNORE, cosine_lr
 
 
 @dataclass
@@ -63,10 +62,7 @@ def repeated_ngram_positions(ids: list[int], n: int) -> list[int]:
 
 
 def lr_at(it: int, cfg: FinetuneConfig) -> float:
-    if it < cfg.warmup_steps:
-        return cfg.lr * (it + 1) / cfg.warmup_steps
-    progress = (it - cfg.warmup_steps) / max(1, cfg.iterations - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return cosine_lr(it, cfg.iterations, cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio)
 
 
 def _greedy(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:

@@ -74,11 +74,16 @@ def pack_rows(examples: list[tuple[list[int], list[int]]], seq_len: int, pad_id:
     return rows
 
 
+def cosine_lr(step: int, total: int, lr: float, warmup: int, floor: float) -> float:
+    """Linear warm-up over `warmup` steps, then cosine from `lr` down to `floor * lr` at step `total`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio)
 
 
 def train(model_config, rows: list[tuple[list[int], list[int]]], cfg: TrainConfig, log_path: Path, name: str):
