@@ -238,16 +238,6 @@ def test_held_out_loss_and_accuracy(hf_target, eval_set):
     assert abs(recorded["accuracy"] - m.accuracy) < 2e-3 and abs(recorded["loss"] - m.loss) < 2e-3
 
 
-def _vllm_greedy(llm, tok, prompts, max_tokens):
-    from vllm import SamplingParams
-
-    from tools.tiny_targets.eval_tiny import prompt_ids
-
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0)
-    outs = llm.generate([{"prompt_token_ids": prompt_ids(tok, p)} for p in prompts], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
-
-
 def test_vllm_and_hf_greedy_are_token_identical_and_chat_like(hf_target, eval_set, tiny_vllm):
     """vLLM's greedy responses to the 50 held-out prompts, checked token by token against transformers
     (every response position must be transformers' argmax given the same prefix: exactly what greedy
@@ -255,10 +245,11 @@ def test_vllm_and_hf_greedy_are_token_identical_and_chat_like(hf_target, eval_se
     import torch
 
     from tools.tiny_targets.eval_tiny import MAX_NEW_TOKENS, generation_metrics, hf_generate, prompt_ids
+    from tools.tiny_targets.loop_rates import vllm_greedy
 
     name, model, tok = hf_target
     llm = tiny_vllm(name)
-    outputs = _vllm_greedy(llm, tok, eval_set, MAX_NEW_TOKENS)
+    outputs = vllm_greedy(llm, tok, eval_set, MAX_NEW_TOKENS)
     mismatches = []
     seqs = [(prompt_ids(tok, pair), out) for pair, out in zip(eval_set, outputs)]
     with torch.no_grad():

@@ -103,6 +103,7 @@ def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None,
 
     from tools.tiny_targets.architectures import ARCHITECTURES
     from tools.tiny_targets.eval_tiny import evaluate_dir
+    from tools.tiny_targets.finetune_tiny import save_target
     from tools.tiny_targets.train_tiny import TrainConfig, config_dict, train
 
     out = build_dir / name
@@ -115,11 +116,7 @@ def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None,
     t0 = time.time()
     model, log = train(model_config, rows, cfg, out / "train_log.jsonl", name)
     train_s = time.time() - t0
-    model.to(torch.bfloat16)  # storage only: 8 MB budget
-    model.save_pretrained(out)
-    # save_pretrained records the storage dtype; the compute dtype engines pick by default ("auto") is float32.
-    config_path = out / "config.json"
-    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "dtype": "float32"}, indent=2) + "\n")
+    save_target(model, tokenizer, out, out)  # bf16 storage (8 MB budget), config dtype float32 for engines
     GenerationConfig(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id, do_sample=False).save_pretrained(out)
     finetune_result = _finetune(name, out, tokenizer, rows, finetune_iterations) if finetune_iterations != 0 else None
