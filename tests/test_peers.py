@@ -105,3 +105,18 @@ def test_train_speed_quotes_the_recorded_peers_run(tmp_path, monkeypatch):
         "load_average_start": [2.0, 2.0, 2.0], "tokens_per_s": {"dspark": 300.0, "SpecForge 0.2.0": 100.0}}))
     line = train_speed.peers_line()
     assert "SpecForge 0.2.0 100 tokens/s" in line and "3.00x" in line and "met." in line
+
+
+def test_the_goals_compare_with_specforge_only_and_name_the_same_time_run():
+    """The report's goal lines: each dspark row against the best *SpecForge* row (never against the extra
+    dspark run), and the same-time run said to be a different budget from the same-steps comparison."""
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "peers.json").read_text())
+    same = "dspark, SpecForge's time (600 steps)"
+    rows = [{"trainer": t, "dataset": "tiny-eval", "temperature": 0.0, "tau": tau, "ci95": [tau - 0.1, tau + 0.1],
+             "turns": 200, "steps": 100} for t, tau in (("dspark", 2.0), ("SpecForge 0.2.0", 1.6), (same, 2.6))]
+    result = {**recorded, "steps": 160, "tau": rows, "same_time": {"trainer": same, "steps": 600, "wall_s": 590.0,
+                                                      "peer_wall_s": 601.0}}
+    text = peers.markdown(result)
+    assert "T=0.0: 2.00 vs 1.60 (SpecForge 0.2.0) = 1.25x -- met" in text
+    assert "(600 dspark steps in 590 s vs SpecForge's 160 in 601 s), tiny-eval T=0.0: 2.60 vs 1.60 = 1.62x" in text
+    assert peers.markdown({**recorded, "tau": rows[:2], "same_time": None}).count("wall-clock budget") == 0

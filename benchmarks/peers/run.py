@@ -21,6 +21,9 @@ One run of this script, on this machine:
    data, and `dspark export` validates it with every vLLM loader rule.
 5. every draft scored by `dspark bench DRAFT --offline` (the reference engine) on the same tiny-eval
    prompts at T=0 and T=1.
+6. (unless --no-same-time) one more dspark run given SpecForge's wall-clock time instead of its steps:
+   steps x (SpecForge's median process wall / dspark's), the recipe's warmup share, scored the same way.
+   Steps 3-5 compare the trainers' quality per step; this row is what the same hour of machine time buys.
 """
 
 from __future__ import annotations
@@ -224,11 +227,12 @@ def specforge_to_ours(work: Path, ours_train: Path, peer: Path) -> Path:
     return draft
 
 
-def bench(work: Path, name: str, draft: Path, prompts: int) -> list[dict]:
-    out = work / f"bench-{name.split()[0].lower()}"
+def bench(work: Path, name: str, draft: Path, prompts: int, slug: str | None = None) -> list[dict]:
+    slug = slug or name.split()[0].lower()
+    out = work / f"bench-{slug}"
     sh([str(Path(sys.executable).parent / "dspark"), "bench", str(draft), "--offline", "--format", "json",
         f"bench.num_prompts={prompts}", "bench.temperatures=[0.0,1.0]", "bench.datasets=[tiny-eval]",
-        "bench.confidence_thresholds=[0.0]", f"bench.output_dir={out}"], work / f"bench-{name.split()[0].lower()}.log")
+        "bench.confidence_thresholds=[0.0]", f"bench.output_dir={out}"], work / f"bench-{slug}.log")
     result = json.loads((out / "bench.json").read_text())
     return [{"trainer": name, "dataset": r["dataset"], "temperature": r["temperature"], "tau": r["tau"]["mean"],
              "ci95": r["tau"]["ci95"], "turns": r["num_turns"], "steps": r["num_steps"]}
@@ -273,11 +277,21 @@ def markdown(result: dict) -> str:
     for r in rows:
         if r["trainer"] != "dspark":
             continue
-        peer = max((p for p in rows if p["trainer"] != "dspark" and p["temperature"] == r["temperature"]
+        peer = max((p for p in rows if p["trainer"].startswith("SpecForge") and p["temperature"] == r["temperature"]
                     and p["dataset"] == r["dataset"]), key=lambda p: p["tau"])
         ratio = r["tau"] / peer["tau"]
         md.append(f"- tau >= 1.10x the best peer, {r['dataset']} T={r['temperature']}: {r['tau']:.2f} vs "
                   f"{peer['tau']:.2f} ({peer['trainer']}) = {ratio:.2f}x -- {'met' if ratio >= 1.10 else 'not met'}")
+    same = result.get("same_time")
+    for r in rows:
+        if not same or r["trainer"] != same["trainer"]:
+            continue
+        peer = max((p for p in rows if p["trainer"].startswith("SpecForge") and p["temperature"] == r["temperature"]
+                    and p["dataset"] == r["dataset"]), key=lambda p: p["tau"])
+        ratio = r["tau"] / peer["tau"]
+        md.append(f"- the same wall-clock budget instead of the same steps ({same['steps']} dspark steps in "
+                  f"{same['wall_s']:.0f} s vs SpecForge's {result['steps']} in {same['peer_wall_s']:.0f} s), "
+                  f"{r['dataset']} T={r['temperature']}: {r['tau']:.2f} vs {peer['tau']:.2f} = {ratio:.2f}x")
     md += [f"- tokens/s >= 1.5x the best peer: {result['speed_ratio']:.2f}x -- "
            f"{'met' if result['speed_ratio'] >= 1.5 else 'not met'}", "",
            "## settings that could not be matched", ""]
@@ -296,6 +310,8 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=40)
     parser.add_argument("--prompts", type=int, default=None, help="training prompts (default: the tiny recipe's)")
     parser.add_argument("--work", default=None, help="working directory (default: a new temp dir)")
+    parser.add_argument("--no-same-time", action="store_true",
+                        help="skip the extra dspark run given SpecForge's wall-clock time instead of its steps")
     parser.add_argument("--no-record", action="store_true", help="do not write benchmarks/results/peers.*")
     parser.add_argument("--rerender", action="store_true", help="rewrite peers.md from peers.json; run nothing")
     args = parser.parse_args()
@@ -316,11 +332,16 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     recipe = recipe_for(work)
     steps = args.steps or recipe.train.max_steps
-    extra = [f"datagen.sources[0].max_samples={args.prompts}"] if args.prompts else []
+    base_extra = [f"datagen.sources[0].max_samples={args.prompts}"] if args.prompts else []
     if args.tokens_per_step:
-        extra.append(f"train.tokens_per_step={args.tokens_per_step}")
-    if args.steps:  # the recipe's warmup share of the steps (20 of 300)
-        extra.append(f"train.warmup_steps={max(1, round(steps * recipe.train.warmup_steps / recipe.train.max_steps))}")
+        base_extra.append(f"train.tokens_per_step={args.tokens_per_step}")
+    recipe_warmup_share = recipe.train.warmup_steps / recipe.train.max_steps
+
+    def with_steps(n: int) -> list[str]:  # the recipe's warmup share of the steps (20 of 320)
+        return base_extra + ([f"train.warmup_steps={max(1, round(n * recipe_warmup_share))}"]
+                             if n != recipe.train.max_steps else [])
+
+    extra = with_steps(steps)
     recipe = recipe_for(work, *extra)
     timings.update(make_data(recipe, work))
     data = to_specforge(recipe, work / "specforge-features")
@@ -338,6 +359,22 @@ def main() -> None:
     peer_draft = specforge_to_ours(work, work / "dspark-train-0", work / "specforge-train-0")
     tau = (bench(work, "dspark", dspark_draft, args.eval_prompts)
            + bench(work, "SpecForge 0.2.0", peer_draft, args.eval_prompts))
+    same_time = None
+    if not args.no_same_time:
+        # What a user's hour buys: dspark given the wall-clock time SpecForge took for its steps (median
+        # process walls of the runs above), as many steps as fit in it at dspark's measured pace.
+        peer_wall = statistics.median(r["wall_s"] for r in training if r["trainer"] != "dspark")
+        ours_wall = statistics.median(r["wall_s"] for r in training if r["trainer"] == "dspark")
+        long_steps = int(steps * peer_wall / ours_wall)
+        run = train_dspark(work, "same-time", long_steps, with_steps(long_steps))
+        print(json.dumps(run), flush=True)
+        name = f"dspark, SpecForge's time ({long_steps} steps)"
+        long_draft = work / "dspark-same-time-draft"
+        sh([str(Path(sys.executable).parent / "dspark"), "export", run["dir"], "-o", str(long_draft),
+            "--dtype", "float32"], work / "dspark-same-time-export.log")
+        tau += bench(work, name, long_draft, args.eval_prompts, slug="dspark-same-time")
+        same_time = {"trainer": name, "steps": long_steps, "wall_s": run["wall_s"], "peer_wall_s": peer_wall,
+                     "ours_wall_s_same_steps": ours_wall, "run": run}
     speeds = {name: statistics.median(r["tokens_per_s"] for r in training if r["trainer"] == name)
               for name in ("dspark", "SpecForge 0.2.0")}
     result = {
@@ -351,7 +388,8 @@ def main() -> None:
         "recipe": {"lr": recipe.train.lr, "warmup_steps": recipe.train.warmup_steps, "overrides": extra,
                                                     "tokens_per_step": recipe.train.tokens_per_step},
         "data": data, "specforge_batch_size": batch, "timings": timings, "training": training, "tokens_per_s": speeds,
-        "speed_ratio": speeds["dspark"] / speeds["SpecForge 0.2.0"], "tau": tau, "unmatched": UNMATCHED,
+        "speed_ratio": speeds["dspark"] / speeds["SpecForge 0.2.0"], "tau": tau, "same_time": same_time,
+        "unmatched": UNMATCHED,
         "load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "wall_s": round(time.time() - started), "work": str(work),
     }
