@@ -241,6 +241,7 @@ def bench(work: Path, name: str, draft: Path, prompts: int, slug: str | None = N
 
 def markdown(result: dict) -> str:
     d, rows = result["data"], result["tau"]
+    loss = result["recipe"].get("loss", {"ce": 0.1, "l1": 0.9, "confidence": 1.0, "slot_decay_gamma": 4.0})  # older runs
     md = ["# dspark vs SpecForge 0.2.0: same data, same budget, one engine", "",
           f"Command: `{result['command']}` ({result['date']}, {result['machine']}); the whole script took "
           f"**{result['wall_s'] / 60:.1f} min** on this machine (setup {result['timings']['setup_s']:.0f} s"
@@ -255,8 +256,8 @@ def markdown(result: dict) -> str:
           f"{result['steps']} steps of <= {result['recipe']['tokens_per_step']:,} tokens (SpecForge: "
           f"{result['specforge_batch_size']} sequences per step), lr {result['recipe']['lr']} cosine, warmup "
           f"{result['recipe']['warmup_steps']}, "
-          f"32 anchors, block 7, Markov rank 64, loss 0.1 CE + 0.9 L1 + 1.0 confidence, slot decay gamma 4; the tiny "
-          "recipe otherwise.", "",
+          f"32 anchors, block 7, Markov rank 64, loss {loss['ce']:g} CE + {loss['l1']:g} L1 + {loss['confidence']:g} "
+          f"confidence, slot decay gamma {loss['slot_decay_gamma']:g}; the tiny recipe otherwise.", "",
           "## tau (reference engine, `dspark bench DRAFT --offline`, the same prompts)", "",
           "| trainer | dataset | temperature | tau [95% CI] | turns |", "|---|---|---|---|---|"]
     for r in rows:
@@ -386,7 +387,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "target": TARGET, "steps": steps,
         "recipe": {"lr": recipe.train.lr, "warmup_steps": recipe.train.warmup_steps, "overrides": extra,
-                                                    "tokens_per_step": recipe.train.tokens_per_step},
+                   "tokens_per_step": recipe.train.tokens_per_step, "loss": recipe.train.loss.model_dump()},
         "data": data, "specforge_batch_size": batch, "timings": timings, "training": training, "tokens_per_s": speeds,
         "speed_ratio": speeds["dspark"] / speeds["SpecForge 0.2.0"], "tau": tau, "same_time": same_time,
         "unmatched": UNMATCHED,
