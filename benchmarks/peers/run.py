@@ -275,11 +275,14 @@ def markdown(result: dict) -> str:
            "(dspark: its first log interval), real sequence tokens (SpecForge: batch x mean length, "
            "padding not counted). Wall includes start-up, the data loader and the final checkpoint.", "",
            "## against the issue's goals (this run)", ""]
+    def best_peer(r: dict) -> dict:
+        return max((p for p in rows if p["trainer"].startswith("SpecForge") and p["temperature"] == r["temperature"]
+                    and p["dataset"] == r["dataset"]), key=lambda p: p["tau"])
+
     for r in rows:
         if r["trainer"] != "dspark":
             continue
-        peer = max((p for p in rows if p["trainer"].startswith("SpecForge") and p["temperature"] == r["temperature"]
-                    and p["dataset"] == r["dataset"]), key=lambda p: p["tau"])
+        peer = best_peer(r)
         ratio = r["tau"] / peer["tau"]
         md.append(f"- tau >= 1.10x the best peer, {r['dataset']} T={r['temperature']}: {r['tau']:.2f} vs "
                   f"{peer['tau']:.2f} ({peer['trainer']}) = {ratio:.2f}x -- {'met' if ratio >= 1.10 else 'not met'}")
@@ -287,8 +290,7 @@ def markdown(result: dict) -> str:
     for r in rows:
         if not same or r["trainer"] != same["trainer"]:
             continue
-        peer = max((p for p in rows if p["trainer"].startswith("SpecForge") and p["temperature"] == r["temperature"]
-                    and p["dataset"] == r["dataset"]), key=lambda p: p["tau"])
+        peer = best_peer(r)
         ratio = r["tau"] / peer["tau"]
         md.append(f"- the same wall-clock budget instead of the same steps ({same['steps']} dspark steps in "
                   f"{same['wall_s']:.0f} s vs SpecForge's {result['steps']} in {same['peer_wall_s']:.0f} s), "
@@ -338,7 +340,7 @@ def main() -> None:
         base_extra.append(f"train.tokens_per_step={args.tokens_per_step}")
     recipe_warmup_share = recipe.train.warmup_steps / recipe.train.max_steps
 
-    def with_steps(n: int) -> list[str]:  # the recipe's warmup share of the steps (20 of 320)
+    def with_steps(n: int) -> list[str]:  # the recipe's warmup share of n steps
         return base_extra + ([f"train.warmup_steps={max(1, round(n * recipe_warmup_share))}"]
                              if n != recipe.train.max_steps else [])
 
