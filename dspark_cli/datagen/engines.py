@@ -216,8 +216,8 @@ def cpu_engine_environment(tensor_parallel_size: int = 1, data_parallel_size: in
     One engine on CPU (no tensor or data parallelism) runs its engine core in the calling process
     (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, unless the environment says otherwise). The default spawns an
     engine-core process and a worker process; on a small machine their start-up and message polling cost
-    more than they give. The bundled recipe's datagen (tiny-mla, 1,995 answers, 2 cores): 61 s instead
-    of 102 s from command to exit, 1,231 generated tokens/s instead of 957 (docs/datagen.md).
+    more than they give. The bundled recipe's datagen (tiny-mla, 1,995 answers, 2 cores, the same
+    batches): 94 s instead of 118 s from command to exit, the same answers (docs/datagen.md).
     """
     import torch
 
