@@ -38,22 +38,14 @@ def tiny_vllm_engine(name: str):
 
         # In-process engine core: ~2 s start-up instead of a spawned process per engine, and both engines
         # live in the pytest process side by side. Set only while constructing, so other tests' `vllm serve`
-        # subprocesses keep vLLM's default.
-        previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        try:
-            # Importing vllm and starting an engine on CPU write LD_PRELOAD (torch's libgomp) and more into
-            # this process's environment: every later subprocess test (`dspark train`, torchrun) would
-            # inherit them and train ~20x slower.
-            with keeps_environment():
-                from vllm import LLM
+        # subprocesses keep vLLM's default. Importing vllm and starting an engine on CPU also write
+        # LD_PRELOAD (torch's libgomp) and more into this process's environment: every later subprocess test
+        # (`dspark train`, torchrun) would inherit them and train ~20x slower. keeps_environment undoes both.
+        with keeps_environment():
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            from vllm import LLM
 
-                _tiny_engines[name] = LLM(model=str(resolve_target(name)), **TINY_VLLM_KWARGS, **TINY_VLLM_EXTRA[name])
-        finally:
-            if previous is None:
-                del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
-            else:
-                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
+            _tiny_engines[name] = LLM(model=str(resolve_target(name)), **TINY_VLLM_KWARGS, **TINY_VLLM_EXTRA[name])
     return _tiny_engines[name]
 
 
