@@ -203,6 +203,11 @@ def train_specforge(work: Path, run: int, steps: int, batch: int, data: dict, id
             "tokens_per_step": per_step, "batch_size": batch, "final_loss": records[-1]["loss"]}
 
 
+def export(train: Path, draft: Path, log: Path) -> None:
+    """`dspark export` of a train directory as a float32 vLLM draft (every vLLM loader rule checked)."""
+    sh([str(Path(sys.executable).parent / "dspark"), "export", str(train), "-o", str(draft), "--dtype", "float32"], log)
+
+
 def specforge_to_ours(work: Path, ours_train: Path, peer: Path) -> Path:
     """SpecForge's tensors in dspark's trained-draft layout, then `dspark export` (all vLLM rules)."""
     from safetensors.torch import load_file, save_file
@@ -222,8 +227,7 @@ def specforge_to_ours(work: Path, ours_train: Path, peer: Path) -> Path:
     manifest["summary"] = {"trainer": "SpecForge 0.2.0", "source": str(peer)}
     (train / "manifest.json").write_text(json.dumps(manifest, indent=2))
     draft = work / "specforge-as-dspark" / "draft"
-    sh([str(Path(sys.executable).parent / "dspark"), "export", str(train), "-o", str(draft), "--dtype", "float32"],
-       work / "specforge-export.log")
+    export(train, draft, work / "specforge-export.log")
     return draft
 
 
@@ -357,8 +361,7 @@ def main() -> None:
         training.append(train_specforge(work, run, steps, batch, data, ids, recipe))
         print(json.dumps(training[-1]), flush=True)
     dspark_draft = work / "dspark-draft"
-    sh([str(Path(sys.executable).parent / "dspark"), "export", str(work / "dspark-train-0"), "-o", str(dspark_draft),
-        "--dtype", "float32"], work / "dspark-export.log")
+    export(work / "dspark-train-0", dspark_draft, work / "dspark-export.log")
     peer_draft = specforge_to_ours(work, work / "dspark-train-0", work / "specforge-train-0")
     tau = (bench(work, "dspark", dspark_draft, args.eval_prompts)
            + bench(work, "SpecForge 0.2.0", peer_draft, args.eval_prompts))
@@ -373,8 +376,7 @@ def main() -> None:
         print(json.dumps(run), flush=True)
         name = f"dspark, SpecForge's time ({long_steps} steps)"
         long_draft = work / "dspark-same-time-draft"
-        sh([str(Path(sys.executable).parent / "dspark"), "export", run["dir"], "-o", str(long_draft),
-            "--dtype", "float32"], work / "dspark-same-time-export.log")
+        export(Path(run["dir"]), long_draft, work / "dspark-same-time-export.log")
         tau += bench(work, name, long_draft, args.eval_prompts, slug="dspark-same-time")
         same_time = {"trainer": name, "steps": long_steps, "wall_s": run["wall_s"], "peer_wall_s": peer_wall,
                      "ours_wall_s_same_steps": ours_wall, "run": run}
