@@ -138,6 +138,8 @@ def test_cross_field_checks(tmp_path):
             "draft.num_key_value_heads=2",
             "train.nnodes=2",
             "draft.mask_token_id=10000000",
+            "draft.confidence_head=false",
+            "train.loss.slot_weighting=expected_length",
         ],
     )
     problems = check_recipe(recipe)
@@ -147,7 +149,8 @@ def test_cross_field_checks(tmp_path):
     assert "draft.num_key_value_heads: only for gqa drafts, this one is mla" in joined
     assert "train.rdzv_endpoint: required when train.nnodes > 1" in joined
     assert "draft.mask_token_id: 10000000 is outside the target vocabulary" in joined
-    assert len(problems) == 5
+    assert "train.loss.slot_weighting: expected_length reads the confidence head's estimates" in joined
+    assert len(problems) == 6
 
 
 def test_unresolvable_target_is_a_problem():

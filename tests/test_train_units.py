@@ -17,7 +17,7 @@ from dspark_cli.training.data import Example, StepStream, collate, prepare, samp
 from dspark_cli.training.loop import LoopConfig, lr_at
 from dspark_cli.training.metrics import stats_vector, summarize
 from dspark_cli.training.plan import plan_run
-from dspark_cli.training.step import LossConfig, trainable_slots
+from dspark_cli.training.step import LossConfig, expected_length_share, trainable_slots
 
 
 def _loss_inputs(seed=0, slots=70, hidden=16, rank=8, vocab=97, rows=40):
@@ -41,9 +41,10 @@ def _kernel_or_skip(use_kernel: bool):
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["cpu-kernel", "torch"])
-@pytest.mark.parametrize("as_table,l1_weights", [(True, "positive"), (False, "positive"), (True, "some zero"),
-                                                  (True, "zero")])
-def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weights, use_kernel):
+@pytest.mark.parametrize("as_table,l1_weights,soft_ce", [
+    (True, "positive", False), (False, "positive", False), (True, "some zero", False), (True, "zero", False),
+    (True, "positive", True), (False, "positive", True), (True, "some zero", True)])
+def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weights, soft_ce, use_kernel):
     """Both implementations (the fused CPU kernel runs for fp32 tables on CPU) against float64
     autograd on every [slots, vocab] tensor; vocab 97 is no multiple of the SIMD width."""
     _kernel_or_skip(use_kernel)
@@ -52,12 +53,12 @@ def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weigh
     if l1_weights != "positive":  # the gradient takes another form unless every L1 weight is > 0
         w_l1 = w_l1 * (torch.arange(len(w_l1)) % 3 != 0) if l1_weights == "some zero" else w_l1 * 0
     loss, stats = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, chunk=16,
-                                      use_kernel=use_kernel)  # 5 chunks
+                                      use_kernel=use_kernel, soft_ce=soft_ce)  # 5 chunks
     grads = torch.autograd.grad(loss, (h, e, w2))
     # reference: float64, every [slots, vocab] tensor materialised, autograd end to end
     h64, e64, w64 = (t.detach().double().requires_grad_() for t in (h, e, w2))
     logits = h64 @ lm.double().T + e64 @ w64.T
-    ce, l1 = loss_mod.reference_loss_terms(logits, target[index].double() @ lm.double().T, labels)
+    ce, l1 = loss_mod.reference_loss_terms(logits, target[index].double() @ lm.double().T, labels, soft_ce=soft_ce)
     ref = (w_ce.double() * ce).sum() + (w_l1.double() * l1).sum()
     ref_grads = torch.autograd.grad(ref, (h64, e64, w64))
     torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-5, atol=1e-5)
@@ -116,6 +117,25 @@ def test_tau_and_slot_metrics_by_hand():
     assert out["tau_t1"] == pytest.approx(1 + 0.5 + 0.25 + 0.125)  # both anchors alike
     assert out["accept_greedy_slot"] == pytest.approx([0.5, 1.0, 0.5])
     assert out["loss"] == pytest.approx(0.1 * 1.0 + 0.9 * 1.0)
+
+
+def test_expected_length_share_is_the_gradient_of_the_expected_accepted_length():
+    # reference: E = sum_m prod_{j<=m} a_j per block, differentiated by autograd; an untrainable slot
+    # counts as a_j = 0 (the block ends there) and gets no share
+    g = torch.Generator().manual_seed(3)
+    shape = (2, 3, 5)
+    ok = torch.rand(shape, generator=g) > 0.25
+    flat = ok.reshape(-1).nonzero().squeeze(1)
+    accept = torch.rand(flat.numel(), generator=g, dtype=torch.float64)
+    a = torch.zeros(ok.numel(), dtype=torch.float64)
+    a[flat] = accept
+    a = a.view(-1, shape[-1]).requires_grad_(True)
+    expected = sum(math.prod(a[:, j] for j in range(m + 1)) for m in range(shape[-1])).sum()
+    expected.backward()
+    share = expected_length_share(accept, flat, shape)
+    torch.testing.assert_close(share.double(), a.grad.reshape(-1)[flat], rtol=1e-5, atol=1e-6)
+    first = (flat % shape[-1]) == 0
+    assert first.any() and (share[first] >= 1.0).all()  # slot 0 of a block is always reached
 
 
 def test_lr_schedule_warmup_then_cosine_to_the_floor():

@@ -97,6 +97,9 @@ def _check_stages(recipe: Recipe) -> list[str]:
         )
     if serve.enable_adaptive_verification and not recipe.draft.confidence_head:
         problems.append("serve.enable_adaptive_verification: needs draft.confidence_head: true")
+    if train.loss.slot_weighting == "expected_length" and not recipe.draft.confidence_head:
+        problems.append("train.loss.slot_weighting: expected_length reads the confidence head's estimates; "
+                        "set draft.confidence_head: true or use slot_weighting: decay")
     if serve.attention_backend and "MLA" in serve.attention_backend.upper() and draft_arch(recipe) == "gqa":
         problems.append(f"serve.attention_backend: {serve.attention_backend} is for MLA drafts, this draft is gqa")
     if train.nnodes > 1 and not train.rdzv_endpoint:

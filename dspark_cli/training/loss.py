@@ -4,6 +4,7 @@ Per trainable slot k of a block (docs/concepts.md, Training objective; weights f
 
     w_k  = exp(-k / gamma)
     CE   = -log softmax(z)[label]                   z = lm_head(h) + markov_w2(markov_w1[prev])
+           (train.loss.ce_target=target: -sum_v q_v log softmax(z)_v, CE against the target's distribution)
     L1   = sum_v |softmax(z)_v - q_v|               q = softmax(target lm_head(last_hidden[a+k]))
     BCE  = bce(sigmoid(conf), clamp(1 - L1/2, 0, 1))     (the target is detached)
     loss = sum_slots w_k (ce * CE + l1 * L1 + confidence * BCE) / sum_slots w_k
@@ -56,19 +57,22 @@ def target_table(target_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int)
     return out
 
 
-def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool):
+def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool, soft_ce: bool = False):
     """The row-wise pass as torch operations, what `kernels.vocab.VocabKernel.rows` does in one kernel:
     fills stats [c, 4] (CE, L1, draft top-1 == label, draft top-1 == target top-1) from logits z and
     target probabilities q (overwritten), and with `grads` returns d/dz of w_ce*CE + w_l1*L1 divided
-    by out_scale (see `_VocabLoss.forward`)."""
+    by out_scale (see `_VocabLoss.forward`). With `soft_ce` the CE is -sum_v q_v log p_v (its
+    gradient p - q instead of p - onehot(label))."""
     # (amax, not max: on CPU the reductions that return indices are ~15x slower)
     z_max = z.amax(dim=-1, keepdim=True)
     z_label, z_top = z.gather(1, labels[:, None]), z.gather(1, top[:, None])
     p = torch.softmax(z, dim=-1)
     # log-sum-exp from the softmax itself: max_v p_v = exp(z_max - lse) >= 1 / V never underflows
-    stats[:, 0] = (z_max - p.amax(dim=-1, keepdim=True).log() - z_label).squeeze(1)
+    lse = z_max - p.amax(dim=-1, keepdim=True).log()
+    stats[:, 0] = (lse - ((q * z).sum(dim=-1, keepdim=True) if soft_ce else z_label)).squeeze(1)
     stats[:, 2] = z_label.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == label
     stats[:, 3] = z_top.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == target top-1
+    q_soft = q.clone() if grads and soft_ce else None
     diff = torch.sub(p, q, out=q)  # p - q, in the buffer q was gathered into
     stats[:, 1] = diff.abs().sum(dim=-1)  # L1 (6x faster than linalg.vector_norm(ord=1) on CPU)
     if not grads:
@@ -82,14 +86,17 @@ def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *,
     if not by_l1:  # some L1 weight is 0: the plain form, g = w_l1 * p s + p * row_scale
         p_sign.mul_(w_l1[:, None])
     g = p_sign.addcmul_(p, row_scale)
-    g[torch.arange(g.shape[0], device=g.device), labels] -= w_ce / out_scale
+    if q_soft is not None:
+        g.sub_(q_soft.mul_((w_ce / out_scale)[:, None]))
+    else:
+        g[torch.arange(g.shape[0], device=g.device), labels] -= w_ce / out_scale
     return g
 
 
 class _VocabLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, markov_embed, markov_w2, lm_head, target, target_index, target_is_table,
-                labels, w_ce, w_l1, chunk, compute_dtype, use_kernel):
+                labels, w_ce, w_l1, chunk, compute_dtype, use_kernel, soft_ce):
         grads_wanted = any(ctx.needs_input_grad[:3])
         num_slots = hidden.shape[0]
         device = hidden.device
@@ -123,7 +130,8 @@ class _VocabLoss(torch.autograd.Function):
             z = F.linear(torch.cat([h, m], dim=1), joint).float()  # [c, V] logits
             weights = (w_ce[s:e], w_l1[s:e], out_scale[s:e])
             if kernel is not None:  # z becomes the gradient in place
-                kernel.rows(z, target, rows, lab, target_top, *weights, by_l1, stats[s:e], grads=grads_wanted)
+                kernel.rows(z, target, rows, lab, target_top, *weights, by_l1, stats[s:e], grads=grads_wanted,
+                            soft_ce=soft_ce)
                 g = z
             else:
                 if target_is_table:
@@ -131,7 +139,7 @@ class _VocabLoss(torch.autograd.Function):
                 else:
                     q = torch.softmax(F.linear(target[rows].to(compute_dtype), lm).float(), -1)
                     top = q.argmax(dim=-1)
-                g = _rows_torch(z, q, top, lab, *weights, by_l1, stats[s:e], grads=grads_wanted)
+                g = _rows_torch(z, q, top, lab, *weights, by_l1, stats[s:e], grads=grads_wanted, soft_ce=soft_ce)
             loss += (w_ce[s:e] * stats[s:e, 0]).sum() + (w_l1[s:e] * stats[s:e, 1]).sum()
             if grads_wanted:
                 g = g.to(compute_dtype)
@@ -150,12 +158,13 @@ class _VocabLoss(torch.autograd.Function):
         del grad_stats
         grad_h, grad_e, grad_w2 = ctx.saved_tensors
         return (grad_h * grad_loss, grad_e * grad_loss, grad_w2 * grad_loss,
-                None, None, None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None, None, None)
 
 
 def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torch.Tensor, lm_head: torch.Tensor,
                target_hidden: torch.Tensor, target_index: torch.Tensor, labels: torch.Tensor,
-               w_ce: torch.Tensor, w_l1: torch.Tensor, *, chunk: int | None = None, use_kernel: bool = True):
+               w_ce: torch.Tensor, w_l1: torch.Tensor, *, chunk: int | None = None, use_kernel: bool = True,
+               soft_ce: bool = False):
     """Fused CE + L1 over S slots. Returns (sum_s w_ce*CE + w_l1*L1, stats [S, NUM_SLOT_STATS]).
 
     hidden [S, H] and markov_embed [S, r] (differentiable), markov_w2 [V, r] (a parameter),
@@ -170,13 +179,15 @@ def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torc
     with torch.autocast(device, enabled=False):  # dtypes are managed here: matmuls in `compute`, softmax in fp32
         target = target_table(target_hidden, lm_head.to(compute), chunk) if as_table else target_hidden
         return _VocabLoss.apply(hidden, markov_embed, markov_w2, lm_head, target, target_index, as_table,
-                                labels, w_ce.float(), w_l1.float(), chunk, compute, use_kernel)
+                                labels, w_ce.float(), w_l1.float(), chunk, compute, use_kernel, soft_ce)
 
 
-def reference_loss_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor):
+def reference_loss_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
+                         soft_ce: bool = False):
     """Unfused per-slot (CE, L1) with plain autograd: the independent check of `vocab_loss`."""
     dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for a high-precision check
     logp = logits.to(dtype).log_softmax(-1)
-    ce = -logp.gather(-1, labels[..., None]).squeeze(-1)
-    l1 = (logp.exp() - target_logits.to(dtype).softmax(-1)).abs().sum(-1)
+    q = target_logits.to(dtype).softmax(-1)
+    ce = -(q * logp).sum(-1) if soft_ce else -logp.gather(-1, labels[..., None]).squeeze(-1)
+    l1 = (logp.exp() - q).abs().sum(-1)
     return ce, l1

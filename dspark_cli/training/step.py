@@ -34,6 +34,8 @@ class LossConfig:
     l1: float = 0.9
     confidence: float = 1.0
     gamma: float = 4.0
+    weighting: str = "decay"  # or "expected_length" (recipe train.loss.slot_weighting)
+    ce_target: str = "label"  # or "target": CE against the target's distribution (train.loss.ce_target)
 
 
 def label_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -99,6 +101,22 @@ def choose_groups(num_anchors: int, block_size: int, seq_len: int, attn_impl: st
         if num_anchors % groups == 0 and num_anchors * block_size // groups >= seq_len // 4:
             return groups
     return 1
+
+
+def expected_length_share(accept: torch.Tensor, flat: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+    """Per trainable slot, d E[accepted length] / d accept_k of its block, where E = sum_m prod_{j<=m} a_j
+    and a_j is slot j's acceptance (untrainable slots: 0, the block ends there). That derivative is
+    reach_k * future_k: reach_k = prod_{j<k} a_j, future_k = 1 + a_{k+1} + a_{k+1} a_{k+2} + ...
+    `accept` [S] (detached), `flat` [S] the slots' indices into `shape` [B, A, N]."""
+    n = shape[-1]
+    a = torch.zeros(shape[0] * shape[1] * n, dtype=torch.float32, device=accept.device)
+    a[flat] = accept.float()
+    a = a.view(-1, n)
+    reach = torch.cat([torch.ones_like(a[:, :1]), torch.cumprod(a[:, :-1], dim=1)], dim=1)
+    future = torch.ones_like(a)
+    for k in range(n - 2, -1, -1):
+        future[:, k] = 1.0 + a[:, k + 1] * future[:, k + 1]
+    return (reach * future).reshape(-1)[flat]
 
 
 def local_weight(ok: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -176,12 +194,21 @@ class TrainStep(nn.Module):
         target_hidden = batch.last_hidden.reshape(-1, batch.last_hidden.shape[-1])[unique_keys]
         w_slot = slot_weights(n, cfg.gamma, ok.device).expand(bsz, num_anchors, n).reshape(-1)[flat]
         w = w_slot / global_weight
+        logit = draft.confidence_head(hidden, markov) if draft.confidence_head is not None else None
+        w_vocab = w
+        if cfg.weighting == "expected_length":
+            if logit is None:
+                raise ValueError("slot weighting expected_length needs the draft's confidence head")
+            # the slots' share of d E[accepted] from the confidence head's estimates, rescaled to the same
+            # total as the decay weights (so the loss keeps its scale and global_weight its meaning)
+            share = expected_length_share(torch.sigmoid(logit.detach()), flat, (bsz, num_anchors, n))
+            w_vocab = share * (w.sum() / share.sum().clamp_min(1e-12))
         loss, per_slot = vocab_loss(hidden, markov, draft.markov_head.markov_w2.weight, draft.target_lm_head,
-                                    target_hidden, target_index, labels, cfg.ce * w, cfg.l1 * w)
+                                    target_hidden, target_index, labels, cfg.ce * w_vocab, cfg.l1 * w_vocab,
+                                    soft_ce=cfg.ce_target == "target")
         accept_t1 = (1.0 - per_slot[:, 1] / 2).clamp(0.0, 1.0)
         bce = conf = None
-        if draft.confidence_head is not None:
-            logit = draft.confidence_head(hidden, markov)
+        if logit is not None:
             bce = F.binary_cross_entropy_with_logits(logit, accept_t1, reduction="none")
             loss = loss + cfg.confidence * (w * bce).sum()
             conf = torch.sigmoid(logit.detach())
