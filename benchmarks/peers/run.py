@@ -273,7 +273,7 @@ def markdown(result: dict) -> str:
           f"32 anchors, block 7, Markov rank 64, loss {loss['ce']:g} CE + {loss['l1']:g} L1 + {loss['confidence']:g} "
           f"confidence, slot decay gamma {loss['slot_decay_gamma']:g}; the tiny recipe otherwise"
           + (f" (dspark: CE against the {loss['ce_target']}, {loss['slot_weighting'].replace('_', '-')} slot weights; "
-             "see the objective row below)" if loss.get("ce_target", "label") != "label"
+             "see 'objective' under the settings that could not be matched)" if loss.get("ce_target", "label") != "label"
              or loss.get("slot_weighting", "decay") != "decay" else "") + ".", "",
           "## tau (reference engine, `dspark bench DRAFT --offline`, the same prompts)", "",
           "| trainer | dataset | temperature | tau [95% CI] | turns |", "|---|---|---|---|---|"]
