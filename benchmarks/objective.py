@@ -97,9 +97,7 @@ def main() -> None:
     text = markdown(result)
     print(text)
     if not args.no_record:
-        out = ROOT / "benchmarks" / "results"
-        (out / "objective.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out / "objective.md").write_text(text)
+        peers.record("objective", result, text)
 
 
 if __name__ == "__main__":

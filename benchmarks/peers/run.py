@@ -74,6 +74,13 @@ def unmatched(loss: dict) -> list[tuple[str, str]]:
     return [u for u in UNMATCHED if u[0] != "objective" or ours]
 
 
+def record(name: str, result: dict, text: str) -> None:
+    """benchmarks/results/NAME.json and NAME.md."""
+    out = ROOT / "benchmarks" / "results"
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{name}.md").write_text(text)
+
+
 def sh(cmd: list[str], log: Path, env: dict | None = None, timeout: int = 1800) -> float:
     """Run cmd (output to log), return its wall time; raise with the log's tail if it fails."""
     started = time.perf_counter()
@@ -339,8 +346,7 @@ def main() -> None:
         out = ROOT / "benchmarks" / "results"
         result = json.loads((out / "peers.json").read_text())
         result["unmatched"] = unmatched(result["recipe"].get("loss", {}))
-        (out / "peers.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out / "peers.md").write_text(markdown(result))
+        record("peers", result, markdown(result))
         return
     started = time.time()
     load_start = [round(x, 2) for x in os.getloadavg()]
@@ -414,9 +420,7 @@ def main() -> None:
     text = markdown(result)
     print(text)
     if not args.no_record:
-        out = ROOT / "benchmarks" / "results"
-        (out / "peers.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out / "peers.md").write_text(text)
+        record("peers", result, text)
 
 
 if __name__ == "__main__":
