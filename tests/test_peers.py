@@ -120,3 +120,18 @@ def test_the_goals_compare_with_specforge_only_and_name_the_same_time_run():
     assert "T=0.0: 2.00 vs 1.60 (SpecForge 0.2.0) = 1.25x -- met" in text
     assert "(600 dspark steps in 590 s vs SpecForge's 160 in 601 s), tiny-eval T=0.0: 2.60 vs 1.60 = 1.62x" in text
     assert peers.markdown({**recorded, "tau": rows[:2], "same_time": None}).count("wall-clock budget") == 0
+
+
+def test_the_objective_table_reads_its_gains_against_the_published_row():
+    import objective
+
+    def row(ce_target, weighting, t0, t1):
+        return {"ce_target": ce_target, "slot_weighting": weighting, "train_wall_s": 100.0,
+                "tau": {"0.0": {"tau": t0, "ci95": [t0 - 0.1, t0 + 0.1]}, "1.0": {"tau": t1, "ci95": [t1 - 0.1, t1 + 0.1]}}}
+
+    assert objective.VARIANTS[0][1:] == ("label", "decay")  # the first row is the published objective
+    text = objective.markdown({"command": "python benchmarks/objective.py", "date": "2026-12-02", "machine": "m",
+                               "wall_s": 60, "data": "d", "steps": 160, "loss": "ce 0.5", "eval_prompts": 200,
+                               "rows": [row("label", "decay", 2.0, 1.6), row("target", "expected_length", 2.2, 1.5)]})
+    assert "| label | decay | 2.00 [1.90, 2.10] | 1.60 [1.50, 1.70] | 100 |" in text
+    assert "| target | expected_length | 2.20 [2.10, 2.30] (+10.0%) | 1.50 [1.40, 1.60] (-6.2%) | 100 |" in text
