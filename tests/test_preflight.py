@@ -110,7 +110,10 @@ def test_run_refuses_every_stage_it_will_run_before_the_first_starts(here):
     (["datagen.sources=[]"], "datagen.sources: empty; add a prompt file or dataset"),
     (["export.format=speculators"], "export.format: speculators is not built yet; use export.format=vllm"),
     (["bench.datasets=[]"], "bench.datasets: empty; add mt_bench, speed_bench, or a prompt file"),
-    (["draft.confidence_head=false"], "bench.confidence_thresholds: thresholds above 0 need draft.confidence_head"),
+    (["draft.confidence_head=false", "train.loss.slot_weighting=decay"],
+     "bench.confidence_thresholds: thresholds above 0 need draft.confidence_head"),
+    (["draft.confidence_head=false", "bench.confidence_thresholds=[0.0]"],
+     "train.loss.slot_weighting: expected_length reads the confidence head's estimates"),
 ])
 def test_recipe_rules(here, overrides, line):
     assert refused(here, *overrides).startswith(f"error: {line}")
