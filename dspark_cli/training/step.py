@@ -195,23 +195,23 @@ class TrainStep(nn.Module):
         w_slot = slot_weights(n, cfg.gamma, ok.device).expand(bsz, num_anchors, n).reshape(-1)[flat]
         w = w_slot / global_weight
         logit = draft.confidence_head(hidden, markov) if draft.confidence_head is not None else None
+        conf = torch.sigmoid(logit.detach()) if logit is not None else None
         w_vocab = w
         if cfg.weighting == "expected_length":
             if logit is None:
                 raise ValueError("slot weighting expected_length needs the draft's confidence head")
             # the slots' share of d E[accepted] from the confidence head's estimates, rescaled to the same
             # total as the decay weights (so the loss keeps its scale and global_weight its meaning)
-            share = expected_length_share(torch.sigmoid(logit.detach()), flat, (bsz, num_anchors, n))
+            share = expected_length_share(conf, flat, (bsz, num_anchors, n))
             w_vocab = share * (w.sum() / share.sum().clamp_min(1e-12))
         loss, per_slot = vocab_loss(hidden, markov, draft.markov_head.markov_w2.weight, draft.target_lm_head,
                                     target_hidden, target_index, labels, cfg.ce * w_vocab, cfg.l1 * w_vocab,
                                     soft_ce=cfg.ce_target == "target")
         accept_t1 = (1.0 - per_slot[:, 1] / 2).clamp(0.0, 1.0)
-        bce = conf = None
+        bce = None
         if logit is not None:
             bce = F.binary_cross_entropy_with_logits(logit, accept_t1, reduction="none")
             loss = loss + cfg.confidence * (w * bce).sum()
-            conf = torch.sigmoid(logit.detach())
         stats = stats_vector(ok, flat, w_slot, per_slot, accept_t1, bce, conf)
         if slots:
             return loss * scale, stats, (flat, per_slot[:, 3], accept_t1)
