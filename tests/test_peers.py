@@ -122,16 +122,28 @@ def test_the_goals_compare_with_specforge_only_and_name_the_same_time_run():
     assert peers.markdown({**recorded, "tau": rows[:2], "same_time": None}).count("wall-clock budget") == 0
 
 
-def test_the_objective_table_reads_its_gains_against_the_published_row():
+def test_the_objective_table_reads_its_gains_against_each_groups_first_row():
     import objective
 
-    def row(ce_target, weighting, t0, t1):
-        return {"ce_target": ce_target, "slot_weighting": weighting, "train_wall_s": 100.0,
+    def row(name, overrides, t0, t1):
+        return {"name": name, "overrides": overrides, "train_wall_s": 100.0,
                 "tau": {"0.0": {"tau": t0, "ci95": [t0 - 0.1, t0 + 0.1]}, "1.0": {"tau": t1, "ci95": [t1 - 0.1, t1 + 0.1]}}}
 
-    assert objective.VARIANTS[0][1:] == ("label", "decay")  # the first row is the published objective
-    text = objective.markdown({"command": "python benchmarks/objective.py", "date": "2026-12-02", "machine": "m",
-                               "wall_s": 60, "data": "d", "steps": 160, "loss": "ce 0.5", "eval_prompts": 200,
-                               "rows": [row("label", "decay", 2.0, 1.6), row("target", "expected_length", 2.2, 1.5)]})
-    assert "| label | decay | 2.00 [1.90, 2.10] | 1.60 [1.50, 1.70] | 100 |" in text
-    assert "| target | expected_length | 2.20 [2.10, 2.30] (+10.0%) | 1.50 [1.40, 1.60] (-6.2%) | 100 |" in text
+    # the objective group starts from the published objective; the settings group from the recipe as shipped
+    assert objective.GROUPS["objective"][0][1] == {"train.loss.ce_target": "label", "train.loss.slot_weighting": "decay"}
+    assert objective.GROUPS["settings"][0][1] == {}
+    for group in objective.GROUPS.values():  # every later row changes something, and no two rows are the same
+        assert all(o for _, o in group[1:]) and len({str(o) for _, o in group}) == len(group)
+    base = {"command": "python benchmarks/objective.py", "date": "2026-12-02", "machine": "m", "wall_s": 60, "data": "d",
+            "steps": 160, "loss": "ce 0.5", "eval_prompts": 200}
+    text = objective.markdown({**base, "rows": [row("published", {"train.loss.ce_target": "label"}, 2.0, 1.6),
+                                                row("soft", {"train.loss.ce_target": "target"}, 2.2, 1.5)]})
+    assert text.startswith("# The training objective's options")
+    assert "| published | `train.loss.ce_target=label` | 2.00 [1.90, 2.10] | 1.60 [1.50, 1.70] | 100 |" in text
+    assert "| soft | `train.loss.ce_target=target` | 2.20 [2.10, 2.30] (+10.0%) | 1.50 [1.40, 1.60] (-6.2%) | 100 |" in text
+    text = objective.markdown({**base, "group": "settings", "rows": [row("the tiny recipe", {}, 2.0, 2.0),
+                                                                     row("floor", {"train.min_lr_ratio": "0.0"}, 2.1, 1.9)]})
+    assert text.startswith("# Training settings, one at a time")
+    assert "| the tiny recipe | none | 2.00 [1.90, 2.10] | 2.00 [1.90, 2.10] | 100 |" in text
+    assert "| floor | `train.min_lr_ratio=0.0` | 2.10 [2.00, 2.20] (+5.0%) | 1.90 [1.80, 2.00] (-5.0%) | 100 |" in text
+    assert "Gains are against the first row (the tiny recipe)." in text

@@ -100,6 +100,25 @@ def test_two_fsdp2_processes_give_the_loss_curve_of_one(one_process, target_root
         assert (final_two[name] - tensor).abs().max() <= 1e-4, name  # 12 Adam steps of lr <= 3e-3 from one init
 
 
+def test_two_fsdp2_processes_match_one_under_the_tiny_recipes_objective(target_root, tmp_path):
+    # the tiny recipe's objective (0.5 CE against the target's distribution + 0.5 L1, slots weighted by
+    # their share of the expected accepted length): its slot weights come from each block's own
+    # confidence estimates, so a rank-local normalisation would show up here as a different loss
+    objective = ("train.loss.ce=0.5", "train.loss.l1=0.5", "train.loss.ce_target=target",
+                 "train.loss.slot_weighting=expected_length")
+    one, _ = _run(_workdir(target_root, tmp_path, "one"), *STEPS, *objective, "--vary")
+    two, summary = _run(_workdir(target_root, tmp_path, "two"), *STEPS, *objective, "--vary", nproc=2)
+    published, _ = _run(_workdir(target_root, tmp_path, "published"), *STEPS, "--vary")
+    assert summary["world_size"] == 2
+    assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, 13))
+    for a, b in zip(one, two, strict=True):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"], (a, b)
+    assert one[-1]["loss"] < one[0]["loss"] - 0.1
+    # and the options took effect: the same data under the published objective gives another curve
+    assert all(abs(a["loss"] - b["loss"]) > 1e-3 for a, b in zip(one, published, strict=True))
+
+
 def test_compiled_training_over_static_shapes_gives_the_loss_curve_of_eager(target_root, tmp_path):
     """A whole compiled run on mixed lengths (`--vary`: 22..64 tokens) with static shapes
     (`train.length_buckets=[16,32]`, plus max_seq_len 64), against an eager run padding each

@@ -17,7 +17,7 @@ from dspark_cli.training.data import Example, StepStream, collate, prepare, samp
 from dspark_cli.training.loop import LoopConfig, lr_at
 from dspark_cli.training.metrics import stats_vector, summarize
 from dspark_cli.training.plan import plan_run
-from dspark_cli.training.step import LossConfig, expected_length_share, trainable_slots
+from dspark_cli.training.step import LossConfig, expected_length_share, per_block_ratio, trainable_slots
 
 
 def _loss_inputs(seed=0, slots=70, hidden=16, rank=8, vocab=97, rows=40):
@@ -136,6 +136,28 @@ def test_expected_length_share_is_the_gradient_of_the_expected_accepted_length()
     torch.testing.assert_close(share.double(), a.grad.reshape(-1)[flat], rtol=1e-5, atol=1e-6)
     first = (flat % shape[-1]) == 0
     assert first.any() and (share[first] >= 1.0).all()  # slot 0 of a block is always reached
+
+
+def test_expected_length_weights_keep_each_blocks_decay_total():
+    # the rescale is block by block (a per-batch total would change with the split into ranks and
+    # micro-batches); reference: a plain loop over the blocks
+    g = torch.Generator().manual_seed(4)
+    shape = (2, 3, 5)
+    ok = torch.rand(shape, generator=g) > 0.25
+    ok[..., 0] = True  # as in training: an anchor needs its first label trainable
+    flat = ok.reshape(-1).nonzero().squeeze(1)
+    w = torch.rand(flat.numel(), generator=g)
+    share = expected_length_share(torch.rand(flat.numel(), generator=g), flat, shape)
+    got = share * per_block_ratio(w, share, flat // shape[-1], shape[0] * shape[1])
+    for b in (flat // shape[-1]).unique().tolist():
+        mine = (flat // shape[-1]) == b
+        want = share[mine] * (w[mine].sum() / share[mine].sum())
+        torch.testing.assert_close(got[mine], want)
+        torch.testing.assert_close(got[mine].sum(), w[mine].sum())
+    # the weights of one block do not depend on the other blocks beside it
+    half = (flat // shape[-1]) < shape[1]
+    alone = share[half] * per_block_ratio(w[half], share[half], (flat // shape[-1])[half], shape[1])
+    torch.testing.assert_close(alone, got[half])
 
 
 def test_lr_schedule_warmup_then_cosine_to_the_floor():

@@ -119,6 +119,14 @@ def expected_length_share(accept: torch.Tensor, flat: torch.Tensor, shape: tuple
     return (reach * future).reshape(-1)[flat]
 
 
+def per_block_ratio(num: torch.Tensor, den: torch.Tensor, block: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Per slot, sum(num) / sum(den) over the slots of its block (`block` [S]: each slot's block index)."""
+    totals = torch.zeros(2, blocks, dtype=num.dtype, device=num.device)
+    totals[0].index_add_(0, block, num)
+    totals[1].index_add_(0, block, den.to(num.dtype))
+    return (totals[0] / totals[1].clamp_min(1e-12))[block]
+
+
 def local_weight(ok: torch.Tensor, gamma: float) -> torch.Tensor:
     return (ok.float() * slot_weights(ok.shape[-1], gamma, ok.device)).sum()
 
@@ -200,10 +208,11 @@ class TrainStep(nn.Module):
         if cfg.weighting == "expected_length":
             if logit is None:
                 raise ValueError("slot weighting expected_length needs the draft's confidence head")
-            # the slots' share of d E[accepted] from the confidence head's estimates, rescaled to the same
-            # total as the decay weights (so the loss keeps its scale and global_weight its meaning)
+            # the slots' share of d E[accepted] from the confidence head's estimates, rescaled block by
+            # block to that block's total of decay weights: the loss keeps its scale and global_weight its
+            # meaning, and the weights do not depend on which rank or micro-batch holds the block
             share = expected_length_share(conf, flat, (bsz, num_anchors, n))
-            w_vocab = share * (w.sum() / share.sum().clamp_min(1e-12))
+            w_vocab = share * per_block_ratio(w, share, flat // n, bsz * num_anchors)
         loss, per_slot = vocab_loss(hidden, markov, draft.markov_head.markov_w2.weight, draft.target_lm_head,
                                     target_hidden, target_index, labels, cfg.ce * w_vocab, cfg.l1 * w_vocab,
                                     soft_ce=cfg.ce_target == "target")
