@@ -62,7 +62,7 @@ def markdown(result: dict) -> str:
           "",
           f"Data: the peers benchmark's capture of `tiny-gqa` ({result['data']}). Budget: {result['steps']} steps "
           "of the tiny recipe (`target.model=tiny-gqa draft.arch=gqa`), its loss weights "
-          f"({result['loss']}); each row changes only the keys it names. tau: `dspark bench DRAFT --offline`, "
+          f"({result['loss']}), seed {result.get('seed', 0)}; each row changes only the keys it names. tau: `dspark bench DRAFT --offline`, "
           f"{result['eval_prompts']} tiny-eval prompts.", "",
           "| variant | changes | tau T=0 [95% CI] | tau T=1 [95% CI] | train s |",
           "|---|---|---|---|---|"]
@@ -83,7 +83,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--group", choices=sorted(GROUPS), default="objective")
     parser.add_argument("--steps", type=int, default=160)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="train.seed for every row (default: the recipe's); recorded as GROUP-seedN.*")
     parser.add_argument("--eval-prompts", type=int, default=200)
+    parser.add_argument("--rows", default=None, help="only these rows of the group, e.g. 0,1 (default: all)")
     parser.add_argument("--work", default=None, help="working directory (default: a new temp dir)")
     parser.add_argument("--no-record", action="store_true", help="do not write benchmarks/results/GROUP.*")
     args = parser.parse_args()
@@ -91,10 +94,14 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="dspark-objective-"))
     work.mkdir(parents=True, exist_ok=True)
     extra = [f"train.warmup_steps={max(1, round(args.steps * 0.05))}"]
+    extra += [f"train.seed={args.seed}"] if args.seed is not None else []
     recipe = peers.recipe_for(work, *extra)
     timings = peers.make_data(recipe, work)
     rows = []
+    keep = {int(i) for i in args.rows.split(",")} if args.rows else None
     for i, (name, overrides) in enumerate(GROUPS[args.group]):
+        if keep is not None and i not in keep:
+            continue
         over = [*extra, *(f"{k}={v}" for k, v in overrides.items())]
         run = peers.train_dspark(work, i, args.steps, over)
         draft = work / f"draft-{i}"
@@ -108,10 +115,10 @@ def main() -> None:
     result = {
         "command": "python benchmarks/objective.py" + "".join(
             f" --{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-            if k in ("group", "steps", "eval_prompts") and v != parser.get_default(k)),
+            if k in ("group", "steps", "seed", "rows", "eval_prompts") and v != parser.get_default(k)),
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        "group": args.group, "steps": args.steps, "eval_prompts": args.eval_prompts, "timings": timings,
+        "group": args.group, "steps": args.steps, "seed": recipe.train.seed, "eval_prompts": args.eval_prompts, "timings": timings,
         "data": f"{timings['datagen']['conversations']} regenerated answers",
         "loss": ", ".join(f"{k} {v}" for k, v in recipe.train.loss.model_dump().items()
                           if k in ("ce", "l1", "confidence", "slot_decay_gamma")),
@@ -120,7 +127,7 @@ def main() -> None:
     text = markdown(result)
     print(text)
     if not args.no_record:
-        peers.record(args.group, result, text)
+        peers.record(args.group + (f"-seed{args.seed}" if args.seed is not None else ""), result, text)
 
 
 if __name__ == "__main__":
