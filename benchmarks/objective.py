@@ -103,10 +103,11 @@ def main() -> None:
         if keep is not None and i not in keep:
             continue
         over = [*extra, *(f"{k}={v}" for k, v in overrides.items())]
-        run = peers.train_dspark(work, i, args.steps, over)
-        draft = work / f"draft-{i}"
-        peers.export(Path(run["dir"]), draft, work / f"export-{i}.log")
-        tau = peers.bench(work, name, draft, args.eval_prompts, slug=f"{args.group}-{i}")
+        tag = f"{args.group}-{i}" + (f"-seed{args.seed}" if args.seed is not None else "")  # one --work, many runs
+        run = peers.train_dspark(work, tag, args.steps, over)
+        draft = work / f"draft-{tag}"
+        peers.export(Path(run["dir"]), draft, work / f"export-{tag}.log")
+        tau = peers.bench(work, name, draft, args.eval_prompts, slug=tag)
         rows.append({"name": name, "overrides": overrides, "train_wall_s": run["wall_s"],
                      "final_loss": run["final_loss"],
                      "tau": {str(r["temperature"]): {"tau": r["tau"], "ci95": r["ci95"], "turns": r["turns"]}

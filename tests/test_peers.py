@@ -147,3 +147,11 @@ def test_the_objective_table_reads_its_gains_against_each_groups_first_row():
     assert "| the tiny recipe | none | 2.00 [1.90, 2.10] | 2.00 [1.90, 2.10] | 100 |" in text
     assert "| floor | `train.min_lr_ratio=0.0` | 2.10 [2.00, 2.20] (+5.0%) | 1.90 [1.80, 2.00] (-5.0%) | 100 |" in text
     assert "Gains are against the first row (the tiny recipe)." in text
+
+
+def test_the_unmatched_list_names_only_what_differs_in_the_run():
+    published = {"ce_target": "label", "slot_weighting": "decay"}
+    names = lambda rows: {name for name, _ in rows}  # noqa: E731
+    assert {"objective", "AdamW betas"}.isdisjoint(names(peers.unmatched(published, [0.9, 0.999])))
+    assert {"objective", "AdamW betas"} <= names(peers.unmatched({"ce_target": "target"}, [0.9, 0.95]))
+    assert "AdamW betas" in names(peers.unmatched(published))  # an older record without betas: 0.9/0.95

@@ -68,10 +68,12 @@ UNMATCHED = [
 ]
 
 
-def unmatched(loss: dict) -> list[tuple[str, str]]:
-    """UNMATCHED for a run whose dspark loss was `loss` (the objective row only if it left the published one)."""
+def unmatched(loss: dict, betas: list[float] | None = None) -> list[tuple[str, str]]:
+    """UNMATCHED for a run whose dspark loss was `loss` and AdamW betas `betas` (None: an older record, 0.9/0.95):
+    the objective row only if it left the published one, the betas row only if they are not SpecForge's."""
     ours = loss.get("ce_target", "label") != "label" or loss.get("slot_weighting", "decay") != "decay"
-    return [u for u in UNMATCHED if u[0] != "objective" or ours]
+    same_betas = list(betas or [0.9, 0.95]) == [0.9, 0.999]
+    return [u for u in UNMATCHED if (u[0] != "objective" or ours) and (u[0] != "AdamW betas" or not same_betas)]
 
 
 def record(name: str, result: dict, text: str) -> None:
@@ -181,7 +183,7 @@ def specforge_draft_config(recipe, path: Path) -> dict:
     return {"target_layer_ids": list(ours.target_layer_ids), "mask_token_id": ours.mask_token_id}
 
 
-def train_dspark(work: Path, run: int, steps: int, extra: list[str]) -> dict:
+def train_dspark(work: Path, run: int | str, steps: int, extra: list[str]) -> dict:
     out = work / f"dspark-train-{run}"
     cmd = [str(Path(sys.executable).parent / "dspark"), "train", "tiny", *BASE, f"output_dir={work / 'dspark'}",
            f"train.output_dir={out}", f"train.max_steps={steps}", f"train.checkpoint_every={steps}",
@@ -277,7 +279,9 @@ def markdown(result: dict) -> str:
           f"{result['steps']} steps of <= {result['recipe']['tokens_per_step']:,} tokens (SpecForge: "
           f"{result['specforge_batch_size']} sequences per step), lr {result['recipe']['lr']} cosine, warmup "
           f"{result['recipe']['warmup_steps']}, "
-          f"32 anchors, block 7, Markov rank 64, loss {loss['ce']:g} CE + {loss['l1']:g} L1 + {loss['confidence']:g} "
+          + (f"AdamW betas {'/'.join(f'{b:g}' for b in result['recipe']['betas'])} (both), "
+             if result["recipe"].get("betas") == [0.9, 0.999] else "")
+          + f"32 anchors, block 7, Markov rank 64, loss {loss['ce']:g} CE + {loss['l1']:g} L1 + {loss['confidence']:g} "
           f"confidence, slot decay gamma {loss['slot_decay_gamma']:g}; the tiny recipe otherwise"
           + (f" (dspark: CE against the {loss['ce_target']}, {loss['slot_weighting'].replace('_', '-')} slot weights; "
              "see 'objective' under the settings that could not be matched)" if loss.get("ce_target", "label") != "label"
@@ -345,7 +349,7 @@ def main() -> None:
     if args.rerender:  # the .md again from the recorded .json (after a change of this script's text only)
         out = ROOT / "benchmarks" / "results"
         result = json.loads((out / "peers.json").read_text())
-        result["unmatched"] = unmatched(result["recipe"].get("loss", {}))
+        result["unmatched"] = unmatched(result["recipe"].get("loss", {}), result["recipe"].get("betas"))
         record("peers", result, markdown(result))
         return
     started = time.time()
@@ -409,11 +413,12 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "target": TARGET, "steps": steps,
-        "recipe": {"lr": recipe.train.lr, "warmup_steps": recipe.train.warmup_steps, "overrides": extra,
+        "recipe": {"lr": recipe.train.lr, "betas": recipe.train.betas, "warmup_steps": recipe.train.warmup_steps,
+                   "overrides": extra,
                    "tokens_per_step": recipe.train.tokens_per_step, "loss": recipe.train.loss.model_dump()},
         "data": data, "specforge_batch_size": batch, "timings": timings, "training": training, "tokens_per_s": speeds,
         "speed_ratio": speeds["dspark"] / speeds["SpecForge 0.2.0"], "tau": tau, "same_time": same_time,
-        "unmatched": unmatched(recipe.train.loss.model_dump()),
+        "unmatched": unmatched(recipe.train.loss.model_dump(), recipe.train.betas),
         "load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "wall_s": round(time.time() - started), "work": str(work),
     }
