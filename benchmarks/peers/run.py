@@ -338,6 +338,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="training runs per trainer, alternated")
     parser.add_argument("--steps", type=int, default=None, help="default: the tiny recipe's train.max_steps")
     parser.add_argument("--tokens-per-step", type=int, default=None, help="default: the tiny recipe's")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="train.seed for both trainers (default: the recipe's); recorded as peers-seedN.*")
     parser.add_argument("--eval-prompts", type=int, default=40)
     parser.add_argument("--prompts", type=int, default=None, help="training prompts (default: the tiny recipe's)")
     parser.add_argument("--work", default=None, help="working directory (default: a new temp dir)")
@@ -365,6 +367,8 @@ def main() -> None:
     base_extra = [f"datagen.sources[0].max_samples={args.prompts}"] if args.prompts else []
     if args.tokens_per_step:
         base_extra.append(f"train.tokens_per_step={args.tokens_per_step}")
+    if args.seed is not None:  # dspark reads it from its overrides, SpecForge from the same recipe (--seed)
+        base_extra.append(f"train.seed={args.seed}")
     recipe_warmup_share = recipe.train.warmup_steps / recipe.train.max_steps
 
     def with_steps(n: int) -> list[str]:  # the recipe's warmup share of n steps
@@ -425,7 +429,7 @@ def main() -> None:
     text = markdown(result)
     print(text)
     if not args.no_record:
-        record("peers", result, text)
+        record("peers" + (f"-seed{args.seed}" if args.seed is not None else ""), result, text)
 
 
 if __name__ == "__main__":
