@@ -95,6 +95,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     extra = [f"train.warmup_steps={max(1, round(args.steps * 0.05))}"]
     extra += [f"train.seed={args.seed}"] if args.seed is not None else []
+    seed_tag = f"-seed{args.seed}" if args.seed is not None else ""  # in run directories and result names
     recipe = peers.recipe_for(work, *extra)
     timings = peers.make_data(recipe, work)
     rows = []
@@ -103,7 +104,7 @@ def main() -> None:
         if keep is not None and i not in keep:
             continue
         over = [*extra, *(f"{k}={v}" for k, v in overrides.items())]
-        tag = f"{args.group}-{i}" + (f"-seed{args.seed}" if args.seed is not None else "")  # one --work, many runs
+        tag = f"{args.group}-{i}{seed_tag}"  # one --work, many runs
         run = peers.train_dspark(work, tag, args.steps, over)
         draft = work / f"draft-{tag}"
         peers.export(Path(run["dir"]), draft, work / f"export-{tag}.log")
@@ -128,7 +129,7 @@ def main() -> None:
     text = markdown(result)
     print(text)
     if not args.no_record:
-        peers.record(args.group + (f"-seed{args.seed}" if args.seed is not None else ""), result, text)
+        peers.record(args.group + seed_tag, result, text)
 
 
 if __name__ == "__main__":

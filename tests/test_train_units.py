@@ -148,15 +148,16 @@ def test_expected_length_weights_keep_each_blocks_decay_total():
     flat = ok.reshape(-1).nonzero().squeeze(1)
     w = torch.rand(flat.numel(), generator=g)
     share = expected_length_share(torch.rand(flat.numel(), generator=g), flat, shape)
-    got = share * per_block_ratio(w, share, flat // shape[-1], shape[0] * shape[1])
-    for b in (flat // shape[-1]).unique().tolist():
-        mine = (flat // shape[-1]) == b
+    block = flat // shape[-1]
+    got = share * per_block_ratio(w, share, block, shape[0] * shape[1])
+    for b in block.unique().tolist():
+        mine = block == b
         want = share[mine] * (w[mine].sum() / share[mine].sum())
         torch.testing.assert_close(got[mine], want)
         torch.testing.assert_close(got[mine].sum(), w[mine].sum())
     # the weights of one block do not depend on the other blocks beside it
-    half = (flat // shape[-1]) < shape[1]
-    alone = share[half] * per_block_ratio(w[half], share[half], (flat // shape[-1])[half], shape[1])
+    half = block < shape[1]
+    alone = share[half] * per_block_ratio(w[half], share[half], block[half], shape[1])
     torch.testing.assert_close(alone, got[half])
 
 

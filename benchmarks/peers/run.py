@@ -47,6 +47,7 @@ TARGET = "tiny-gqa"
 BASE = [f"target.model={TARGET}", "draft.arch=gqa"]
 # What both trainers get, from the tiny recipe (templates/recipes/tiny.yaml) -- one source of truth:
 SETTINGS = ("steps", "tokens per step", "anchors", "block size", "Markov rank", "loss weights", "LR schedule")
+SPECFORGE_BETAS = [0.9, 0.999]  # torch's AdamW default, which SpecForge uses (no knob)
 UNMATCHED = [
     ("tokens per step", "dspark packs whole sequences up to train.tokens_per_step context tokens per step (so "
      "a little under it on average); SpecForge takes a fixed number of sequences per step "
@@ -72,7 +73,7 @@ def unmatched(loss: dict, betas: list[float] | None = None) -> list[tuple[str, s
     """UNMATCHED for a run whose dspark loss was `loss` and AdamW betas `betas` (None: an older record, 0.9/0.95):
     the objective row only if it left the published one, the betas row only if they are not SpecForge's."""
     ours = loss.get("ce_target", "label") != "label" or loss.get("slot_weighting", "decay") != "decay"
-    same_betas = list(betas or [0.9, 0.95]) == [0.9, 0.999]
+    same_betas = list(betas or [0.9, 0.95]) == SPECFORGE_BETAS
     return [u for u in UNMATCHED if (u[0] != "objective" or ours) and (u[0] != "AdamW betas" or not same_betas)]
 
 
@@ -280,7 +281,7 @@ def markdown(result: dict) -> str:
           f"{result['specforge_batch_size']} sequences per step), lr {result['recipe']['lr']} cosine, warmup "
           f"{result['recipe']['warmup_steps']}, "
           + (f"AdamW betas {'/'.join(f'{b:g}' for b in result['recipe']['betas'])} (both), "
-             if result["recipe"].get("betas") == [0.9, 0.999] else "")
+             if result["recipe"].get("betas") == SPECFORGE_BETAS else "")
           + f"32 anchors, block 7, Markov rank 64, loss {loss['ce']:g} CE + {loss['l1']:g} L1 + {loss['confidence']:g} "
           f"confidence, slot decay gamma {loss['slot_decay_gamma']:g}; the tiny recipe otherwise"
           + (f" (dspark: CE against the {loss['ce_target']}, {loss['slot_weighting'].replace('_', '-')} slot weights; "
