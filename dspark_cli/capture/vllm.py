@@ -28,6 +28,7 @@ from dspark_cli.errors import ContractError, DataError, UsageError
 
 K3_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
 CONNECTOR = "ExampleHiddenStatesConnector"
+HOST_CONNECTOR, HOST_CONNECTOR_MODULE = "HostHiddenStatesConnector", "dspark_cli.capture.vllm_connector"
 Sample = tuple[str, list[int], list[int]]
 
 
@@ -60,14 +61,31 @@ def k3_environment(recipe: Any, is_kimi_k3: bool) -> dict[str, str]:
     return {K3_ENV: wanted}
 
 
-def engine_kwargs(recipe: Any, model_path: str, layout: VLLMLayout, storage_dir: str) -> dict[str, Any]:
-    """Arguments of `vllm.LLM` for capture (also what `vllm serve` would need, see `serve_args`)."""
-    return {
+def engine_kwargs(recipe: Any, model_path: str, layout: VLLMLayout, storage_dir: str, *,
+                  on_cpu: bool | None = None) -> dict[str, Any]:
+    """Arguments of `vllm.LLM` for capture (also what `vllm serve` would need, see `serve_args`).
+
+    On CPU (`on_cpu`, default: no CUDA here): the shared CPU engine settings (procs.cpu_engine_defaults,
+    as datagen's engine), `target.dtype: auto` as float32, and the host-memory connector subclass."""
+    from dspark_cli.procs import cpu_engine_defaults
+
+    if on_cpu is None:
+        import torch
+
+        on_cpu = not torch.cuda.is_available()
+    transfer: dict[str, Any] = {
+        "kv_connector": CONNECTOR,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": storage_dir},
+    }
+    if on_cpu:
+        transfer.update(kv_connector=HOST_CONNECTOR, kv_connector_module_path=HOST_CONNECTOR_MODULE)
+    kwargs = {
         "model": model_path,
         "tokenizer": recipe.target.tokenizer or model_path,
         "revision": recipe.target.revision,
         "trust_remote_code": recipe.target.trust_remote_code,
-        "dtype": recipe.target.dtype,
+        "dtype": recipe.target.dtype if recipe.target.dtype != "auto" else "float32" if on_cpu else "bfloat16",
         "max_model_len": recipe.target.max_model_len,
         "tensor_parallel_size": recipe.datagen.tensor_parallel_size,
         "enable_chunked_prefill": False,
@@ -78,12 +96,11 @@ def engine_kwargs(recipe: Any, model_path: str, layout: VLLMLayout, storage_dir:
             "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layout.aux_ids)}},
         },
-        "kv_transfer_config": {
-            "kv_connector": CONNECTOR,
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": storage_dir},
-        },
+        "kv_transfer_config": transfer,
     }
+    if on_cpu:
+        kwargs.update(cpu_engine_defaults())
+    return kwargs
 
 
 def final_norm_weight(model_path: str) -> Any:
@@ -154,6 +171,32 @@ def load_saved(path: str) -> dict[str, Any]:
     return data
 
 
+DRAIN_STEPS = 10_000  # engine steps after a generate before giving up (a handful are needed)
+
+
+def drain(llm: Any) -> int:
+    """Step an in-process engine core until its scheduler holds nothing; the steps it took.
+
+    vLLM bug (docs/capture-vllm-bug.md): the connector hands a finished request to its writer only at
+    the next engine step. An engine-core process keeps stepping while its scheduler has requests; an
+    in-process one (VLLM_ENABLE_V1_MULTIPROCESSING=0) steps only inside `generate`, which returns as
+    soon as the outputs are out -- the files would never be written and their `.lock`, held by this
+    process, never released. A separate engine-core process needs nothing (returns 0)."""
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)  # InprocClient -> EngineCore
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is None:
+        return 0
+    steps = 0
+    while scheduler.has_requests():
+        if steps >= DRAIN_STEPS:
+            raise DataError(f"vLLM's scheduler still holds requests after {steps} steps past generate()",
+                            "capture with capture.backend=hf, or report it with the vLLM version")
+        engine.step()
+        steps += 1
+    return steps
+
+
 class VLLMCapturer:
     """One `vllm.LLM` with the hidden-states connector; `capture(samples)` returns CapturedSequences."""
 
@@ -173,10 +216,11 @@ class VLLMCapturer:
         Path(storage_dir).mkdir(parents=True, exist_ok=True)
         self.kwargs = engine_kwargs(recipe, geometry.location, self.layout, storage_dir)
         if llm is None:
-            from dspark_cli.procs import keeps_environment
+            from dspark_cli.procs import cpu_engine_environment, keeps_environment
 
             os.environ.update(self.env)  # kept: the K3 model code may read it in this process (untested here)
             with keeps_environment():  # what importing and starting vLLM writes is for its own processes
+                os.environ.update(cpu_engine_environment(recipe.datagen.tensor_parallel_size))
                 from vllm import LLM
 
                 llm = LLM(**self.kwargs)
@@ -194,7 +238,10 @@ class VLLMCapturer:
             version = vllm.__version__
         except ImportError:  # a fake engine in tests
             version = None
-        return {"backend": "vllm", "vllm": version, "aux_layer_ids": self.layout.aux_ids,
+        transfer = self.kwargs["kv_transfer_config"]
+        return {"backend": "vllm", "vllm": version, "dtype": self.kwargs["dtype"],
+                "device": "cpu" if "kv_connector_module_path" in transfer else "cuda",
+                "connector": transfer["kv_connector"], "aux_layer_ids": self.layout.aux_ids,
                 "last_state": f"aux id {self.layout.aux_ids[self.layout.last_slot]} (pre-norm) + final RMSNorm",
                 "environment": self.env, "chunked_prefill": False, "prefix_caching": False}
 
@@ -209,6 +256,7 @@ class VLLMCapturer:
     def capture(self, samples: list[Sample]) -> list[Any]:
         prompts = [{"prompt_token_ids": list(ids)} for _, ids, _ in samples]
         outputs = self.llm.generate(prompts, self.sampling_params, use_tqdm=False)
+        drain(self.llm)
         sequences = []
         for (seq_id, ids, mask), output in zip(samples, outputs, strict=True):
             params = getattr(output, "kv_transfer_params", None) or {}

