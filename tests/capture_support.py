@@ -13,7 +13,8 @@ from pathlib import Path
 from dspark_cli.recipe import Recipe, load_recipe
 
 _DATAGEN: dict[str, Path] = {}  # target -> finished datagen dir, made once per session
-DATAGEN_OVERRIDES = ("datagen.engine=hf", "datagen.sources=[{path: tiny-prompts, max_samples: 6}]",
+# hf capture unless a test asks for vllm: the independent reference, and no vLLM engine in the pytest process
+DATAGEN_OVERRIDES = ("datagen.engine=hf", "capture.backend=hf", "datagen.sources=[{path: tiny-prompts, max_samples: 6}]",
                      "datagen.max_tokens=24", "datagen.temperature=0.0", "datagen.batch_size=6", "datagen.shard_size=4")
 
 

