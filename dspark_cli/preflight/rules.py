@@ -63,9 +63,9 @@ def capture_prompt_fits_vllm(recipe: Recipe, context: Context) -> list[str]:
     backend = capture.backend_here(machine.has("vllm")) if machine is not None else capture.backend
     if backend == "hf" or capture.max_seq_len < limit:
         return []
-    return [f"capture.max_seq_len: {capture.max_seq_len} is not below target.max_model_len {limit}, and the vLLM "
-            f"capture engine refuses a prompt of max_model_len tokens; set capture.max_seq_len<={limit - 1}, raise "
-            "target.max_model_len, or set capture.backend=hf"]
+    return [(f"capture.max_seq_len: {capture.max_seq_len} is not below target.max_model_len {limit}, and the vLLM "
+             f"capture engine refuses a prompt of max_model_len tokens; set capture.max_seq_len<={limit - 1}, raise "
+             "target.max_model_len, or set capture.backend=hf")]
 
 
 def datagen_has_sources(recipe: Recipe, context: Context) -> list[str]:
