@@ -118,7 +118,7 @@ def test_two_vllm_producers_two_ranks_train_every_sequence_once_and_survive_a_ki
 
     # the shared datagen output (6 prompts): one sequence a shard, so producer 0 has 3 to publish and waits
     # at the stream's window (3 shards) until the ranks read: it is killed with work left
-    small = ["capture.shard_tokens=50", "train.tokens_per_step=64"]
+    small = ["capture.shard_tokens=50", "train.tokens_per_step=64", "train.checkpoint_every=1"]
     recipe = capture_recipe("tiny-gqa", tmp_path, *TRAIN, *small)
     overrides = [*_overrides(recipe), *TRAIN, *small, "capture.backend=vllm", "train.nproc_per_node=2"]
     stream = tmp_path / "run" / "hidden-stream"
