@@ -128,14 +128,22 @@ class FakeConnectorLLM:
 
 
 def test_vllm_translation_and_postprocessing_match_hf_capture(captured, tmp_path):
-    """CPU stand-in for the GPU path: engine arguments, aux ids, and the final norm applied to vLLM's pre-norm state."""
+    """The translation on a stand-in engine: engine arguments (GPU and CPU), aux ids, and the final norm
+    applied to vLLM's pre-norm state (the real engine: tests/test_capture_vllm.py)."""
     recipe, _, sequences = captured
     geometry = target_geometry(recipe)
     ids = list(contract_for_recipe(recipe).target_layer_ids)
     depth = geometry.num_hidden_layers
     layout = vllm_layout(ids, depth)
     assert layout.aux_ids == sorted({k + 1 for k in ids} | {depth})  # last layer once, even if already listed
-    kwargs = engine_kwargs(recipe, geometry.location, layout, str(tmp_path))
+    kwargs = engine_kwargs(recipe, geometry.location, layout, str(tmp_path), on_cpu=False)
+    assert "kv_connector_module_path" not in kwargs["kv_transfer_config"]  # vLLM's own connector on GPUs
+    on_cpu = engine_kwargs(recipe, geometry.location, layout, str(tmp_path), on_cpu=True)
+    assert on_cpu["kv_transfer_config"]["kv_connector"] == "HostHiddenStatesConnector"
+    assert on_cpu["kv_transfer_config"]["kv_connector_module_path"] == "dspark_cli.capture.vllm_connector"
+    if not torch.cuda.is_available():
+        assert on_cpu["enforce_eager"] and on_cpu["kv_cache_memory_bytes"]  # datagen's CPU engine settings
+        assert on_cpu["dtype"] == "float32" or recipe.target.dtype != "auto"
     spec = kwargs["speculative_config"]
     assert spec["method"] == "extract_hidden_states" and spec["num_speculative_tokens"] == 1
     assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [k + 1 for k in ids]

