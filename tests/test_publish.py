@@ -239,6 +239,22 @@ def test_run_with_publish_checks_the_destination_and_tokens_before_the_first_sta
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # no stage ran
 
 
+def test_a_drafts_recipe_chooses_neither_the_repo_nor_its_visibility(exported, tmp_path):
+    # issue 36 case 1: `dspark publish DRAFT` with no flags created the repo the draft's recipe named, public
+    draft = copy_of(exported, tmp_path)
+    recipe = yaml.safe_load((draft / "recipe.yaml").read_text())
+    recipe["publish"].update({"private": False, "repo_id": "victim-org/prod-model", "hubs": ["huggingface"]})
+    (draft / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    resign(draft)
+    with LoopbackHub(TOKEN) as hub:
+        bare = publish(str(draft), hub=hub, home=tmp_path)
+        assert hub.requests == [] and hub.repos == {}, bare.stdout
+        mine = publish(str(draft), "--repo-id", REPO, hub=hub, home=tmp_path)
+    assert bare.returncode == 2 and "publish needs a destination repo" in bare.stderr, bare.stderr
+    assert mine.returncode == 0, mine.stderr
+    assert set(hub.repos) == {REPO} and hub.repos[REPO].private
+
+
 # --- issue 22: an allow-list of what export wrote (case 2), integrity and trust (cases 4 and 8) -----------
 
 

@@ -147,6 +147,20 @@ def test_trust_remote_code_comes_from_the_user_not_the_drafts_recipe(tmp_path):
     assert "serve.extra_args" in refused(str(draft))
 
 
+def test_a_drafts_recipe_chooses_neither_the_host_nor_the_port(tmp_path):
+    # issue 36 case 1: `serve.host: 0.0.0.0` in a draft's recipe bound every interface, without a word
+    draft = tiny_draft(tmp_path)
+    text = (draft / "recipe.yaml").read_text()
+    assert "host: 127.0.0.1" in text and "port: 8011" in text
+    (draft / "recipe.yaml").write_text(text.replace("host: 127.0.0.1", "host: 0.0.0.0").replace("port: 8011",
+                                                                                               "port: 9999"))
+    resign(draft)
+    _, argv = command(str(draft))
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8000"
+    _, argv = command(str(draft), "serve.host=0.0.0.0", "--port", "8123")  # the user's own choice
+    assert argv[argv.index("--host") + 1] == "0.0.0.0" and argv[argv.index("--port") + 1] == "8123"
+
+
 # --- issue 18: `dspark serve` launches vLLM and stops it; its preflight refuses what cannot work -------------
 
 
