@@ -46,12 +46,13 @@ def exported(tmp_path_factory) -> Path:
     draft = export_random_draft(recipe, root / "draft")
     bench = root / "bench"
     bench.mkdir()
+    (bench / "bench.md").write_text("# bench\n", encoding="utf-8")
     (bench / "bench.json").write_text(json.dumps({"kind": "dspark.bench", "draft_dir": str(draft), "offline": {"runs": [
         {"dataset": "tiny-eval", "temperature": 0.0, "threshold": 0.0, "num_turns": 20,
          "tau": {"mean": 2.25, "ci95": [2.0, 2.5], "n": 100}},
         {"dataset": "tiny-eval", "temperature": 0.0, "threshold": 0.5, "num_turns": 20,
-         "tau": {"mean": 2.0, "ci95": [1.8, 2.2], "n": 100}}]}}), encoding="utf-8")
-    (bench / "bench.md").write_text("# bench\n", encoding="utf-8")
+         "tau": {"mean": 2.0, "ci95": [1.8, 2.2], "n": 100}}]},
+        "files": {"checksums": {"bench.md": hashlib.sha256(b"# bench\n").hexdigest()}}}), encoding="utf-8")
     return draft
 
 
@@ -253,6 +254,44 @@ def test_a_drafts_recipe_chooses_neither_the_repo_nor_its_visibility(exported, t
     assert bare.returncode == 2 and "publish needs a destination repo" in bare.stderr, bare.stderr
     assert mine.returncode == 0, mine.stderr
     assert set(hub.repos) == {REPO} and hub.repos[REPO].private
+
+
+def test_publish_uploads_only_the_bench_files_bench_listed(exported, tmp_path):
+    # issue 36 case 2: the bench/ folder went up as it was, a symlink to a secret and a screenshot included
+    draft = copy_of(exported, tmp_path)
+    bench = draft.parent / "bench"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the user's secret\n")
+    (bench / "zz-link.png").symlink_to(secret)
+    (bench / "screenshot.png").write_bytes(b"\x89PNG not from bench")
+    with LoopbackHub(TOKEN) as hub:
+        out = publish(str(draft), "--repo-id", REPO, hub=hub, home=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert {p for p in hub.repos[REPO].files if p.startswith("bench/")} == {"bench/bench.json", "bench/bench.md"}
+        assert b"the user's secret" not in b"".join(hub.repos[REPO].files.values())
+        report = json.loads((bench / "bench.json").read_text())
+        for name, problem in (("zz-link.png", "is a symlink"), ("../secret.txt", "is not a file name"),
+                              ("bench.md", "changed since dspark bench wrote it")):
+            report["files"]["checksums"] = {name: hashlib.sha256(b"# bench\n").hexdigest()}
+            (bench / "bench.json").write_text(json.dumps(report))
+            if name == "bench.md":
+                (bench / "bench.md").write_text("# bench, edited\n")
+            refused = publish(str(draft), "--repo-id", "dspark-tests/other", hub=hub, home=tmp_path)
+            assert refused.returncode == 1 and problem in refused.stderr, refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 2, refused.stderr
+    assert set(hub.repos) == {REPO}
+
+
+def test_a_one_prompt_bench_report_makes_a_card(exported, tmp_path):
+    # issue 36 case 6: a tau without a confidence interval (one prompt) was a TypeError in the card
+    draft = copy_of(exported, tmp_path)
+    report_file = draft.parent / "bench" / "bench.json"
+    report = json.loads(report_file.read_text())
+    report["offline"]["runs"][0]["tau"] = {"mean": 1.5, "ci95": [None, None], "n": 1}
+    report_file.write_text(json.dumps(report))
+    result = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert "| tiny-eval | 0 | 20 | 1.50 |" in json.loads(result.output)["card_text"]
 
 
 # --- issue 22: an allow-list of what export wrote (case 2), integrity and trust (cases 4 and 8) -----------
