@@ -16,8 +16,11 @@ files would go to a server the user did not name, while dspark reported the firs
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 from dspark_cli.errors import DataError
 
@@ -72,6 +75,32 @@ def _hub_response_check(response: Any) -> None:
         raise httpx2.RemoteProtocolError(f"{request.url.host} announced a {response.headers['Content-Length']}-byte "
                                          "answer; dspark reads at most "
                                          f"{MAX_JSON_BYTES:,}", request=request)
+
+
+@contextlib.contextmanager
+def requests_stay_on_host() -> Iterator[None]:
+    """While the block runs, a `requests` session (ModelScope's client) refuses a redirect that leaves the
+    host it asked (requests has no per-client switch for it; its `get_redirect_target` is the one step every
+    redirect takes)."""
+    import requests
+
+    original = requests.Session.get_redirect_target
+
+    def checked(self: Any, response: Any) -> Any:
+        target = original(self, response)
+        if target:
+            asked, going = urlsplit(response.url), urlsplit(urljoin(response.url, target))
+            if (going.scheme, going.netloc) != (asked.scheme, asked.netloc):
+                raise requests.exceptions.InvalidURL(f"{asked.netloc} redirected {response.request.method} "
+                                                     f"{asked.path} to another host ({going.netloc}); dspark does "
+                                                     "not follow it")
+        return target
+
+    requests.Session.get_redirect_target = checked
+    try:
+        yield
+    finally:
+        requests.Session.get_redirect_target = original
 
 
 def use_for_hubs() -> None:

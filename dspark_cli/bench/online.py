@@ -291,7 +291,8 @@ def measure_level(client: Client, conversations: list[Any], *, concurrency: int,
 
 
 def sweep(base_url: str, datasets: list[BenchDataset], recipe: Recipe, *,
-          on_request: Callable[[int], None] | None = None) -> dict[str, Any]:
+          on_request: Callable[[int], None] | None = None,
+          on_level: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Every temperature x concurrency level against one endpoint (after one warm-up request)."""
     client = Client(base_url)
     warm = client.chat([{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0.0, top_p=1.0,
@@ -299,7 +300,8 @@ def sweep(base_url: str, datasets: list[BenchDataset], recipe: Recipe, *,
     if not warm.ok:
         raise DsparkError(f"{client.base}: the warm-up request failed ({warm.error})", "check the server log")
     conversations = [c for d in datasets for c in d.conversations]
-    levels = []
+    levels: list[dict[str, Any]] = []
+    done = {"endpoint": client.base, "model": client.model, "datasets": [d.name for d in datasets], "levels": levels}
     for temperature in recipe.bench.temperatures:
         for concurrency in recipe.bench.concurrency:
             level = measure_level(client, conversations, concurrency=concurrency, temperature=temperature,
@@ -307,7 +309,9 @@ def sweep(base_url: str, datasets: list[BenchDataset], recipe: Recipe, *,
             log.info("online %s T=%g c=%d: %.1f output tok/s", client.base, temperature, concurrency,
                      level["output_tokens_per_second"] or 0.0)
             levels.append(level)
-    return {"endpoint": client.base, "model": client.model, "datasets": [d.name for d in datasets], "levels": levels}
+            if on_level is not None:
+                on_level(done)
+    return done
 
 
 def load_baseline_report(path: str) -> dict[str, Any]:
@@ -340,8 +344,12 @@ def speedups(measured: dict[str, Any], baseline: dict[str, Any]) -> list[dict[st
     return out
 
 
-def run_online(recipe: Recipe, endpoint: str, *, on_progress: Progress | None = None) -> dict[str, Any]:
-    """Measure `endpoint` (and the baseline endpoint, when set); speedups against the baseline."""
+def run_online(recipe: Recipe, endpoint: str, *, on_progress: Progress | None = None,
+               baseline: dict[str, Any] | None = None,
+               on_level: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Measure `endpoint` (and the baseline endpoint, when set); speedups against the baseline (`baseline`:
+    a report's online runs already read, else `bench.baseline_report`). `on_level(online so far)` after
+    every level measured, to keep results as they come."""
     bench = recipe.bench
     datasets = load_datasets(bench)
     turns = sum(len(c.user_turns) for d in datasets for c in d.conversations)
@@ -354,11 +362,21 @@ def run_online(recipe: Recipe, endpoint: str, *, on_progress: Progress | None = 
         if on_progress is not None:
             on_progress(progress["done"], total, progress["tokens"])
 
-    result: dict[str, Any] = {"endpoint_runs": sweep(endpoint, datasets, recipe, on_request=on_request)}
-    baseline = None
+    result: dict[str, Any] = {}
+
+    def measured(name: str) -> Callable[[dict[str, Any]], None]:
+        def keep(runs: dict[str, Any]) -> None:
+            result[name] = runs
+            if on_level is not None:
+                on_level(result)
+        return keep
+
+    result["endpoint_runs"] = sweep(endpoint, datasets, recipe, on_request=on_request,
+                                    on_level=measured("endpoint_runs"))
     if bench.baseline_endpoint:
-        baseline = sweep(bench.baseline_endpoint, datasets, recipe, on_request=on_request)
-    elif bench.baseline_report:
+        baseline = sweep(bench.baseline_endpoint, datasets, recipe, on_request=on_request,
+                         on_level=measured("baseline_runs"))
+    elif bench.baseline_report and baseline is None:
         baseline = load_baseline_report(bench.baseline_report)
     if baseline is not None:
         result["baseline_runs"] = baseline
