@@ -38,7 +38,7 @@ ALLOWED: dict[str, set[str]] = {
     "training": {"errors", "contract", "recipe", "targets", "artifacts", "draft", "kernels", "capture", "procs"},
     "export": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "draft"},
     "bench": {"errors", "recipe", "targets", "artifacts", "prompts", "draft", "export", "network"},
-    "serving": {"errors", "lazy", "targets", "artifacts", "export", "procs", "datagen"},
+    "serving": {"errors", "lazy", "recipe", "targets", "artifacts", "export", "procs", "datagen"},
     "publish": {"errors", "lazy", "hubrules", "artifacts", "export", "serving", "network"},
     # the one preflight of every stage: recipe rules, this machine, output paths (what serve / publish refuse)
     "preflight": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "datagen", "capture", "export",
