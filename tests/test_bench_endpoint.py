@@ -213,3 +213,14 @@ def test_results_are_written_as_they_come(tmp_path, monkeypatch):
     assert "online" not in seen[0] and len(seen[1]["online"]["endpoint_runs"]["levels"]) == 1
     final = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert final["complete"] and len(final["online"]["endpoint_runs"]["levels"]) == 2
+
+
+def test_a_refused_bench_leaves_an_earlier_report_as_it_was(tmp_path):
+    earlier = tmp_path / "bench" / "bench.json"
+    earlier.parent.mkdir()
+    earlier.write_text('{"kind": "dspark.bench", "complete": true, "note": "last week"}\n')
+    with Endpoint("binary", models_too=True) as endpoint:
+        result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint",
+                                          endpoint.url, *FAST])
+    assert result.exit_code == 1, result.output
+    assert earlier.read_text() == '{"kind": "dspark.bench", "complete": true, "note": "last week"}\n'

@@ -54,7 +54,36 @@ def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: b
         "bench": recipe.bench.model_dump(mode="json"), "serve": recipe.serve.model_dump(mode="json"),
         "warnings": [], "complete": False,
     }
+    from dspark_cli.artifacts.bench import REPORT
+
+    report = out_dir / REPORT
+    earlier = report.read_bytes() if report.is_file() and not report.is_symlink() else None
     save_partial(result, out_dir)  # a disk that cannot hold the report fails here, not after the benchmark
+    try:
+        _measure(result, recipe, out_dir, draft_dir, offline, endpoint, baseline, on_progress)
+    except BaseException:
+        if "offline" not in result and "online" not in result:  # refused before measuring: as it was before
+            if earlier is None:
+                report.unlink(missing_ok=True)
+            else:
+                restore = report.with_name(f".{REPORT}.restore")
+                restore.write_bytes(earlier)
+                restore.replace(report)
+        raise
+    from dspark_cli.bench.report import reference_rows, write_report
+
+    result["reference"] = reference_rows(result, recipe.bench.reference)
+    result["complete"] = True
+    try:
+        write_report(result, out_dir)
+    except OSError as exc:
+        raise _write_error(exc, out_dir) from None
+    return result
+
+
+def _measure(result: dict[str, Any], recipe: Recipe, out_dir: Path, draft_dir: Any, offline: bool,
+             endpoint: str | None, baseline: dict[str, Any] | None, on_progress: Progress | None) -> None:
+    """The offline and online runs asked for, each saved into bench.json as soon as it is measured."""
     if offline:
         from dspark_cli.bench.offline import run_offline
 
@@ -70,15 +99,6 @@ def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: b
 
         result["online"] = run_online(recipe, endpoint, on_progress=on_progress, baseline=baseline,
                                       on_level=on_level)
-    from dspark_cli.bench.report import reference_rows, write_report
-
-    result["reference"] = reference_rows(result, recipe.bench.reference)
-    result["complete"] = True
-    try:
-        write_report(result, out_dir)
-    except OSError as exc:
-        raise _write_error(exc, out_dir) from None
-    return result
 
 
 def _write_error(exc: OSError, out_dir: Path) -> DsparkError:
