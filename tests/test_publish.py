@@ -292,6 +292,12 @@ def test_a_one_prompt_bench_report_makes_a_card(exported, tmp_path):
     result = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert "| tiny-eval | 0 | 20 | 1.50 |" in json.loads(result.output)["card_text"]
+    report["complete"] = False  # a bench that stopped half-way (bench.json is written as results come)
+    report_file.write_text(json.dumps(report))
+    result = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run", "--format", "json"])
+    plan = json.loads(result.output)
+    assert "Measured acceptance" not in plan["card_text"] and not any(f["path"].startswith("bench/")
+                                                                      for f in plan["files"])
 
 
 # --- issue 22: an allow-list of what export wrote (case 2), integrity and trust (cases 4 and 8) -----------

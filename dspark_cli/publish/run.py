@@ -50,8 +50,8 @@ def _bench_report(recipe: Any, draft_dir: Path) -> tuple[dict[str, Any] | None, 
     if not report.is_file():
         return None, {}
     data = read_bench_report(report)
-    if Path(str(data.get("draft_dir", ""))).resolve() != draft_dir.resolve():
-        return None, {}
+    if Path(str(data.get("draft_dir", ""))).resolve() != draft_dir.resolve() or data.get("complete") is False:
+        return None, {}  # another draft's report, or a bench that did not finish
     listed = (data.get("files") or {}).get("checksums") or {}
     files = {f"bench/{REPORT}": report}
     for name, digest in sorted(listed.items() if isinstance(listed, dict) else []):
