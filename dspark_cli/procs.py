@@ -10,7 +10,10 @@ A parent that is killed outright (SIGKILL, the OOM killer) cannot stop its child
 the child asks the kernel, between fork and exec, for `sig` when the thread that started it ends
 (`PR_SET_PDEATHSIG`): SIGTERM for a child that stops cleanly on it (vLLM, torchrun, which stop their
 own children), SIGKILL for one whose work is resumable anyway (capture producers and workers).
-Elsewhere there is no such call, and `dies_with_parent` returns None (no preexec_fn).
+Elsewhere there is no such call, and `dies_with_parent` returns None (no preexec_fn). The signal reaches
+only the direct child: for a process group whose leader may ignore SIGTERM (vLLM's API server, with its
+engine-core children), `group_reaper(pgid, grace)` is a small process that, on its parent's death,
+stops the whole group.
 
 Every `vllm.LLM` dspark starts (datagen's engine, the capture engines) takes its CPU settings from
 here: `cpu_engine_defaults`, `cpu_engine_environment` and `engine_dtype`.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,6 +48,50 @@ def dies_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
             pass
 
     return bind
+
+
+# The reaper of a process group: a small Python process of its own. SIGTERM (the kernel sends it when the
+# launcher dies: PR_SET_PDEATHSIG) makes it stop the whole group -- SIGTERM, then SIGKILL after a grace
+# period -- so a child that ignores SIGTERM cannot leave its own children behind. It exits by itself
+# once the group is gone.
+_REAPER = """
+import os, signal, sys, time
+pgid, grace = int(sys.argv[1]), float(sys.argv[2])
+asked = []
+signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+def alive():
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+while alive() and not asked:
+    time.sleep(0.5)
+for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+    if not alive():
+        break
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        break
+    deadline = time.monotonic() + wait
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+"""
+
+
+def group_reaper(pgid: int, grace: float) -> subprocess.Popen | None:
+    """Start the reaper of process group `pgid` (see `_REAPER`); None off Linux, where nothing tells it
+    that its parent died."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return subprocess.Popen([sys.executable, "-c", _REAPER, str(pgid), str(grace)], stdin=subprocess.DEVNULL,
+                            preexec_fn=dies_with_parent(signal.SIGTERM))  # noqa: PLW1509 - prctl only
 
 
 def stop_vllm_engine(llm: Any) -> None:

@@ -20,6 +20,7 @@ import base64
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -64,6 +65,22 @@ class JSONHandler(BaseHTTPRequestHandler):
             return message
         return f"{message} (request had Authorization: {self.headers.get('Authorization')})"
 
+    def _detoured(self) -> bool:
+        """A misbehaving hub: `stall` accepts the request and never answers; `redirect_to` answers every
+        request with a 307 to the same path on another server. True when the request was handled so."""
+        hub = self.server.hub
+        if hub.stall:
+            time.sleep(3600)
+            return True
+        if hub.redirect_to:
+            self._body()
+            self.send_response(307)
+            self.send_header("Location", hub.redirect_to + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return True
+        return False
+
     def _authorised(self) -> bool:
         if self.headers.get("Authorization") == f"Bearer {self.server.hub.token}":
             return True
@@ -76,15 +93,18 @@ class LoopbackServer:
     """A hub's state (repos, LFS objects by sha256, the request log) behind a threaded HTTP server on a free
     loopback port; a subclass's `_handler()` returns the request handler class that speaks its protocol."""
 
-    def __init__(self, token: str, *, echo_auth: bool = False) -> None:
+    def __init__(self, token: str, *, echo_auth: bool = False, stall: bool = False,
+                 redirect_to: str | None = None) -> None:
         self.token = token
         self.echo_auth = echo_auth  # a careless server: every error body repeats the request's Authorization header
+        self.stall, self.redirect_to = stall, redirect_to  # see JSONHandler._detoured
         self.repos: dict[str, Repo] = {}
         self.objects: dict[str, bytes] = {}
         self.requests: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.hub = self  # the handlers' way back to this state
+        self._server.daemon_threads = True  # a stalled handler does not hold up shutdown
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -109,10 +129,10 @@ class LoopbackServer:
 
 
 class LoopbackHub(LoopbackServer):
-    def __init__(self, token: str, *, fail_commits: int = 0, echo_auth: bool = False) -> None:
+    def __init__(self, token: str, *, fail_commits: int = 0, **behaviour: Any) -> None:
         self.card_metadata: list[dict[str, Any]] = []  # every model card front matter validated
         self.fail_commits = fail_commits  # answer the next N commits with HTTP 500
-        super().__init__(token, echo_auth=echo_auth)
+        super().__init__(token, **behaviour)
 
     def _handler(self) -> type[JSONHandler]:
         hub = self
@@ -129,6 +149,8 @@ class LoopbackHub(LoopbackServer):
 
             def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
                 hub.requests.append(("PUT", self.path))
+                if self._detoured():
+                    return None
                 if not self.path.startswith("/lfs-upload/"):
                     return self._send(404, {"error": "not found"})
                 if not hub.store_object(self.path.rsplit("/", 1)[-1], self._body()):
@@ -137,7 +159,7 @@ class LoopbackHub(LoopbackServer):
 
             def do_POST(self) -> None:  # noqa: N802
                 hub.requests.append(("POST", self.path))
-                if not self._authorised():
+                if self._detoured() or not self._authorised():
                     return None
                 path = self.path.split("?", 1)[0]
                 if path == "/api/repos/create":
@@ -237,9 +259,9 @@ class LoopbackModelScope(LoopbackServer):
     Every request must carry `Authorization: Bearer <token>`.
     """
 
-    def __init__(self, token: str, *, fail_commits: int = 0, echo_auth: bool = False) -> None:
+    def __init__(self, token: str, *, fail_commits: int = 0, **behaviour: Any) -> None:
         self.fail_commits = fail_commits  # answer the next N commits with HTTP 500
-        super().__init__(token, echo_auth=echo_auth)
+        super().__init__(token, **behaviour)
 
     def _handler(self) -> type[JSONHandler]:
         hub = self
@@ -255,7 +277,7 @@ class LoopbackModelScope(LoopbackServer):
 
             def do_PUT(self) -> None:  # noqa: N802
                 hub.requests.append(("PUT", self.path))
-                if not self._authorised():
+                if self._detoured() or not self._authorised():
                     return None
                 data = self._body()
                 if not self.path.startswith("/lfs-put/") or not hub.store_object(self.path.rsplit("/", 1)[-1], data):
@@ -264,7 +286,7 @@ class LoopbackModelScope(LoopbackServer):
 
             def do_POST(self) -> None:  # noqa: N802
                 hub.requests.append(("POST", self.path))
-                if not self._authorised():
+                if self._detoured() or not self._authorised():
                     return None
                 path = self.path.split("?", 1)[0]
                 body = json.loads(self._body() or b"{}")

@@ -66,8 +66,10 @@ def test_engine_equals_target_greedy_on_mt_bench(tmp_path, target):
 def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     recipe = _recipe(tmp_path, "tiny-mla")
     draft = export_random_draft(recipe, tmp_path / "draft")
+    # the draft's recipe supplies its description (target, geometry); bench settings are the user's
     result = CliRunner().invoke(app, ["bench", str(draft), "--offline", "bench.temperatures=[0.0, 1.0]",
-                                      "--format", "json"])
+                                      "bench.datasets=[mt_bench]", "bench.num_prompts=2", "bench.max_tokens=32",
+                                      "bench.confidence_thresholds=[0.0, 0.6]", "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     runs = data["offline"]["runs"]
@@ -82,7 +84,7 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     sweep = data["offline"]["confidence_sweep"]
     assert [s["threshold"] for s in sweep] == [0.0, 0.6, 0.0, 0.6]
     assert sweep[1]["verified_per_step"] <= sweep[0]["verified_per_step"] == recipe.draft.block_size + 1
-    bench_dir = tmp_path / "run" / "bench"  # the output_dir of the recipe recorded in the draft dir
+    bench_dir = tmp_path / "bench"  # beside the draft (runs/NAME/draft -> runs/NAME/bench), not where its recipe says
     assert Path(data["files"]["json"]) == bench_dir / "bench.json" and (bench_dir / "bench.md").is_file()
     expected = {"acceptance_per_position": ["offline mt_bench T=0", "offline mt_bench T=1"],
                 "tau_by_category": ["mt_bench T=0", "mt_bench T=1"],
@@ -154,7 +156,7 @@ def test_bench_refuses_bit_flipped_weights_before_running(tmp_path):
         handle.write(bytes([byte[0] ^ 0x40]))
     result = CliRunner().invoke(app, ["bench", str(draft), "--offline", *FAST])
     assert result.exit_code == 1 and "model.safetensors: changed since export" in result.output, result.output
-    assert not (tmp_path / "run" / "bench" / "bench.json").exists()
+    assert not (tmp_path / "bench" / "bench.json").exists()
 
 
 def test_bench_checks_its_report_directory_before_the_work(tmp_path):
@@ -178,3 +180,56 @@ def test_bench_checks_its_report_directory_before_the_work(tmp_path):
         out.chmod(0o755)
     assert result.exit_code == 2 and f"cannot write the bench report to {out}" in result.output, result.output
     assert "tau" not in result.output  # refused before the benchmark ran
+
+
+# --- issue 36 case 1: a draft's recipe decides no destination: no endpoint, no output directory ------------
+
+
+def test_a_drafts_recipe_sends_nothing_anywhere_and_writes_only_beside_the_draft(tmp_path, monkeypatch):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import yaml
+
+    requests: list[str] = []
+
+    class Recorder(BaseHTTPRequestHandler):  # the draft author's server: it only notes what reached it
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            requests.append(self.path)
+            self.send_error(404)
+
+        do_POST = do_GET
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "runs" / "tiny" / "bench"  # the user's own report, from their own run named tiny
+    mine.mkdir(parents=True)
+    (mine / "bench.md").write_text("# my report\n")
+    conversations = tmp_path / "runs" / "tiny" / "data" / "shard-00000.jsonl"  # the user's own data
+    conversations.parent.mkdir()
+    conversations.write_text(json.dumps({"messages": [{"role": "user", "content": "my private question"}]}) + "\n")
+    victim = tmp_path / "elsewhere"
+    victim.mkdir()
+    (victim / "bench.md").write_text("# not a bench dir\n")
+    recipe = _recipe(tmp_path, "tiny-mla")
+    draft = export_random_draft(recipe, tmp_path / "downloads" / "foreign" / "draft")
+    data = yaml.safe_load((draft / "recipe.yaml").read_text())
+    data.update({"name": "tiny", "output_dir": "runs/{name}"})
+    data["bench"].update({"endpoint": f"http://127.0.0.1:{server.server_address[1]}", "output_dir": str(victim),
+                          "datasets": [str(conversations)]})
+    (draft / "recipe.yaml").write_text(yaml.safe_dump(data))
+    _resign(draft)
+    try:
+        result = CliRunner().invoke(app, ["bench", str(draft), *FAST])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert requests == [], "the draft's recipe chose the server"
+    assert result.exit_code == 0, result.output
+    assert (victim / "bench.md").read_text() == "# not a bench dir\n" and len(list(victim.iterdir())) == 1
+    assert (mine / "bench.md").read_text() == "# my report\n"
+    assert (tmp_path / "downloads" / "foreign" / "bench" / "bench.json").is_file()  # beside the draft

@@ -24,6 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "lazy": set(),  # package faces that import their modules on first use
     "contract": {"errors"},
     "hubrules": set(),
+    "network": {"errors"},  # timeouts and response bounds of every HTTP exchange (bench, publish)
     "recipe": {"errors", "artifacts", "targets", "hubrules"},
     "targets": {"errors", "contract", "recipe"},
     "artifacts": {"errors", "contract", "draft", "recipe"},
@@ -36,9 +37,9 @@ ALLOWED: dict[str, set[str]] = {
     "capture": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "procs"},
     "training": {"errors", "contract", "recipe", "targets", "artifacts", "draft", "kernels", "capture", "procs"},
     "export": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "draft"},
-    "bench": {"errors", "recipe", "targets", "artifacts", "prompts", "draft", "export"},
-    "serving": {"errors", "lazy", "targets", "artifacts", "export", "procs"},
-    "publish": {"errors", "lazy", "hubrules", "artifacts", "export", "serving"},
+    "bench": {"errors", "recipe", "targets", "artifacts", "prompts", "draft", "export", "network"},
+    "serving": {"errors", "lazy", "recipe", "targets", "artifacts", "export", "procs"},
+    "publish": {"errors", "lazy", "hubrules", "artifacts", "export", "serving", "network"},
     # the one preflight of every stage: recipe rules, this machine, output paths (what serve / publish refuse)
     "preflight": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "datagen", "capture", "export",
                   "serving", "publish"},

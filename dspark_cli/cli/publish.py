@@ -32,8 +32,8 @@ def publish(
 
     Before anything is sent, the draft must pass every static vLLM loader check and match its
     manifest's checksums, and every hub asked for must have a token (`hf auth login` or HF_TOKEN;
-    `modelscope login` or MODELSCOPE_API_TOKEN). Each hub gets one commit. The recipe is the one
-    the draft was exported with, unless `--recipe`.
+    `modelscope login` or MODELSCOPE_API_TOKEN). Each hub gets one commit. The draft's own recipe
+    describes the draft only: the repo id, visibility and hubs come from you (flags or `--recipe`).
     """
     from dspark_cli.publish import publish_draft
 

@@ -26,8 +26,9 @@ def serve(
 
     Settings come from the draft's manifest (block size, chat-template arguments, K3's AttnRes
     stream flag) and the recipe's `serve` section; arguments after `--` go to `vllm serve` as they
-    are. The draft is checked first (checksums, vLLM loader rules, its target); trust fields of the
-    draft's own recipe are refused unless you set them. vLLM runs until Ctrl-C / SIGTERM, which
+    are. The draft is checked first (checksums, vLLM loader rules, its target); the draft's own
+    recipe describes the draft only (host and port are yours), and its trust fields are refused
+    unless you set them. vLLM runs until Ctrl-C / SIGTERM, which
     stop it and its engine processes; the endpoint and a request to paste are printed once it is
     up. `--method dspark` needs a CUDA GPU and vLLM >= 0.33; `--dry-run` prints the command.
     """

@@ -41,14 +41,23 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.{digits}f}"
 
 
+def _tau_cell(tau: dict[str, Any]) -> str:
+    """`2.25 [2.00, 2.50]`; the mean alone when there is no interval (one prompt), `-` with no mean."""
+    mean, interval = tau.get("mean"), tau.get("ci95") or [None, None]
+    if not isinstance(mean, (int, float)):
+        return "-"
+    if all(isinstance(v, (int, float)) for v in interval[:2]) and len(interval) == 2:
+        return f"{mean:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
+    return f"{mean:.2f}"
+
+
 def _bench_rows(bench: dict[str, Any]) -> list[str]:
     rows = []
     for run in (bench.get("offline") or {}).get("runs", []):
         if run.get("threshold", 0.0) != 0.0:
             continue
-        low, high = run["tau"]["ci95"]
         rows.append(f"| {run['dataset']} | {run['temperature']:g} | {run['num_turns']} | "
-                    f"{run['tau']['mean']:.2f} [{low:.2f}, {high:.2f}] |")
+                    f"{_tau_cell(run.get('tau') or {})} |")
     return rows
 
 

@@ -23,7 +23,6 @@ import io
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,8 +139,12 @@ def modelscope_token() -> str:
 
 
 def _stage(files: dict[str, Path | bytes], near: Path) -> Path:
-    """A folder holding exactly `files` (hard links where possible), hidden beside `near`."""
-    stage = Path(tempfile.mkdtemp(prefix=f".{near.name}.publish-", dir=near.parent))
+    """A folder holding exactly `files` (hard links where possible), hidden beside `near`; the folders a
+    killed publish left there (its pid in the name, and gone) are removed first."""
+    from dspark_cli.artifacts.files import clean_stale_temp_dirs, make_temp_dir
+
+    clean_stale_temp_dirs(near, ("publish",))
+    stage = make_temp_dir(near, "publish")
     try:
         _fill(stage, files)
     except BaseException:
@@ -163,40 +166,67 @@ def _fill(stage: Path, files: dict[str, Path | bytes]) -> None:
             shutil.copyfile(src, dest)
 
 
+class _Quiet(logging.Handler):
+    """While the block runs, a hub client's log records (each retry with its request and response dump) are
+    kept, not printed; the error line quotes the last one's first line. DSPARK_DEBUG=1 prints them."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__(logging.WARNING)
+        self.logger, self.lines = logger, []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage().strip()
+        self.lines.append(text.splitlines()[0] if text else "")
+
+    def __enter__(self) -> None:
+        self.saved = (self.logger.handlers[:], self.logger.propagate, self.logger.level)
+        if not os.environ.get("DSPARK_DEBUG"):
+            self.logger.handlers, self.logger.propagate = [self], False
+            self.logger.setLevel(logging.WARNING)
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.handlers, self.logger.propagate, level = self.saved
+        self.logger.setLevel(level)
+
+    def last(self) -> str:
+        return f" (the client's last warning: {self.lines[-1]})" if self.lines and self.lines[-1] else ""
+
+
 def upload_modelscope(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,
                       token: str, message: str, license_id: str, near: Path) -> str:
     """Create the model repo if needed (with the asked visibility) and commit every file; return its URL."""
-    with _scrubbed("ModelScope", repo_id, token):
+    from dspark_cli.network import requests_stay_on_host
+
+    with _scrubbed("ModelScope", repo_id, token), requests_stay_on_host():
         return _upload_modelscope(files, repo_id, private=private, endpoint=endpoint, token=token, message=message,
                                   license_id=license_id, near=near)
 
 
 def _upload_modelscope(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,
                        token: str, message: str, license_id: str, near: Path) -> str:
+    import requests
     from modelscope.hub.api import HubApi
     from modelscope_hub.errors import HubError, NetworkError
 
     api = HubApi(endpoint=endpoint, token=token)
     where = api.endpoint
     stage: Path | None = None
-    quiet = logging.getLogger("modelscope_hub")
-    level = quiet.level
+    client_log = _Quiet(logging.getLogger("modelscope_hub"))
     try:
         stage = _stage(files, near)
-        quiet.setLevel(logging.WARNING)
-        api.create_repo(repo_id, visibility="private" if private else "public", repo_type="model",
-                        license=license_id, exist_ok=True)
-        with contextlib.redirect_stdout(io.StringIO()):  # the client prints an upload report banner
-            api.upload_folder(repo_id=repo_id, folder_path=str(stage), commit_message=message,
-                              use_cache=False, disable_tqdm=True)
-    except NetworkError as exc:
-        raise DsparkError(f"cannot reach ModelScope at {where}: {_reason(exc)}",
+        with client_log:
+            api.create_repo(repo_id, visibility="private" if private else "public", repo_type="model",
+                            license=license_id, exist_ok=True)
+            with contextlib.redirect_stdout(io.StringIO()):  # the client prints an upload report banner
+                api.upload_folder(repo_id=repo_id, folder_path=str(stage), commit_message=message,
+                                  use_cache=False, disable_tqdm=True)
+    except (NetworkError, requests.exceptions.RequestException) as exc:
+        raise DsparkError(f"cannot reach ModelScope at {where}: {_reason(exc)}{client_log.last()}",
                           "check the network, or set publish.modelscope_endpoint / MODELSCOPE_ENDPOINT") from exc
     except (HubError, ValueError) as exc:
-        raise DsparkError(f"ModelScope refused the upload to {repo_id}: {_reason(exc)}",
+        raise DsparkError(f"ModelScope refused the upload to {repo_id}: {_reason(exc)}{client_log.last()}",
                           "check that the token may write to that namespace") from exc
     finally:
-        quiet.setLevel(level)
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)
     return f"{where}/models/{repo_id}"

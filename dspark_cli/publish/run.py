@@ -10,7 +10,6 @@ from dspark_cli.publish.card import model_card
 from dspark_cli.hubrules import repo_id_problem
 from dspark_cli.publish.hubs import hub_tokens, upload_huggingface, upload_modelscope
 
-BENCH_FILES = ("bench.json", "bench.md")
 CARD_FILES = ("README.md",)  # a model card the user wrote into the draft dir is published as is
 
 
@@ -36,17 +35,34 @@ def _check_draft(draft_dir: Path, target: str | None) -> tuple[dict[str, Any], l
 
 
 def _bench_report(recipe: Any, draft_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Path]]:
-    """The recipe's bench report if it measured this very draft: (bench.json, files to upload under bench/)."""
+    """The recipe's bench report if it measured this very draft: (bench.json, files to upload under bench/).
+
+    An allow-list like the draft's: bench.json and the files it lists with their sha256 (what `dspark bench`
+    wrote: bench.md, the plots), each a regular file that still matches; anything else in the folder stays
+    out, and a symlink or a changed file is refused by name."""
     from dspark_cli.artifacts.bench import REPORT, read_bench_report
+    from dspark_cli.artifacts.files import sha256_file
 
     bench_dir = Path(recipe.stage_dir("bench"))
-    if not (bench_dir / REPORT).is_file():
+    report = bench_dir / REPORT
+    if report.is_symlink():
+        raise DataError(f"{report}: is a symlink; nothing was uploaded", "run `dspark bench` again")
+    if not report.is_file():
         return None, {}
-    data = read_bench_report(bench_dir / REPORT)
-    if Path(str(data.get("draft_dir", ""))).resolve() != draft_dir.resolve():
-        return None, {}
-    files = {f"bench/{name}": bench_dir / name for name in BENCH_FILES if (bench_dir / name).is_file()}
-    files.update({f"bench/{p.name}": p for p in sorted(bench_dir.glob("*.png"))})
+    data = read_bench_report(report)
+    if Path(str(data.get("draft_dir", ""))).resolve() != draft_dir.resolve() or data.get("complete") is False:
+        return None, {}  # another draft's report, or a bench that did not finish
+    listed = (data.get("files") or {}).get("checksums") or {}
+    files = {f"bench/{REPORT}": report}
+    for name, digest in sorted(listed.items() if isinstance(listed, dict) else []):
+        path = bench_dir / str(name)
+        problem = ("is not a file name dspark bench writes" if Path(str(name)).name != name or name.startswith(".")
+                   else "is a symlink" if path.is_symlink() else "is missing" if not path.is_file()
+                   else "changed since dspark bench wrote it" if sha256_file(path) != digest else None)
+        if problem:
+            raise DataError(f"{bench_dir}: {name!r} (listed in {REPORT}) {problem}; nothing was uploaded",
+                            "run `dspark bench` again, or move the bench report away")
+        files[f"bench/{name}"] = path
     return data, files
 
 
@@ -107,6 +123,9 @@ def publish_draft(recipe: Any, draft_dir: str | Path | None = None, *, dry_run: 
         result["card_text"] = readme.decode("utf-8") if isinstance(readme, bytes) else readme.read_text("utf-8")
         return result
     tokens = _tokens(hubs)  # every token before the first upload
+    from dspark_cli.network import use_for_hubs
+
+    use_for_hubs()  # timeouts, bounded replies, no redirect to another host
     message = f"dspark publish: {manifest.get('architecture')} draft for {manifest.get('contract', {}).get('target')}"
     for hub in hubs:
         try:

