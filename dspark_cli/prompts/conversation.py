@@ -111,7 +111,9 @@ def to_conversation(record: Any, schema: str, fields: dict[str, str], where: str
     if not any(m["role"] == "user" and m["content"].strip() for m in messages):
         raise UsageError(f"{where}: no user turn with text")
     record_id = record.get(fields.get("id", "id"), record.get("question_id"))
-    meta = {k: record[k] for k in ("category",) if k in record}
+    meta: dict[str, Any] = {k: record[k] for k in ("category",) if k in record}
+    if record_id is None:
+        meta["id_from_content"] = True  # read_source numbers exact repeats instead of refusing them
     conv_id = str(record_id) if record_id is not None else _content_id(messages)
     return Conversation(id=f"{source}#{conv_id}", source=source, messages=messages, meta=meta)
 
