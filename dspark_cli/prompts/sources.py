@@ -49,7 +49,7 @@ def source_labels(sources: list[PromptSource], field: str = "datagen.sources") -
         first = seen.setdefault(identity(source), index)
         if first != index:
             raise UsageError(f"{field}[{index}] ({source.path}) repeats {field}[{first}]: its conversations would be "
-                             "read twice", f"list each source once (max_samples limits how many are taken)")
+                             "read twice", "list each source once (max_samples limits how many are taken)")
     labels = [source_name(s) for s in sources]
     for index, source in enumerate(sources):
         if labels.count(labels[index]) > 1 and _bundled(source.path) is None and _looks_local(source.path):
