@@ -65,6 +65,18 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
         raise
 
 
+def safetensors_os_error(exc: Exception, path: str | os.PathLike[str]) -> OSError:
+    """A safetensors write failure (`SafetensorError`, not an OSError: a full disk would be an "internal error")
+    as the OSError it wraps (`IoError(Os { code: 28, ...})` -> ENOSPC on `path`), so it reads as one line."""
+    import re
+
+    match = re.search(r"(?:code: |os error )(\d+)", str(exc))
+    if match:
+        code = int(match.group(1))
+        return OSError(code, os.strerror(code), os.fspath(path))
+    return OSError(f"cannot write {os.fspath(path)}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
+
+
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of an artifact directory; one-line DataError when missing or unreadable."""
     path = Path(directory) / MANIFEST_NAME

@@ -75,12 +75,19 @@ def plan_datagen(recipe: Recipe) -> DatagenPlan:
     chat = ChatFormat(load_tokenizer(recipe), recipe.target.chat_template_kwargs)
     report = FilterReport()
 
+    # no token is longer than the vocabulary's longest entry, so a prompt of more characters than
+    # max_prompt_tokens such tokens is too long before tokenising it (a 50 MB line took minutes and GBs)
+    longest = max((len(t) for t in chat.tokenizer.get_vocab()), default=1) if hasattr(chat.tokenizer, "get_vocab") else 64
+    most_chars = datagen.max_prompt_tokens * max(longest, 1)
+
     def first_prompt_length(conv: Conversation) -> int:
         first = []
         for message in conv.messages:
             first.append(message)
             if message["role"] == "user":
                 break
+        if sum(len(m["content"]) for m in first) > most_chars:
+            return datagen.max_prompt_tokens + 1  # dropped as too long, untokenised
         return len(chat.prompt_ids(first))
 
     labels = source_labels(datagen.sources)  # distinct, so conversation ids are

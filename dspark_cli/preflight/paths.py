@@ -126,10 +126,31 @@ def _manifest(directory: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def outputs_writable(recipe: Recipe, context: Context) -> list[str]:
+    """Each stage's output directory can be made and written here (a read-only current directory, a
+    read-only mount, no permission): what the stage would refuse once it starts writing."""
+    problems = []
+    for stage in context.stages:
+        if stage not in DIR_STAGES:
+            continue
+        where = Path(os.path.abspath(os.path.expanduser(recipe.stage_dir(stage))))
+        existing = where
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+            read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+            reason = "read-only file system" if read_only else "permission denied"
+            problems.append(f"{stage}.output_dir: cannot write {where}: {reason} ({existing}); set output_dir "
+                            "(or -o) to a writable directory")
+    return problems
+
+
 RULES = {stage: [stage_dirs_apart] for stage in DIR_STAGES}
 DISK_RULES = {
-    "datagen": [resumable_output_is_ours],
-    "capture": [resumable_output_is_ours, inputs_ready],
-    "train": [resumable_output_is_ours, capture_settings_match, resume_never_has_nothing_to_overwrite],
-    "export": [export_output_claimable, inputs_ready],
+    "datagen": [resumable_output_is_ours, outputs_writable],
+    "capture": [resumable_output_is_ours, inputs_ready, outputs_writable],
+    "train": [resumable_output_is_ours, capture_settings_match, resume_never_has_nothing_to_overwrite,
+              outputs_writable],
+    "export": [export_output_claimable, inputs_ready, outputs_writable],
+    "bench": [outputs_writable],
 }

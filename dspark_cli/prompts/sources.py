@@ -18,6 +18,7 @@ from typing import Any
 
 from dspark_cli.prompts.conversation import Conversation, to_conversation
 from dspark_cli.errors import UsageError
+from dspark_cli.recipe.bounded import parse_json
 from dspark_cli.recipe.schema import PromptSource
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -131,7 +132,7 @@ def _file_records(path: Path) -> Iterator[tuple[str, Any]]:
         yield from _jsonl_records(path)
     elif suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse_json(path.read_text(encoding="utf-8"), str(path))
         except UnicodeDecodeError as exc:
             raise _not_text(path, exc) from None
         except json.JSONDecodeError as exc:
@@ -167,7 +168,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield f"{path.name}:{number}", json.loads(line)
+                yield f"{path.name}:{number}", parse_json(line, f"{path}:{number}")
             except json.JSONDecodeError as exc:
                 raise UsageError(f"{path}:{number}: invalid JSON ({exc.msg})", _JSON_HINT) from None
 
