@@ -31,7 +31,7 @@ class _YamlLoader(yaml.SafeLoader):
     """SafeLoader that also reads `3e-4` as a float (YAML 1.1 insists on `3.0e-4`) and refuses a document
     whose node graph, aliases expanded, is larger than MAX_YAML_NODES or nests deeper than MAX_NESTING."""
 
-    def compose_document(self):  # noqa: ANN201 - PyYAML's own signature
+    def compose_document(self):
         node = super().compose_document()
         _measure(node)
         return node
@@ -99,7 +99,7 @@ def read_text(path: str | os.PathLike[str], what: str, max_bytes: int) -> str:
 def parse_yaml(text: str, source: str) -> Any:
     """Parse YAML text; a syntax error, an alias bomb or too deep a nesting is one line naming `source`."""
     try:
-        return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass
     except _TooBig as exc:
         raise UsageError(f"{source}: refused: {exc}", "write the values out; a recipe needs no deep aliases") from None
     except RecursionError:
