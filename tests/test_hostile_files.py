@@ -56,6 +56,9 @@ def test_repeated_ids_in_one_source_are_refused(tmp_path):
     result = invoke(*keep_answers(tmp_path, f"[{{path: {prompts}}}]"))
     assert_user_error(result, "p.jsonl:2", "id '0' repeats", "p.jsonl:1")
     assert not (tmp_path / "run").exists()
+    same = write_jsonl(tmp_path / "same.jsonl", chats("x", [0]) * 2 + chats("y", [1]))  # an exact repeat
+    plan = invoke(*keep_answers(tmp_path, f"[{{path: {same}}}]"), "--dry-run")
+    assert plan.exit_code == 0 and "dropped (duplicate): 1" in plan.output, plan.output  # counted, as dedup does
 
 
 def test_two_sources_with_the_same_file_name_keep_both(tmp_path):

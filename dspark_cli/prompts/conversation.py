@@ -122,8 +122,13 @@ def to_conversation(record: Any, schema: str, fields: dict[str, str], where: str
     return Conversation(id=f"{source}#{conv_id}", source=source, messages=messages, meta=meta)
 
 
+def content_digest(messages: list[dict[str, str]]) -> str:
+    """sha256 of a conversation's messages (what tells two records apart)."""
+    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+
+
 def _content_id(messages: list[dict[str, str]]) -> str:
-    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:16]
+    return content_digest(messages)[:16]
 
 
 def _field(record: dict[str, Any], fields: dict[str, str], name: str, where: str) -> Any:

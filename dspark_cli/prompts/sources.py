@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.prompts.conversation import Conversation, to_conversation
+from dspark_cli.prompts.conversation import Conversation, content_digest, to_conversation
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe.bounded import parse_json
 from dspark_cli.recipe.schema import PromptSource
@@ -69,21 +69,23 @@ def read_source(source: PromptSource, label: str | None = None) -> Iterator[Conv
     and exact repeats numbered: dedup drops them later)."""
     label = label or source_name(source)
     count = 0
-    first_at: dict[str, str] = {}
+    first_at: dict[str, tuple[str, str]] = {}  # id -> (where, content digest)
     for where, record in _records(source):
         if source.max_samples is not None and count >= source.max_samples:
             return
         conv = to_conversation(record, source.format, source.fields, where, label)
+        content = content_digest(conv.messages)
         if conv.id in first_at:
-            if not conv.meta.get("id_from_content"):
-                raise UsageError(f"{where}: id {conv.id.split('#', 1)[1]!r} repeats the record at {first_at[conv.id]}; "
-                                 "ids must be unique within a source (a repeated id would drop a conversation)",
-                                 "fix the ids, or map another field with fields: {id: <field>}")
-            repeat = 2
+            first, same = first_at[conv.id][0], first_at[conv.id][1] == content
+            if not same and not conv.meta.get("id_from_content"):
+                raise UsageError(f"{where}: id {conv.id.split('#', 1)[1]!r} repeats the record at {first} with other "
+                                 "messages; ids must be unique within a source (a repeated id would drop a "
+                                 "conversation)", "fix the ids, or map another field with fields: {id: <field>}")
+            repeat = 2  # the same conversation again: numbered, for dedup to count and drop
             while f"{conv.id}~{repeat}" in first_at:
                 repeat += 1
             conv.id = f"{conv.id}~{repeat}"
-        first_at[conv.id] = where
+        first_at[conv.id] = (where, content)
         conv.meta.pop("id_from_content", None)
         yield conv
         count += 1
