@@ -410,3 +410,17 @@ def test_agreeing_duplicate_keys_are_not_flagged(tmp_path):
                                       "mask_token_id": config["mask_token_id"]},
                 dspark_target_layer_ids=config["target_layer_ids"])
     assert check_draft_dir(draft) == []
+
+
+def test_force_never_deletes_a_file_put_beside_an_earlier_draft(tmp_path):
+    """Issue 36 case 4: `export --force` over an earlier draft deleted the user's README.md without a word."""
+    train, *_ = trained_dir(tmp_path, "gqa")
+    draft = tmp_path / "draft"
+    assert runner.invoke(app, ["export", str(train), "-o", str(draft)]).exit_code == 0
+    (draft / "README.md").write_text("my notes")
+    forced = runner.invoke(app, ["export", str(train), "-o", str(draft), "--force"])
+    assert forced.exit_code == 2 and "README.md" in forced.output and "--force would delete" in forced.output
+    assert len(forced.output.strip().splitlines()) == 2, forced.output
+    assert (draft / "README.md").read_text() == "my notes" and (draft / "model.safetensors").is_file()
+    (draft / "README.md").unlink()
+    assert runner.invoke(app, ["export", str(train), "-o", str(draft), "--force"]).exit_code == 0

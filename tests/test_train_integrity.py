@@ -272,3 +272,28 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_rerun_finishes(tmp_path, 
         assert summary["resumed_from"].endswith(latest) and summary["steps"] == 5
     finally:
         subprocess.run(["umount", str(train_dir)], capture_output=True)
+
+
+def _resign_meta(ckpt: Path, **changes) -> None:
+    from dspark_cli.artifacts.files import sha256_file
+
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta.update(changes)
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    sums = json.loads((ckpt / "checksums.json").read_text())
+    sums["files"]["meta.json"] = {"bytes": (ckpt / "meta.json").stat().st_size, "sha256": sha256_file(ckpt / "meta.json")}
+    (ckpt / "checksums.json").write_text(json.dumps(sums))
+
+
+def test_a_resigned_meta_claiming_step_1e12_is_not_trusted(work):
+    """Issue 36 case 10: checksums prove the files are as written; a re-signed meta.json is as written too."""
+    ckpt = _ckpt(work)
+    _resign_meta(ckpt, step=10**12)
+    err = _one_line_error(_train(work))
+    assert f"{ckpt}: not a checkpoint dspark wrote: its meta.json claims step 1,000,000,000,000 but the " \
+           "checkpoint is step-000005" in err
+    renamed = ckpt.with_name(f"step-{10**12}")  # renamed to match, and `latest` pointed at it
+    ckpt.rename(renamed)
+    (renamed.parent / "latest").write_text(renamed.name + "\n")
+    err = _one_line_error(_train(work))
+    assert "claims step 1,000,000,000,000, past the run's 5 steps" in err

@@ -25,6 +25,7 @@ from dspark_cli.errors import DataError, UsageError
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 DRAFT_MANIFEST = "dspark_manifest.json"  # what export writes next to the draft's files
+DRAFT_FILES = ("config.json", "model.safetensors", "recipe.yaml")  # what export writes, besides it
 
 
 def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:

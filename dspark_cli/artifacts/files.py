@@ -65,6 +65,18 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
         raise
 
 
+def safetensors_os_error(exc: Exception, path: str | os.PathLike[str]) -> OSError:
+    """A safetensors write failure (`SafetensorError`, not an OSError: a full disk would be an "internal error")
+    as the OSError it wraps (`IoError(Os { code: 28, ...})` -> ENOSPC on `path`), so it reads as one line."""
+    import re
+
+    match = re.search(r"(?:code: |os error )(\d+)", str(exc))
+    if match:
+        code = int(match.group(1))
+        return OSError(code, os.strerror(code), os.fspath(path))
+    return OSError(f"cannot write {os.fspath(path)}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
+
+
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of an artifact directory; one-line DataError when missing or unreadable."""
     path = Path(directory) / MANIFEST_NAME
@@ -115,12 +127,14 @@ def _contains(outer: Path, inner: Path) -> bool:
 
 
 def claim_output_dir(out: str | os.PathLike[str], *, kind: str, what: str, force: bool,
-                     manifest_name: str = MANIFEST_NAME, inputs: tuple[str | os.PathLike[str], ...] = ()) -> bool:
+                     manifest_name: str = MANIFEST_NAME, inputs: tuple[str | os.PathLike[str], ...] = (),
+                     own: tuple[str, ...] | None = None) -> bool:
     """May a stage that makes `kind` output write `out`? True: it exists and will be replaced; False: it is new.
 
     A stage only ever replaces a directory it recognises as its own output (`kind` in its manifest) or
     an empty one, and never the current directory, its parents, its own input or a parent of its input
-    -- `--force` included. Anything else is a one-line UsageError naming why.
+    -- `--force` included; given `own` (the names the stage writes there), not one holding anything else
+    either (a README.md put beside an earlier draft). Anything else is a one-line UsageError naming why.
     """
     out = Path(out)
     where = out.resolve()
@@ -140,6 +154,12 @@ def claim_output_dir(out: str | os.PathLike[str], *, kind: str, what: str, force
     if manifest_kind(out, manifest_name) == kind:
         if not force:
             raise UsageError(f"{out} already exists (an earlier {what})", "pass --force to replace it, or -o another directory")
+        others = sorted({p.name for p in out.iterdir()} - {manifest_name, *own}) if own is not None else []
+        if others:
+            shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            raise UsageError(f"refusing to replace {out}: besides the earlier {what} it holds {shown}, which "
+                             f"--force would delete", f"move {'them' if len(others) > 1 else 'it'} out of {out}, "
+                             "or pass -o another directory")
         return True
     if not any(out.iterdir()):
         return True  # empty: nothing to lose
@@ -240,17 +260,54 @@ def ensure_writable_dir(directory: str | os.PathLike[str], what: str) -> Path:
 
 
 LOCK_NAME = ".dspark-lock"
+OWNER_NAME = ".dspark-owner"  # {"kind": ...}: left first thing in a directory a resumable stage claims
+
+
+def ownership_problem(out: str | os.PathLike[str], kind: str, field: str,
+                      shard_glob: str | None = None) -> str | None:
+    """Why a resumable stage (datagen, capture, train) making `kind` output may not write `out`; None when it may.
+
+    It may write a directory that does not exist, an empty one, or one that is already its own: a manifest of
+    `kind`, or the owner mark (`.dspark-owner`) it left before writing anything, or the lock of a run of an older
+    dspark that was killed before its manifest. Anything else is someone's directory (a symlink to one too):
+    never written into, not even a recipe.yaml."""
+    out = Path(out).expanduser()
+    if not out.exists():
+        return None if not out.is_symlink() else f"{field}: {out} is a broken symlink; pass -o a new directory"
+    if not out.is_dir():
+        return f"{field}: {out} exists and is not a directory; pass -o a new directory"
+    made = manifest_kind(out)
+    if (out / MANIFEST_NAME).is_file() and made != kind:
+        return (f"{field}: {out} holds {made or 'an unreadable manifest'}, not {kind.removeprefix('dspark.')} output; "
+                f"set {field} to a new directory")
+    if made == kind or manifest_kind(out, OWNER_NAME) == kind:
+        return None
+    try:
+        names = {entry.name for entry in out.iterdir()}
+    except OSError as exc:
+        return f"{field}: cannot read {out} ({exc.strerror or type(exc).__name__}); pass -o a directory you can write"
+    if shard_glob is not None and any(out.glob(shard_glob)):
+        return f"{field}: {out} has shards but no manifest; use a new {field} or delete this one"
+    if not names - {LOCK_NAME} or (LOCK_NAME in names and OWNER_NAME not in names):
+        return None  # empty, or an older dspark's killed run
+    return (f"{field}: {out} already exists and is not dspark {kind.removeprefix('dspark.')} output (no manifest.json "
+            f"or {OWNER_NAME} of kind {kind}); refusing to write into it: pass -o a new (or empty) directory")
 
 
 @contextlib.contextmanager
-def exclusive_output(out: str | os.PathLike[str], field: str) -> Iterator[Path]:
+def exclusive_output(out: str | os.PathLike[str], field: str, kind: str | None = None) -> Iterator[Path]:
     """Hold `out/.dspark-lock` while this process writes `out` (datagen, capture, train's rank 0).
+
+    Given `kind`, `out` must first be this stage's own (`ownership_problem`, a one-line UsageError before anything
+    is created), and it is marked as such (`.dspark-owner`) before the caller writes anything.
 
     A second dspark process writing the same directory would interleave shards or remove the first's
     temp files as a killed run's: it is refused, one line, before it touches anything. `flock`, so the
     lock goes with the process however it ends (SIGKILL too) and there is no stale lock to judge; on a
     filesystem without flock (ENOLCK/ENOTSUP, e.g. Lustre mounted without `flock`) the stage runs unlocked."""
     out = Path(out)
+    if kind is not None and (problem := ownership_problem(out, kind, field)) is not None:
+        raise UsageError(problem.removeprefix(f"{field}: "), f"{field} names a directory dspark did not make")
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -265,6 +322,8 @@ def exclusive_output(out: str | os.PathLike[str], field: str) -> Iterator[Path]:
                 raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        if kind is not None and manifest_kind(out, OWNER_NAME) != kind:
+            write_json_atomic(out / OWNER_NAME, {"kind": kind})
         yield out
     finally:
         os.close(fd)  # releases the flock

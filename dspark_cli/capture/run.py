@@ -103,7 +103,7 @@ def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: A
         return _run_capture(recipe, plan, on_progress, queue, capturer)
     from dspark_cli.artifacts.files import exclusive_output
 
-    with exclusive_output(recipe.stage_dir("capture"), "capture.output_dir"):  # one writer at a time
+    with exclusive_output(recipe.stage_dir("capture"), "capture.output_dir", kind="dspark.capture"):  # one writer
         return _run_capture(recipe, plan, on_progress, queue, capturer)
 
 

@@ -32,7 +32,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from dspark_cli.artifacts.capture import RECAPTURE, read_capture, verify_shard_file
-from dspark_cli.artifacts.files import make_public, sha256_file
+from dspark_cli.artifacts.files import make_public, safetensors_os_error, sha256_file
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
@@ -63,7 +63,11 @@ def write_shard(path: Path, sequences: list[CapturedSequence], *, layer_ids: lis
     meta = {"format": SHARD_FORMAT, "ids": json.dumps([s.id for s in sequences]),
             "target_layer_ids": json.dumps(list(layer_ids)), "hidden_size": str(hidden_size)}
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file(tensors, str(tmp), metadata=meta)
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+    except SafetensorError as exc:  # a full disk: one line naming it, no half shard left
+        tmp.unlink(missing_ok=True)
+        raise safetensors_os_error(exc, tmp) from None
     make_public(tmp)
     with open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())

@@ -28,7 +28,7 @@ from dspark_cli.prompts.conversation import Conversation
 from dspark_cli.datagen.engines import Engine, Sampling, close_engine
 from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations
 from dspark_cli.artifacts.jsonl import PartialShard, read_jsonl, shard_path
-from dspark_cli.prompts.sources import read_source, source_name
+from dspark_cli.prompts.sources import read_source, source_labels
 from dspark_cli.errors import UsageError
 from dspark_cli.artifacts.files import (MANIFEST_NAME, exclusive_output, resumable_manifest, sha256_file,
                                        write_json_atomic)
@@ -75,15 +75,23 @@ def plan_datagen(recipe: Recipe) -> DatagenPlan:
     chat = ChatFormat(load_tokenizer(recipe), recipe.target.chat_template_kwargs)
     report = FilterReport()
 
+    # no token is longer than the vocabulary's longest entry, so a prompt of more characters than
+    # max_prompt_tokens such tokens is too long before tokenising it (a 50 MB line took minutes and GBs)
+    longest = max((len(t) for t in chat.tokenizer.get_vocab()), default=1) if hasattr(chat.tokenizer, "get_vocab") else 64
+    most_chars = datagen.max_prompt_tokens * max(longest, 1)
+
     def first_prompt_length(conv: Conversation) -> int:
         first = []
         for message in conv.messages:
             first.append(message)
             if message["role"] == "user":
                 break
+        if sum(len(m["content"]) for m in first) > most_chars:
+            return datagen.max_prompt_tokens + 1  # dropped as too long, untokenised
         return len(chat.prompt_ids(first))
 
-    read = chain.from_iterable(read_source(s) for s in datagen.sources)
+    labels = source_labels(datagen.sources)  # distinct, so conversation ids are
+    read = chain.from_iterable(read_source(s, label) for s, label in zip(datagen.sources, labels, strict=True))
     kept = filter_conversations(
         read, eval_hashes=eval_exclusions(recipe), dedup=datagen.dedup, prompt_length=first_prompt_length,
         min_prompt_tokens=datagen.min_prompt_tokens, max_prompt_tokens=datagen.max_prompt_tokens,
@@ -202,8 +210,8 @@ def _manifest(recipe: Recipe, plan: DatagenPlan, engine_info: dict[str, Any], sh
                      "max_tokens": recipe.datagen.max_tokens, "seed": recipe.datagen.seed,
                      "regenerate": recipe.datagen.regenerate},
         "engine": engine_info,
-        "sources": [{"path": s.path, "split": s.split, "subset": s.subset, "label": source_name(s)}
-                    for s in recipe.datagen.sources],
+        "sources": [{"path": s.path, "split": s.split, "subset": s.subset, "label": label}
+                    for s, label in zip(recipe.datagen.sources, source_labels(recipe.datagen.sources), strict=True)],
         "counts": plan.report.as_dict(), "exclude_eval": recipe.datagen.exclude_eval,
         "num_conversations": len(plan.conversations), "num_turns": plan.num_turns, "shards": shards,
     }
@@ -226,7 +234,7 @@ def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress 
         summary["already_done"] = sum(1 for i in range(len(shards)) if shard_path(plan.out_dir, i).is_file())
         return summary
     previous = _check_resumable(plan.out_dir, plan)
-    with exclusive_output(plan.out_dir, "datagen.output_dir"):  # one writer at a time
+    with exclusive_output(plan.out_dir, "datagen.output_dir", kind="dspark.datagen"):  # one writer, its own dir
         pending = any(not shard_path(plan.out_dir, i).is_file() for i in range(len(shards)))
         engine = make_engine(recipe, plan, llm) if pending else None
         try:

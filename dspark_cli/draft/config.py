@@ -178,12 +178,20 @@ def _positive(cfg: DSparkDraftConfig, *fields: str) -> None:
             _fail(field, f"must be a positive integer, got {value!r}")
 
 
+MAX_LAYERS = 64  # a DSpark draft has 1-8 layers; more is a typo or a hostile config (recipe/schema.py says the same)
+MAX_BLOCK_SIZE = 64  # tokens per drafting step (vLLM's num_speculative_tokens; DSpark uses 7)
+
+
 def _validate(cfg: DSparkDraftConfig) -> None:
     if cfg.arch not in ARCHS:
         _fail("arch", f"must be one of {ARCHS}, got {cfg.arch!r}")
     _positive(cfg, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
               "num_attention_heads", "target_hidden_size", "block_size", "markov_rank",
               "max_position_embeddings")
+    if cfg.num_hidden_layers > MAX_LAYERS:  # checked before any model is built (even a meta one takes minutes)
+        _fail("num_layers", f"at most {MAX_LAYERS} draft layers, got {cfg.num_hidden_layers:,} (num_hidden_layers)")
+    if cfg.block_size > MAX_BLOCK_SIZE:
+        _fail("block_size", f"at most {MAX_BLOCK_SIZE} tokens per step, got {cfg.block_size:,}")
     if cfg.hidden_size != cfg.target_hidden_size:
         _fail("hidden_size", f"must equal the target's hidden size {cfg.target_hidden_size} "
               f"(the draft borrows the target's embed_tokens and lm_head), got {cfg.hidden_size}")

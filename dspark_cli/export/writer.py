@@ -24,13 +24,14 @@ from typing import Any
 from dspark_cli import __version__
 from dspark_cli.errors import DsparkError, NotBuiltError, UsageError
 from dspark_cli.export.rules import FP32_TENSORS, Finding, check_against_target, check_draft_dir, num_bytes
+from dspark_cli.artifacts.draft import DRAFT_FILES
 from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
 from dspark_cli.artifacts.draft import LoadedDraft, load_draft_dir
 from dspark_cli.artifacts.files import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
                                  sha256_file, write_json_atomic)
 from dspark_cli.targets import local_config, resolve_target
 
-EXPORTED_FILES = ("config.json", "model.safetensors", "recipe.yaml")
+EXPORTED_FILES = DRAFT_FILES
 log = logging.getLogger(__name__)
 
 
@@ -154,7 +155,7 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
         raise UsageError("export needs an output directory", "pass -o DIR (or --recipe for export.output_dir)")
     final = Path(output_dir)
     claim_output_dir(final, kind="dspark.draft", what="draft", force=force, manifest_name=MANIFEST,
-                     inputs=(checkpoint, draft.source))
+                     inputs=(checkpoint, draft.source), own=EXPORTED_FILES)
     final.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_temp_dirs(final)  # left by killed exports of this directory (never a live one's)
     tmp = make_temp_dir(final)

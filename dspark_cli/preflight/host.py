@@ -73,12 +73,21 @@ def capture_backend_runs_here(recipe: Recipe, context: Context) -> list[str]:
     return problems
 
 
+RANK_MEMORY = 2**29  # a CPU training rank holds torch, transformers and dspark: > 0.5 GiB before any data
+
+
 def train_processes_fit(recipe: Recipe, context: Context) -> list[str]:
-    """One training process per GPU on a GPU machine; on CPU any count runs (gloo)."""
+    """One training process per GPU on a GPU machine; on CPU as many gloo processes as the memory holds."""
     train, gpus = recipe.train, context.machine.gpus
     if gpus and train.nproc_per_node > gpus:
         return [f"train.nproc_per_node: {train.nproc_per_node} processes, one per GPU, but {gpus} GPU(s) are "
                 f"visible here; set train.nproc_per_node={gpus} (or --nproc {gpus})"]
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    most = max(1, memory // RANK_MEMORY)
+    if not gpus and train.nproc_per_node > most:
+        return [f"train.nproc_per_node: {train.nproc_per_node:,} processes on this machine without a GPU need over "
+                f"{train.nproc_per_node * RANK_MEMORY / 2**30:,.0f} GiB of memory (0.5 GiB each), it has "
+                f"{memory / 2**30:.1f} GiB; set train.nproc_per_node to at most {most} (or --nproc)"]
     return []
 
 

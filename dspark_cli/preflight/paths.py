@@ -13,7 +13,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dspark_cli.artifacts.files import MANIFEST_NAME, claim_output_dir, manifest_kind
+from dspark_cli.artifacts.files import MANIFEST_NAME, claim_output_dir, ownership_problem
+from dspark_cli.artifacts.draft import DRAFT_FILES
 from dspark_cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def export_output_claimable(recipe: Recipe, context: Context) -> list[str]:
     source = context.options.inputs.get("export", recipe.stage_dir("train"))
     try:
         claim_output_dir(recipe.stage_dir("export"), kind="dspark.draft", what="draft", force=context.options.force,
-                         manifest_name=DRAFT_MANIFEST, inputs=(source,))
+                         manifest_name=DRAFT_MANIFEST, inputs=(source,), own=DRAFT_FILES)
     except UsageError as exc:
         return [f"export.output_dir: {exc.message}; {exc.hint}"]
     return []
@@ -60,21 +61,12 @@ def export_output_claimable(recipe: Recipe, context: Context) -> list[str]:
 
 def resumable_output_is_ours(recipe: Recipe, context: Context) -> list[str]:
     """datagen / capture / train continue in their directory: refused when another stage (or something
-    else) wrote it."""
+    else: a user's directory) wrote it (`ownership_problem`, what the stage itself refuses)."""
     problems = []
     for stage in context.stages:
-        if stage not in KINDS:
-            continue
-        out = Path(recipe.stage_dir(stage)).expanduser()
-        if not out.is_dir():
-            continue
-        kind = manifest_kind(out)
-        if (out / MANIFEST_NAME).is_file() and kind != KINDS[stage]:
-            problems.append(f"{stage}.output_dir: {out} holds {kind or 'an unreadable manifest'}, not {stage} output; "
-                            f"set {stage}.output_dir to a new directory")
-        elif kind is None and stage in SHARDS and any(out.glob(SHARDS[stage])):
-            problems.append(f"{stage}.output_dir: {out} has shards but no manifest; "
-                            f"use a new {stage}.output_dir or delete this one")
+        if stage in KINDS:
+            problem = ownership_problem(recipe.stage_dir(stage), KINDS[stage], f"{stage}.output_dir", SHARDS.get(stage))
+            problems += [problem] if problem else []
     return problems
 
 
@@ -134,10 +126,31 @@ def _manifest(directory: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def outputs_writable(recipe: Recipe, context: Context) -> list[str]:
+    """Each stage's output directory can be made and written here (a read-only current directory, a
+    read-only mount, no permission): what the stage would refuse once it starts writing."""
+    problems = []
+    for stage in context.stages:
+        if stage not in DIR_STAGES:
+            continue
+        where = Path(os.path.abspath(os.path.expanduser(recipe.stage_dir(stage))))
+        existing = where
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+            read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+            reason = "read-only file system" if read_only else "permission denied"
+            problems.append(f"{stage}.output_dir: cannot write {where}: {reason} ({existing}); set output_dir "
+                            "(or -o) to a writable directory")
+    return problems
+
+
 RULES = {stage: [stage_dirs_apart] for stage in DIR_STAGES}
 DISK_RULES = {
-    "datagen": [resumable_output_is_ours],
-    "capture": [resumable_output_is_ours, inputs_ready],
-    "train": [resumable_output_is_ours, capture_settings_match, resume_never_has_nothing_to_overwrite],
-    "export": [export_output_claimable, inputs_ready],
+    "datagen": [resumable_output_is_ours, outputs_writable],
+    "capture": [resumable_output_is_ours, inputs_ready, outputs_writable],
+    "train": [resumable_output_is_ours, capture_settings_match, resume_never_has_nothing_to_overwrite,
+              outputs_writable],
+    "export": [export_output_claimable, inputs_ready, outputs_writable],
+    "bench": [outputs_writable],
 }

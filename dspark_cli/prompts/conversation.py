@@ -110,14 +110,25 @@ def to_conversation(record: Any, schema: str, fields: dict[str, str], where: str
         raise UsageError(f"{where}: unknown format {schema!r}; use one of {', '.join(SCHEMAS)}")
     if not any(m["role"] == "user" and m["content"].strip() for m in messages):
         raise UsageError(f"{where}: no user turn with text")
+    first = next(i for i, m in enumerate(messages) if m["role"] != "system")
+    if messages[first]["role"] == "assistant":
+        raise UsageError(f"{where}: the conversation starts with an assistant turn (message {first}); "
+                         "an assistant answers a user turn", "drop that turn, or the record")
     record_id = record.get(fields.get("id", "id"), record.get("question_id"))
-    meta = {k: record[k] for k in ("category",) if k in record}
+    meta: dict[str, Any] = {k: record[k] for k in ("category",) if k in record}
+    if record_id is None:
+        meta["id_from_content"] = True  # read_source numbers exact repeats instead of refusing them
     conv_id = str(record_id) if record_id is not None else _content_id(messages)
     return Conversation(id=f"{source}#{conv_id}", source=source, messages=messages, meta=meta)
 
 
+def content_digest(messages: list[dict[str, str]]) -> str:
+    """sha256 of a conversation's messages (what tells two records apart)."""
+    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+
+
 def _content_id(messages: list[dict[str, str]]) -> str:
-    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:16]
+    return content_digest(messages)[:16]
 
 
 def _field(record: dict[str, Any], fields: dict[str, str], name: str, where: str) -> Any:

@@ -11,12 +11,14 @@ a missing field, a dataset that cannot be fetched offline.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.prompts.conversation import Conversation, to_conversation
+from dspark_cli.prompts.conversation import Conversation, content_digest, to_conversation
 from dspark_cli.errors import UsageError
+from dspark_cli.recipe.bounded import parse_json
 from dspark_cli.recipe.schema import PromptSource
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -34,14 +36,58 @@ def source_name(source: PromptSource) -> str:
     return label
 
 
-def read_source(source: PromptSource) -> Iterator[Conversation]:
-    """Yield the conversations of one source, in file order, at most `max_samples`."""
-    label = source_name(source)
+def source_labels(sources: list[PromptSource], field: str = "datagen.sources") -> list[str]:
+    """Distinct labels for `sources` (conversation ids are `label#id`): `source_name`, or the path as written
+    where two files share a name (`srcA/p.jsonl`, `srcB/p.jsonl`). A source listed twice is a UsageError."""
+    def identity(source: PromptSource) -> tuple[str, str, str | None]:
+        path = source.path
+        if _bundled(path) is None and _looks_local(path):
+            path = str(Path(path).expanduser().resolve())
+        return path, source.split, source.subset
+
+    seen: dict[tuple[str, str, str | None], int] = {}
+    for index, source in enumerate(sources):
+        first = seen.setdefault(identity(source), index)
+        if first != index:
+            raise UsageError(f"{field}[{index}] ({source.path}) repeats {field}[{first}]: its conversations would be "
+                             "read twice", "list each source once (max_samples limits how many are taken)")
+    labels = [source_name(s) for s in sources]
+    for index, source in enumerate(sources):
+        if labels.count(labels[index]) > 1 and _bundled(source.path) is None and _looks_local(source.path):
+            labels[index] = os.path.normpath(source.path) + (f":{source.subset}" if source.subset else "")
+    for index, label in enumerate(labels):
+        if labels.index(label) != index:
+            raise UsageError(f"{field}[{index}] ({sources[index].path}) and {field}[{labels.index(label)}] have the "
+                             f"same label {label!r}, so their conversation ids would collide",
+                             "give the files distinct paths")
+    return labels
+
+
+def read_source(source: PromptSource, label: str | None = None) -> Iterator[Conversation]:
+    """Yield the conversations of one source, in file order, at most `max_samples`. Ids are unique in a
+    source: a record repeating another's id is a UsageError (records without one are told apart by content,
+    and exact repeats numbered: dedup drops them later)."""
+    label = label or source_name(source)
     count = 0
+    first_at: dict[str, tuple[str, str]] = {}  # id -> (where, content digest)
     for where, record in _records(source):
         if source.max_samples is not None and count >= source.max_samples:
             return
-        yield to_conversation(record, source.format, source.fields, where, label)
+        conv = to_conversation(record, source.format, source.fields, where, label)
+        content = content_digest(conv.messages)
+        if conv.id in first_at:
+            first, same = first_at[conv.id][0], first_at[conv.id][1] == content
+            if not same and not conv.meta.get("id_from_content"):
+                raise UsageError(f"{where}: id {conv.id.split('#', 1)[1]!r} repeats the record at {first} with other "
+                                 "messages; ids must be unique within a source (a repeated id would drop a "
+                                 "conversation)", "fix the ids, or map another field with fields: {id: <field>}")
+            repeat = 2  # the same conversation again: numbered, for dedup to count and drop
+            while f"{conv.id}~{repeat}" in first_at:
+                repeat += 1
+            conv.id = f"{conv.id}~{repeat}"
+        first_at[conv.id] = (where, content)
+        conv.meta.pop("id_from_content", None)
+        yield conv
         count += 1
     if count == 0:
         raise UsageError(f"prompt source {source.path} is empty", "point datagen.sources at a file with records")
@@ -88,7 +134,7 @@ def _file_records(path: Path) -> Iterator[tuple[str, Any]]:
         yield from _jsonl_records(path)
     elif suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse_json(path.read_text(encoding="utf-8"), str(path))
         except UnicodeDecodeError as exc:
             raise _not_text(path, exc) from None
         except json.JSONDecodeError as exc:
@@ -124,7 +170,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield f"{path.name}:{number}", json.loads(line)
+                yield f"{path.name}:{number}", parse_json(line, f"{path}:{number}")
             except json.JSONDecodeError as exc:
                 raise UsageError(f"{path}:{number}: invalid JSON ({exc.msg})", _JSON_HINT) from None
 

@@ -23,31 +23,10 @@ from pydantic import BaseModel, ValidationError
 
 from dspark_cli.errors import RecipeError, UsageError
 from dspark_cli.artifacts.files import make_public
+from dspark_cli.recipe.bounded import MAX_RECIPE_BYTES, parse_yaml, read_text
 from dspark_cli.recipe.schema import Recipe
 
 RESOLVED_NAME = "recipe.yaml"
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that also reads `3e-4` as a float (YAML 1.1 insists on `3.0e-4`)."""
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def parse_yaml(text: str, source: str) -> Any:
-    """Parse YAML text; a syntax error becomes one line naming `source` and the line number."""
-    try:
-        return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{source}{where}: invalid YAML: {problem}", "fix the syntax and run again") from None
 
 
 def template_dir() -> Path:
@@ -187,7 +166,7 @@ def load_recipe(
     if recipe is not None:
         path = resolve_recipe_path(recipe)
         source = str(path)
-        loaded = parse_yaml(path.read_text(encoding="utf-8"), source)
+        loaded = parse_yaml(read_text(path, "recipe", MAX_RECIPE_BYTES), source)
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -297,4 +276,5 @@ def describe_error(err: dict[str, Any]) -> str:
         return f"{_dotted(loc)}: required but missing"
     message = str(err.get("msg", "invalid value"))
     message = message.replace("Input should be", "must be").replace("List should have", "must have")
+    message = message.removeprefix("Value error, ")
     return f"{_dotted(loc)}: {message} (got {_shown(value)})"

@@ -10,15 +10,34 @@ decides whether torch is needed at all.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _plain_path(path: str) -> str:
+    """Output paths: no control characters (a newline lands in every file name under it), no `..` step."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        raise ValueError(f"must not contain control characters such as a newline (got {path!r})")
+    if ".." in path.replace("\\", "/").split("/"):
+        raise ValueError("must not step out with '..'; write the path without it (an absolute path is fine)")
+    return path
+
+
+OutputPath = Annotated[str, AfterValidator(_plain_path)]
+
+
+def _plain_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}", name):
+        raise ValueError("must be a plain name of letters, digits, '.', '_', '+' and '-' (it names directories)")
+    return name
 
 
 class Section(BaseModel):
     """Base of every recipe section: strict types, unknown keys forbidden, assignments checked."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
 
 class TargetSection(Section):
@@ -102,7 +121,7 @@ class DatagenSection(Section):
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism for regeneration.")
     data_parallel_size: int = Field(1, gt=0, description="vLLM data parallel replicas for regeneration.")
     seed: int = Field(0, description="Sampling seed.")
-    output_dir: str | None = Field(None, description="Where shards go; default `<output_dir>/data`.")
+    output_dir: OutputPath | None = Field(None, description="Where shards go; default `<output_dir>/data`.")
 
     def engine_here(self, vllm_installed: bool | None = None) -> Literal["hf", "vllm"]:
         """The engine that runs on this machine: `auto` is vllm where vLLM can be imported (or an
@@ -168,7 +187,7 @@ class CaptureSection(Section):
         False, description="Kimi-K3 only: value of VLLM_KIMI_K3_AUX_ATTN_RES_STREAM at capture; "
         "serving must use the same value."
     )
-    output_dir: str | None = Field(None, description="Where shards go; default `<output_dir>/hidden`.")
+    output_dir: OutputPath | None = Field(None, description="Where shards go; default `<output_dir>/hidden`.")
 
     def backend_here(self, vllm_installed: bool | None = None) -> Literal["hf", "vllm"]:
         """The backend that captures on this machine: `auto` is vllm where vLLM can be imported, else hf.
@@ -184,8 +203,8 @@ class DraftSection(Section):
     arch: Literal["auto", "mla", "gqa"] = Field(
         "auto", description="`mla` (K3DSparkModel), `gqa` (Qwen3DSparkModel), or `auto` from the target."
     )
-    num_layers: int = Field(5, gt=0, description="Draft decoder layers.")
-    block_size: int = Field(7, gt=0, description="Tokens drafted per step (= vLLM num_speculative_tokens).")
+    num_layers: int = Field(5, gt=0, le=64, description="Draft decoder layers (at most 64).")
+    block_size: int = Field(7, gt=0, le=64, description="Tokens drafted per step (= vLLM num_speculative_tokens; at most 64).")
     target_layer_ids: list[int] | None = Field(
         None, description="0-based target layers whose outputs feed the draft (output of layer k = "
         "transformers `hidden_states[k+1]`); default: spread over the target's depth."
@@ -286,7 +305,7 @@ class TrainSection(Section):
     )
     wandb_project: str | None = Field(None, description="Weights & Biases project (sink `wandb`).")
     seed: int = Field(0, description="Seed for anchors, data order and initialisation.")
-    output_dir: str | None = Field(None, description="Checkpoints and metrics; default `<output_dir>/train`.")
+    output_dir: OutputPath | None = Field(None, description="Checkpoints and metrics; default `<output_dir>/train`.")
 
 
 class ExportSection(Section):
@@ -297,7 +316,7 @@ class ExportSection(Section):
     include_embeddings: bool = Field(
         False, description="Also write the target's embed_tokens/lm_head (for engines that need them)."
     )
-    output_dir: str | None = Field(None, description="Draft directory; default `<output_dir>/draft`.")
+    output_dir: OutputPath | None = Field(None, description="Draft directory; default `<output_dir>/draft`.")
 
 
 class ServeSection(Section):
@@ -358,7 +377,7 @@ class BenchSection(Section):
     reference: dict[str, float] = Field(
         default_factory=dict, description="Published numbers shown beside ours, e.g. `{mt_bench_tau_t1: 3.72}`."
     )
-    output_dir: str | None = Field(None, description="Reports and plots; default `<output_dir>/bench`.")
+    output_dir: OutputPath | None = Field(None, description="Reports and plots; default `<output_dir>/bench`.")
 
 
 class PublishSection(Section):
@@ -380,8 +399,9 @@ class PublishSection(Section):
 class Recipe(Section):
     """A whole dspark run: the target, then one section per stage."""
 
-    name: str = Field("dspark-run", description="Run name; used in output paths.")
-    output_dir: str = Field("runs/{name}", description="Root of every stage's outputs (`{name}` is substituted).")
+    name: Annotated[str, AfterValidator(_plain_name)] = Field(
+        "dspark-run", description="Run name; used in output paths (letters, digits, `.`, `_`, `+`, `-`).")
+    output_dir: OutputPath = Field("runs/{name}", description="Root of every stage's outputs (`{name}` is substituted).")
     seed: int = Field(0, description="Global seed.")
     target: TargetSection = Field(default_factory=TargetSection, description="The target model.")
     datagen: DatagenSection = Field(default_factory=DatagenSection, description="Response regeneration.")

@@ -37,9 +37,17 @@ class ChatFormat:
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
     def render_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
-        out = self.tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=add_generation_prompt, **self.kwargs
-        )
+        from jinja2 import TemplateError  # transformers' dependency; SecurityError (the sandbox) is one
+
+        try:
+            out = self.tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=add_generation_prompt, **self.kwargs
+            )
+        except TemplateError as exc:  # the template refused (raise_exception) or did what its sandbox forbids
+            name = getattr(self.tokenizer, "name_or_path", "the target")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise UsageError(f"the chat template of {name} failed on a conversation ({type(exc).__name__}: {first})",
+                             "fix the template (target.tokenizer), or the conversations it refuses") from None
         if isinstance(out, dict) or hasattr(out, "input_ids"):  # transformers returns a BatchEncoding
             out = out["input_ids"]
         return list(out)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,38 @@ def _signature(directory: Path) -> tuple:
 def _checked(directory: Path, signature: tuple) -> dict[str, Any]:
     del signature  # part of the cache key only
     config = read_target_config(directory)
+    shapes: dict[str, list[int]] = {}
     for file in _weight_files(directory):
-        read_safetensors_header(file)
+        header = read_safetensors_header(file)
+        shapes.update({name: info.get("shape") for name, info in header.items() if name != "__metadata__"})
+    problem = sizes_problem(config, shapes)
+    if problem:
+        raise DataError(f"{directory / CONFIG}: {problem}",
+                        "config.json and the weights come from different models: restore the model's own config.json")
     return config
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def sizes_problem(config: dict[str, Any], shapes: dict[str, Any]) -> str | None:
+    """Where config.json's sizes disagree with the weights' shapes (what a loader would refuse, or fill with
+    random weights): the embedding's vocab x hidden, the first MLP's width, the number of layers. None: agree."""
+    def claimed(key: str) -> Any:
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        return config.get(key, text.get(key))
+
+    embed = next((s for n, s in shapes.items() if n.endswith("embed_tokens.weight")), None)
+    if isinstance(embed, list) and len(embed) == 2:
+        for key, dim in (("vocab_size", 0), ("hidden_size", 1)):
+            if isinstance(claimed(key), int) and claimed(key) != embed[dim]:
+                return f"{key} is {claimed(key)} but embed_tokens.weight is {embed[0]} x {embed[1]}"
+    gate = next((s for n, s in shapes.items() if n.endswith("layers.0.mlp.gate_proj.weight")), None)
+    width = claimed("intermediate_size")
+    if isinstance(gate, list) and len(gate) == 2 and isinstance(width, int) and width != gate[0]:
+        return f"intermediate_size is {width} but layers.0.mlp.gate_proj.weight is {gate[0]} x {gate[1]}"
+    layers = {int(m.group(1)) for n in shapes if (m := _LAYER.search(n))}
+    count = claimed("num_hidden_layers")
+    if layers and isinstance(count, int) and count > len(layers):
+        return f"num_hidden_layers is {count} but the weights hold {len(layers)} layers"
+    return None

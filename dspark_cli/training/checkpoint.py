@@ -36,8 +36,9 @@ import torch
 
 from dspark_cli.contract import Contract
 from dspark_cli.artifacts.files import write_json_atomic
-from dspark_cli.artifacts.train import LATEST, META, is_complete_checkpoint, latest_checkpoint, read_checkpoint_meta
-from dspark_cli.errors import ContractError, UsageError
+from dspark_cli.artifacts.train import (LATEST, META, checkpoint_hint, is_complete_checkpoint, latest_checkpoint,
+                                        read_checkpoint_meta)
+from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.training.distributed import DistEnv, barrier
 from dspark_cli.training.integrity import (SafePlanner, SafeReader, checkpoint_errors, hash_own_files,
                                           verify_checkpoint, write_checksums)
@@ -172,6 +173,30 @@ def check_contract(meta: dict[str, Any], contract: Contract, where: Path) -> Non
     contract.check_against(found, str(where))  # the target is identified by its config hash, not its name
 
 
+def check_meta(meta: Any, where: Path, num_steps: int | None = None) -> None:
+    """meta.json's step and data position are what save_checkpoint writes: the step its directory is named
+    after (and, given `num_steps`, within the run), a position of non-negative integers. Checksums only prove
+    the files are as written, and a re-signed meta.json is as written too."""
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
+
+    step = meta.get("step") if isinstance(meta, dict) else None
+    position = meta.get("position") if isinstance(meta, dict) else None
+    named = where.name.removeprefix("step-")
+    problem = None
+    if not count(step):
+        problem = f"its step {step!r} is not a step count"
+    elif named.isdigit() and int(named) != step:
+        problem = f"its meta.json claims step {step:,} but the checkpoint is {where.name}"
+    elif num_steps is not None and step > num_steps:
+        problem = f"its meta.json claims step {step:,}, past the run's {num_steps:,} steps"
+    elif not isinstance(position, dict) or not all(count(position.get(k)) for k in ("epoch", "consumed")) \
+            or not count(meta.get("tokens", 0)):
+        problem = "its data position or token count is not a set of non-negative integers"
+    if problem:
+        raise DataError(f"{where}: not a checkpoint dspark wrote: {problem}", checkpoint_hint(where))
+
+
 def load_checkpoint(env: DistEnv, path: Path, *, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     contract: Contract, settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Verify every file against checksums.json (before anything is unpickled), check the contract
@@ -184,6 +209,7 @@ def load_checkpoint(env: DistEnv, path: Path, *, module: torch.nn.Module, optimi
 
     verify_checkpoint(env, path)
     meta = read_checkpoint_meta(path)
+    check_meta(meta, Path(path))
     check_contract(meta, contract, path)
     if settings is not None:  # before the load: a changed draft shape would not even load
         check_same_settings(meta.get("settings"), settings, where=path, out_dir=Path(path).parent.parent)

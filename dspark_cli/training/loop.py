@@ -148,13 +148,13 @@ def train_step(env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Opt
 
     optimizer.zero_grad(set_to_none=True)
     flops = None
-    if count:
-        holder: list[torch.Tensor] = []
-        flops = count_flops(lambda: holder.append(forward_backward()))
+    if count:  # on a pass of its own whose gradients are dropped: some kernels round differently under
+        # FlopCounterMode (a dispatch mode), and the counted step is a run's first, so a resumed run's first
+        # step would differ (by ~1 ulp) from the same step of an uninterrupted run
+        flops = count_flops(forward_backward)
         flops += sum(attention_flops(b.anchors, b.anchor_mask, draft_config(module)) for b in batches)
-        stats = holder[0]
-    else:
-        stats = forward_backward()
+        optimizer.zero_grad(set_to_none=True)
+    stats = forward_backward()
     grad_norm = clip_grad_norm([p for p in module.parameters() if p.requires_grad], cfg.grad_clip, env)
     optimizer.step()
     real = [g for g in groups if g]

@@ -199,7 +199,7 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         if env.is_main:  # one run writes a train directory (another's temp files are not a killed run's)
             from dspark_cli.artifacts.files import exclusive_output
 
-            stack.enter_context(exclusive_output(out_dir, "train.output_dir"))
+            stack.enter_context(exclusive_output(out_dir, "train.output_dir", kind="dspark.train"))
         online = lengths = data_id = None
         if sequences is None:
             if recipe.capture.mode == "online":

@@ -28,7 +28,8 @@ from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
 from dspark_cli.artifacts.files import make_public, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
-from dspark_cli.training.checkpoint import clean_stale, load_checkpoint, resolve_resume, save_checkpoint
+from dspark_cli.training.checkpoint import (check_meta, clean_stale, load_checkpoint, resolve_resume,
+                                           save_checkpoint)
 from dspark_cli.training.data import StepStream, prepare
 from dspark_cli.training.distributed import DistEnv, barrier, shard
 from dspark_cli.training.flops import peak_flops
@@ -153,6 +154,8 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
         seq_lengths = lengths() if lengths is not None else count_lengths(sequences, recipe)
         num_steps = plan_run(lengths=seq_lengths, tokens_per_step=train.tokens_per_step, epochs=train.epochs,
                              max_steps=None, world_size=env.world_size, seed=train.seed).num_steps
+    if checkpoint_path is not None:
+        check_meta(meta, checkpoint_path, num_steps)  # a step past the run would end it at once, "finished"
     if num_steps == 0:
         raise DataError("no trainable sequences: every captured sequence lacks loss-masked tokens with target states",
                         "check datagen's loss masks and the capture output")

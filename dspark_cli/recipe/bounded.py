@@ -1,0 +1,121 @@
+"""Reading YAML and JSON that come from outside (recipes, a draft's recipe, prompt files), with bounds.
+
+    text = read_text(path, "recipe", MAX_RECIPE_BYTES)   # size checked before reading; not UTF-8: one line
+    tree = parse_yaml(text, "my.yaml")                   # aliases, nesting and node count bounded
+    data = parse_json(text, "prompts.json")              # nesting too deep: one line, not a RecursionError
+
+A YAML alias bomb (`b: &b [*a, *a, ...]` nine levels deep is 1e9 elements) parses into a few shared
+nodes and then costs minutes and gigabytes in whatever walks it (validation, dumping): the composed
+node graph is measured, aliases expanded, before anything is built from it. Every failure is one
+`UsageError` naming the source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dspark_cli.errors import UsageError
+
+MAX_RECIPE_BYTES = 1 << 20  # the shipped recipes are ~5 KB
+MAX_YAML_NODES = 100_000  # values, keys and items after aliases are expanded (a recipe has ~300)
+MAX_NESTING = 64  # mappings and lists inside each other (a recipe nests 4 deep)
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """SafeLoader that also reads `3e-4` as a float (YAML 1.1 insists on `3.0e-4`) and refuses a document
+    whose node graph, aliases expanded, is larger than MAX_YAML_NODES or nests deeper than MAX_NESTING."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        _measure(node)
+        return node
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _measure(root: yaml.Node) -> None:
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if depth > MAX_NESTING:
+            raise _TooBig(f"nested deeper than {MAX_NESTING} levels")
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise _TooBig("an alias refers to a node that contains it (a recursive alias)")
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
+        if total > MAX_YAML_NODES:
+            raise _TooBig(f"more than {MAX_YAML_NODES:,} values once its aliases are expanded (an alias bomb?)")
+        open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    if root is not None:
+        size(root, 0)
+
+
+def read_text(path: str | os.PathLike[str], what: str, max_bytes: int) -> str:
+    """The UTF-8 text of `path`, refused in one line when larger than `max_bytes` (checked before reading)
+    or not UTF-8."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise UsageError(f"{path}: {size:,} bytes, more than a {what} may be ({max_bytes:,})",
+                             f"is this the right file? a {what} is a small YAML text file")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or type(exc).__name__}", "check the path") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise UsageError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); a {what} is UTF-8 YAML",
+                         "save it as UTF-8 (or pass the right file)") from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse YAML text; a syntax error, an alias bomb or too deep a nesting is one line naming `source`."""
+    try:
+        return yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass
+    except _TooBig as exc:
+        raise UsageError(f"{source}: refused: {exc}", "write the values out; a recipe needs no deep aliases") from None
+    except RecursionError:
+        raise UsageError(f"{source}: refused: nested too deeply to read", "a recipe nests a few levels") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{source}{where}: invalid YAML: {problem}", "fix the syntax and run again") from None
+
+
+def parse_json(text: str | bytes, source: str) -> Any:
+    """`json.loads`, with nesting too deep for Python (a RecursionError) as one line naming `source`;
+    a syntax error stays a `json.JSONDecodeError` for the caller to word."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise UsageError(f"{source}: JSON nested too deeply to read (thousands of levels)",
+                         "a record is an object of messages a few levels deep; fix or drop it") from None
