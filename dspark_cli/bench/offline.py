@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.bench.calibration import calibration
 from dspark_cli.bench.datasets import BenchDataset, category, load_datasets
 from dspark_cli.bench.stats import TurnStats, summarize
 from dspark_cli.errors import UsageError
@@ -132,7 +133,8 @@ class OfflineBench:
                 out = engine.generate(prompt, sampling, seed=_seed(self.recipe.seed, conv.id, index, temperature))
                 answer = tokenizer.decode(out.token_ids, skip_special_tokens=True)
                 history = [*messages, {"role": "assistant", "content": answer}]
-                turns.append(TurnStats(category(conv), out.accepted, out.verified, len(out.token_ids), out.seconds))
+                turns.append(TurnStats(category(conv), out.accepted, out.verified, len(out.token_ids), out.seconds,
+                                       out.confidences, out.contexts))
                 if on_turn is not None:
                     on_turn(len(out.token_ids))
         return turns
@@ -177,6 +179,8 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
                               "tokens_per_verified": tau / verified if tau and verified else None,
                               "tokens_per_second": summary["tokens_per_second"]})
                 if threshold == 0.0:
+                    if bench.drafter.has_confidence:
+                        row["calibration"] = calibration(turns, n)
                     runs.append(row)
                 log.info("bench %s T=%g threshold %g: tau %.3f over %d steps", dataset.name, temperature, threshold,
                          tau or float("nan"), summary["num_steps"])

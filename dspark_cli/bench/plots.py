@@ -159,6 +159,42 @@ def plot_confidence(result: dict[str, Any], path: Path) -> str | None:
     return _save(fig, path, "confidence_tradeoff", series)
 
 
+def plot_calibration(result: dict[str, Any], path: Path) -> str | None:
+    """Per run with a confidence head: the reliability diagram (pooled over positions) and, per draft
+    position, the mean predicted survival against the observed acceptance rate."""
+    runs = [r for r in (result.get("offline") or {}).get("runs", []) if r.get("calibration")]
+    if not runs:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10.0, 4.2))
+    left, right = axes
+    left.plot([0, 1], [0, 1], linestyle=":", color="gray", linewidth=1)
+    series = []
+    for run in runs:
+        cal, label = run["calibration"], run_label(run)
+        bins = cal["overall"]["bins"]
+        line, = left.plot([b["predicted"] for b in bins], [b["observed"] for b in bins], marker="o",
+                          label=f"{label}: ECE {cal['overall']['ece']:.3f}, {cal['verdict']}")
+        for b in bins:
+            left.annotate(str(b["n"]), (b["predicted"], b["observed"]), fontsize=6, textcoords="offset points",
+                          xytext=(3, -8), color=line.get_color())
+        positions = [p for p in cal["positions"] if p["predicted_survival"] is not None]
+        xs = [p["position"] for p in positions]
+        right.plot(xs, [p["observed_acceptance"] for p in positions], marker="o", color=line.get_color(),
+                   label=f"{label} observed")
+        right.plot(xs, [p["predicted_survival"] for p in positions], marker="x", linestyle="--",
+                   color=line.get_color(), label=f"{label} predicted (survival)")
+        series.append(label)
+    left.set(xlabel="predicted acceptance (confidence; bin mean)", ylabel="observed acceptance (slots reached)",
+             xlim=(0, 1.02), ylim=(0, 1.02), title="Reliability diagram (labels: slots per bin)")
+    right.set(xlabel="draft position", ylabel="acceptance rate (per drafting step)", ylim=(0, 1.02),
+              title="Per position: predicted vs observed")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path, "calibration", series)
+
+
 def write_plots(result: dict[str, Any], reference: list[dict[str, Any]], out_dir: Path) -> dict[str, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     made = {
@@ -166,5 +202,6 @@ def write_plots(result: dict[str, Any], reference: list[dict[str, Any]], out_dir
         "tau_by_category": plot_tau_by_category(result, reference, out_dir / "tau_by_category.png"),
         "throughput_vs_concurrency": plot_throughput(result, out_dir / "throughput_vs_concurrency.png"),
         "confidence_tradeoff": plot_confidence(result, out_dir / "confidence_tradeoff.png"),
+        "calibration": plot_calibration(result, out_dir / "calibration.png"),
     }
     return {k: v for k, v in made.items() if v is not None}

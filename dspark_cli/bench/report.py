@@ -74,6 +74,8 @@ def terminal_tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[l
         tables.append((f"offline: reference engine, {offline['engine']['rejection_sample_method']} verification, "
                        f"{offline['engine']['draft_sample_method']} drafts, N={n}",
                        ["dataset", "T", "tau [95% CI]", "reference", "acceptance by position", "turns", "tok/s"], rows))
+        if calibration_rows(offline):
+            tables.append(("calibration of the confidence head", CALIBRATION_COLUMNS, calibration_rows(offline)))
         if offline.get("confidence_sweep"):
             rows = [[r["dataset"], f"{r['temperature']:g}", f"{r['threshold']:g}", _fmt(r["tau"]),
                      _fmt(r["verified_per_step"]), _fmt(r["tokens_per_verified"])]
@@ -117,13 +119,15 @@ def markdown(result: dict[str, Any], plots: dict[str, str]) -> str:
         rows = [[run["dataset"], f"{run['temperature']:g}", name, _tau(stats["tau"]), str(stats["num_turns"])]
                 for run in offline["runs"] for name, stats in run["by_category"].items()]
         lines += _md_table(["dataset", "T", "category", "tau [95% CI]", "turns"], rows)
+        lines += calibration_markdown(offline)
         if offline.get("confidence_sweep"):
             lines += ["", "### Confidence-scheduled verification", "",
                       "Only the drafted prefix whose cumulative confidence stays above the threshold is verified: "
                       "how well the confidence head ranks the draft's tokens. This is not vLLM's "
                       "`enable_adaptive_verification`, which picks a batch-wide verification budget from a profiled "
                       "cost model and keeps the slots most likely to survive; measure that on the server.", ""]
-            _, columns, rows = terminal_tables({"offline": offline})[1]
+            _, columns, rows = next(t for t in terminal_tables({"offline": offline})
+                                    if t[0] == "confidence-scheduled verification")
             lines += _md_table(columns, rows)
     if result.get("reference"):
         lines += ["", "## Reference numbers", ""]
@@ -141,6 +145,47 @@ def markdown(result: dict[str, Any], plots: dict[str, str]) -> str:
         lines += ["", "## Plots", ""]
         lines += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
     return "\n".join(lines) + "\n"
+
+
+def calibration_rows(offline: dict[str, Any]) -> list[list[str]]:
+    """One row per run with a confidence head: ECE, Brier, AUC and the verdict."""
+    rows = []
+    for run in offline.get("runs", []):
+        cal = run.get("calibration")
+        if cal:
+            overall = cal["overall"]
+            rows.append([run["dataset"], f"{run['temperature']:g}", str(overall["n"]), _fmt(overall["predicted"]),
+                         _fmt(overall["observed"]), _fmt(overall["ece"], 3), _fmt(overall["brier"], 3),
+                         _fmt(overall["auc"]), cal["verdict"]])
+    return rows
+
+
+CALIBRATION_COLUMNS = ["dataset", "T", "slots", "predicted", "observed", "ECE", "Brier", "AUC", "verdict"]
+
+
+def calibration_markdown(offline: dict[str, Any]) -> list[str]:
+    rows = calibration_rows(offline)
+    if not rows:
+        return []
+    lines = ["", "### Calibration of the confidence head", "",
+             ("For every verified draft slot that was reached (the drafts before it accepted): the head's confidence "
+             "(predicted acceptance) against whether the slot was accepted. ECE over 10 equal-width bins, Brier "
+             "score, AUC (does a higher confidence mean a likelier acceptance?); verdict `miscalibrated` above "
+             "ECE 0.10, `uninformative` at AUC <= 0.55. Per position, `survival` is the mean product of the "
+             "confidences up to the slot (what vLLM's adaptive verification ranks by) beside the observed "
+             "acceptance rate of that position. Reliability diagram: `calibration.png`."), ""]
+    lines += _md_table(CALIBRATION_COLUMNS, rows)
+    for run in offline["runs"]:
+        cal = run.get("calibration")
+        if not cal:
+            continue
+        lines += ["", f"{run['dataset']} T={run['temperature']:g}: {cal['verdict']} ({'; '.join(cal['reasons'])})", ""]
+        rows = [[str(p["position"]), str(p["n"]), _fmt(p["predicted"]), _fmt(p["observed"]), _fmt(p["ece"], 3),
+                 _fmt(p["brier"], 3), _fmt(p["predicted_survival"]), _fmt(p["observed_acceptance"])]
+                for p in cal["positions"]]
+        lines += _md_table(["position", "slots reached", "predicted", "observed", "ECE", "Brier", "survival",
+                            "acceptance"], rows)
+    return lines
 
 
 def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
