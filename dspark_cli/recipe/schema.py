@@ -278,7 +278,10 @@ class TrainSection(Section):
 class ExportSection(Section):
     """`dspark export`: a vLLM-native draft directory."""
 
-    format: Literal["vllm", "speculators"] = Field("vllm", description="Output format.")
+    format: Literal["vllm", "speculators"] = Field(
+        "vllm", description="`vllm`: vLLM's native config.json; `speculators`: the speculators-format config.json "
+        "vLLM reads as Qwen3DSparkModel (GQA drafts only: MLA drafts stay native)."
+    )
     dtype: Literal["bfloat16", "float32", "float16"] = Field("bfloat16", description="Weight dtype on disk.")
     include_embeddings: bool = Field(
         False, description="Also write the target's embed_tokens/lm_head (for engines that need them)."
