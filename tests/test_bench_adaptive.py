@@ -210,3 +210,15 @@ def test_cost_models_from_a_profile_a_table_and_bad_input(tmp_path):
     for bad in ({"draft_curve": [[1, 0.5]]}, {"draft_curve": [[0, 1]], "verify_curve": [[1, 1]]}, "no-such-model"):
         with pytest.raises(UsageError, match="bench.cost_model"):
             load_cost_model(bad)
+
+
+def test_a_bad_cost_model_is_one_line_before_any_work(tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_cli.cli import app
+
+    result = CliRunner().invoke(app, ["bench", str(tmp_path), "--offline", "--recipe", "tiny",
+                                      f"output_dir={tmp_path}", "bench.cost_model=no-such-profile.json"])
+    assert result.exit_code == 2, result.output
+    assert "bench.cost_model: 'no-such-profile.json' is neither h200-estimate nor a file" in result.output
+    assert not (tmp_path / "bench" / "bench.json").exists()

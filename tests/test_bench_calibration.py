@@ -89,3 +89,25 @@ def test_an_honest_head_is_calibrated_and_a_constant_is_not():
 def test_steps_without_confidences_give_no_report():
     turn = TurnStats("all", [1, 2], [3, 3], 0, 0.0, [None, None])
     assert calibration([turn], block_size=3) is None
+
+
+def test_the_model_card_shows_the_calibration(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_support import export_random_draft
+
+    from dspark_cli.publish.card import model_card
+    from dspark_cli.recipe import load_recipe
+
+    recipe = load_recipe("tiny", [f"output_dir={tmp_path}"])
+    draft = export_random_draft(recipe, tmp_path / "draft")
+    cal = calibration([_turn([([0.9, 0.5], 2), ([0.9, 0.5], 0), ([0.3, 0.8], 1), ([0.25, 0.8], 0)])], block_size=2)
+    bench = {"offline": {"runs": [{"dataset": "tiny-eval", "temperature": 1.0, "threshold": 0.0, "num_turns": 1,
+                                   "tau": {"mean": 2.0, "ci95": [1.5, 2.5], "n": 4}, "calibration": cal}]}}
+    manifest = json.loads((draft / "dspark_manifest.json").read_text())
+    card = model_card(draft, manifest, repo_id="me/tiny-dspark", recipe=recipe, license_id="apache-2.0", bench=bench)
+    assert "## Confidence head calibration" in card
+    assert "| tiny-eval | 1 | 6 | 0.61 | 0.50 | 0.508 | 0.377 | 0.50 | miscalibrated |" in card

@@ -76,6 +76,12 @@ def terminal_tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[l
                        ["dataset", "T", "tau [95% CI]", "reference", "acceptance by position", "turns", "tok/s"], rows))
         if calibration_rows(offline):
             tables.append(("calibration of the confidence head", CALIBRATION_COLUMNS, calibration_rows(offline)))
+        if offline.get("baselines"):
+            tables.append(("baselines (same engine, same prompts)", baseline_columns(offline), baseline_rows(offline)))
+        if adaptive_rows(offline):
+            cost = offline["adaptive_verification"]["cost_model"]
+            tables.append((f"vLLM adaptive verification, modelled ({cost['label']})", ADAPTIVE_COLUMNS,
+                           adaptive_rows(offline)))
         if offline.get("confidence_sweep"):
             rows = [[r["dataset"], f"{r['temperature']:g}", f"{r['threshold']:g}", _fmt(r["tau"]),
                      _fmt(r["verified_per_step"]), _fmt(r["tokens_per_verified"])]
@@ -120,6 +126,9 @@ def markdown(result: dict[str, Any], plots: dict[str, str]) -> str:
                 for run in offline["runs"] for name, stats in run["by_category"].items()]
         lines += _md_table(["dataset", "T", "category", "tau [95% CI]", "turns"], rows)
         lines += calibration_markdown(offline)
+        lines += baselines_markdown(offline)
+        lines += adaptive_markdown(offline)
+        lines += context_markdown(offline)
         if offline.get("confidence_sweep"):
             lines += ["", "### Confidence-scheduled verification", "",
                       "Only the drafted prefix whose cumulative confidence stays above the threshold is verified: "
@@ -185,6 +194,95 @@ def calibration_markdown(offline: dict[str, Any]) -> list[str]:
                 for p in cal["positions"]]
         lines += _md_table(["position", "slots reached", "predicted", "observed", "ECE", "Brier", "survival",
                             "acceptance"], rows)
+    return lines
+
+
+BASELINE_NAMES = {"ngram": "n-gram (prompt lookup)", "untrained": "untrained draft"}
+
+
+def baseline_rows(offline: dict[str, Any]) -> list[list[str]]:
+    """Per dataset and temperature: the draft's tau beside each baseline's, with 95% intervals."""
+    rows = []
+    for run in offline.get("runs", []):
+        row = [run["dataset"], f"{run['temperature']:g}", _tau(run["tau"])]
+        for name in dict.fromkeys(b["name"] for b in offline.get("baselines", [])):
+            match = next((b for b in offline["baselines"] if b["name"] == name and b["dataset"] == run["dataset"]
+                          and b["temperature"] == run["temperature"]), None)
+            row.append(_tau(match["tau"]) if match else "-")
+        rows.append(row)
+    return rows
+
+
+def baseline_columns(offline: dict[str, Any]) -> list[str]:
+    names = dict.fromkeys(b["name"] for b in offline.get("baselines", []))
+    return ["dataset", "T", "draft tau [95% CI]", *[BASELINE_NAMES.get(n, n) for n in names]]
+
+
+def baselines_markdown(offline: dict[str, Any]) -> list[str]:
+    if not offline.get("baselines"):
+        return []
+    engine = offline["engine"]
+    return ["", "### Baselines (same engine, same prompts)", "",
+            (f"tau per verification step with the draft, with vLLM's n-gram proposer (prompt lookup, "
+             f"`prompt_lookup_min/max` {engine.get('prompt_lookup', '-')}; a step without a match verifies the "
+             "anchor alone and counts 1), and with the draft's architecture freshly initialised. No speculation "
+             "is 1.00. Plot: `baselines.png`."), "",
+            *_md_table(baseline_columns(offline), baseline_rows(offline))]
+
+
+def adaptive_rows(offline: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for run in (offline.get("adaptive_verification") or {}).get("runs", []):
+        for level in run["levels"]:
+            fixed, adaptive, none = level["fixed"], level["adaptive"], level["none"]
+            rows.append([run["dataset"], f"{run['temperature']:g}", str(level["concurrency"]),
+                         _fmt(fixed["tokens_per_step"]), _fmt(adaptive["tokens_per_step"]),
+                         _fmt(adaptive["drafts_per_request"]), _fmt(none["tokens_per_second"], 0),
+                         _fmt(fixed["tokens_per_second"], 0), _fmt(adaptive["tokens_per_second"], 0),
+                         _fmt(adaptive["tokens_per_second"] / none["tokens_per_second"])])
+    return rows
+
+
+ADAPTIVE_COLUMNS = ["dataset", "T", "concurrency", "tokens/step fixed", "tokens/step adaptive", "drafts/request adaptive",
+                    "tok/s none", "tok/s fixed", "tok/s adaptive", "adaptive / none"]
+
+
+def adaptive_markdown(offline: dict[str, Any]) -> list[str]:
+    model = offline.get("adaptive_verification")
+    if not model or not model.get("runs"):
+        return []
+    cost = model["cost_model"]
+    label = cost["label"] + (" -- an ESTIMATE, not a measurement" if cost["estimate"] else "")
+    return ["", "### vLLM adaptive verification across concurrency (model)", "",
+            (f"Cost model: {label}. vLLM's `enable_adaptive_verification` policy (budget from the cost model, "
+             "slots by survival across the batch) replayed on this run's recorded confidences and acceptances, "
+             "against verifying every draft (fixed-k) and no speculation. Tokens per verification step are per "
+             "request; tokens/s are modelled from the cost model, not measured. How to read it: docs/bench.md. "
+             "Plot: `adaptive_verification.png`."), "",
+            *_md_table(ADAPTIVE_COLUMNS, adaptive_rows(offline))]
+
+
+def context_markdown(offline: dict[str, Any]) -> list[str]:
+    blocks = [(f"{run['dataset']} T={run['temperature']:g}", run.get("by_context") or [], None)
+              for run in offline.get("runs", [])]
+    blocks += [(f"{s['dataset']} T={s['temperature']:g} (context sweep, {s['num_turns']} turns)", s["bins"], s["note"])
+               for s in offline.get("context_sweep", [])]
+    if not any(bins for _, bins, _ in blocks):
+        return []
+    from dspark_cli.bench.context import drop_note
+
+    lines = ["", "### Acceptance by context length", "",
+             ("Every verification step binned by the tokens before its anchor (prompt, earlier turns and the "
+              "answer so far); `bench.context_sweep: true` adds the prompts chained into long conversations. "
+              "Plot: `context_sweep.png`."), ""]
+    for title, bins, note in blocks:
+        if not bins:
+            continue
+        lines += [f"{title}: {note or drop_note(bins)}", ""]
+        rows = [[f"{b['low']}-{b['high']}", str(b["num_steps"]), str(b["num_turns"]), _tau(b["tau"]),
+                 " ".join(_fmt(p) for p in b["acceptance_per_position"])] for b in bins]
+        lines += _md_table(["context tokens", "steps", "turns", "tau [95% CI]", "acceptance by position"], rows)
+        lines.append("")
     return lines
 
 
