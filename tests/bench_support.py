@@ -77,7 +77,7 @@ class TableDrafter:
     def end(self) -> None:
         pass
 
-    def propose(self, anchor, *, temperature, greedy, num_tokens, generator):
+    def propose(self, anchor, *, temperature, greedy, num_tokens, generator, history=None):
         prefix = [*self.context, anchor]
         tokens, logits = [], []
         for _ in range(num_tokens):

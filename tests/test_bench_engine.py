@@ -110,7 +110,7 @@ class ReplayDrafter:
     def end(self):
         pass
 
-    def propose(self, anchor, *, temperature, greedy, num_tokens, generator):
+    def propose(self, anchor, *, temperature, greedy, num_tokens, generator, history=None):
         start = sum(r.shape[0] for r in self.rows) + 1  # the context ends before the anchor
         truth = self.sequence[start:start + num_tokens]
         truth += [0] * (num_tokens - len(truth))

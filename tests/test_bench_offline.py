@@ -69,7 +69,8 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     # the draft's recipe supplies its description (target, geometry); bench settings are the user's
     result = CliRunner().invoke(app, ["bench", str(draft), "--offline", "bench.temperatures=[0.0, 1.0]",
                                       "bench.datasets=[mt_bench]", "bench.num_prompts=2", "bench.max_tokens=32",
-                                      "bench.confidence_thresholds=[0.0, 0.6]", "--format", "json"])
+                                      "bench.confidence_thresholds=[0.0, 0.6]", "bench.context_sweep=true", "bench.model_concurrency=[1, 16, 256]",
+                                      "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     runs = data["offline"]["runs"]
@@ -86,9 +87,30 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     assert sweep[1]["verified_per_step"] <= sweep[0]["verified_per_step"] == recipe.draft.block_size + 1
     bench_dir = tmp_path / "bench"  # beside the draft (runs/NAME/draft -> runs/NAME/bench), not where its recipe says
     assert Path(data["files"]["json"]) == bench_dir / "bench.json" and (bench_dir / "bench.md").is_file()
+    # the baselines on the same prompts, the adaptive-verification model and the context sweep
+    offline = data["offline"]
+    assert [(b["name"], b["temperature"]) for b in offline["baselines"]] == [
+        ("ngram", 0.0), ("ngram", 1.0), ("untrained", 0.0), ("untrained", 1.0)]
+    assert all(b["tau"]["mean"] >= 1.0 for b in offline["baselines"])
+    model = offline["adaptive_verification"]
+    assert model["cost_model"]["estimate"] is True and "estimate" in model["cost_model"]["label"]
+    assert [lv["concurrency"] for lv in model["runs"][0]["levels"]] == [1, 16, 256]
+    assert [s["temperature"] for s in offline["context_sweep"]] == [0.0, 1.0]
+    assert offline["context_sweep"][0]["note"] and offline["context_sweep"][0]["bins"]
+    assert runs[0]["calibration"]["overall"]["n"] > 0 and runs[0]["by_context"]
+    text = (bench_dir / "bench.md").read_text()
+    for title in ("### Calibration of the confidence head", "### Baselines (same engine, same prompts)",
+                  "### vLLM adaptive verification across concurrency (model)", "### Acceptance by context length"):
+        assert title in text
     expected = {"acceptance_per_position": ["offline mt_bench T=0", "offline mt_bench T=1"],
                 "tau_by_category": ["mt_bench T=0", "mt_bench T=1"],
-                "confidence_tradeoff": ["mt_bench T=0", "mt_bench T=1"]}
+                "confidence_tradeoff": ["mt_bench T=0", "mt_bench T=1"],
+                "calibration": ["mt_bench T=0", "mt_bench T=1"],
+                "baselines": ["draft", "ngram", "untrained"],
+                "adaptive_verification": ["mt_bench T=0 fixed-k", "mt_bench T=0 adaptive", "mt_bench T=1 fixed-k",
+                                          "mt_bench T=1 adaptive", "no speculation"],
+                "context_sweep": ["mt_bench-chained T=0 (sweep)", "mt_bench-chained T=1 (sweep)",
+                                  "mt_bench T=0", "mt_bench T=1"]}
     assert set(data["files"]["plots"]) == set(expected)
     for name, series in expected.items():
         with Image.open(bench_dir / f"{name}.png") as image:

@@ -11,6 +11,7 @@ import random
 import pytest
 from PIL import Image
 
+from dspark_cli.bench.calibration import calibration
 from dspark_cli.bench.online import counter_delta, parse_prometheus, spec_counters, speedups
 from dspark_cli.bench.report import markdown, reference_rows, terminal_tables, write_report
 from dspark_cli.bench.stats import TurnStats, percentile, ratio_estimate, summarize
@@ -83,6 +84,9 @@ def _result() -> dict:
            "tokens_per_second": 60.0,
            "by_category": {"writing": {"num_turns": 2, "num_steps": 20, "tau": {"mean": 3.3, "ci95": [3.0, 3.6], "n": 20}},
                            "math": {"num_turns": 2, "num_steps": 20, "tau": {"mean": 2.9, "ci95": [2.5, 3.3], "n": 20}}}}
+    run["calibration"] = calibration([TurnStats("all", [2, 0, 1, 4], [4, 4, 4, 4], 0, 0.0,
+                                                [[0.9, 0.7, 0.5, 0.4], [0.3, 0.5, 0.5, 0.5], [0.8, 0.4, 0.3, 0.2],
+                                                 [0.95, 0.9, 0.9, 0.8]])], 4)
     sweep = [{"dataset": "mt_bench", "temperature": 1.0, "threshold": t, "tau": 3.1 - t, "tau_ci95": [None, None],
               "verified_per_step": 5.0 - 3 * t, "drafts_per_step": 4.0 - 3 * t,
               "tokens_per_verified": (3.1 - t) / (5.0 - 3 * t), "tokens_per_second": 60.0} for t in (0.0, 0.3, 0.7)]
@@ -121,6 +125,7 @@ def test_report_files_plots_and_tables(tmp_path):
         "tau_by_category": ["mt_bench T=1", "reference mt_bench_tau_t1"],  # no T=0 run: no t0 line
         "throughput_vs_concurrency": ["speculative T=0", "baseline T=0"],
         "confidence_tradeoff": ["mt_bench T=1"],
+        "calibration": ["mt_bench T=1"],
     }
     assert set(files["plots"]) == set(expected)
     for name, series in expected.items():
@@ -135,6 +140,7 @@ def test_report_files_plots_and_tables(tmp_path):
     text = (tmp_path / "bench.md").read_text()
     assert "3.10 [2.80, 3.40]" in text and "3.72" in text and "![tau_by_category](tau_by_category.png)" in text
     assert "| mt_bench | 1 | 0.7 |" in text  # the confidence sweep row
+    assert "### Calibration of the confidence head" in text and "mt_bench T=1: " in text
     titles = [t[0] for t in terminal_tables(result)]
     assert titles[0].startswith("offline") and titles[-1] == "online: http://spec"
     assert "1.50" in str(terminal_tables(result)[-1][2][0])

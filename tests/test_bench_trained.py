@@ -114,3 +114,49 @@ def test_untrained_draft_gives_tau_close_to_one(trained, tmp_path):
         turns.append(TurnStats("all", out.accepted, out.verified, len(out.token_ids), out.seconds))
     tau = summarize(turns, BLOCK)["tau"]["mean"]
     assert 1.0 <= tau < 1.05, tau
+
+
+class ConstantConfidence:
+    """The trained drafter with its confidence head's output replaced by a constant (a miscalibrated head)."""
+
+    def __init__(self, drafter, value: float) -> None:
+        self.drafter, self.value = drafter, value
+        self.has_confidence = True
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def propose(self, anchor, **kwargs):
+        proposal = self.drafter.propose(anchor, **kwargs)
+        proposal.confidence = torch.full_like(proposal.confidence, self.value)
+        return proposal
+
+
+def test_calibration_tells_the_trained_head_from_a_constant(trained):
+    """The same draft, the same steps: its own head is judged against a constant replacing it."""
+    from dspark_cli.bench.calibration import calibration
+
+    work, sequences, train_dir, _ = trained
+    drafter, engine = _engine(work, str(train_dir))
+    reports = {}
+    for name, proposer in (("head", drafter), ("constant", ConstantConfidence(drafter, 0.5))):
+        engine.drafter = proposer
+        turns = []
+        for i, seq in enumerate(sequences[:24]):
+            out = engine.generate(seq.input_ids[: tf.PROMPT].tolist(), Sampling(temperature=0.0, max_tokens=40), seed=i)
+            turns.append(TurnStats("all", out.accepted, out.verified, len(out.token_ids), out.seconds,
+                                   out.confidences, out.contexts))
+        reports[name] = calibration(turns, BLOCK)
+    head, constant = reports["head"], reports["constant"]
+    print({k: (r["verdict"], r["overall"]["ece"], r["overall"]["auc"]) for k, r in reports.items()})
+    assert constant["verdict"] == "miscalibrated"
+    assert constant["overall"]["auc"] == pytest.approx(0.5)
+    assert constant["overall"]["ece"] == pytest.approx(abs(0.5 - constant["overall"]["observed"]))
+    assert head["overall"]["n"] == constant["overall"]["n"]  # T = 0: the same steps, only the confidences differ
+    assert head["verdict"] == "calibrated", head["reasons"]  # measured: ECE 0.052, AUC 0.97
+    assert head["overall"]["brier"] < constant["overall"]["brier"]
+    # a constant at the observed rate has no calibration error, and is still reported: it ranks nothing
+    flat = calibration([TurnStats("all", t.accepted, t.verified, 0, 0.0,
+                                  [[constant["overall"]["observed"]] * len(c) for c in t.confidences])
+                        for t in turns], BLOCK)
+    assert flat["verdict"] == "uninformative" and flat["overall"]["ece"] == pytest.approx(0.0, abs=1e-9)

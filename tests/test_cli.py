@@ -125,13 +125,15 @@ def test_overrides_are_accepted_by_every_recipe_command():
         assert "draft.block_size: must be greater than 0" in result.output, args
 
 
-def test_unbuilt_options_say_so_and_exit_2(tmp_path):
+def test_speculators_export_of_an_mla_draft_is_refused_and_exit_2(tmp_path):
     from dspark_cli.pipeline import STAGES
 
-    for args in (["export", str(tmp_path), "--export-format", "speculators", "-o", str(tmp_path / "out")],):
+    for args in (["export", str(tmp_path), "--recipe", "tiny", "--export-format", "speculators",
+                  "-o", str(tmp_path / "out")],):
         result = invoke(*args)
         assert result.exit_code == 2, (args, result.output)
-        assert "not built yet" in result.output and len(result.output.strip().splitlines()) == 2, result.output
+        assert "speculators has no MLA form" in result.output and len(result.output.strip().splitlines()) == 2, \
+            result.output
     assert {s.name for s in STAGES} >= {"datagen", "capture", "train", "export", "bench", "publish"}
 
 

@@ -108,7 +108,8 @@ def test_run_refuses_every_stage_it_will_run_before_the_first_starts(here):
 
 @pytest.mark.parametrize(("overrides", "line"), [
     (["datagen.sources=[]"], "datagen.sources: empty; add a prompt file or dataset"),
-    (["export.format=speculators"], "export.format: speculators is not built yet; use export.format=vllm"),
+    (["export.format=speculators"], ("export.format: speculators has no MLA form (vLLM maps speculators-format "
+                                     "dspark to Qwen3DSparkModel only); MLA drafts stay native")),
     (["bench.datasets=[]"], "bench.datasets: empty; add mt_bench, speed_bench, or a prompt file"),
     (["draft.confidence_head=false", "train.loss.slot_weighting=decay"],
      "bench.confidence_thresholds: thresholds above 0 need draft.confidence_head"),

@@ -52,9 +52,16 @@ class LoadedDraft:
 
 
 def draft_config_from_vllm_dict(data: dict[str, Any]) -> Any:
-    """The inverse of `vllm_config_dict`: a DSparkDraftConfig from an exported config.json."""
+    """The inverse of `vllm_config_dict`: a DSparkDraftConfig from an exported config.json (either format)."""
     from dspark_cli.draft.config import DSparkDraftConfig
+    from dspark_cli.draft.speculators import from_speculators, is_speculators
 
+    if is_speculators(data):  # `dspark export --export-format speculators`: read as vLLM reads it
+        try:
+            data = from_speculators(data)
+        except ValueError as exc:
+            raise UsageError(f"config.json: not a speculators config vLLM reads ({exc})",
+                             "export the draft again") from None
     architectures = data.get("architectures") or []
     if "K3DSparkModel" in architectures:
         arch = "mla"

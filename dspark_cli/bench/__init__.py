@@ -10,7 +10,11 @@ Importing this package is free: torch and matplotlib load only with the submodul
 - engine.py    `SpeculativeEngine` over an `HFTarget` (transformers + KV cache + aux states) and a
                `DSparkDrafter` (draft/drafting.py): lossless speculative generation, one request at a time
 - datasets.py  MT-Bench, SPEED-Bench, bundled sets, any prompt file or dataset (prompts/sources.py)
-- offline.py   the engine over datasets x temperatures x confidence thresholds
+- offline.py   the engine over datasets x temperatures x confidence thresholds, baselines, context sweep
+- baselines.py vLLM's n-gram (prompt lookup) proposer and the untrained draft, in the same engine
+- calibration.py  the confidence head: reliability bins, ECE, Brier, AUC per draft position (no torch)
+- adaptive.py  vLLM 0.33's adaptive verification (cost model, budget, survival top-k) across concurrency
+- context.py   tau and acceptance binned by context length; prompts chained into long conversations
 - online.py    streaming OpenAI client, concurrency sweep, vLLM /metrics counters, baseline speedups
 - stats.py     tau and per-position acceptance with cluster-robust 95% intervals (no torch)
 - report.py    bench.json, bench.md, terminal tables; plots.py the PNGs (matplotlib)

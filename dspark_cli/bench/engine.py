@@ -83,7 +83,8 @@ class Drafter(Protocol):
 
     def begin(self, aux: torch.Tensor) -> None: ...
     def propose(self, anchor: int, *, temperature: float, greedy: bool, num_tokens: int,
-                generator: torch.Generator | None) -> Proposal: ...
+                generator: torch.Generator | None, history: list[int]) -> Proposal: ...
+    # `history`: every token of the request so far (prompt + output, the anchor last); may return < num_tokens
     def accept(self, aux: torch.Tensor) -> None: ...
     def end(self) -> None: ...
 
@@ -94,6 +95,8 @@ class Generation:
     finish_reason: str  # "stop" | "length"
     accepted: list[int] = field(default_factory=list)  # per verification step: drafts accepted
     verified: list[int] = field(default_factory=list)  # per step: drafts sent to the target (k)
+    confidences: list[list[float] | None] = field(default_factory=list)  # per step: the head's N confidences
+    contexts: list[int] = field(default_factory=list)  # per step: context length (tokens before the anchor + 1)
     seconds: float = 0.0
 
     @property
@@ -227,7 +230,7 @@ class DSparkDrafter:
 
     @torch.inference_mode()
     def propose(self, anchor: int, *, temperature: float, greedy: bool, num_tokens: int,
-                generator: torch.Generator | None) -> Proposal:
+                generator: torch.Generator | None, history: list[int] | None = None) -> Proposal:
         from dspark_cli.draft.drafting import draft_block
 
         assert self.slot is not None, "begin() first"
@@ -283,10 +286,13 @@ class SpeculativeEngine:
                     token = int(sample_target(logits[-1], sampling.temperature, sampling.top_p, generator))
                     done = self._emit(out, [token], sampling.stop_ids, limit)
                     continue
-                emitted, verified, accepted = self._speculative_step(
-                    token, sampling, generator, len(prompt_ids) + len(out.token_ids))
+                context_len = len(prompt_ids) + len(out.token_ids)
+                emitted, verified, accepted, confidence = self._speculative_step(
+                    token, sampling, generator, [*prompt_ids, *out.token_ids])
                 out.verified.append(verified)
                 out.accepted.append(accepted)
+                out.confidences.append(confidence)
+                out.contexts.append(context_len)
                 token = emitted[-1]
                 done = self._emit(out, emitted, sampling.stop_ids, limit)
         finally:
@@ -296,16 +302,17 @@ class SpeculativeEngine:
         return out
 
     def _speculative_step(self, anchor: int, sampling: Sampling, generator: torch.Generator,
-                          context_len: int) -> tuple[list[int], int, int]:
-        """One draft + verify step, anchor at position context_len - 1 -> (emitted tokens, k, accepted)."""
+                          history: list[int]) -> tuple[list[int], int, int, list[float] | None]:
+        """One draft + verify step, the anchor last in `history` -> (emitted tokens, k, accepted, confidences)."""
         spec, drafter = self.speculation, self.drafter
         assert spec is not None and drafter is not None
+        context_len = len(history)
         greedy = spec.draft_sample_method == "greedy" or sampling.temperature <= 0
         proposal = drafter.propose(anchor, temperature=sampling.temperature, greedy=greedy,
-                                   num_tokens=spec.num_speculative_tokens, generator=generator)
-        k = spec.num_speculative_tokens
+                                   num_tokens=spec.num_speculative_tokens, generator=generator, history=history)
+        k = min(spec.num_speculative_tokens, len(proposal.tokens))  # a prompt-lookup drafter may find fewer
         if spec.confidence_threshold > 0 and proposal.confidence is not None:
-            k = confidence_prefix(proposal.confidence, spec.confidence_threshold)
+            k = min(k, confidence_prefix(proposal.confidence, spec.confidence_threshold))
         if sampling.max_model_len is not None:
             k = max(0, min(k, sampling.max_model_len - context_len))
         drafts = proposal.tokens[:k]
@@ -318,7 +325,8 @@ class SpeculativeEngine:
         accepted = int(result.num_accepted[0])
         self.target.crop(position + accepted + 1)
         drafter.accept(aux[: accepted + 1])
-        return [*drafts[:accepted].tolist(), int(result.next_token[0])], k, accepted
+        confidence = proposal.confidence.float().tolist() if proposal.confidence is not None else None
+        return [*drafts[:accepted].tolist(), int(result.next_token[0])], k, accepted, confidence
 
     def _emit(self, out: Generation, tokens: list[int], stop_ids: frozenset[int], limit: int) -> bool:
         """Append emitted tokens; True when the request is done (stop token or length limit)."""

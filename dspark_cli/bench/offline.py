@@ -4,7 +4,8 @@
     dspark bench runs/tiny/draft --offline bench.num_prompts=8 bench.max_tokens=64 bench.temperatures=[0.0]
 
     from dspark_cli.bench.offline import run_offline
-    result = run_offline(recipe, "runs/tiny/draft")      # {"engine": {...}, "runs": [...], "confidence_sweep": [...]}
+    result = run_offline(recipe, "runs/tiny/draft")      # {"engine": {...}, "runs": [...], "confidence_sweep": [...],
+                                                         #  "baselines": [...], "context_sweep": [...], "adaptive_verification": {...}}
 
 Prompts are rendered with the target's chat template and `target.chat_template_kwargs` (`ChatFormat`,
 exactly as datagen and vLLM's chat endpoint render them); multi-turn conversations are answered turn
@@ -12,6 +13,12 @@ by turn, each turn seeing the target's own earlier answers. Speculation uses the
 `serve.num_speculative_tokens` (default: the draft's block size), `serve.draft_sample_method`,
 `serve.rejection_sample_method`. Every confidence threshold in `bench.confidence_thresholds` reruns
 the datasets with confidence-scheduled verification (threshold 0 = verify every draft).
+
+On the same prompts, `bench.baselines` reruns the engine with prompt-lookup drafting (`ngram`, vLLM's
+`prompt_lookup_min/max`) and with the draft's architecture freshly initialised (`untrained`);
+`bench.context_sweep` chains the prompts into long conversations (context.py). The main runs'
+recorded steps feed the calibration report (calibration.py), the context bins and the model of vLLM's
+adaptive verification across concurrency (adaptive.py, with `bench.cost_model`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.bench.calibration import calibration
 from dspark_cli.bench.datasets import BenchDataset, category, load_datasets
 from dspark_cli.bench.stats import TurnStats, summarize
 from dspark_cli.errors import UsageError
@@ -99,7 +107,8 @@ class OfflineBench:
                 "top_p": self.recipe.bench.top_p, "max_tokens": self.recipe.bench.max_tokens,
                 "chat_template_kwargs": self.recipe.target.chat_template_kwargs,
                 "chat_template_sha256": self.chat.template_hash,
-                "has_confidence_head": self.drafter.has_confidence, "warnings": self.warnings}
+                "has_confidence_head": self.drafter.has_confidence, "warnings": self.warnings,
+                "prompt_lookup": f"{self.recipe.bench.prompt_lookup_min}/{self.recipe.bench.prompt_lookup_max}"}
 
     def engine(self, threshold: float, speculate: bool = True):
         from dspark_cli.bench.engine import Speculation, SpeculativeEngine
@@ -111,8 +120,22 @@ class OfflineBench:
                            confidence_threshold=threshold)
         return SpeculativeEngine(self.target, self.drafter, spec)
 
+    def baseline_engine(self, name: str):
+        """The same engine with a baseline drafter: `ngram` (prompt lookup) or `untrained`."""
+        from dspark_cli.bench.baselines import NgramDrafter, untrained_drafter
+        from dspark_cli.bench.engine import Speculation, SpeculativeEngine
+
+        serve, bench = self.recipe.serve, self.recipe.bench
+        if name == "ngram":
+            drafter = NgramDrafter(bench.prompt_lookup_min, bench.prompt_lookup_max, self.recipe.target.max_model_len)
+        else:
+            drafter = untrained_drafter(self.draft_dir, self.target, seed=self.recipe.seed,
+                                        dtype=self.target.model.dtype)
+        spec = Speculation(self.num_speculative_tokens, serve.draft_sample_method, serve.rejection_sample_method)
+        return SpeculativeEngine(self.target, drafter, spec)
+
     def run_dataset(self, engine: Any, dataset: BenchDataset, temperature: float,
-                    on_turn: Callable[[int], None] | None = None) -> list[TurnStats]:
+                    on_turn: Callable[[int], None] | None = None, *, warn_overflow: bool = True) -> list[TurnStats]:
         """Answer every turn of every conversation; one TurnStats per generated turn."""
         from dspark_cli.bench.engine import Sampling
 
@@ -126,13 +149,14 @@ class OfflineBench:
                 messages = [*history, {"role": "user", "content": text}]
                 prompt = self.chat.prompt_ids(messages)
                 if len(prompt) >= max_len:
-                    log.warning("%s turn %d: prompt of %d tokens does not fit target.max_model_len", conv.id, index,
+                    (log.warning if warn_overflow else log.debug)("%s turn %d: prompt of %d tokens does not fit target.max_model_len", conv.id, index,
                                 len(prompt))
                     break
                 out = engine.generate(prompt, sampling, seed=_seed(self.recipe.seed, conv.id, index, temperature))
                 answer = tokenizer.decode(out.token_ids, skip_special_tokens=True)
                 history = [*messages, {"role": "assistant", "content": answer}]
-                turns.append(TurnStats(category(conv), out.accepted, out.verified, len(out.token_ids), out.seconds))
+                turns.append(TurnStats(category(conv), out.accepted, out.verified, len(out.token_ids), out.seconds,
+                                       out.confidences, out.contexts))
                 if on_turn is not None:
                     on_turn(len(out.token_ids))
         return turns
@@ -148,12 +172,23 @@ def thresholds_for(recipe: Recipe, has_confidence: bool) -> list[float]:
 
 
 def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress | None = None) -> dict[str, Any]:
-    """Run the engine over every dataset x temperature x threshold; return runs, sweep and engine info."""
+    """Run the engine over every dataset x temperature x threshold, then the baselines and the context
+    sweep; model vLLM's adaptive verification from the recorded steps. Returns everything for the report."""
+    from dspark_cli.bench.adaptive import load_cost_model
+    from dspark_cli.bench.context import bin_edges, by_context, chained, drop_note
+
+    cost = load_cost_model(recipe.bench.cost_model)  # a bad cost model is refused before any work
     bench = OfflineBench(recipe, draft_dir)
     datasets = load_datasets(recipe.bench)
     thresholds = thresholds_for(recipe, bench.drafter.has_confidence)
     temperatures = recipe.bench.temperatures
-    total = sum(len(c.user_turns) for d in datasets for c in d.conversations) * len(temperatures) * len(thresholds)
+    baselines = list(dict.fromkeys(recipe.bench.baselines))
+    max_len = recipe.target.max_model_len
+    sweeps = [chained(d, max_model_len=max_len, max_tokens=recipe.bench.max_tokens) for d in datasets] \
+        if recipe.bench.context_sweep else []
+    turns_per_pass = sum(len(c.user_turns) for d in datasets for c in d.conversations)
+    total = turns_per_pass * len(temperatures) * (len(thresholds) + len(baselines)) \
+        + sum(len(c.user_turns) for d in sweeps for c in d.conversations) * len(temperatures)
     progress = {"done": 0, "tokens": 0}
 
     def on_turn(tokens: int) -> None:
@@ -162,8 +197,9 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
         if on_progress is not None:
             on_progress(progress["done"], total, progress["tokens"])
 
-    runs, sweep = [], []
+    runs, sweep, kept = [], [], {}
     n = bench.num_speculative_tokens
+    edges = bin_edges(max_len)
     for dataset in datasets:
         for temperature in temperatures:
             for threshold in thresholds:
@@ -177,8 +213,45 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
                               "tokens_per_verified": tau / verified if tau and verified else None,
                               "tokens_per_second": summary["tokens_per_second"]})
                 if threshold == 0.0:
+                    if bench.drafter.has_confidence:
+                        row["calibration"] = calibration(turns, n)
+                    row["by_context"] = by_context(turns, edges, n)
+                    kept[(dataset.name, temperature)] = turns
                     runs.append(row)
                 log.info("bench %s T=%g threshold %g: tau %.3f over %d steps", dataset.name, temperature, threshold,
                          tau or float("nan"), summary["num_steps"])
-    return {"engine": bench.describe(), "runs": runs,
-            "confidence_sweep": sweep if len(thresholds) > 1 else []}
+    result = {"engine": bench.describe(), "runs": runs, "confidence_sweep": sweep if len(thresholds) > 1 else [],
+              "baselines": [], "context_sweep": [], "adaptive_verification": None}
+    for name in baselines:
+        engine = bench.baseline_engine(name)
+        for dataset in datasets:
+            for temperature in temperatures:
+                turns = bench.run_dataset(engine, dataset, temperature, on_turn)
+                summary = summarize(turns, n)
+                result["baselines"].append({"name": name, "dataset": dataset.name, "temperature": temperature,
+                                            "tau": summary["tau"], "num_steps": summary["num_steps"],
+                                            "acceptance_per_position": summary["acceptance_per_position"],
+                                            "drafts_per_step": summary["drafts_per_step"]})
+                log.info("bench baseline %s %s T=%g: tau %.3f", name, dataset.name, temperature,
+                         summary["tau"]["mean"] or float("nan"))
+    for dataset in sweeps:
+        for temperature in temperatures:
+            turns = bench.run_dataset(bench.engine(0.0), dataset, temperature, on_turn, warn_overflow=False)
+            bins = by_context(turns, edges, n)
+            result["context_sweep"].append({"dataset": dataset.name, "temperature": temperature,
+                                            "num_turns": len(turns), "bins": bins, "note": drop_note(bins)})
+    if bench.drafter.has_confidence:
+        result["adaptive_verification"] = adaptive_model(recipe, cost, kept, n)
+    return result
+
+
+def adaptive_model(recipe: Recipe, cost: Any, kept: dict[tuple[str, float], list[TurnStats]], n: int
+                   ) -> dict[str, Any]:
+    """vLLM's adaptive verification against fixed-k across concurrency, from the main runs' steps (adaptive.py)."""
+    from dspark_cli.bench.adaptive import model_concurrency
+
+    runs = [{"dataset": dataset, "temperature": temperature,
+             "levels": model_concurrency(turns, n, cost, levels=sorted(set(recipe.bench.model_concurrency)),
+                                         seed=recipe.seed)}
+            for (dataset, temperature), turns in kept.items()]
+    return {"cost_model": cost.describe(), "runs": [r for r in runs if r["levels"]]}

@@ -159,6 +159,146 @@ def plot_confidence(result: dict[str, Any], path: Path) -> str | None:
     return _save(fig, path, "confidence_tradeoff", series)
 
 
+def plot_calibration(result: dict[str, Any], path: Path) -> str | None:
+    """Per run with a confidence head: the reliability diagram (pooled over positions) and, per draft
+    position, the mean predicted survival against the observed acceptance rate."""
+    runs = [r for r in (result.get("offline") or {}).get("runs", []) if r.get("calibration")]
+    if not runs:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10.0, 4.2))
+    left, right = axes
+    left.plot([0, 1], [0, 1], linestyle=":", color="gray", linewidth=1)
+    series = []
+    for run in runs:
+        cal, label = run["calibration"], run_label(run)
+        bins = cal["overall"]["bins"]
+        line, = left.plot([b["predicted"] for b in bins], [b["observed"] for b in bins], marker="o",
+                          label=f"{label}: ECE {cal['overall']['ece']:.3f}, {cal['verdict']}")
+        for b in bins:
+            left.annotate(str(b["n"]), (b["predicted"], b["observed"]), fontsize=6, textcoords="offset points",
+                          xytext=(3, -8), color=line.get_color())
+        positions = [p for p in cal["positions"] if p["predicted_survival"] is not None]
+        xs = [p["position"] for p in positions]
+        right.plot(xs, [p["observed_acceptance"] for p in positions], marker="o", color=line.get_color(),
+                   label=f"{label} observed")
+        right.plot(xs, [p["predicted_survival"] for p in positions], marker="x", linestyle="--",
+                   color=line.get_color(), label=f"{label} predicted (survival)")
+        series.append(label)
+    left.set(xlabel="predicted acceptance (confidence; bin mean)", ylabel="observed acceptance (slots reached)",
+             xlim=(0, 1.02), ylim=(0, 1.02), title="Reliability diagram (labels: slots per bin)")
+    right.set(xlabel="draft position", ylabel="acceptance rate (per drafting step)", ylim=(0, 1.02),
+              title="Per position: predicted vs observed")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path, "calibration", series)
+
+
+def plot_adaptive(result: dict[str, Any], path: Path) -> str | None:
+    """Modelled tokens per verification step and throughput against concurrency: fixed-k, adaptive, none."""
+    model = (result.get("offline") or {}).get("adaptive_verification") or {}
+    runs = [r for r in model.get("runs", []) if r["levels"]]
+    if not runs:
+        return None
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.5, 4.3))
+    series = []
+    for run in runs:
+        xs = [lv["concurrency"] for lv in run["levels"]]
+        label = run_label(run)
+        line, = left.plot(xs, [lv["fixed"]["tokens_per_step"] for lv in run["levels"]], marker="o",
+                          label=f"{label} fixed-k")
+        left.plot(xs, [lv["adaptive"]["tokens_per_step"] for lv in run["levels"]], marker="s", linestyle="--",
+                  color=line.get_color(), label=f"{label} adaptive")
+        right.plot(xs, [lv["fixed"]["tokens_per_second"] for lv in run["levels"]], marker="o",
+                   color=line.get_color(), label=f"{label} fixed-k")
+        right.plot(xs, [lv["adaptive"]["tokens_per_second"] for lv in run["levels"]], marker="s", linestyle="--",
+                   color=line.get_color(), label=f"{label} adaptive")
+        series += [f"{label} fixed-k", f"{label} adaptive"]
+    none = runs[0]["levels"]
+    right.plot([lv["concurrency"] for lv in none], [lv["none"]["tokens_per_second"] for lv in none], color="black",
+               linestyle=":", marker=".", label="no speculation")
+    series.append("no speculation")
+    cost = model["cost_model"]
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    left.set(xlabel="concurrent requests", ylabel="tokens per verification step (per request)",
+             title="Expected tokens per step", ylim=(0.9, None))
+    right.set(xlabel="concurrent requests", ylabel="modelled output tokens / s", yscale="log",
+              title="Modelled throughput")
+    kind = "an ESTIMATE, not measured" if cost["estimate"] else "measured"
+    fig.suptitle(f"vLLM adaptive verification vs fixed-k, modelled; cost model: {cost['label'].split(':')[0]} "
+                 f"({kind})", fontsize=9)
+    return _save(fig, path, "adaptive_verification", series)
+
+
+def plot_context(result: dict[str, Any], path: Path) -> str | None:
+    """tau against context length (bin midpoints, 95% intervals): the sweep when run, else the main runs."""
+    offline = result.get("offline") or {}
+    blocks = [(f"{s['dataset']} T={s['temperature']:g} (sweep)", s["bins"]) for s in offline.get("context_sweep", [])]
+    blocks += [(run_label(r), r.get("by_context") or []) for r in offline.get("runs", [])]
+    blocks = [(label, bins) for label, bins in blocks if bins]
+    if not blocks:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.8, 4.2))
+    series = []
+    for label, bins in blocks:
+        xs = [(b["low"] + b["high"]) / 2 for b in bins]
+        ys = [b["tau"]["mean"] for b in bins]
+        errs = [[b["tau"]["mean"] - (b["tau"]["ci95"][0] if b["tau"]["ci95"][0] is not None else b["tau"]["mean"])
+                 for b in bins],
+                [(b["tau"]["ci95"][1] if b["tau"]["ci95"][1] is not None else b["tau"]["mean"]) - b["tau"]["mean"]
+                 for b in bins]]
+        ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=label,
+                    linestyle="-" if "sweep" in label else "--")
+        series.append(label)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="context length at the anchor (tokens, bin middle)", ylabel="tau (tokens per verification step)",
+           title="Acceptance by context length (95% CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path, "context_sweep", series)
+
+
+def plot_baselines(result: dict[str, Any], path: Path) -> str | None:
+    """The draft's tau beside the baselines' per temperature, with 95% intervals."""
+    offline = result.get("offline") or {}
+    if not offline.get("baselines"):
+        return None
+    plt = _pyplot()
+    runs = offline["runs"]
+    names = list(dict.fromkeys(b["name"] for b in offline["baselines"]))
+    bars = ["draft", *names]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    width = 0.8 / len(bars)
+    for j, name in enumerate(bars):
+        xs, ys, errs = [], [], [[], []]
+        for i, run in enumerate(runs):
+            tau = run["tau"] if name == "draft" else next(
+                (b["tau"] for b in offline["baselines"] if b["name"] == name and b["dataset"] == run["dataset"]
+                 and b["temperature"] == run["temperature"]), None)
+            if not tau or tau["mean"] is None:
+                continue
+            xs.append(i + (j - (len(bars) - 1) / 2) * width)
+            ys.append(tau["mean"])
+            low, high = tau["ci95"]
+            errs[0].append(tau["mean"] - low if low is not None else 0.0)
+            errs[1].append(high - tau["mean"] if high is not None else 0.0)
+        ax.bar(xs, ys, width=width, yerr=errs, capsize=3,
+               label={"draft": "DSpark draft", "ngram": "n-gram (prompt lookup)",
+                      "untrained": "untrained draft"}.get(name, name))
+    ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
+    ax.set_xticks(range(len(runs)), [run_label(r) for r in runs], fontsize=8)
+    ax.set(ylabel="tau (tokens per verification step)", title="Draft vs baselines, same engine and prompts (95% CI)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return _save(fig, path, "baselines", bars)
+
+
 def write_plots(result: dict[str, Any], reference: list[dict[str, Any]], out_dir: Path) -> dict[str, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     made = {
@@ -166,5 +306,9 @@ def write_plots(result: dict[str, Any], reference: list[dict[str, Any]], out_dir
         "tau_by_category": plot_tau_by_category(result, reference, out_dir / "tau_by_category.png"),
         "throughput_vs_concurrency": plot_throughput(result, out_dir / "throughput_vs_concurrency.png"),
         "confidence_tradeoff": plot_confidence(result, out_dir / "confidence_tradeoff.png"),
+        "calibration": plot_calibration(result, out_dir / "calibration.png"),
+        "baselines": plot_baselines(result, out_dir / "baselines.png"),
+        "adaptive_verification": plot_adaptive(result, out_dir / "adaptive_verification.png"),
+        "context_sweep": plot_context(result, out_dir / "context_sweep.png"),
     }
     return {k: v for k, v in made.items() if v is not None}

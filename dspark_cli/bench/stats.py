@@ -31,6 +31,8 @@ class TurnStats:
     verified: list[int] = field(default_factory=list)  # drafts sent to the target per step
     output_tokens: int = 0
     seconds: float = 0.0
+    confidences: list[list[float] | None] = field(default_factory=list)  # per step: the head's confidences
+    contexts: list[int] = field(default_factory=list)  # per step: context length at the anchor
 
 
 def ratio_estimate(numerators: Sequence[float], denominators: Sequence[float]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ def export(
     overrides: OverridesArg = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Sets export.output_dir.")] = None,
     recipe: RecipeOpt = None,
-    export_format: Annotated[str | None, typer.Option("--export-format", help="Sets export.format: `vllm` or `speculators`.")] = None,
+    export_format: Annotated[str | None, typer.Option("--export-format", help="Sets export.format: `vllm` (native) or `speculators` (GQA drafts only; vLLM reads it as Qwen3DSparkModel).")] = None,
     meta: Annotated[bool, typer.Option("--meta", help="Build the draft on the meta device (no weights, no memory).")] = False,
     check: Annotated[str | None, typer.Option("--check", help="Only validate an existing draft directory.")] = None,
     target: Annotated[str | None, typer.Option("--target", help="Target to check the draft against (name or path).")] = None,

@@ -93,5 +93,13 @@ def _say_results(outputs: dict[str, Any]) -> None:
             ci = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""  # none from one prompt
             say(f"tau on {run_['dataset']} at T={run_['temperature']:g}: {run_['tau']['mean']:.2f}{ci} "
                 "tokens per verification step", style="green")
+            extra = [f"{b['name']} {b['tau']['mean']:.2f}" for b in bench_result["offline"].get("baselines", [])
+                     if (b["dataset"], b["temperature"]) == (run_["dataset"], run_["temperature"])
+                     and b["tau"]["mean"] is not None]
+            if run_.get("calibration"):
+                cal = run_["calibration"]
+                extra.append(f"confidence head {cal['verdict']} (ECE {cal['overall']['ece']:.3f})")
+            if extra:
+                say(f"  baselines and head: {', '.join(extra)}")
     if bench_result.get("files"):
         say(f"report: {bench_result['files']['markdown']}")

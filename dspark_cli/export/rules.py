@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli.artifacts.draft import DRAFT_MANIFEST, read_draft_manifest
+from dspark_cli.draft.speculators import from_speculators, is_speculators, structure_problems
 from dspark_cli.errors import DataError
 
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -267,7 +268,14 @@ def check_draft_dir(directory: str | Path, target_config: dict[str, Any] | None 
         tensors = read_tensor_table(weights)
     except (OSError, ValueError, DataError) as exc:
         return [Finding("model.safetensors", f"unreadable header ({getattr(exc, 'message', exc)})", "export again")]
-    findings = check_config(config)
+    findings: list[Finding] = []
+    if is_speculators(config):  # read the way vLLM's SpeculatorsConfig reads it, then the same rules
+        findings = [Finding(key, what, "export again with --export-format speculators")
+                    for key, what in structure_problems(config)]
+        if findings:
+            return findings
+        config = from_speculators(config)
+    findings += check_config(config)
     if include_embeddings is None:  # what export recorded; a broken manifest is its reader's one-line error
         include_embeddings = (directory / DRAFT_MANIFEST).is_file() and \
             bool(read_draft_manifest(directory).get("include_embeddings"))

@@ -53,8 +53,6 @@ def planned_config_problems(recipe: Recipe) -> list[str]:
     from dspark_cli.export.roster import export_dry_run
     from dspark_cli.targets import target_config
 
-    if recipe.export.format != "vllm":
-        return []
     draft = recipe.draft.model_dump()
     if draft.get("mask_token_id") is None:
         draft["mask_token_id"] = 0  # a placeholder: export takes the tokenizer's mask token

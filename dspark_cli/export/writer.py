@@ -3,6 +3,7 @@
     dspark export runs/tiny/train -o runs/tiny/draft            # config.json, model.safetensors, manifest
     dspark export runs/tiny/train --dry-run --format json       # the file and tensor table, nothing written
     dspark export --check runs/tiny/draft --target tiny-mla     # only the static checks
+    dspark export runs/g/train -o runs/g/draft --export-format speculators   # GQA: the speculators config.json
 
 MLA drafts become vLLM `K3DSparkModel` directories (`model_type: k3_dspark`), GQA drafts
 `Qwen3DSparkModel` ones: vLLM 0.33 loads that class natively for Qwen3-style DSpark drafts and it
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli import __version__
-from dspark_cli.errors import DsparkError, NotBuiltError, UsageError
+from dspark_cli.errors import DsparkError, UsageError
 from dspark_cli.export.rules import FP32_TENSORS, Finding, check_against_target, check_draft_dir, num_bytes
 from dspark_cli.artifacts.draft import DRAFT_FILES
 from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
@@ -97,6 +98,22 @@ def plan_export(draft: LoadedDraft, dtype: str, tensors: dict[str, Any]) -> dict
     }
 
 
+def as_speculators(plan: dict[str, Any], target: str | None, target_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The plan with the speculators-format config.json (GQA drafts; vLLM has no speculators form for MLA)."""
+    from dspark_cli.draft.speculators import to_speculators
+
+    if plan["architecture"] != "Qwen3DSparkModel":
+        raise UsageError(f"--export-format speculators: a {plan['architecture']} (MLA) draft has no speculators form; "
+                         "vLLM maps speculators-format dspark to Qwen3DSparkModel only",
+                         "export MLA drafts in the native format: --export-format vllm")
+    if not target:
+        raise UsageError("--export-format speculators names the target (the verifier) in config.json",
+                         "pass --target or --recipe")
+    verifier_architectures = (target_config or {}).get("architectures") or []
+    return {**plan, "format": "speculators",
+            "config": to_speculators(plan["config"], verifier=target, verifier_architectures=verifier_architectures)}
+
+
 def _manifest(draft: LoadedDraft, plan: dict[str, Any], recipe: Any, include_embeddings: bool,
               directory: Path) -> dict[str, Any]:
     train = draft.train_manifest
@@ -114,7 +131,7 @@ def _manifest(draft: LoadedDraft, plan: dict[str, Any], recipe: Any, include_emb
     if aux_stream is not None:
         serving["env"] = {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": "1" if aux_stream else "0"}
     return {
-        "kind": "dspark.draft", "format_version": 1, "dspark": __version__, "format": "vllm",
+        "kind": "dspark.draft", "format_version": 1, "dspark": __version__, "format": plan.get("format", "vllm"),
         "architecture": plan["architecture"], "dtype": config.get("torch_dtype"),
         "include_embeddings": include_embeddings,
         "contract": contract, "serving": serving,
@@ -131,8 +148,8 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     """Export; return the plan (dry run) or a summary. Raises ExportError listing vLLM loader findings."""
     from safetensors.torch import save_file
 
-    if fmt != "vllm":
-        raise NotBuiltError(f"export format {fmt!r} is not built yet", "use the default format vllm")
+    if fmt not in ("vllm", "speculators"):
+        raise UsageError(f"export format {fmt!r} is not one of vllm, speculators", "use --export-format vllm")
     draft = load_draft_dir(checkpoint)
     explicit = target is not None
     target = target or (recipe.target.model if recipe is not None else draft.train_manifest.get("contract", {}).get("target"))
@@ -148,8 +165,11 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
             raise
         target_config = None  # the training run's target is not on this machine: checks against it are skipped
         log.warning("target %s of %s is not available here; skipping the checks against the target", target, checkpoint)
+    native = plan["config"]
+    if fmt == "speculators":
+        plan = as_speculators(plan, target, target_config)
     if dry_run:
-        plan["findings"] = [f.line() for f in check_against_target(plan["config"], target_config or {})]
+        plan["findings"] = [f.line() for f in check_against_target(native, target_config or {})]
         return plan
     if output_dir is None:
         raise UsageError("export needs an output directory", "pass -o DIR (or --recipe for export.output_dir)")

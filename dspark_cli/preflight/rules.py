@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dspark_cli.targets import resolve_target, target_geometry
+from dspark_cli.targets import resolve_target, target_config, target_geometry
 
 if TYPE_CHECKING:
     from dspark_cli.preflight import Context
@@ -74,9 +74,17 @@ def datagen_has_sources(recipe: Recipe, context: Context) -> list[str]:
     return []
 
 
-def export_format_built(recipe: Recipe, context: Context) -> list[str]:
-    if recipe.export.format != "vllm":
-        return [f"export.format: {recipe.export.format} is not built yet; use export.format=vllm"]
+def export_format_fits_the_draft(recipe: Recipe, context: Context) -> list[str]:
+    """vLLM reads speculators-format DSpark drafts as Qwen3DSparkModel only (export/writer.py)."""
+    if recipe.export.format != "speculators":
+        return []
+    arch = recipe.draft.arch
+    if arch == "auto":  # as draft/build.py picks it: MLA when the target has kv_lora_rank
+        config = target_config(recipe)
+        arch = "mla" if (config or {}).get("kv_lora_rank") else "gqa" if config else "auto"
+    if arch == "mla":
+        return [("export.format: speculators has no MLA form (vLLM maps speculators-format dspark to "
+                 "Qwen3DSparkModel only); MLA drafts stay native: set export.format=vllm")]
     return []
 
 
@@ -131,7 +139,7 @@ RULES = {
     "datagen": [datagen_has_sources],
     "capture": [k3_stream_needs_vllm, capture_prompt_fits_vllm],
     "train": [online_stream_holds_a_checkpoint_interval, online_device_split],
-    "export": [export_format_built, export_embeddings_need_a_local_target, export_config_loads_in_vllm],
+    "export": [export_format_fits_the_draft, export_embeddings_need_a_local_target, export_config_loads_in_vllm],
     "bench": [bench_has_datasets, bench_thresholds_need_confidence],
     "publish": [publish_destination],
 }

@@ -61,6 +61,19 @@ def _bench_rows(bench: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _calibration_rows(bench: dict[str, Any]) -> list[str]:
+    """One row per benched temperature: the confidence head's ECE, Brier score, AUC and verdict."""
+    rows = []
+    for run in (bench.get("offline") or {}).get("runs", []):
+        cal = run.get("calibration")
+        if cal and run.get("threshold", 0.0) == 0.0:
+            overall = cal["overall"]
+            rows.append(f"| {run['dataset']} | {run['temperature']:g} | {overall['n']} | {_fmt(overall['predicted'], 2)} | "
+                        f"{_fmt(overall['observed'], 2)} | {_fmt(overall['ece'])} | {_fmt(overall['brier'])} | "
+                        f"{_fmt(overall['auc'], 2)} | {cal['verdict']} |")
+    return rows
+
+
 def model_card(draft_dir: str | Path, manifest: dict[str, Any], *, repo_id: str, recipe: Any, license_id: str,
                bench: dict[str, Any] | None = None) -> str:
     """README.md text for the draft at `draft_dir`, whose dspark_manifest.json is `manifest`."""
@@ -112,6 +125,14 @@ def model_card(draft_dir: str | Path, manifest: dict[str, Any], *, repo_id: str,
                   "Tokens accepted per verification step (tau, bonus token included), 95% confidence interval, "
                   "measured by `dspark bench` on held-out prompts:", "",
                   "| prompts | temperature | turns | tau |", "|---|---|---|---|", *rows, ""]
+    calibration = _calibration_rows(bench) if bench else []
+    if calibration:
+        lines += ["## Confidence head calibration", "",
+                  ("The confidence head's predicted acceptance of each reached draft slot against the observed "
+                   "outcome (what vLLM's adaptive verification relies on): expected calibration error (10 bins), "
+                   "Brier score, AUC; `miscalibrated` above ECE 0.10, `uninformative` at AUC <= 0.55."), "",
+                  "| prompts | temperature | slots | predicted | observed | ECE | Brier | AUC | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|", *calibration, ""]
     lines += ["## Contract", "",
               "What serving must repeat for the draft to behave as it did in training:", "", "```json",
               json.dumps(contract, indent=2), "```", ""]

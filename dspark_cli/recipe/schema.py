@@ -311,7 +311,10 @@ class TrainSection(Section):
 class ExportSection(Section):
     """`dspark export`: a vLLM-native draft directory."""
 
-    format: Literal["vllm", "speculators"] = Field("vllm", description="Output format.")
+    format: Literal["vllm", "speculators"] = Field(
+        "vllm", description="`vllm`: vLLM's native config.json; `speculators`: the speculators-format config.json "
+        "vLLM reads as Qwen3DSparkModel (GQA drafts only: MLA drafts stay native)."
+    )
     dtype: Literal["bfloat16", "float32", "float16"] = Field("bfloat16", description="Weight dtype on disk.")
     include_embeddings: bool = Field(
         False, description="Also write the target's embed_tokens/lm_head (for engines that need them)."
@@ -376,6 +379,28 @@ class BenchSection(Section):
     )
     reference: dict[str, float] = Field(
         default_factory=dict, description="Published numbers shown beside ours, e.g. `{mt_bench_tau_t1: 3.72}`."
+    )
+    baselines: list[Literal["ngram", "untrained"]] = Field(
+        default_factory=lambda: ["ngram", "untrained"],
+        description="Offline: baselines run in the same engine on the same prompts at every temperature: `ngram` "
+        "(vLLM's prompt-lookup proposer) and `untrained` (the draft's architecture, freshly initialised).",
+    )
+    prompt_lookup_min: int = Field(5, ge=1, description="`ngram` baseline: shortest n-gram matched (vLLM's default 5).")
+    prompt_lookup_max: int = Field(5, ge=1, description="`ngram` baseline: longest n-gram matched (vLLM's default 5).")
+    cost_model: str | dict[str, list[list[float]] | int | str | bool] = Field(
+        "h200-estimate",
+        description="Offline: the step-cost model of vLLM's adaptive verification across concurrency: "
+        "`h200-estimate` (a roofline estimate, not a measurement), a JSON/YAML profile file (vLLM's step timings "
+        "`{samples: [...]}` or a table), or an inline table `{draft_curve: [[num_reqs, ms], ...], verify_curve: "
+        "[[num_tokens, ms], ...], cudagraph_limit: N}`.",
+    )
+    model_concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256],
+        description="Offline: concurrency levels of the adaptive-verification model.",
+    )
+    context_sweep: bool = Field(
+        False, description="Offline: also chain the prompts into long multi-turn conversations (up to "
+        "`target.max_model_len`) and report tau and acceptance binned by context length (every run is binned).",
     )
     output_dir: OutputPath | None = Field(None, description="Reports and plots; default `<output_dir>/bench`.")
 
