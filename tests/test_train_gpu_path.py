@@ -21,11 +21,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import train_fixtures  # noqa: E402
-from reference.tiny_drafts import tiny_model, tiny_sequence  # noqa: E402
+import train_fixtures
+from reference.tiny_drafts import tiny_model, tiny_sequence
 
-from dspark_cli.draft import attention  # noqa: E402
-from dspark_cli.training.flops import attention_flops, count_flops  # noqa: E402
+from dspark_cli.draft import attention
+from dspark_cli.training.flops import attention_flops, count_flops
 
 
 @pytest.fixture
@@ -118,9 +118,10 @@ def test_flex_forward_compiled_under_the_flop_counter_counts_the_analytic_flops(
 
 def _examples(lengths: list[int], num_anchors: int):
     """Captured-like examples for the tiny drafts (random target states, the first 4 tokens prompt)."""
+    from reference.tiny_drafts import HIDDEN, LAYER_IDS, VOCAB
+
     from dspark_cli.capture.types import CapturedSequence
     from dspark_cli.training.data import prepare
-    from reference.tiny_drafts import HIDDEN, LAYER_IDS, VOCAB
 
     gen = torch.Generator().manual_seed(0)
     out = []

@@ -32,7 +32,7 @@ def compile_takes_recompile_limit() -> bool:
 
 def raise_recompile_limit(limit: int) -> None:
     """Dynamo's process-wide recompile limit, raised to `limit` where it is lower."""
-    import torch._dynamo.config as config
+    from torch._dynamo import config
 
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     if getattr(config, name) < limit:
