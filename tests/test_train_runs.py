@@ -134,11 +134,15 @@ def test_compiled_training_over_static_shapes_gives_the_loss_curve_of_eager(targ
 
     Same curve: padding is masked out and inductor computes the same math in another rounding order
     (measured ~1e-8 relative; same tolerance argument as 1 vs 2 processes). The first step runs
-    eagerly under the loop's FLOP counter, every later step through the compiled graph."""
+    eagerly under the loop's FLOP counter, every later step through the compiled graph.
+
+    The compiled run's `torch.compile` takes torch 2.11's keywords only (the GPU image's torch:
+    `recompile_limit=` is a TypeError there), so the static-shape compile goes through dspark's
+    version-independent helper (`draft/compiling.py`)."""
     vary = (*STEPS, "--vary")
     eager, eager_summary = _run(_workdir(target_root, tmp_path, "eager"), *vary, "train.length_buckets=fit")
     compiled, summary = _run(_workdir(target_root, tmp_path, "compiled"), *vary, "train.compile=true",
-                             "train.length_buckets=[16,32]")
+                             "train.length_buckets=[16,32]", "--torch-2.11-compile")
     shapes = summary["shapes"]
     assert shapes["length_buckets"] == [16, 32, 64]
     assert shapes["signatures"] <= 2 and 1 <= shapes["compiles"] <= 2, shapes

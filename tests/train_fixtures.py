@@ -1,6 +1,8 @@
 """Tiny training fixtures: a random Qwen3 target on disk and its captured sequences, plus a runnable worker.
 
     .venv/bin/python tests/train_fixtures.py WORKDIR train.max_steps=6          # one process (--vary: mixed lengths)
+    .venv/bin/python tests/train_fixtures.py WORKDIR train.compile=true --torch-2.11-compile   # torch.compile
+                                                                    # taking torch 2.11's keywords only
     .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         tests/train_fixtures.py WORKDIR train.max_steps=6                        # FSDP2 on gloo
 
@@ -113,10 +115,27 @@ def write_capture(work: Path, sequences: list, overrides: list[str], per_shard: 
     return out
 
 
+def use_torch_211_compile() -> None:
+    """Replace `torch.compile` by one that takes exactly torch 2.11's keywords (the GPU image's torch;
+    `recompile_limit=` and the others 2.13 added are a TypeError, as there) and hands on to the real one."""
+    import torch
+
+    real = torch.compile
+
+    def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None, options=None,
+                disable=False):
+        return real(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options,
+                    disable=disable)
+
+    torch.compile = compile
+
+
 def main(argv: list[str]) -> int:
     import torch
 
     torch.set_num_threads(1)
+    if "--torch-2.11-compile" in argv:
+        use_torch_211_compile()
     workdir = Path(argv[0])
     make_target(workdir / "target")
     recipe = tiny_recipe(workdir, [a for a in argv[1:] if "=" in a and not a.startswith("--")])

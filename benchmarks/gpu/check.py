@@ -1,23 +1,29 @@
 """The GPU check: does dspark's training path run correctly on a CUDA GPU, and how fast, in one call.
 
-On the GPU machine (one call of the device tool; the wheels come from prepare.sh, run here first):
+On the GPU machine (two calls of the device tool, timeout_s 600 each, install included; the wheels come
+from prepare.sh, run here first), the most valuable rows first:
 
-    bash benchmarks/gpu/run.sh                    # install into /tmp/site, then this script -> $OUT/gpu_check.json
+    bash benchmarks/gpu/run.sh --sections throughput,numerics --time-limit 540   # call 1 -> $OUT/gpu_check.json
+    bash benchmarks/gpu/run.sh --sections pipeline,fsdp --time-limit 540         # call 2
 
 Here (CPU): `python benchmarks/gpu/check.py --out /tmp/gpu_check.json` runs the CPU halves and skips every
 CUDA part with one line; `--smoke` runs each section's code at toy sizes on the CPU (what the tests do).
 
-Sections, in order, each in its own subprocess under the remaining time (so a hung compile or an
-out-of-memory kill costs one section, and the results file is rewritten after every section):
-1. numerics    a tiny MLA and a tiny GQA draft on the bundled targets, one batch: CUDA fp32 and bf16
+Sections, in this order (the most valuable first; `--sections` picks some), each in its own subprocess
+under its share of the time among the sections asked for (so a hung compile or an out-of-memory kill
+costs one section, and the results file is rewritten after every section):
+1. throughput  the shipped trainer's step (`training.loop.train_step`) at the real draft sizes of the
+               kimi-k3 and qwen3-8b templates (in that order) on synthetic target states, 50 steps:
+               tokens/s, MFU against the measured bf16 matmul peak, peak memory after the warm-up steps
+               (the FLOP-counted first step and the compiles excluded; the first step's own peak apart),
+               distinct batch shapes, dynamo compiles.
+2. numerics    a tiny MLA and a tiny GQA draft on the bundled targets, one batch: CUDA fp32 and bf16
                (flex attention, `train.compile` off and on) against the fp32 CPU path on the same
                weights: logits, loss, gradients. Tolerances are scaled by the error that bf16 autocast
-               makes on the CPU on the same batch (`bf16_cpu` row), see `TOLERANCE`.
-2. pipeline    `dspark run` on the tiny recipe with hf engines on the GPU and bf16 training (fewer
+               makes on the CPU on the same batch (`bf16_cpu` row), see `TOLERANCE`. Flex attention's
+               forward also runs on the CPU (`fp32_cpu_flex_forward`: its backward is CUDA-only).
+3. pipeline    `dspark run` on the tiny recipe with hf engines on the GPU and bf16 training (fewer
                prompts and steps than the shipped recipe, to fit): time per stage and tau.
-3. throughput  the shipped trainer's step (`training.loop.train_step`) at the real draft sizes of the
-               qwen3-8b and kimi-k3 templates on synthetic target states, 50 steps: tokens/s, MFU
-               against the measured bf16 matmul peak, peak memory, distinct batch shapes, dynamo compiles.
 4. fsdp        `dspark`'s trainer under torchrun with one process: FSDP2 over NCCL, a checkpoint save,
                a resume, and the resumed run's losses against an uninterrupted run's.
 """
@@ -25,6 +31,7 @@ out-of-memory kill costs one section, and the results file is rewritten after ev
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -36,9 +43,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("numerics", "pipeline", "throughput", "fsdp")
-# Share of the time limit each section may take at most (what is left over passes on to the next).
-BUDGET = {"numerics": 0.25, "pipeline": 0.25, "throughput": 0.4, "fsdp": 0.2}
+SECTIONS = ("throughput", "numerics", "pipeline", "fsdp")
+THROUGHPUT_TEMPLATES = ("kimi-k3", "qwen3-8b")  # the flagship first
+WARMUP_STEPS = 5  # throughput: steps left out of speed and memory (the FLOP-counted first one, compiles)
+# Relative share of the time limit of each section, among the sections asked for (what one leaves
+# over passes on to the next).
+BUDGET = {"throughput": 0.45, "numerics": 0.25, "pipeline": 0.25, "fsdp": 0.2}
 # Numerics tolerances. fp32 on CUDA vs fp32 on CPU differ only by summation order (and flex's kernel):
 # a relative error of 1e-3 leaves two orders of magnitude above fp32 rounding through a few layers.
 # bf16 (8-bit mantissa, unit roundoff 2^-8 = 3.9e-3) is judged against the error bf16 autocast makes
@@ -131,6 +141,29 @@ def _forward_backward(arch: str, examples, device: str, dtype, attn: str, compil
     return logits, float(loss.detach()), grads
 
 
+def _flex_forward_cpu(arch: str, examples, logits_ref) -> dict[str, Any]:
+    """Flex attention's forward (compiled) on the CPU, the trainer's draft and batch, against the fp32 CPU
+    path's logits: what of the CUDA path's attention runs without a GPU (PyTorch has no CPU flex backward)."""
+    import torch
+
+    from dspark_cli.training.data import collate
+    from dspark_cli.training.distributed import DistEnv
+    from dspark_cli.training.session import build_step_module
+
+    recipe, target_dir, config = _tiny_setup(arch, ("draft.attention=flex",))
+    step = build_step_module(recipe, config, target_dir, DistEnv(0, 1, 0, torch.device("cpu")), torch.float32)
+    batch = collate(examples, torch.float32)
+    try:
+        with torch.no_grad():
+            out = step.draft(batch.aux, batch.input_ids, batch.anchors, seq_lens=batch.seq_lens,
+                             anchor_mask=batch.anchor_mask)
+    except Exception as exc:  # noqa: BLE001 - a failing row is a result
+        return {"status": f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+    rel = float((out.logits[out.valid].float() - logits_ref).abs().max() / logits_ref.abs().max())
+    return {"logits_rel": rel, "bound": TOLERANCE["fp32_rel"],
+            "status": "ok" if rel <= TOLERANCE["fp32_rel"] else "FAIL ['logits']"}
+
+
 def _compare(ref, got) -> dict[str, float]:
     import torch
 
@@ -163,6 +196,9 @@ def section_numerics(smoke: bool) -> dict[str, Any]:
         bf16_cpu = _compare(ref, _forward_backward(arch, examples, "cpu", torch.bfloat16,
                                                    "sdpa", False))
         rows["bf16_cpu"] = bf16_cpu
+        rows["fp32_cpu_flex_forward"] = _flex_forward_cpu(arch, examples, ref[0])
+        if rows["fp32_cpu_flex_forward"]["status"] != "ok":
+            failures.append(f"{arch}/fp32_cpu_flex_forward: {rows['fp32_cpu_flex_forward']['status']}")
         variants = [("fp32_cuda_flex", torch.float32, False), ("bf16_cuda_flex", torch.bfloat16, False),
                     ("bf16_cuda_flex_compiled", torch.bfloat16, True)]
         for name, dtype, compiled in variants:
@@ -192,7 +228,7 @@ def section_numerics(smoke: bool) -> dict[str, Any]:
         rows["seconds"] = round(time.perf_counter() - started, 1)
         out["drafts"][arch] = rows
     out["status"] = "ok" if not failures else "FAIL: " + "; ".join(failures)
-    if not cuda:
+    if not cuda and not failures:
         out["status"] = "cpu only (CUDA rows skipped)"
     return out
 
@@ -327,6 +363,8 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
 
     compiles = CompileCounter()
     shapes, times, tokens, flops_per_token = set(), [], 0, None
+    warmup = min(WARMUP_STEPS, num_steps - 1)
+    first_memory = None
     for i in range(num_steps):
         example = examples[i % len(examples)]  # one sequence per step, lengths rotating
         if device.type == "cuda":
@@ -341,9 +379,13 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
         if result.flops is not None:
             flops_per_token = result.flops / max(result.tokens, 1)
         times.append(time.perf_counter() - t0)
-        if i >= min(5, num_steps - 1):  # warm-up (compiles, first FLOP count) excluded
+        if i == 0 and device.type == "cuda":  # the FLOP-counted step: eager, under a dispatch mode
+            first_memory = torch.cuda.max_memory_allocated(device) / 2**30
+        if i + 1 == warmup and device.type == "cuda":  # the peak of the steady steps only, from here
+            torch.cuda.reset_peak_memory_stats(device)
+        if i >= warmup:  # warm-up (compiles, first FLOP count) excluded
             tokens += result.tokens
-    steady = times[min(5, num_steps - 1):]
+    steady = times[warmup:]
     tokens_per_s = tokens / sum(steady)
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return {"draft": f"{config.arch}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
@@ -352,7 +394,8 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
             "first_step_s": round(times[0], 2), "step_s_median": round(sorted(steady)[len(steady) // 2], 4),
             "tokens_per_s": round(tokens_per_s, 1), "flops_per_token": flops_per_token,
             "mfu": round(flops_per_token * tokens_per_s / peak, 4) if flops_per_token else None,
-            "peak_memory_gib": round(memory, 2) if memory is not None else None,
+            "warmup_steps": warmup, "peak_memory_gib": round(memory, 2) if memory is not None else None,
+            "first_step_peak_memory_gib": round(first_memory, 2) if first_memory is not None else None,
             "distinct_shapes": len(shapes), "compiles": compiles.read()["compiles"],
             "length_buckets": list(module.shape_plan.lengths) if module.shape_plan else None,
             "last_loss_stat": loss_value, "status": "ok"}
@@ -367,13 +410,15 @@ def section_throughput(smoke: bool, only: str | None = None) -> dict[str, Any]:
     device = torch.device("cuda" if has_cuda() else "cpu")
     peak = matmul_peak(device)
     out: dict[str, Any] = {"matmul_peak_tflops": round(peak / 1e12, 1), "drafts": {}}
-    for template in ([only] if only else ["qwen3-8b", "kimi-k3"]):
+    for template in ([only] if only else THROUGHPUT_TEMPLATES):
         try:
             out["drafts"][template] = _throughput_one(template, smoke, device, peak)
         except Exception as exc:  # noqa: BLE001 - out of memory or a kernel error is the result for this draft
             out["drafts"][template] = {"status": f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
         log(f"throughput: {template}: {out['drafts'][template]}")
         emit(out)
+        torch._dynamo.reset()  # compiled code keeps the draft alive: free it before the next one
+        gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -501,12 +546,12 @@ def result_line(stdout: str, prefix: str) -> dict[str, Any]:
 
 
 def run_section(name: str, smoke: bool, deadline: float) -> dict[str, Any]:
+    if name == "throughput":
+        return section_throughput(smoke)
     if name == "numerics":
         return section_numerics(smoke)
     if name == "pipeline":
         return section_pipeline(smoke)
-    if name == "throughput":
-        return section_throughput(smoke)
     return section_fsdp(smoke, deadline)
 
 
@@ -532,9 +577,11 @@ def environment() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_check.json"))
-    parser.add_argument("--time-limit", type=float, default=480.0, help="seconds for the whole check")
+    parser.add_argument("--time-limit", type=float, default=540.0,
+                        help="seconds for the whole check (540 leaves a 600 s device call time to install)")
     parser.add_argument("--smoke", action="store_true", help="run every section at toy sizes on the CPU")
-    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated, run in this order whatever the order given: {','.join(SECTIONS)}")
     parser.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section, print RESULT
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--fsdp-worker", help=argparse.SUPPRESS)
@@ -559,14 +606,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     wanted = [s for s in args.sections.split(",") if s]
+    unknown = [s for s in wanted if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}")
+    total_share = sum(BUDGET[s] for s in wanted)
     for name in SECTIONS:
         if name not in wanted:
             results["sections"][name] = {"status": "not asked for"}
             continue
         left = deadline - time.time()
-        later = sum(BUDGET[s] for s in SECTIONS[SECTIONS.index(name) + 1:] if s in wanted)
+        later = sum(BUDGET[s] for s in SECTIONS[SECTIONS.index(name) + 1:] if s in wanted) / total_share
         # a section may overrun its share by half, as long as half of every later section's share is left
-        allowed = min(left - later * args.time_limit * 0.5, BUDGET[name] * args.time_limit * 1.5)
+        allowed = min(left - later * args.time_limit * 0.5, BUDGET[name] / total_share * args.time_limit * 1.5)
         if left < 10 or allowed < 5:
             results["sections"][name] = {"status": "skipped: time limit reached"}
             log(f"{name}: skipped, {left:.0f} s left")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The one command the GPU machine runs (device tool, `carry: [".gpu-wheels"]`, timeout_s 600):
+# The command the GPU machine runs (device tool, `carry: [".gpu-wheels"]`, timeout_s 600), twice:
 #
-#   bash benchmarks/gpu/run.sh                 # install dspark + wheels into /tmp/dspark-site, run check.py
-#   bash benchmarks/gpu/run.sh --time-limit 300 --sections numerics,throughput
+#   bash benchmarks/gpu/run.sh --sections throughput,numerics --time-limit 540   # call 1: the most valuable rows
+#   bash benchmarks/gpu/run.sh --sections pipeline,fsdp --time-limit 540         # call 2
+#
+# Each installs dspark + wheels into /tmp/dspark-site (~20 s) and runs check.py.
 #
 # Results: $OUT/gpu_check.json and $OUT/gpu_check.log (benchmarks/results/ when OUT is unset).
 # Prepare first, here: bash benchmarks/gpu/prepare.sh

@@ -31,7 +31,10 @@ Implementations (`attn_impl`):
           the math kernel that materialises B*H*Q*K scores).
           Pad batches to a fixed T and A to avoid recompiles (training does: training/shapes.py).
           On CPU it has no backward (PyTorch raises), so use it there only under `torch.no_grad()`.
-          Not run on a GPU in this repository's CI: the CPU forward is tested against SDPA.
+          Not run on a GPU in this repository's CI: the CPU forward is tested against SDPA, compiled
+          and eager, also under training's FLOP counter (tests/test_train_gpu_path.py). Compiled
+          CPU flex computes wrong values at 12 queries x 24 keys (torch 2.11 and 2.13, any mask;
+          measured), a shape no training bucket takes.
 - "eager" explicit fp32 `softmax(q k^T * scale) v`: slow, transparent, for debugging.
 - "auto"  "flex" on CUDA; on CPU "blockwise" when dspark's C kernels are built (the usual case)
           or under torch.compile, "sdpa" otherwise (`resolve_attn_impl`).
@@ -46,7 +49,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode
 
+from dspark_cli.draft.compiling import compile_fn
 from dspark_cli.kernels import attention as cpu_kernel
 
 ATTN_IMPLS = ("blockwise", "sdpa", "flex", "eager", "auto")
@@ -160,7 +165,7 @@ def _flex(q, k, v, block_mask, scale):
         # dynamic=False: one compile per shape. (Dynamic-shape flex fails to build its C++
         # kernel on CPU with torch 2.13 when the shape changes.) Training pads its batches to at most
         # FLEX_RECOMPILE_LIMIT shapes (train.length_buckets), so it never falls back to eager flex.
-        _compiled_flex = torch.compile(flex_attention, dynamic=False, recompile_limit=FLEX_RECOMPILE_LIMIT)
+        _compiled_flex = compile_fn(flex_attention, dynamic=False, recompile_limit=FLEX_RECOMPILE_LIMIT)
     return _compiled_flex(
         q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
     )
@@ -206,7 +211,42 @@ def block_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, scale: float,
     impl: str,
 ) -> torch.Tensor:
-    """q [B, Hq, Q, D], k [B, Hk, K, D], v [B, Hk, K, Dv] -> [B, Hq, Q, Dv]; Hk divides Hq."""
+    """q [B, Hq, Q, D], k [B, Hk, K, D], v [B, Hk, K, Dv] -> [B, Hq, Q, Dv]; Hk divides Hq.
+
+    Under a torch dispatch mode (training's FLOP counter, `training/flops.py`) the kernel runs outside
+    the mode, forward and backward (`_OutsideDispatchModes`): the same kernel as without the mode, and
+    one that works there -- flex attention's operator has no rule for such a mode (a TypeError, "no
+    implementation found for 'torch.ops.higher_order.flex_attention'"), and dynamo does not compile
+    under one. The counter leaves attention to its analytic count anyway."""
+    if not torch.compiler.is_compiling() and _get_current_dispatch_mode() is not None:
+        return _OutsideDispatchModes.apply(q, k, v, layout, scale, impl, torch.is_grad_enabled())
+    return _attend(q, k, v, layout, scale, impl)
+
+
+class _OutsideDispatchModes(torch.autograd.Function):
+    """`_attend` with the active dispatch modes set aside, in the forward and in the backward.
+
+    The forward records its own autograd graph (on detached inputs, in the caller's grad mode) with
+    the modes off; the backward differentiates that graph, modes off again, so a compiled
+    kernel's backward (flex on CUDA) never runs, or compiles, under the mode either."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout, scale, impl, grad):
+        inputs = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+        with _disable_current_modes(), torch.set_grad_enabled(grad):
+            out = _attend(*inputs, layout, scale, impl)
+        ctx.inputs, ctx.out = inputs, out
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        wanted = [t for t in ctx.inputs if t.requires_grad]
+        with _disable_current_modes():
+            grads = iter(torch.autograd.grad(ctx.out, wanted, grad_out, allow_unused=True))
+        return (*(next(grads) if t.requires_grad else None for t in ctx.inputs), None, None, None, None)
+
+
+def _attend(q, k, v, layout: BlockLayout, scale: float, impl: str) -> torch.Tensor:
     if impl == "blockwise":
         return _blockwise(q, k, v, layout, scale)
     if impl == "sdpa":

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from dspark_cli.draft.attention import BlockLayout, resolve_attn_impl
+from dspark_cli.draft.compiling import compile_fn
 from dspark_cli.training.data import Batch
 from dspark_cli.training.loss import slot_weights, vocab_loss
 from dspark_cli.training.metrics import stats_vector
@@ -159,7 +160,7 @@ class TrainStep(nn.Module):
             options = {"cpp_wrapper": True} if device.type == "cpu" else None
             static = {} if self.shape_plan is None else {
                 "dynamic": False, "recompile_limit": max(8, self.shape_plan.max_shapes + 1)}
-            fn = self._compiled_states[device.type] = torch.compile(block_states, options=options, **static)
+            fn = self._compiled_states[device.type] = compile_fn(block_states, options=options, **static)
         return fn
 
     def rope_table(self, length: int, device: torch.device):
