@@ -211,3 +211,13 @@ def test_a_window_too_small_for_one_step_is_refused_up_front(tmp_path):
     env = SimpleNamespace(world_size=1, rank=0, is_main=True)
     with pytest.raises(UsageError, match=r"queue_max_shards=1 is too small: one training step reads from \d+ shards"):
         OnlineSource(recipe, env=env, out_dir=tmp_path / "train", contract=CONTRACT)
+
+
+def test_utilisation_names_the_side_that_waits_less():
+    from dspark_cli.training.online import utilisation
+
+    starved = utilisation([0.0, 1.0], [6.0, 4.0], 10.0)  # ranks idle half the run waiting for shards
+    assert (starved["producer_busy"], starved["trainer_busy"], starved["bottleneck"]) == (0.95, 0.5, "producers")
+    full = utilisation([8.0, 9.0], [0.5, 0.5], 10.0)  # producers mostly waiting for room
+    assert (full["producer_busy"], full["trainer_busy"], full["bottleneck"]) == (0.15, 0.95, "trainers")
+    assert utilisation([50.0], [0.0], 10.0)["producer_busy"] == 0.0  # waits over restarts: at most idle all along
