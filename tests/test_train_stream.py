@@ -245,8 +245,9 @@ def test_a_killed_producer_is_restarted_and_no_sample_is_lost_or_repeated(datage
     status = stream / "producers" / "0.json"
     killed = []
 
-    def kill_producer_0_mid_run(_proc) -> None:
+    def kill_producer_0_mid_run(proc) -> None:
         def published() -> bool:
+            assert proc.poll() is None, f"dspark train ended (exit {proc.returncode}) before the kill"
             try:
                 data = json.loads(status.read_text())
             except (FileNotFoundError, json.JSONDecodeError):
@@ -377,15 +378,19 @@ def test_over_mooncake_a_killed_producer_changes_nothing_and_training_matches_th
     """The same 2-producer, 2-rank run over `mooncake://` (a real mooncake_master on loopback; this test's
     client lends the memory, as a mooncake_client would), producer 0 SIGKILLed after its first shard:
     every sample once, the bound, and the same loss and weights as over the shared-filesystem stream."""
+    import contextlib
+
     from dspark_cli.capture.mooncake_store import MooncakeStore
 
-    with mooncake_master(tmp_path / "master.log") as master, MooncakeStore(master + "&segment=256MB") as lender:
+    with mooncake_master(tmp_path / "master.log") as master, contextlib.ExitStack() as stack:
         stream = master.replace("/test-stream?", "/online-run?")
+        lender = stack.enter_context(MooncakeStore(stream + "&segment=256MB"))  # the same namespace: it reads too
         overrides = overrides_for(datagen, tmp_path, "train.nproc_per_node=2", f"capture.stream={stream}")
         killed: list[int] = []
 
-        def kill_producer_0_mid_run(_proc) -> None:
+        def kill_producer_0_mid_run(proc) -> None:
             def published() -> bool:
+                assert proc.poll() is None, f"dspark train ended (exit {proc.returncode}) before the kill"
                 data = lender.get("producers/0.json")
                 if data is None:
                     return False
@@ -433,12 +438,18 @@ def test_the_slurm_script_trains_online_on_a_simulated_three_node_allocation(dat
     nodes = [subprocess.Popen(["bash", str(script), "--node"], cwd=tmp_path, start_new_session=True,
                               env={**env(), **allocation, "SLURM_NODEID": str(node)}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for node in range(3)]
-    try:
-        outs = [node.communicate(timeout=600)[0] for node in nodes]
+    deadline = time.monotonic() + 900
+    try:  # like srun --kill-on-bad-exit: one node failing ends the others
+        while any(node.poll() is None for node in nodes) and time.monotonic() < deadline:
+            if any(node.poll() not in (None, 0) for node in nodes):
+                break
+            time.sleep(0.5)
     finally:
         for node in nodes:
             if node.poll() is None:
                 os.killpg(node.pid, signal.SIGKILL)
+                node.wait()
+    outs = [node.stdout.read() for node in nodes]
     detail = "\n".join(f"--- node {k} ---\n{(logs / f'node-{k}.log').read_text()[-3000:] if (logs / f'node-{k}.log').is_file() else outs[k]}"
                        for k in range(3))
     assert [node.returncode for node in nodes] == [0, 0, 0], detail

@@ -109,13 +109,14 @@ hosts() {{  # the allocation's host names, in node order
 }}
 
 if [ "${{1:-}}" != "--node" ]; then
+    HEAD=$(hosts | sed -n "$((PRODUCER_NODES + 1))p")
     if [ "${{SLURM_NNODES:-0}}" -ne $((PRODUCER_NODES + TRAIN_NODES)) ]; then
         echo "error: this job needs $((PRODUCER_NODES + TRAIN_NODES)) nodes, the allocation has ${{SLURM_NNODES:-none}}" >&2
         echo "  submit it with sbatch (its #SBATCH --nodes line), or write the script again for this size" >&2
         exit 2
     fi
     mkdir -p "$LOGS"
-    srun --nodes=1 --ntasks=1 "$DSPARK" datagen "$RECIPE" "${{SHAPE[@]}}" "$@"
+    srun --nodes=1 --ntasks=1 "$DSPARK" datagen "$RECIPE" "${{SHAPE[@]}}" "train.rdzv_endpoint=$HEAD:$RDZV_PORT" "$@"
     exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash "$0" --node "$@"
 fi
 shift
@@ -125,13 +126,13 @@ mapfile -t HOSTS < <(hosts)
 mkdir -p "$LOGS"
 LOG="$LOGS/node-$NODE.log"
 echo "dspark: node $NODE of ${{#HOSTS[@]}} (${{HOSTS[$NODE]:-?}}), log $LOG" >&2
+HEAD=${{HOSTS[$PRODUCER_NODES]:?the allocation lists fewer hosts than nodes}}
+SHAPE+=("train.rdzv_endpoint=$HEAD:$RDZV_PORT")  # the first training node's; the same recipe on every node
 if [ "$NODE" -lt "$PRODUCER_NODES" ]; then
     FIRST=$((NODE * PRODUCERS_PER_NODE))
     LAST=$((FIRST + PRODUCERS_PER_NODE - 1))
     [ "$LAST" -lt "$WORKERS" ] || LAST=$((WORKERS - 1))
     exec "$DSPARK" produce "$RECIPE" --only "$(seq -s, "$FIRST" "$LAST")" "${{SHAPE[@]}}" "$@" >"$LOG" 2>&1
 fi
-HEAD=${{HOSTS[$PRODUCER_NODES]:?the allocation lists fewer hosts than nodes}}
-exec "$DSPARK" train "$RECIPE" "${{SHAPE[@]}}" capture.external_producers=true \\
-    "train.rdzv_endpoint=$HEAD:$RDZV_PORT" --resume=auto "$@" >"$LOG" 2>&1
+exec "$DSPARK" train "$RECIPE" "${{SHAPE[@]}}" capture.external_producers=true --resume=auto "$@" >"$LOG" 2>&1
 """
