@@ -26,8 +26,9 @@ from mooncake_support import mooncake_master, needs_mooncake
 
 from dspark_cli.targets import BUNDLED_TARGETS
 
-pytestmark = pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-gqa"] / "config.json").is_file(),
-                                reason="tiny-gqa is not built")
+pytestmark = [pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-gqa"] / "config.json").is_file(),
+                                 reason="tiny-gqa is not built"),
+              pytest.mark.slow]  # every test here runs processes for a minute or more
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 NUM_PROMPTS = 12
