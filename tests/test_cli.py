@@ -13,14 +13,14 @@ from typer.testing import CliRunner
 from dspark_cli.cli import app
 
 runner = CliRunner()
-COMMANDS = ["datagen", "train", "export", "serve", "bench", "publish", "run", "validate", "init"]
+COMMANDS = ["datagen", "train", "produce", "export", "serve", "bench", "publish", "run", "validate", "init"]
 
 
 def invoke(*args: str, env: dict[str, str] | None = None):
     return runner.invoke(app, list(args), env=env)
 
 
-def test_help_lists_all_nine_commands():
+def test_help_lists_all_ten_commands():
     result = invoke("--help")
     assert result.exit_code == 0
     for command in COMMANDS:
@@ -221,3 +221,27 @@ def test_validate_checks_across_sections(tmp_path):
         "lower it or raise max_model_len",
         f"error: output_dir: {a_file} is a file, not a directory; choose another directory",
     ] and len(lines) == 3, result.output  # the stage directories under it are not repeated
+
+
+def test_produce_refuses_an_offline_recipe_and_a_bad_share():
+    result = invoke("produce", "tiny")
+    assert result.exit_code == 2 and "capture.mode=offline" in result.output, result.output
+    result = invoke("produce", "tiny", "capture.mode=online", "--only", "one")
+    assert result.exit_code == 2 and "--only one: not a list" in result.output, result.output
+    result = invoke("produce", "tiny", "capture.mode=online", "capture.workers=2", "--only", "2")
+    assert result.exit_code == 2 and "producers are 0..1" in result.output, result.output
+
+
+def test_init_slurm_writes_a_job_script_of_the_recipes_shape(tmp_path):
+    result = invoke("init", "kimi-k3", "-o", str(tmp_path / "k3.yaml"), "--slurm", "capture.workers=4",
+                    "train.nnodes=2", "train.nproc_per_node=8")
+    assert result.exit_code == 0, result.output
+    script = (tmp_path / "k3.sbatch").read_text()
+    # four TP8 engines on 8-GPU nodes: four producer nodes, then two torchrun nodes
+    assert "#SBATCH --nodes=6" in script and "PRODUCER_NODES=4" in script and "PRODUCERS_PER_NODE=1" in script
+    assert "SHAPE=(capture.mode=online capture.workers=4 train.nnodes=2 train.nproc_per_node=8)" in script
+    assert (tmp_path / "k3.yaml").is_file() and os.access(tmp_path / "k3.sbatch", os.X_OK)
+    result = invoke("init", "tiny", "-o", str(tmp_path / "t.yaml"), "train.lr=1")
+    assert result.exit_code == 2 and "only shape the --slurm job script" in result.output
+    result = invoke("init", "kimi-k3", "-o", str(tmp_path / "k.yaml"), "--slurm", "--gpus-per-node=4")
+    assert result.exit_code == 2 and "takes 8 GPUs" in result.output and not (tmp_path / "k.yaml").exists()

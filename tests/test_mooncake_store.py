@@ -1,13 +1,12 @@
 """The Mooncake store (capture/mooncake_store.py) over loopback TCP: a real `mooncake_master`, two clients.
 
-The Mooncake checks need the optional extra (`pip install -e '.[mooncake]'`) and the RDMA user library
-its client links even for TCP (`apt-get install libibverbs1`); without them they skip with one line.
-Location parsing and the not-installed error run everywhere.
+The Mooncake checks need the optional extra and the RDMA user library its client links even for TCP;
+`scripts/dev.sh test` installs both where it can (tests/mooncake_support.py), elsewhere they skip with
+the reason. Location parsing and the not-installed error run everywhere.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -16,10 +15,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from mooncake_support import free_port as _free_port
+from mooncake_support import mooncake_master, needs_mooncake
 
 from dspark_cli.capture.mooncake_store import MooncakeStore, _check_key, _load_client, parse_location
 from dspark_cli.errors import DsparkError, UsageError
@@ -27,57 +27,20 @@ from dspark_cli.errors import DsparkError, UsageError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _mooncake_missing() -> str | None:
-    if importlib.util.find_spec("mooncake") is None:
-        return "mooncake-transfer-engine-non-cuda is not installed (optional extra: pip install -e '.[mooncake]')"
-    try:
-        importlib.import_module("mooncake.store")
-    except ImportError as exc:
-        return f"mooncake.store does not load here: {exc}"
-    return None
-
-
-MISSING = _mooncake_missing()
-needs_mooncake = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def master(tmp_path_factory):
     """A mooncake_master on loopback (its RPC port and HTTP admin port); yields the stream location."""
-    binary = Path(importlib.util.find_spec("mooncake").submodule_search_locations[0]) / "mooncake_master"
-    rpc, admin = _free_port(), _free_port()
-    log_path = tmp_path_factory.mktemp("mooncake") / "master.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), f"-rpc_port={rpc}", "-rpc_address=127.0.0.1", f"-metrics_port={admin}",
-                                 "-metrics_host=127.0.0.1", "-rpc_thread_num=2"], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{admin}/health", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"mooncake_master did not start: {log_path.read_text(errors='replace')[-2000:]}")
-                time.sleep(0.2)
-        yield f"mooncake://127.0.0.1:{rpc}/test-stream?admin_port={admin}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    with mooncake_master(tmp_path_factory.mktemp("mooncake") / "master.log") as location:
+        yield location
 
 
 # The other client: a producer in its own process, lending no memory (segment 0), so what it puts lives
 # in the test process's segment and must survive its SIGKILL.
 WRITER = """
 import json, random, sys
+from mooncake_support import free_port as _free_port
+from mooncake_support import mooncake_master, needs_mooncake
+
 from dspark_cli.capture.mooncake_store import MooncakeStore
 store = MooncakeStore(sys.argv[1])
 store.put("shards/shard-00000.safetensors", random.Random(0).randbytes(3 << 20))

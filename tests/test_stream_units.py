@@ -15,7 +15,15 @@ import torch
 
 from dspark_cli.capture.devices import device_split_problems, narrow_train_devices, producer_environ
 from dspark_cli.capture.store import FileStore, open_store
-from dspark_cli.capture.stream import CONSUMER_KEY, StreamClosed, StreamProducer, StreamReader, read_json, shard_key
+from dspark_cli.capture.stream import (
+    CONSUMER_KEY,
+    StreamClosed,
+    StreamProducer,
+    StreamReader,
+    StreamRewound,
+    read_json,
+    shard_key,
+)
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import ContractError, DataError, UsageError
@@ -48,12 +56,18 @@ def test_the_step_plan_is_the_same_for_any_rank_count_and_trains_every_sequence_
     assert [sum(len(r) for r in s) for s in tail.steps] == [3]
 
 
-def test_release_and_the_window_a_checkpoint_interval_needs():
+def test_release_and_the_window_one_step_needs():
     plan = plan_online(fake_plan(LENGTHS), max_seq_len=64, tokens_per_step=100, world_size=1, seed=0)
     assert plan.release_below(0) == 0 and plan.release_below(len(plan.steps)) == len(LENGTHS)
     below = [plan.release_below(s) for s in range(len(plan.steps) + 1)]
     assert below == sorted(below)  # shards are released in order
-    assert plan.required_shards(1) <= plan.required_shards(2) <= plan.required_shards(100) == len(LENGTHS)
+    # the window: from the oldest shard a step still reads (older ones went after the step before) to the
+    # newest, counted by hand from the plan; no checkpoint interval in it
+    spans = []
+    for s, ranks in enumerate(plan.steps, start=1):
+        shards = [i.shard for rank in ranks for i in rank]
+        spans.append(max(shards) - below[s - 1] + 1)
+    assert plan.required_shards() == max(spans) < len(LENGTHS)
     kept = plan_online(fake_plan(LENGTHS), max_seq_len=64, tokens_per_step=100, world_size=1, seed=0, epochs=2.0,
                        keep=True)
     assert len(kept.steps) > len(plan.steps) and kept.release_below(len(plan.steps)) == 0  # kept for epoch 2
@@ -126,6 +140,42 @@ def test_a_restarted_producer_skips_what_it_published(tmp_path):
                                                                        layout=LAYOUT, num_shards=4)
 
 
+def test_a_rewind_has_the_producers_capture_again_what_a_resume_needs(tmp_path):
+    """Shards 0-1 trained on and released; the trainers resume from a checkpoint that covers none of
+    them: rank 0 rewinds, the shards outside the new window go, the producer re-opens (its put of a
+    shard beyond the window raises StreamRewound) and captures exactly the missing ones again."""
+    store = open_store(tmp_path / "stream")
+    producer = _producer(store, 0, workers=1, max_shards=2)
+    reader = StreamReader(store, fingerprint="f", workers=1, poll_s=0.01, timeout_s=5)
+    producer.put(0, [_seq("a/0")])
+    producer.put(1, [_seq("b/0")])
+    assert [s.id for s in reader.read(0)] == ["a/0"]
+    reader.release(2, step=2)
+    producer.put(2, [_seq("c/0")])
+    producer.put(3, [_seq("d/0")])
+    assert store.keys("shards/") == [shard_key(2), shard_key(3)]
+    assert reader.rewind(1, step=1, window=2)  # step 2 onwards needs shard 1 again
+    assert store.keys("shards/") == [shard_key(2)]  # shard 3 is outside [1, 1 + 2): removed, the bound holds
+    consumer = read_json(store, CONSUMER_KEY)
+    assert consumer["released_below"] == 1 and consumer["generation"] == 1 and consumer["rewinds"] == 1
+    with pytest.raises(StreamRewound):
+        producer.put(4, [_seq("e/0")])
+    producer.fail("StreamRewound")  # what run_capture does with any exception: not an error here
+    assert read_json(store, "producers/0.json")["error"] is None
+    # the stale entry of shard 1 makes a reader wait, not fail, until the shard is captured again
+    late = []
+    thread = threading.Thread(target=lambda: late.append([s.id for s in reader.read(1)]))
+    thread.start()
+    time.sleep(0.1)
+    assert producer.open(fingerprint="f", contract=CONTRACT, layout=LAYOUT, num_shards=5) == {0, 2}
+    assert "shard-00001.safetensors" not in read_json(store, "producers/0.json")["shards"]
+    producer.put(1, [_seq("b/0")])
+    thread.join(timeout=5)
+    assert late == [["b/0"]]
+    assert not reader.rewind(1, step=1, window=2)  # nothing released beyond it: no new generation
+    assert read_json(store, CONSUMER_KEY)["generation"] == 1
+
+
 def _recipe(*overrides: str):
     from dspark_cli.recipe import load_recipe
 
@@ -150,14 +200,24 @@ def test_the_device_split_rule():
     assert any("do not exist" in p for p in device_split_problems(ok, available=4))
 
 
-def test_a_window_too_small_for_a_checkpoint_interval_is_refused_up_front(tmp_path):
+def test_a_window_too_small_for_one_step_is_refused_up_front(tmp_path):
     from capture_support import capture_recipe
 
     from dspark_cli.training.online import OnlineSource
 
     recipe = capture_recipe("tiny-gqa", tmp_path, "capture.mode=online", "capture.shard_tokens=40",
                             "capture.queue_max_shards=1", "capture.external_producers=true",
-                            "train.checkpoint_every=100", "train.tokens_per_step=64", "train.max_seq_len=64")
+                            "train.checkpoint_every=100", "train.tokens_per_step=256", "train.max_seq_len=64")
     env = SimpleNamespace(world_size=1, rank=0, is_main=True)
-    with pytest.raises(UsageError, match=r"queue_max_shards=1 is too small.*spans \d+ shards"):
+    with pytest.raises(UsageError, match=r"queue_max_shards=1 is too small: one training step reads from \d+ shards"):
         OnlineSource(recipe, env=env, out_dir=tmp_path / "train", contract=CONTRACT)
+
+
+def test_utilisation_names_the_side_that_waits_less():
+    from dspark_cli.training.online import utilisation
+
+    starved = utilisation([0.0, 1.0], [6.0, 4.0], 10.0)  # ranks idle half the run waiting for shards
+    assert (starved["producer_busy"], starved["trainer_busy"], starved["bottleneck"]) == (0.95, 0.5, "producers")
+    full = utilisation([8.0, 9.0], [0.5, 0.5], 10.0)  # producers mostly waiting for room
+    assert (full["producer_busy"], full["trainer_busy"], full["bottleneck"]) == (0.15, 0.95, "trainers")
+    assert utilisation([50.0], [0.0], 10.0)["producer_busy"] == 0.0  # waits over restarts: at most idle all along

@@ -6,7 +6,7 @@
     ensure_capture(recipe)                                # the same, only when training would need it
     for seq in iter_captured(recipe.stage_dir("capture"), expect=contract_for_recipe(recipe)): ...
 
-    python -m dspark_cli.capture.online RECIPE STREAM     # online producers (capture.workers of them)
+    supervise(recipe_file, recipe, overrides=[])          # online producers (`dspark produce`)
 
 Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `hf.py` (transformers hooks),
 `vllm.py` (the vLLM engine: arguments, drain, post-processing; `vllm_connector.py` its CPU connector), `shards.py` (safetensors format, tensor decoding),
@@ -33,6 +33,8 @@ _EXPORTS = {
     "verify_captured": "dspark_cli.artifacts.capture",  # the capture directory's reader, no tensors
     "produce_stream": "dspark_cli.capture.online",
     "Supervisor": "dspark_cli.capture.online",
+    "supervise": "dspark_cli.capture.online",
+    "stream_location": "dspark_cli.capture.online",
     "open_store": "dspark_cli.capture.store",
     "StreamReader": "dspark_cli.capture.stream",
     "StreamProducer": "dspark_cli.capture.stream",

@@ -1,12 +1,14 @@
 """Online capture producers: P processes, each with its own engine, publish their shards into the stream.
 
-    python -m dspark_cli.capture.online RECIPE STREAM [key=value ...]            # supervise capture.workers producers
-    python -m dspark_cli.capture.online RECIPE STREAM --only=2,3 [key=value ...] # supervise producers 2 and 3 here
+    dspark produce RECIPE [key=value ...]                  # supervise capture.workers producers (cli/produce.py)
+    dspark produce RECIPE --only 2,3 [key=value ...]       # producers 2 and 3 here, the others elsewhere
     python -m dspark_cli.capture.online RECIPE STREAM --worker=1 [key=value ...] # one producer (what the supervisor runs)
 
 `dspark train` starts the supervisor itself (global rank 0, in a thread) unless
-`capture.external_producers`; on inference machines this module's command runs it (`--only`: the
-producers this machine runs, the others run elsewhere against the same stream). The supervisor restarts a producer that died (SIGKILL, OOM, ...) up to `MAX_RESTARTS` times;
+`capture.external_producers`; on inference machines `dspark produce` runs it (`--only`: the
+producers this machine runs, the others run elsewhere against the same stream). A producer stays
+until the trainers mark the stream finished: a trainer resumed from a checkpoint rewinds the
+stream, and the producers capture again what it needs. The supervisor restarts a producer that died (SIGKILL, OOM, ...) up to `MAX_RESTARTS` times;
 the restarted producer skips every shard it had published (capture/stream.py). A producer started
 by a rank dies with its supervisor (PR_SET_PDEATHSIG), so a trainer restarted by torchrun starts
 fresh producers instead of finding two writers per share. Producer w captures the plan's shards
@@ -31,11 +33,38 @@ log = logging.getLogger(__name__)
 MAX_RESTARTS = 3  # per producer, per supervisor
 
 
+class _Engine:
+    """The producer's capture engine, loaded on first use and kept across the stream's rewinds."""
+
+    def __init__(self, recipe: Any) -> None:
+        self.recipe, self.inner = recipe, None
+
+    def _load(self) -> Any:
+        if self.inner is None:
+            from dspark_cli.capture.plan import build_plan
+            from dspark_cli.capture.run import make_capturer
+
+            self.inner = make_capturer(build_plan(self.recipe), Path(self.recipe.stage_dir("capture")))
+        return self.inner
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe() if self.inner is not None else {"backend": self.recipe.capture.backend}
+
+    def capture(self, samples: list[Any]) -> Any:
+        return self._load().capture(samples)
+
+    def close(self) -> None:
+        if self.inner is not None and hasattr(self.inner, "close"):
+            self.inner.close()
+
+
 def produce_stream(recipe: Any, location: str, worker: int, *, restarts: int = 0) -> dict[str, Any]:
-    """Producer `worker` of `capture.workers`: capture its shards into the stream at `location`."""
+    """Producer `worker` of `capture.workers`: capture its shards into the stream at `location`, then stay
+    until the trainers finish: a trainer resumed from a checkpoint rewinds the stream, and the producer
+    captures again, with the same engine, the shards of its share the new window lacks."""
     from dspark_cli.capture.run import run_capture
     from dspark_cli.capture.store import open_store
-    from dspark_cli.capture.stream import StreamClosed, StreamProducer
+    from dspark_cli.capture.stream import StreamClosed, StreamProducer, StreamRewound
 
     # keeping shards for later epochs: the trainer checked the whole stream fits capture.keep_max_bytes
     window = 1 << 40 if recipe.capture.keep_max_bytes else recipe.capture.queue_max_shards
@@ -44,10 +73,21 @@ def produce_stream(recipe: Any, location: str, worker: int, *, restarts: int = 0
     # each engine its own scratch (vLLM's hidden-states connector writes under <capture dir>/.vllm)
     scratch = str(Path(recipe.stage_dir("capture")) / f".producer-{worker}")
     recipe = recipe.model_copy(update={"capture": recipe.capture.model_copy(update={"output_dir": scratch})})
+    engine, summary, rewinds = _Engine(recipe), {}, 0
     try:
-        return run_capture(recipe, queue=producer)
-    except StreamClosed as exc:
-        return {"stream": location, "worker": worker, "closed": str(exc)}
+        while True:
+            try:
+                summary = run_capture(recipe, queue=producer, capturer=engine)
+                producer.wait_until_closed()
+            except StreamRewound as exc:
+                rewinds += 1
+                log.info("producer %d: %s; capturing what the window lacks again", worker, exc)
+                continue
+            except StreamClosed as exc:
+                summary = {"stream": location, "worker": worker, "closed": str(exc)}
+            return {**summary, "rewinds": rewinds, "wait_seconds": round(producer.status.get("wait_s", 0.0), 2)}
+    finally:
+        engine.close()
 
 
 class Supervisor:
@@ -145,8 +185,32 @@ class Supervisor:
         return {worker: proc.pid for worker, proc in self.procs.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
+def supervise(recipe_file: str | Path, recipe: Any, *, overrides: list[str], only: list[int] | None = None,
+              location: str | None = None) -> dict[str, Any]:
+    """Run this machine's producers (all, or `only`) in the foreground until each is done; the summary.
+    `location` defaults to the recipe's stream (what the trainers read)."""
     from dspark_cli.errors import DsparkError, UsageError
+
+    if only is not None and not all(0 <= w < recipe.capture.workers for w in only):
+        raise UsageError(f"--only={','.join(map(str, only))}: producers are 0..{recipe.capture.workers - 1}",
+                         "name this machine's share of capture.workers")
+    location = location or stream_location(recipe)
+    supervisor = Supervisor(recipe_file, location, recipe, overrides=overrides, workers=only, bind_to_parent=True)
+    started = time.time()
+    supervisor.run()
+    if supervisor.error:
+        raise DsparkError(supervisor.error, "its own error is in the stream's producer status and its log above")
+    return {"stream": location, "producers": len(supervisor.workers), "restarts": supervisor.restarts,
+            "seconds": round(time.time() - started, 1)}
+
+
+def stream_location(recipe: Any) -> str:
+    """The stream producers and trainers share: `capture.stream`, default `<capture dir>-stream`."""
+    return recipe.capture.stream or recipe.stage_dir("capture") + "-stream"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dspark_cli.errors import DsparkError
     from dspark_cli.recipe import load_recipe
 
     args = sys.argv[1:] if argv is None else argv
@@ -162,17 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = produce_stream(recipe, args[1], int(options["--worker"]), restarts=int(options.get("--restarts", 0)))
         else:
             only = [int(w) for w in options["--only"].split(",")] if "--only" in options else None
-            if only is not None and not all(0 <= w < recipe.capture.workers for w in only):
-                raise UsageError(f"--only={options['--only']}: producers are 0..{recipe.capture.workers - 1}",
-                                 "name this machine's share of capture.workers")
-            supervisor = Supervisor(args[0], args[1], recipe, overrides=overrides, workers=only)
-            started = time.time()
-            supervisor.run()
-            if supervisor.error:
-                print(f"error: {supervisor.error}", file=sys.stderr)
-                return 1
-            summary = {"stream": args[1], "producers": len(supervisor.workers), "restarts": supervisor.restarts,
-                       "seconds": round(time.time() - started, 1)}
+            summary = supervise(args[0], recipe, overrides=overrides, only=only, location=args[1])
     except DsparkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -5,22 +5,27 @@
     # consumer (every training rank): the shards holding its own sequences, verified
     reader = StreamReader(open_store(location), fingerprint=plan.fingerprint, workers=P, expect=contract)
     sequences = reader.read(index)                      # waits until shard `index` is published
-    reader.release(below)                               # global rank 0, after a checkpoint
+    reader.release(below, step=s)                       # global rank 0, once every rank trained step s
+    reader.rewind(below, step=c)                        # global rank 0, resuming from the checkpoint at step c
 
 Keys in the store (capture/store.py):
 - `shards/shard-NNNNN.safetensors`: one plan shard, the same bytes as an offline capture shard;
 - `producers/W.json`: producer W's status (plan fingerprint, contract, layout, each published shard's
   size and sha256, finished / error, pid and host, restarts, peak bytes), written only by W;
-- `consumer.json`: `released_below` (every shard below it was trained on *and* checkpointed, and
-  removed), the step of that checkpoint and the consumers' peak bytes, written only by global rank 0.
+- `consumer.json`: `released_below` (every shard below it was trained on by every rank that reads it,
+  and removed), the step that released it, `generation` (how many times the trainers rewound the
+  stream) and the consumers' peak bytes, written only by global rank 0.
 
-The bound: a producer publishes shard i only when `i < released_below + max_shards`, so at most
-`max_shards` shards (temp files included) are in the store at any instant, whatever P is. The
-trainer releases a shard only once a checkpoint covers every step that used it, so a restarted rank
-finds every shard its checkpoint has not covered; the trainer's step plan says in advance whether the
-bound leaves room for one checkpoint interval (training/online.py, `required_stream_shards`), so the
-window never deadlocks. A restarted producer skips what it published (its status lists it) and
-what was released. Every failure is one line.
+Release on consumption: rank 0 releases a shard once the last step that uses it is trained (every
+rank took part in that step's gradient reduction, so every rank has read it). The bound: a producer
+publishes shard i only when `i < released_below + max_shards`, so at most `max_shards` shards (temp
+files included) are in the store at any instant, whatever P is and whatever the checkpoint interval.
+A resumed run needs the shards its checkpoint does not cover, which may be released already: rank 0
+*rewinds* the stream (`released_below` back to what the checkpoint covers, `generation` + 1, shards
+outside the new window removed) and the producers capture the missing ones again, deterministically
+(capture is a pure function of the datagen output and the plan). A producer (re)opening, or seeing a
+new generation, captures exactly its shards that are at or above `released_below` and not in the
+store. Every failure is one line.
 """
 
 from __future__ import annotations
@@ -66,6 +71,14 @@ def released_below(store: Store) -> int:
     return int((read_json(store, CONSUMER_KEY) or {}).get("released_below", 0))
 
 
+def consumer_state(store: Store) -> dict[str, Any]:
+    return read_json(store, CONSUMER_KEY) or {}
+
+
+def shard_index(key: str) -> int:
+    return int(key[len(SHARD_PREFIX) + 6:len(SHARD_PREFIX) + 11])
+
+
 def shard_bytes(sequences: list[CapturedSequence], *, layer_ids: list[int], hidden_size: int) -> bytes:
     """A shard serialised exactly as capture writes it to disk (safetensors, the same metadata)."""
     from safetensors.torch import save
@@ -93,6 +106,11 @@ class StreamClosed(Exception):
     """The trainers finished (consumer.json `finished`): nothing more is read, so the producer stops."""
 
 
+class StreamRewound(Exception):
+    """The trainers resumed from a checkpoint and rewound the stream: the producer re-opens and captures
+    again what the new window lacks."""
+
+
 def consumer_finished(store: Store) -> bool:
     return bool((read_json(store, CONSUMER_KEY) or {}).get("finished"))
 
@@ -108,6 +126,7 @@ class StreamProducer:
         self.poll_s, self.restarts = poll_s, restarts
         self.directory = getattr(store, "location", str(store))  # what run_capture's summary names
         self.status: dict[str, Any] = {}
+        self.generation, self._rewound = 0, False
 
     def open(self, *, fingerprint: str, contract: Contract, layout: dict[str, Any], num_shards: int) -> set[int]:
         """Create or resume this producer's status; return the shard indices run_capture must skip:
@@ -122,37 +141,79 @@ class StreamProducer:
             "layout": layout, "num_shards": num_shards, "worker": self.worker, "workers": self.workers,
             "shards": {}, "peak_bytes": 0, "peak_shards": 0, "restarts": 0,
         }
+        consumer = consumer_state(self.store)
+        self.generation, below = int(consumer.get("generation", 0)), int(consumer.get("released_below", 0))
+        present = {shard_index(key) for key in self.store.keys(SHARD_PREFIX)}
+        # an entry of a shard the trainers rewound past (released, then needed again) goes: it is captured again
+        self.status["shards"] = {name: entry for name, entry in self.status["shards"].items()
+                                 if int(name[6:11]) < below or int(name[6:11]) in present}
+        # a shard in the store without its entry (killed between the two writes) is captured again too
+        present = {i for i in present if shard_name(i) in self.status["shards"]}
         self.status.update({"finished": False, "error": None, "max_shards": self.max_shards,
+                            "generation": self.generation,
                             "restarts": max(self.restarts, self.status.get("restarts", 0)),
                             "producer": {"pid": os.getpid(), "host": socket.gethostname()}})
+        self.status.setdefault("wait_s", 0.0)
+        self._rewound = False
         self._save()
-        published = {int(name[6:11]) for name in self.status["shards"]}
-        return {i for i in range(num_shards) if i % self.workers != self.worker} | published
+        done = present | set(range(min(below, num_shards)))
+        return {i for i in range(num_shards) if i % self.workers != self.worker} | done
 
     def _save(self) -> None:
         self.status["heartbeat"] = time.time()
         write_json(self.store, producer_key(self.worker), self.status)
 
+    def _check_consumer(self, index: int) -> dict[str, Any]:
+        consumer = consumer_state(self.store)
+        if consumer.get("finished"):
+            raise StreamClosed(f"the trainers finished before shard {index}")
+        if int(consumer.get("generation", 0)) != self.generation:
+            self._rewound = True
+            raise StreamRewound(f"the trainers rewound the stream to shard {consumer.get('released_below', 0)}")
+        return consumer
+
     def wait_for_slot(self, index: int) -> float:
-        """Block until shard `index` is inside the window the consumers have released; seconds waited."""
+        """Block until shard `index` is inside the window the consumers have released; seconds waited
+        (the producer's idle time, added to its status as `wait_s`)."""
         started = time.perf_counter()
-        while index >= released_below(self.store) + self.max_shards:
-            if consumer_finished(self.store):
-                raise StreamClosed(f"the trainers finished before shard {index}")
-            time.sleep(self.poll_s)
+        try:
+            while index >= int(self._check_consumer(index).get("released_below", 0)) + self.max_shards:
+                time.sleep(self.poll_s)
+        finally:
+            self.status["wait_s"] = self.status.get("wait_s", 0.0) + time.perf_counter() - started
         return time.perf_counter() - started
+
+    def wait_until_closed(self) -> None:
+        """Every shard published: wait for the trainers to finish (return) or to rewind (StreamRewound)."""
+        started = time.perf_counter()
+        try:
+            while True:
+                try:
+                    self._check_consumer(-1)
+                except StreamClosed:
+                    return
+                time.sleep(max(self.poll_s, 0.2))
+        finally:
+            self.status["wait_s"] = self.status.get("wait_s", 0.0) + time.perf_counter() - started
+            self._save()
 
     def put(self, index: int, sequences: list[CapturedSequence]) -> dict[str, Any]:
         """Publish shard `index` once the window has room; its checksum goes into this producer's status."""
         layout = self.status["layout"]
         data = shard_bytes(sequences, layer_ids=layout["target_layer_ids"], hidden_size=layout["hidden_size"])
         self.wait_for_slot(index)
-        if consumer_finished(self.store):
-            raise StreamClosed(f"the trainers finished before shard {index}")
         self.store.put(shard_key(index), data)
-        if consumer_finished(self.store):  # finished while it was written: the trainers' cleanup may have missed it
+        rewound = None
+        try:  # finished or rewound while it was written: the trainers' cleanup may have missed it
+            self._check_consumer(index)
+        except StreamClosed:
             self.store.remove(shard_key(index))
-            raise StreamClosed(f"the trainers finished before shard {index}")
+            raise
+        except StreamRewound as exc:
+            if index >= released_below(self.store) + self.max_shards:
+                self.store.remove(shard_key(index))
+                raise
+            rewound = exc  # inside the new window: it stays, with its entry
         name = shard_name(index)
         mask_tokens = sum(int(s.loss_mask.sum()) for s in sequences)
         entry = {"file": name, "sequences": len(sequences), "tokens": sum(s.num_tokens for s in sequences),
@@ -162,6 +223,8 @@ class StreamProducer:
         self.status["peak_bytes"] = max(self.status["peak_bytes"], used)
         self.status["peak_shards"] = max(self.status["peak_shards"], shards)
         self._save()
+        if rewound is not None:
+            raise rewound
         return entry
 
     def finish(self) -> None:
@@ -169,6 +232,8 @@ class StreamProducer:
         self._save()
 
     def fail(self, message: str) -> None:
+        if getattr(self, "_rewound", False):  # StreamRewound: the producer re-opens, nothing failed
+            return
         if consumer_finished(self.store):  # StreamClosed, or any end after the trainers are done
             self.status["closed"] = True
         else:
@@ -186,6 +251,7 @@ class StreamReader:
         self.location = getattr(store, "location", str(store))
         self.status: dict[int, dict[str, Any]] = {}
         self.peak_bytes = 0
+        self.wait_s = 0.0  # this rank's time waiting for shards
 
     def _producer(self, worker: int) -> dict[str, Any] | None:
         status = read_json(self.store, producer_key(worker))
@@ -207,48 +273,75 @@ class StreamReader:
         return status
 
     def read(self, index: int) -> list[CapturedSequence]:
-        """Shard `index`'s sequences, once its producer published it; size and sha256 checked first."""
+        """Shard `index`'s sequences, once its producer published it; size and sha256 checked first.
+        The time spent waiting is this rank's idle time (`wait_s`)."""
         worker, name = index % self.workers, shard_name(index)
-        started = time.monotonic()
-        while (entry := (self.status.get(worker) or {}).get("shards", {}).get(name)) is None:
-            status = self._producer(worker)
-            if status is not None and name in status["shards"]:
-                continue
-            if index < released_below(self.store):
-                raise DataError(f"{self.location}: shard {index} was already trained on and released",
-                                "resume from the checkpoint that released it (--resume auto), or " + HINT)
-            if status is not None and status.get("finished"):
-                raise DataError(f"{self.location}: producer {worker} finished without shard {index}", HINT)
-            if time.monotonic() - started > self.timeout_s:
-                raise DataError(f"{self.location}: no shard {index} from capture producer {worker} after "
-                                f"{self.timeout_s:.0f} s", "are the producers running (`python -m dspark_cli.capture.online`)?")
-            time.sleep(self.poll_s)
-        data = self.store.get(shard_key(index))
-        self.peak_bytes = max(self.peak_bytes, self.store.used_bytes())
         where = f"{self.location}/{shard_key(index)}"
-        if data is None:
-            if index < released_below(self.store):
-                raise DataError(f"{self.location}: shard {index} was already trained on and released",
-                                "resume from the checkpoint that released it (--resume auto), or " + HINT)
-            raise DataError(f"{where}: published but gone", HINT)
-        if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise DataError(f"{where}: checksum mismatch (corrupt or altered shard)", HINT)
+        started = time.monotonic()
+        try:
+            while True:
+                entry = (self.status.get(worker) or {}).get("shards", {}).get(name)
+                if entry is None:
+                    status = self._producer(worker)
+                    entry = (status or {}).get("shards", {}).get(name)
+                if entry is not None:
+                    data = self.store.get(shard_key(index))
+                    if data is not None and len(data) == entry["bytes"] and hashlib.sha256(data).hexdigest() == entry["sha256"]:
+                        break
+                    fresh = ((self._producer(worker) or {}).get("shards") or {}).get(name)
+                    if data is not None and fresh == entry:
+                        raise DataError(f"{where}: checksum mismatch (corrupt or altered shard)", HINT)
+                    # gone, or captured again after a rewind: wait for the producer's new entry
+                consumer = consumer_state(self.store)
+                if index < int(consumer.get("released_below", 0)):
+                    raise DataError(f"{self.location}: shard {index} was already trained on and released",
+                                    "resume from a checkpoint (--resume auto): the stream is rewound and the "
+                                    "producers capture it again, or " + HINT)
+                status = self.status.get(worker) or {}
+                if (entry is None and status.get("finished")
+                        and int(status.get("generation", 0)) == int(consumer.get("generation", 0))):
+                    raise DataError(f"{self.location}: producer {worker} finished without shard {index}", HINT)
+                if time.monotonic() - started > self.timeout_s:
+                    raise DataError(f"{self.location}: no shard {index} from capture producer {worker} after "
+                                    f"{self.timeout_s:.0f} s", "are the producers running (`dspark produce`)?")
+                time.sleep(self.poll_s)
+        finally:
+            self.wait_s += time.monotonic() - started
+        self.peak_bytes = max(self.peak_bytes, self.store.used_bytes())
         layout = self.status[worker]["layout"]
         return parse_shard(where, data, layer_ids=layout["target_layer_ids"], hidden_size=layout["hidden_size"])
 
     def release(self, below: int, *, step: int, finished: bool = False) -> None:
-        """Remove shards below `below` (trained on and checkpointed), then let producers move on."""
+        """Remove shards below `below` (trained on by every rank that reads them), then let producers move on."""
         previous = read_json(self.store, CONSUMER_KEY) or {}
         start = int(previous.get("released_below", 0))
         for index in range(start, below):
             self.store.remove(shard_key(index))
         self.peak_bytes = max(self.peak_bytes, self.store.used_bytes())
         write_json(self.store, CONSUMER_KEY, {
-            "released_below": max(below, start), "step": step, "finished": finished, "time": time.time(),
+            **previous, "released_below": max(below, start), "step": step, "finished": finished, "time": time.time(),
             "peak_bytes": max(self.peak_bytes, int(previous.get("peak_bytes", 0)))})
         if finished:  # after `finished` is visible: what a producer still publishes it removes itself
             for key in self.store.keys(SHARD_PREFIX):
                 self.store.remove(key)
+
+    def rewind(self, below: int, *, step: int, window: int) -> bool:
+        """Resuming at `step`: shards from `below` on are needed again. When some of them were released,
+        move `released_below` back, start a new generation (producers re-open and capture what is
+        missing) and remove the shards outside the new window, so the bound holds. Returns whether it
+        rewound."""
+        previous = read_json(self.store, CONSUMER_KEY) or {}
+        if below >= int(previous.get("released_below", 0)) and not previous.get("finished"):
+            self.release(below, step=step)
+            return False
+        generation = int(previous.get("generation", 0)) + 1
+        write_json(self.store, CONSUMER_KEY, {
+            **previous, "released_below": below, "step": step, "finished": False, "generation": generation,
+            "time": time.time(), "rewinds": int(previous.get("rewinds", 0)) + 1})
+        for key in self.store.keys(SHARD_PREFIX):  # after the new generation is visible (producers re-check)
+            if not below <= shard_index(key) < below + window:
+                self.store.remove(key)
+        return True
 
     def summary(self) -> dict[str, Any]:
         """Peak store bytes as the producers and this reader sampled them, and the producers' state."""
@@ -259,4 +352,6 @@ class StreamReader:
                                   + [int(p.get("peak_bytes", 0)) for p in producers]),
                 "peak_shards": max([0] + [int(p.get("peak_shards", 0)) for p in producers]),
                 "max_shards": max([0] + [int(p.get("max_shards", 0)) for p in producers]),
-                "producer_restarts": sum(int(p.get("restarts", 0)) for p in producers)}
+                "producer_restarts": sum(int(p.get("restarts", 0)) for p in producers),
+                "producer_wait_s": [round(float(p.get("wait_s", 0.0)), 2) for p in producers],
+                "rewinds": int(consumer.get("rewinds", 0))}

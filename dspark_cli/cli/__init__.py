@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 
 from dspark_cli import __version__
-from dspark_cli.cli import bench, datagen, export, init, publish, run, serve, train, validate
+from dspark_cli.cli import bench, datagen, export, init, produce, publish, run, serve, train, validate
 from dspark_cli.cli.common import load as _load
 from dspark_cli.ui import say
 
@@ -52,8 +52,8 @@ def main(
 
 
 # The order here is the order `dspark --help` and docs/cli.md list them in.
-for _command in (init.init, validate.validate, datagen.datagen, train.train, export.export, serve.serve,
-                 bench.bench, publish.publish, run.run):
+for _command in (init.init, validate.validate, datagen.datagen, train.train, produce.produce, export.export,
+                 serve.serve, bench.bench, publish.publish, run.run):
     app.command()(_command)
 
 

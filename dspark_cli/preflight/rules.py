@@ -15,24 +15,6 @@ if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe
 
 
-def online_stream_holds_a_checkpoint_interval(recipe: Recipe, context: Context) -> list[str]:
-    """The online stream keeps every shard a resume from the last checkpoint may re-read, so it must hold
-    one checkpoint interval of data. From the recipe alone that is at least `checkpoint_every x
-    tokens_per_step` tokens in shards of at most `shard_tokens`: fewer shards always fail. The exact
-    number depends on the data's lengths; training checks it when it plans the stream
-    (training/online.py `required_shards`), before its first step."""
-    capture, train = recipe.capture, recipe.train
-    if capture.mode != "online" or capture.keep_max_bytes is not None:
-        return []
-    need = -(-train.checkpoint_every * train.tokens_per_step // capture.shard_tokens)
-    if capture.queue_max_shards >= need:
-        return []
-    return [f"capture.queue_max_shards: {capture.queue_max_shards} is too small for online training: one "
-            f"checkpoint interval (train.checkpoint_every={train.checkpoint_every} x tokens_per_step="
-            f"{train.tokens_per_step}) spans at least {need} shards of {capture.shard_tokens} tokens; set "
-            f"capture.queue_max_shards>={need}, or lower train.checkpoint_every (docs/online.md)"]
-
-
 def online_device_split(recipe: Recipe, context: Context) -> list[str]:
     """Producers and trainers on one node need disjoint devices that fit (capture/devices.py): the lists
     given, or with neither set on a machine with GPUs, the default split (producers first, then ranks)."""
@@ -138,7 +120,7 @@ def _hub_id(recipe: Recipe) -> bool:
 RULES = {
     "datagen": [datagen_has_sources],
     "capture": [k3_stream_needs_vllm, capture_prompt_fits_vllm],
-    "train": [online_stream_holds_a_checkpoint_interval, online_device_split],
+    "train": [online_device_split],
     "export": [export_format_fits_the_draft, export_embeddings_need_a_local_target, export_config_loads_in_vllm],
     "bench": [bench_has_datasets, bench_thresholds_need_confidence],
     "publish": [publish_destination],

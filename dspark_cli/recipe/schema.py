@@ -160,7 +160,7 @@ class CaptureSection(Section):
     shard_tokens: int = Field(262144, gt=0, description="Tokens per safetensors shard.")
     queue_max_shards: int = Field(
         2, gt=0, description="Online mode: most shards held in the stream at once (all producers together); "
-        "producers wait when it is reached. Must cover one checkpoint interval of shards.")
+        "producers wait when it is reached (a shard leaves once trained on, whatever train.checkpoint_every).")
     workers: int = Field(
         1, gt=0, description="Capture worker processes, each with its own engine; worker w captures the "
         "planned shards w, w + workers, w + 2 * workers, ... (offline workers, online producers)."
@@ -170,7 +170,7 @@ class CaptureSection(Section):
         "filesystem both share, or a store URL); default `<capture dir>-stream`."
     )
     external_producers: bool = Field(
-        False, description="Online mode: the producers run elsewhere (`python -m dspark_cli.capture.online` on "
+        False, description="Online mode: the producers run elsewhere (`dspark produce` on "
         "inference machines); `dspark train` only reads the stream instead of starting them."
     )
     devices: list[int] | None = Field(

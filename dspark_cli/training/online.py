@@ -4,8 +4,7 @@
     source.num_steps                                  # fixed up front, whatever P producers and N ranks are
     for step in source.steps(start_step, position):   # this rank's sequences of each step, from the stream
         ...
-    source.after_checkpoint(step)                     # rank 0: release the shards the checkpoint covers
-    source.finish()                                   # the stream summary (peak bytes, producers, restarts)
+    source.finish(step)                               # the stream summary (peak, producers, idle time per side)
 
 The plan comes from the capture plan (datagen lengths; no hidden state needed): epoch 0 takes the
 trainable sequences in plan order (shard 0, 1, ...: the order producers finish them in, so
@@ -17,10 +16,13 @@ left at the end, so every sequence is trained). Each step is split over ranks by
 rule, from lengths alone, so every rank knows every step's owner of every sequence; a rank reads
 only the shards holding its own sequences. Anchors are seeded by (seed, epoch, position in the plan).
 
-The stream position is the step: a checkpoint at step c records it (`position["step"]`), rank 0
-then releases every shard no step after c uses, and `--resume auto` continues at step c + 1 with
-exactly the sequences the plan gives it, from shards still in the stream. Each rank appends the
-sequence ids it trains to `<train dir>/stream-ids/rank-R.jsonl` (`{"step", "ids", "pid"}`).
+Release on consumption: before drawing step s + 1, rank 0 releases every shard no step after s uses
+(step s's gradient reduction needed every rank, so every rank has read its share). The stream
+position is the step: a checkpoint at step c records it (`position["step"]`); `--resume auto`
+rewinds the stream to the shards step c + 1 needs (capture/stream.py `rewind`), the producers
+capture again those already released, and the run continues with exactly the sequences the plan
+gives it. Each rank appends the sequence ids it trains to `<train dir>/stream-ids/rank-R.jsonl`
+(`{"step", "ids", "pid"}`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,13 +73,14 @@ class OnlinePlan:
     def consumed(self, step: int) -> int:
         return sum(len(rank) for s in self.steps[:step] for rank in s)
 
-    def required_shards(self, checkpoint_every: int) -> int:
-        """The smallest `capture.queue_max_shards` that never stalls: the shards from the oldest one a
-        resume may still need (the last checkpoint's) to the newest one the current step reads."""
+    def required_shards(self) -> int:
+        """The smallest `capture.queue_max_shards` that never stalls: the shards from the oldest one the
+        current step still reads (everything older was released after the step before) to the newest
+        one it reads. It does not depend on the checkpoint interval."""
         need, high = 1, -1
         for s, ranks in enumerate(self.steps, start=1):
             high = max([high] + [i.shard for rank in ranks for i in rank if i.epoch == 0])
-            need = max(need, high - self.release_below((s - 1) // checkpoint_every * checkpoint_every) + 1)
+            need = max(need, high - self.release_below(s - 1) + 1)
         return need
 
 
@@ -140,6 +144,22 @@ def plan_online(capture_plan: Any, *, max_seq_len: int, tokens_per_step: int, wo
     return OnlinePlan(steps, num_shards, last_use, keep)
 
 
+def utilisation(producer_wait_s: list[float], rank_wait_s: list[float], wall_s: float) -> dict[str, Any]:
+    """Which side is the bottleneck: the share of the run each side spent idle. Producers idle waiting
+    for room in the stream (trainers too slow: add trainer GPUs), ranks idle waiting for shards
+    (producers too slow: add inference engines). Producer waits are summed over restarts of the same
+    producer, but only this run's trainer clock counts."""
+    wall = max(wall_s, 1e-9)
+    producer_idle = [min(1.0, w / wall) for w in producer_wait_s]
+    rank_idle = [min(1.0, w / wall) for w in rank_wait_s]
+    return {"wall_s": round(wall_s, 1), "producer_wait_s": [round(w, 1) for w in producer_wait_s],
+            "rank_wait_s": [round(w, 1) for w in rank_wait_s],
+            "producer_busy": round(1.0 - sum(producer_idle) / max(len(producer_idle), 1), 3),
+            "trainer_busy": round(1.0 - sum(rank_idle) / max(len(rank_idle), 1), 3),
+            "bottleneck": ("producers" if sum(rank_idle) / max(len(rank_idle), 1)
+                           > sum(producer_idle) / max(len(producer_idle), 1) else "trainers")}
+
+
 class OnlineStep(Step):
     """One step as this rank sees it: only its own examples, the step's tokens over all ranks."""
 
@@ -155,15 +175,11 @@ class OnlineStep(Step):
         return self.examples
 
 
-def stream_location(recipe: Any) -> str:
-    return recipe.capture.stream or recipe.stage_dir("capture") + "-stream"
-
-
 class OnlineSource:
     """The stream, the plan and (on rank 0, unless external) the producers' supervisor."""
 
     def __init__(self, recipe: Any, *, env: Any, out_dir: Path, contract: Any) -> None:
-        from dspark_cli.capture import StreamReader, build_plan, device_split_problems, open_store
+        from dspark_cli.capture import StreamReader, build_plan, device_split_problems, open_store, stream_location
 
         train, capture = recipe.train, recipe.capture
         self.recipe, self.env, self.out_dir = recipe, env, out_dir
@@ -180,17 +196,17 @@ class OnlineSource:
         self.plan = plan_online(capture_plan, max_seq_len=train.max_seq_len, tokens_per_step=train.tokens_per_step,
                                 world_size=env.world_size, seed=train.seed, epochs=epochs, max_steps=train.max_steps,
                                 keep=keep)
-        self.required = self.plan.required_shards(train.checkpoint_every)
+        self.required = self.plan.required_shards()
         if not keep and self.required > capture.queue_max_shards:
-            raise UsageError(f"capture.queue_max_shards={capture.queue_max_shards} is too small: one checkpoint "
-                             f"interval (train.checkpoint_every={train.checkpoint_every}) spans {self.required} shards",
-                             f"set capture.queue_max_shards>={self.required}, or lower train.checkpoint_every "
-                             "or capture.shard_tokens")
+            raise UsageError(f"capture.queue_max_shards={capture.queue_max_shards} is too small: one training step "
+                             f"reads from {self.required} shards at once",
+                             f"set capture.queue_max_shards>={self.required}, or lower capture.shard_tokens")
         self.location = stream_location(recipe)
         expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
         self.reader = StreamReader(open_store(self.location), fingerprint=capture_plan.fingerprint,
                                    workers=capture.workers, expect=expect, timeout_s=READ_TIMEOUT_S)
         self.supervisor = None
+        self.started = time.time()
         if env.is_main and not capture.external_producers:
             self.supervisor = self._start_producers()
 
@@ -208,13 +224,23 @@ class OnlineSource:
         return Supervisor(recipe_file, self.location, self.recipe, environ=child_environ(), on_event=log.warning).start()
 
     def steps(self, start_step: int, position: dict[str, int]) -> Iterator[Step]:
-        """This rank's share of steps start_step + 1 .. num_steps (None-free; the plan fixes them)."""
+        """This rank's share of steps start_step + 1 .. num_steps (None-free; the plan fixes them).
+        Called by every rank at once: rank 0 rewinds the stream to start_step, then all go on together."""
         if start_step and position.get("consumed") != self.plan.consumed(start_step):
             raise UsageError(f"the checkpoint at step {start_step} was made with another online step plan "
                              f"(other train.nproc_per_node / nnodes, tokens_per_step or data)",
                              "resume with the same number of ranks, or train into a new directory (-o DIR)")
         if self.env.is_main:
-            self.reader.release(self.plan.release_below(start_step), step=start_step)
+            below = self.plan.release_below(start_step)
+            if self.reader.rewind(below, step=start_step, window=self.recipe.capture.queue_max_shards):
+                log.info("stream rewound to shard %d (step %d): the producers capture again what it lacks",
+                         below, start_step)
+        from dspark_cli.training.distributed import barrier
+
+        barrier(self.env)  # no rank reads before the stream is at this run's position
+        return self._steps(start_step)
+
+    def _steps(self, start_step: int) -> Iterator[Step]:
         rank = self.env.rank
         train = self.recipe.train
         remaining: dict[tuple[int, int], set[int]] = {}
@@ -227,6 +253,9 @@ class OnlineSource:
         consumed = self.plan.consumed(start_step)
         with open(ids_dir / f"rank-{rank}.jsonl", "a", encoding="utf-8") as ids_log:
             for number in range(start_step, self.num_steps):
+                below = self.plan.release_below(number)  # step `number` is trained by every rank
+                if self.env.is_main and number > start_step and below > self.plan.release_below(number - 1):
+                    self.reader.release(below, step=number)
                 ranks = self.plan.steps[number]
                 examples = []
                 for item in ranks[rank]:
@@ -260,16 +289,29 @@ class OnlineSource:
         return example
 
     def after_checkpoint(self, step: int) -> None:
-        if self.env.is_main:
-            self.reader.release(self.plan.release_below(step), step=step)
+        """Nothing waits for a checkpoint: shards are released as they are trained on (`_steps`)."""
 
     def finish(self, step: int) -> dict[str, Any]:
-        """Release everything (rank 0), stop the producers; the stream's numbers for the run summary."""
+        """Release everything (rank 0), stop the producers; the stream's numbers for the run summary,
+        with each side's idle time: producers waiting for room, ranks waiting for data."""
+        import torch
+
+        from dspark_cli.training.distributed import all_reduce_sum
+
+        waits = torch.zeros(self.env.world_size, dtype=torch.float64, device=self.env.device)
+        waits[self.env.rank] = self.reader.wait_s
+        waits = all_reduce_sum(waits, self.env)  # every rank's seconds waiting for shards
         if self.env.is_main:
             self.reader.release(self.plan.num_shards, step=step, finished=True)
         self.close()
         summary = self.reader.summary()
-        summary.update(required_shards=self.required, planned_steps=self.num_steps)
+        summary.update(required_shards=self.required, planned_steps=self.num_steps,
+                       utilisation=utilisation(summary["producer_wait_s"], waits.tolist(), time.time() - self.started))
+        if self.env.is_main:
+            use = summary["utilisation"]
+            log.info("stream utilisation: producers busy %.0f%% (idle waiting for room), trainers busy %.0f%% "
+                     "(idle waiting for shards): the %s are the bottleneck", 100 * use["producer_busy"],
+                     100 * use["trainer_busy"], use["bottleneck"])
         return summary
 
     def close(self) -> None:

@@ -150,7 +150,7 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
                            max_steps=train.max_steps, keep=keep)
         out.update(num_steps=len(plan.steps), num_sequences=plan.consumed(len(plan.steps)),
                    num_tokens=sum(i.num_tokens for step in plan.steps for rank in step for i in rank),
-                   stream_shards_needed=plan.required_shards(train.checkpoint_every), exact=True)
+                   stream_shards_needed=plan.required_shards(), exact=True)
         return out
     if (directory / "manifest.json").is_file():
         try:

@@ -1,0 +1,40 @@
+"""`dspark produce RECIPE`: the online capture producers of an inference machine (capture.mode=online)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dspark_cli.cli.common import OverridesArg, RecipeArg, load
+from dspark_cli.ui import handle_errors, say
+
+
+@handle_errors
+def produce(
+    recipe: RecipeArg,
+    overrides: OverridesArg = None,
+    only: Annotated[str | None, typer.Option(
+        "--only", help="This machine's producers, e.g. `0` or `2,3` (of capture.workers); default all.")] = None,
+    stream: Annotated[str | None, typer.Option("--stream", help="Sets capture.stream (a directory or mooncake://).")] = None,
+) -> None:
+    """Capture hidden states into the online stream for trainers elsewhere (`dspark train ...
+    capture.external_producers=true`); restarts a killed producer, stays until the trainers finish."""
+    from dspark_cli.errors import UsageError
+
+    loaded = load(recipe, overrides, {"capture.stream": stream})
+    if loaded.capture.mode != "online":
+        raise UsageError("dspark produce feeds online training; the recipe has capture.mode=offline",
+                         "add capture.mode=online (and the same to the trainers' command)")
+    workers = None
+    if only is not None:
+        try:
+            workers = [int(w) for w in only.split(",") if w.strip()]
+        except ValueError:
+            raise UsageError(f"--only {only}: not a list of producer numbers", "write e.g. --only 0,1") from None
+    from dspark_cli.capture import supervise
+
+    extra = list(overrides or []) + ([f"capture.stream={stream}"] if stream else [])
+    summary = supervise(recipe, loaded, overrides=extra, only=workers)
+    say(f"produce: {summary['producers']} producer(s) done in {summary['seconds']} s, restarts "
+        f"{summary['restarts'] or 'none'} -> {summary['stream']}", style="green")
