@@ -119,7 +119,7 @@ def test_recipe_rules(here, overrides, line):
 def test_k3_attention_residual_stream_needs_the_vllm_backend(here):
     k3 = ["target.model=moonshotai/Kimi-K3", "target.num_hidden_layers=93", "target.hidden_size=7168",
           "target.vocab_size=163840", "draft.arch=mla", "capture.aux_attn_res_stream=true", "--recipe-only"]
-    assert refused(here, *k3) == ("error: capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's "
+    assert refused(here, *k3, "capture.backend=hf") == ("error: capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's "
                                   "attention-residual stream; set capture.backend=vllm, or aux_attn_res_stream=false "
                                   "(and serve with the same)")
 

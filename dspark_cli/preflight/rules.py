@@ -30,8 +30,9 @@ def online_device_split(recipe: Recipe, context: Context) -> list[str]:
 
 def k3_stream_needs_vllm(recipe: Recipe, context: Context) -> list[str]:
     """Only vLLM captures Kimi-K3's attention-residual stream (capture/plan.py)."""
-    capture = recipe.capture
-    if capture.aux_attn_res_stream and capture.backend == "hf" and target_geometry(recipe, strict=False).is_kimi_k3:
+    capture, machine = recipe.capture, context.machine
+    backend = capture.backend_here(machine.has("vllm")) if machine is not None else capture.backend
+    if capture.aux_attn_res_stream and backend == "hf" and target_geometry(recipe, strict=False).is_kimi_k3:
         return ["capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's attention-residual stream; "
                 "set capture.backend=vllm, or aux_attn_res_stream=false (and serve with the same)"]
     return []
