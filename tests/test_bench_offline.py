@@ -200,7 +200,8 @@ def test_bench_checks_its_report_directory_before_the_work(tmp_path):
         if os.geteuid() == 0:
             subprocess.run(["chattr", "-i", str(out)], check=True)
         out.chmod(0o755)
-    assert result.exit_code == 2 and f"cannot write the bench report to {out}" in result.output, result.output
+    # the preflight's writability check refuses it first (bench's own check before the work stays behind it)
+    assert result.exit_code == 2 and f"bench.output_dir: cannot write {out}" in result.output, result.output
     assert "tau" not in result.output  # refused before the benchmark ran
 
 

@@ -261,6 +261,10 @@ def ensure_writable_dir(directory: str | os.PathLike[str], what: str) -> Path:
 
 LOCK_NAME = ".dspark-lock"
 OWNER_NAME = ".dspark-owner"  # {"kind": ...}: left first thing in a directory a resumable stage claims
+# the launchers' lock in a shared capture directory (training/capture_gate.py): made before the capture
+# stage claims the directory, so it is dspark's own bookkeeping, as LOCK_NAME is
+CAPTURE_GATE_LOCK = ".capture-lock"
+LOCKS = frozenset({LOCK_NAME, CAPTURE_GATE_LOCK})
 
 
 def ownership_problem(out: str | os.PathLike[str], kind: str, field: str,
@@ -288,8 +292,8 @@ def ownership_problem(out: str | os.PathLike[str], kind: str, field: str,
         return f"{field}: cannot read {out} ({exc.strerror or type(exc).__name__}); pass -o a directory you can write"
     if shard_glob is not None and any(out.glob(shard_glob)):
         return f"{field}: {out} has shards but no manifest; use a new {field} or delete this one"
-    if not names - {LOCK_NAME} or (LOCK_NAME in names and OWNER_NAME not in names):
-        return None  # empty, or an older dspark's killed run
+    if not names - LOCKS or (names & LOCKS and OWNER_NAME not in names):
+        return None  # empty but for dspark's locks, or an older dspark's killed run
     return (f"{field}: {out} already exists and is not dspark {kind.removeprefix('dspark.')} output (no manifest.json "
             f"or {OWNER_NAME} of kind {kind}); refusing to write into it: pass -o a new (or empty) directory")
 

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-LOCK = ".capture-lock"
+from dspark_cli.artifacts.files import CAPTURE_GATE_LOCK as LOCK
+
 HEARTBEAT_S = 5.0
 STALE_S = 60.0
 PROGRESS_S = 30.0
