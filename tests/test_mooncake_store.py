@@ -38,8 +38,6 @@ def master(tmp_path_factory):
 # in the test process's segment and must survive its SIGKILL.
 WRITER = """
 import json, random, sys
-from mooncake_support import free_port as _free_port
-from mooncake_support import mooncake_master, needs_mooncake
 
 from dspark_cli.capture.mooncake_store import MooncakeStore
 store = MooncakeStore(sys.argv[1])

@@ -152,7 +152,8 @@ def test_a_payload_in_non_tensor_state_never_runs(work, tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt_mod, "_state", lambda m, o: {**real_state(m, o), "extra": Evil()})
     recipe = train_fixtures.tiny_recipe(work)
     path = ckpt_mod.save_checkpoint(env, tmp_path / "out", step=1, module=module, optimizer=optimizer,
-                                    meta={"contract": None}, recipe=recipe)
+                                    meta={"contract": None, "position": {"epoch": 0, "consumed": 1}},
+                                    recipe=recipe)  # a meta.json that passes check_meta: the payload is reached
     monkeypatch.setattr(ckpt_mod, "_state", lambda m, o: {**real_state(m, o), "extra": None})
     monkeypatch.setattr(ckpt_mod, "check_contract", lambda *a: None)
     from dspark_cli.errors import DataError
