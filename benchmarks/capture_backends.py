@@ -44,7 +44,8 @@ def child(args: list[str]) -> None:
     """One backend, in its own process: start-up, warm-up, capture; prints one JSON line."""
     started = time.perf_counter()
     from dspark_cli.capture.plan import build_plan
-    from dspark_cli.capture.run import make_capturer, run_capture
+    from dspark_cli.capture.capturer import make_capturer
+    from dspark_cli.capture.run import run_capture
     from dspark_cli.recipe import load_recipe
 
     recipe = load_recipe("tiny", args)

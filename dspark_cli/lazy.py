@@ -1,8 +1,12 @@
 """Package faces that import their modules on first use, so `dspark --help` stays free of torch.
 
     _EXPORTS = {"export_draft": "dspark_cli.export.writer"}
+    if TYPE_CHECKING:                                  # the same names, for editors and type checkers
+        from dspark_cli.export.writer import export_draft
     __all__ = sorted(_EXPORTS)
     __getattr__ = lazy_exports(__name__, _EXPORTS)     # in a package's __init__.py
+
+tests/test_layout.py checks that `_EXPORTS` and the `TYPE_CHECKING` imports name the same things.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ def test_config_rule_is_reported(tmp_path, arch, changes, line):
     assert check_draft_dir(draft) == []
     edit_config(draft, **changes)
     lines = [f.line() for f in check_draft_dir(draft) if f.severity == "error"]
-    assert any(l.startswith(line) for l in lines), lines
+    assert any(found.startswith(line) for found in lines), lines
     result = runner.invoke(app, ["export", "--check", str(draft)])
     assert result.exit_code == 1 and line in result.output
 
@@ -205,7 +205,7 @@ def test_weight_rule_is_reported(tmp_path, name, fn, line):
     draft = exported(tmp_path, "mla")
     edit_weights(draft, fn)
     lines = [f.line() for f in check_draft_dir(draft)]
-    assert any(l.startswith(line) for l in lines), lines
+    assert any(found.startswith(line) for found in lines), lines
 
 
 def test_confidence_head_in_bf16_and_embeddings_are_warnings(tmp_path):

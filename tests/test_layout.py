@@ -121,3 +121,141 @@ def test_a_forbidden_edge_and_a_reach_into_internals_are_reported(tmp_path):
     assert publish_z.startswith("dspark_cli/publish/z.py:1: publish imports export's internals (dspark_cli.export "
                                 "integrity)")
     assert targets_x.endswith("(targets -> bench not allowed)")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _lazy_exports(path: Path) -> dict[str, str]:
+    """A package face's `_EXPORTS` (public name -> module holding it); {} for other modules."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_EXPORTS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def _type_checking_blocks(tree: ast.AST) -> list[ast.If]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)]
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the dspark_cli modules it imports when it runs (module level or inside functions; not the
+    imports under TYPE_CHECKING). A name taken from a lazy package face counts as an import of its module."""
+    modules = {_module_name(p, root): p for p in root.rglob("*.py")}
+    lazy = {name: _lazy_exports(path) for name, path in modules.items() if path.name == "__init__.py"}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skipped = {id(n) for block in _type_checking_blocks(tree) for stmt in block.body for n in ast.walk(stmt)}
+        edges = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                edges |= {alias.name for alias in node.names if alias.name in modules}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == root.name:
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" in modules:
+                        edges.add(f"{node.module}.{alias.name}")
+                    elif alias.name in lazy.get(node.module, {}):
+                        edges.add(lazy[node.module][alias.name])
+                    elif node.module in modules:
+                        edges.add(node.module)
+        graph[name] = edges - {name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycle():
+    assert import_cycles(import_graph(PACKAGE)) == []
+
+
+def test_a_cycle_is_found(tmp_path):
+    """The checker itself: a cycle through a function-level import and a lazy face is found, a
+    TYPE_CHECKING import is not an edge."""
+    root = tmp_path / "dspark_cli"
+    (root / "stage").mkdir(parents=True)
+    (root / "stage" / "__init__.py").write_text('_EXPORTS = {"run": "dspark_cli.stage.run"}\n')
+    (root / "stage" / "run.py").write_text("def run():\n    from dspark_cli.stage.workers import w\n")
+    (root / "stage" / "workers.py").write_text("from dspark_cli.stage import run\n")
+    (root / "other.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                   "    from dspark_cli.stage.run import run\n")
+    (root / "stage" / "plain.py").write_text("import dspark_cli.other\n")
+    assert import_cycles(import_graph(root)) == [["dspark_cli.stage.run", "dspark_cli.stage.workers"]]
+
+
+def test_each_lazy_face_lists_its_exports_under_type_checking():
+    """`_EXPORTS` (what the face serves at run time) and its `if TYPE_CHECKING:` imports (what editors and
+    checkers follow) name the same things from the same modules."""
+    faces = [p for p in sorted(PACKAGE.rglob("__init__.py")) if _lazy_exports(p)]
+    assert faces, "no lazy package faces found"
+    for path in faces:
+        imported = {}
+        for block in _type_checking_blocks(ast.parse(path.read_text(encoding="utf-8"))):
+            for stmt in block.body:
+                if isinstance(stmt, ast.ImportFrom):
+                    imported |= {alias.asname or alias.name: stmt.module for alias in stmt.names}
+        assert imported == _lazy_exports(path), path.relative_to(PACKAGE.parent)
+
+
+def architecture_tree(text: str) -> set[str]:
+    """The paths the tree in docs/architecture.md lists under dspark_cli/ (`capture/run.py`, `capture/`)."""
+    block = text.split("## The tree", 1)[1].split("```", 2)[1]
+    paths, stack = set(), []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        name = line.split()[0]
+        if depth == 0:
+            stack = [name] if name == "dspark_cli/" else []
+            continue
+        if not stack:
+            continue
+        stack = stack[:depth] + [name]
+        paths.add("".join(stack[1:]))
+    return paths
+
+
+def test_architecture_tree_lists_every_module():
+    """docs/architecture.md's tree names every module and package of dspark_cli/, and nothing that is not there."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    listed = architecture_tree(text)
+    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    packages = {f"{p.parent.relative_to(PACKAGE)}/" for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    data = {path for path in listed if path.endswith("/") and not (PACKAGE / path / "__init__.py").is_file()}
+    assert listed - data == modules | packages, sorted((listed - data) ^ (modules | packages))
+    assert all((PACKAGE / path).is_dir() for path in data), data

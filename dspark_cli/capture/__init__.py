@@ -8,7 +8,8 @@
 
     supervise(recipe_file, recipe, overrides=[])          # online producers (`dspark produce`)
 
-Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `hf.py` (transformers hooks),
+Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `capturer.py` (the backend a
+recipe asks for, one shard captured in batches), `hf.py` (transformers hooks),
 `vllm.py` (the vLLM engine: arguments, drain, post-processing; `vllm_connector.py` its CPU connector), `shards.py` (safetensors format, tensor decoding),
 `store.py` (the online stream's key/bytes store: files by default; `mooncake_store.py` the Mooncake
 one), `stream.py` (P producers -> N readers over a store, bounded), `devices.py` (producer / trainer
@@ -18,6 +19,8 @@ Importing this package does not import torch.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from dspark_cli.lazy import lazy_exports
 
@@ -45,6 +48,18 @@ _EXPORTS = {
     "narrow_train_devices": "dspark_cli.capture.devices",
     "CapturedSequence": "dspark_cli.capture.types",
 }
+
+if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
+    from dspark_cli.artifacts.capture import verify_captured
+    from dspark_cli.capture.devices import (apply_default_split, device_split_problems, narrow_train_devices,
+                                            producer_environ, visible_gpus)
+    from dspark_cli.capture.online import Supervisor, produce_stream, stream_location, supervise
+    from dspark_cli.capture.plan import build_plan, contract_for_recipe, plan_capture, resolve_layer_ids
+    from dspark_cli.capture.run import capture_pending, ensure_capture, run_capture
+    from dspark_cli.capture.shards import iter_captured
+    from dspark_cli.capture.store import open_store
+    from dspark_cli.capture.stream import StreamProducer, StreamReader
+    from dspark_cli.capture.types import CapturedSequence
 
 __all__ = sorted(_EXPORTS)
 

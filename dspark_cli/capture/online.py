@@ -42,7 +42,7 @@ class _Engine:
     def _load(self) -> Any:
         if self.inner is None:
             from dspark_cli.capture.plan import build_plan
-            from dspark_cli.capture.run import make_capturer
+            from dspark_cli.capture.capturer import make_capturer
 
             self.inner = make_capturer(build_plan(self.recipe), Path(self.recipe.stage_dir("capture")))
         return self.inner

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli import __version__
+from dspark_cli.capture.capturer import capture_shard, make_capturer
 from dspark_cli.capture.plan import CapturePlan, build_plan, goal_bytes_per_token
 from dspark_cli.artifacts.capture import KIND as MANIFEST_KIND
 from dspark_cli.capture.shards import shard_name, write_shard
@@ -29,19 +30,6 @@ from dspark_cli.recipe import Recipe, write_resolved
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]  # (sequences done, total, tokens captured so far)
-
-
-def make_capturer(plan: CapturePlan, out_dir: Path) -> Any:
-    """The backend the recipe asks for, with the target loaded."""
-    recipe = plan.recipe
-    if recipe.capture.backend_here() == "vllm":
-        from dspark_cli.capture.vllm import VLLMCapturer
-
-        return VLLMCapturer(recipe, plan.geometry, plan.layer_ids, storage_dir=str(out_dir / ".vllm"))
-    from dspark_cli.capture.hf import HFCapturer
-
-    return HFCapturer(plan.geometry.location, plan.layer_ids, dtype=recipe.target.dtype,
-                      trust_remote_code=recipe.target.trust_remote_code, revision=recipe.target.revision)
 
 
 def layout_of(plan: CapturePlan) -> dict[str, Any]:
@@ -81,17 +69,6 @@ def _previous_shards(out_dir: Path, plan: CapturePlan) -> dict[str, dict[str, An
         if file.is_file() and file.stat().st_size == entry["bytes"]:
             done[entry["file"]] = entry
     return done
-
-
-def _capture_shard(capturer: Any, batch_size: int, samples: list[tuple[str, list[int], list[int]]]) -> list[Any]:
-    """Capture one shard's samples in batches of similar length; return them in plan order."""
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i][1]))
-    results: dict[int, Any] = {}
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        for row, seq in zip(rows, capturer.capture([samples[r] for r in rows]), strict=True):
-            results[row] = seq
-    return [results[i] for i in range(len(samples))]
 
 
 def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: Any = None,
@@ -148,7 +125,7 @@ def _capture_pending(recipe: Recipe, plan: Any, out_dir: Path, done: dict[str, A
             if name in done:
                 seq_done += len(samples)
                 continue
-            sequences = _capture_shard(capturer, recipe.capture.batch_size, samples)
+            sequences = capture_shard(capturer, recipe.capture.batch_size, samples)
             if queue is None:
                 entries[name] = write_shard(out_dir / name, sequences, layer_ids=plan.layer_ids,
                                             hidden_size=plan.geometry.hidden_size)

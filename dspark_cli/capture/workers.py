@@ -143,7 +143,7 @@ def run_worker(recipe: Recipe, worker: int, workers: int) -> int:
     import itertools
 
     from dspark_cli.artifacts.files import read_manifest
-    from dspark_cli.capture.run import _capture_shard, make_capturer
+    from dspark_cli.capture.capturer import capture_shard, make_capturer
     from dspark_cli.capture.shards import write_shard
 
     plan = build_plan(recipe)
@@ -158,7 +158,7 @@ def run_worker(recipe: Recipe, worker: int, workers: int) -> int:
     for index, group in itertools.groupby(plan.samples(), key=lambda item: item[0]):
         if index not in mine:
             continue
-        sequences = _capture_shard(capturer, recipe.capture.batch_size, [item[1:] for item in group])
+        sequences = capture_shard(capturer, recipe.capture.batch_size, [item[1:] for item in group])
         entries.append(write_shard(out_dir / shard_name(index), sequences, layer_ids=plan.layer_ids,
                                    hidden_size=plan.geometry.hidden_size))
         write_json_atomic(worker_file(out_dir, worker), record)

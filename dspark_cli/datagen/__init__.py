@@ -13,10 +13,17 @@ output is read back by `dspark_cli.artifacts.datagen`. Importing this package is
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {"plan_datagen": "dspark_cli.datagen.run", "run_datagen": "dspark_cli.datagen.run",
             "builtin_eval_sets": "dspark_cli.datagen.filters"}
+
+if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
+    from dspark_cli.datagen.filters import builtin_eval_sets
+    from dspark_cli.datagen.run import plan_datagen, run_datagen
+
 __all__ = sorted(_EXPORTS)
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -12,6 +12,8 @@ Import-light: nothing here imports torch at package import.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {
@@ -21,6 +23,12 @@ _EXPORTS = {
     "draft_findings": "dspark_cli.export.integrity",
     "serving_findings": "dspark_cli.export.integrity",
 }
+
+if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
+    from dspark_cli.export.integrity import draft_findings, serving_findings, verify_draft
+    from dspark_cli.export.run import planned_config_problems
+    from dspark_cli.export.writer import export_draft
+
 __all__ = sorted(_EXPORTS)
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -14,6 +14,8 @@ The hub rules that other parts need too (the repo-id rule, the token scrubber) l
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {
@@ -21,6 +23,11 @@ _EXPORTS = {
     "publish_draft": "dspark_cli.publish.run",
     "hub_tokens": "dspark_cli.publish.hubs",
 }
+
+if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
+    from dspark_cli.publish.hubs import hub_tokens
+    from dspark_cli.publish.run import preflight, publish_draft
+
 __all__ = sorted(_EXPORTS)
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)

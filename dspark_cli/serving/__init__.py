@@ -10,6 +10,8 @@ preflight asks what `dspark serve` would refuse).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {
@@ -22,6 +24,11 @@ _EXPORTS = {
     "serve_plan": "dspark_cli.serving.launch",
     "shell_line": "dspark_cli.serving.launch",
 }
+
+if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
+    from dspark_cli.serving.launch import METHODS, serve_command, serve_plan, shell_line
+    from dspark_cli.serving.launcher import MIN_VLLM, find_vllm, port_free, version_tuple
+
 __all__ = sorted(_EXPORTS)
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)
