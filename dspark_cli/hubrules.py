@@ -4,7 +4,7 @@ credentials that must never reach the terminal.
     repo_id_problem("my-org/Qwen3-8B-DSpark")   # None, or why Hugging Face / ModelScope would refuse it
     scrub(message, known_tokens())              # the message without hub tokens or credential-shaped text
 
-Shared by the recipe checks (`publish.repo_id`), the CLI's error printer (every message is scrubbed)
+Shared by the preflight (`publish.repo_id`, preflight/shared.py), the CLI's error printer (every message is scrubbed)
 and `publish`, whose uploads (publish/hubs.py) scrub everything a hub client says. No hub client is
 imported here.
 """

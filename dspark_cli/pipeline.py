@@ -30,7 +30,6 @@ LogLine = Callable[[str], None]
 @dataclass(frozen=True)
 class Stage:
     name: str
-    issue: int | None
     summary: str
     run: Callable[..., dict[str, Any]]  # run(recipe, progress=None, log_line=None)
 
@@ -108,11 +107,10 @@ def _train_here(recipe: Recipe, log_line: LogLine | None) -> dict[str, Any]:
 
 
 def run_export(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
-    from dspark_cli.export.writer import export_draft
+    from dspark_cli.export.run import export_checkpoint
 
-    return export_draft(recipe.stage_dir("train"), recipe.stage_dir("export"), recipe=recipe,
-                        dtype=recipe.export.dtype, fmt=recipe.export.format,
-                        include_embeddings=recipe.export.include_embeddings, force=True)
+    # the recipe's export section decides dtype, format and embeddings, and the output directory
+    return export_checkpoint(recipe.stage_dir("train"), recipe=recipe, force=True)
 
 
 def run_bench(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
@@ -130,12 +128,12 @@ def run_publish(recipe: Recipe, progress: ProgressFactory | None = None, log_lin
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("datagen", 5, "regenerate responses with the target", run_datagen),
-    Stage("capture", 6, "capture the target's hidden states", run_capture),
-    Stage("train", 7, "train the draft", run_train),
-    Stage("export", 8, "write a vLLM draft directory", run_export),
-    Stage("bench", 9, "measure acceptance length offline", run_bench),
-    Stage("publish", None, "upload to the hubs", run_publish),
+    Stage("datagen", "regenerate responses with the target", run_datagen),
+    Stage("capture", "capture the target's hidden states", run_capture),
+    Stage("train", "train the draft", run_train),
+    Stage("export", "write a vLLM draft directory", run_export),
+    Stage("bench", "measure acceptance length offline", run_bench),
+    Stage("publish", "upload to the hubs", run_publish),
 )
 
 
@@ -161,7 +159,7 @@ def run_pipeline(
                 outputs = stage.run(recipe, progress=progress, log_line=log_line)
                 result = StageResult(stage.name, "done", stage.summary, outputs)
             except NotBuiltError:
-                result = StageResult(stage.name, "not built", f"issue {stage.issue}" if stage.issue else "")
+                result = StageResult(stage.name, "not built")
                 blocked_by = stage.name
         results.append(result)
         if on_stage is not None:

@@ -22,19 +22,19 @@ def one_line(exc: DsparkError) -> bool:
 
 
 def test_an_unfinished_capture_is_not_counted_as_the_training_data(tmp_path):
-    """`capture_lengths` (the exact plan) used to read the shards an unfinished capture had listed so
+    """`captured_lengths` (the exact plan) used to read the shards an unfinished capture had listed so
     far and plan on them as if they were the whole data set."""
-    from dspark_cli.training.run import capture_lengths
+    from dspark_cli.capture import captured_lengths
 
     hidden = tmp_path / "hidden"
     hidden.mkdir()
     (hidden / "manifest.json").write_text(json.dumps({"kind": "dspark.capture", "complete": False, "shards": []}))
     with pytest.raises(DataError, match="capture did not finish") as info:
-        capture_lengths(hidden, 64)
+        captured_lengths(hidden, 64)
     assert one_line(info.value)
     (hidden / "manifest.json").write_text(json.dumps({"kind": "dspark.datagen", "complete": True, "shards": []}))
     with pytest.raises(DataError, match="not a dspark capture output") as info:
-        capture_lengths(hidden, 64)
+        captured_lengths(hidden, 64)
     assert one_line(info.value)
 
 

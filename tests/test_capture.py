@@ -57,6 +57,7 @@ def captured(request, tmp_path_factory):
     return recipe, summary, list(iter_captured(recipe.stage_dir("capture"), expect=contract_for_recipe(recipe)))
 
 
+@pytest.mark.slow  # a real capture per target (the `captured` fixture): ~40 s each loaded
 def test_layers_and_last_state_equal_a_plain_transformers_forward(captured):
     recipe, summary, sequences = captured
     geometry = target_geometry(recipe)
@@ -82,6 +83,7 @@ def test_layers_and_last_state_equal_a_plain_transformers_forward(captured):
         assert torch.count_nonzero(seq.last_hidden[~mask]) == 0
 
 
+@pytest.mark.slow  # uses the `captured` fixture (a real capture per target)
 def test_shards_are_small_and_exactly_planned(captured):
     recipe, summary, sequences = captured
     geometry = target_geometry(recipe)
@@ -127,6 +129,7 @@ class FakeConnectorLLM:
         return outs
 
 
+@pytest.mark.slow  # uses the `captured` fixture (a real capture per target)
 def test_vllm_translation_and_postprocessing_match_hf_capture(captured, tmp_path):
     """The translation on a stand-in engine: engine arguments (GPU and CPU), aux ids, and the final norm
     applied to vLLM's pre-norm state (the real engine: tests/test_capture_vllm.py)."""
@@ -203,6 +206,7 @@ def one_line(exc: DsparkError) -> bool:
     return "\n" not in str(exc) and len(str(exc)) < 400
 
 
+@pytest.mark.slow  # makes the session's tiny datagen output first: ~20 s loaded
 def test_layer_ids_beyond_the_target_are_refused_before_any_work(tmp_path):
     recipe = capture_recipe("tiny-gqa", tmp_path, "draft.target_layer_ids=[1, 3, 6]")
     for call in (run_capture, plan_capture):
@@ -223,6 +227,7 @@ def _corrupt(path: Path, how: str) -> None:
         path.write_bytes(bytes(data[: len(data) - 100]))
 
 
+@pytest.mark.slow  # uses the `captured` fixture (a real capture per target)
 @pytest.mark.parametrize("how", ["flip", "truncate", "manifest"])
 def test_damaged_shards_yield_nothing_from_them(captured, tmp_path, how):
     recipe, _, _ = captured
@@ -246,6 +251,7 @@ def test_damaged_shards_yield_nothing_from_them(captured, tmp_path, how):
         verify_captured(out)
 
 
+@pytest.mark.slow  # uses the `captured` fixture (a real capture per target)
 def test_another_contract_is_refused_in_one_line(captured):
     recipe, _, _ = captured
     other = recipe.model_copy(update={"draft": recipe.draft.model_copy(update={"target_layer_ids": [0, 2, 4]})})
@@ -274,6 +280,7 @@ class CrashingCapturer:
         return self.inner.capture(samples)
 
 
+@pytest.mark.slow  # a capture killed and resumed: ~10 s loaded
 def test_killed_capture_resumes_without_missing_or_duplicated_shards(tmp_path):
     from dspark_cli.capture.hf import HFCapturer
 
@@ -321,13 +328,14 @@ def test_package_import_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
 
 
+@pytest.mark.slow  # two captures, one by two worker processes: ~35 s loaded
 def test_two_workers_write_what_one_process_writes_and_keep_a_killed_workers_shards(tmp_path):
     """capture.workers=2: the same shard files and fingerprint as one process; a shard a killed worker
     finished (listed in its worker file, not yet in the manifest) is kept, not captured again."""
     import shutil
 
     from dspark_cli.artifacts.files import write_json_atomic
-    from dspark_cli.capture.run import _manifest
+    from dspark_cli.capture.sinks import capture_manifest
 
     one = capture_recipe("tiny-mla", tmp_path / "one", "capture.shard_tokens=150")
     run_capture(one)
@@ -337,7 +345,7 @@ def test_two_workers_write_what_one_process_writes_and_keep_a_killed_workers_sha
     assert len(plan.shards) >= 3
     out = Path(two.stage_dir("capture"))
     out.mkdir(parents=True)
-    write_json_atomic(out / "manifest.json", _manifest(plan, {}, [], complete=False))  # as the killed run left it
+    write_json_atomic(out / "manifest.json", capture_manifest(plan, {}, [], complete=False))  # as the killed run left it
     kept = one_manifest["shards"][1]
     shutil.copy(Path(one.stage_dir("capture")) / kept["file"], out / kept["file"])
     write_json_atomic(out / ".worker-1.json", {"fingerprint": plan.fingerprint, "worker": 1, "workers": 2,
@@ -364,6 +372,7 @@ def test_two_workers_write_what_one_process_writes_and_keep_a_killed_workers_sha
     assert [s.id for s in iter_captured(out)] == [s.id for s in iter_captured(Path(one.stage_dir("capture")))]
 
 
+@pytest.mark.slow  # a capture stage with worker processes, killed
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_workers_of_a_killed_capture_stage_die_with_it(tmp_path):
     """SIGKILL of the process running the capture stage (it cannot stop its workers itself): the kernel
@@ -390,6 +399,7 @@ def test_workers_of_a_killed_capture_stage_die_with_it(tmp_path):
         (Path(recipe.stage_dir("capture")) / "manifest.json").read_text())["complete"]
 
 
+@pytest.mark.slow  # a capture in a child process: ~45 s loaded
 def test_a_second_capture_into_a_directory_being_captured_is_refused(tmp_path):
     recipe = capture_recipe("tiny-mla", tmp_path)
     out = Path(recipe.stage_dir("capture"))

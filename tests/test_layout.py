@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "contract": {"errors"},
     "hubrules": set(),
     "network": {"errors"},  # timeouts and response bounds of every HTTP exchange (bench, publish)
-    "recipe": {"errors", "artifacts", "targets", "hubrules"},
+    "recipe": {"errors", "artifacts", "targets"},  # parses only; its rules are preflight's
     "targets": {"errors", "contract", "recipe"},
     "artifacts": {"errors", "contract", "draft", "recipe"},
     "prompts": {"errors", "recipe"},
@@ -39,10 +39,10 @@ ALLOWED: dict[str, set[str]] = {
     "export": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "draft"},
     "bench": {"errors", "recipe", "targets", "artifacts", "prompts", "draft", "export", "network"},
     "serving": {"errors", "lazy", "recipe", "targets", "artifacts", "export", "procs"},
-    "publish": {"errors", "lazy", "hubrules", "artifacts", "export", "serving", "network"},
+    "publish": {"errors", "lazy", "hubrules", "recipe", "artifacts", "export", "serving", "network"},
     # the one preflight of every stage: recipe rules, this machine, output paths (what serve / publish refuse)
-    "preflight": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "datagen", "capture", "export",
-                  "serving", "publish"},
+    "preflight": {"errors", "lazy", "hubrules", "recipe", "targets", "artifacts", "prompts", "datagen", "capture",
+                  "export", "serving", "publish"},
     "pipeline": {"errors", "recipe", "artifacts", "datagen", "capture", "training", "export", "bench", "publish"},
     "cli": {"errors", "recipe", "targets", "ui", "pipeline", "datagen", "capture", "training", "export", "bench",
             "serving", "publish", "artifacts", "prompts", "draft", "kernels", "contract", "preflight"},
@@ -259,3 +259,61 @@ def test_architecture_tree_lists_every_module():
     data = {path for path in listed if path.endswith("/") and not (PACKAGE / path / "__init__.py").is_file()}
     assert listed - data == modules | packages, sorted((listed - data) ^ (modules | packages))
     assert all((PACKAGE / path).is_dir() for path in data), data
+
+
+def test_recipe_has_no_rules():
+    """Rules live in preflight/: recipe/ parses (types, ranges, unknown keys) and defines no function that
+    returns problem lines (`check_*`, `*_problems`) or a RULES table."""
+    found = []
+    for path in sorted((PACKAGE / "recipe").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                    node.name.lstrip("_").startswith("check") or node.name.endswith("problems")):
+                found.append(f"{path.name}:{node.lineno} {node.name}")
+            elif isinstance(node, ast.Assign) and any("RULES" in getattr(t, "id", "") for t in node.targets):
+                found.append(f"{path.name}:{node.lineno} a rule table")
+    assert found == []
+
+
+def _stage_functions(paths: list[Path]) -> set[str]:
+    """`module.name` of every stage function these files import (lazy faces resolved to their modules)."""
+    found = set()
+    for path in paths:
+        for _, module, names in _imports(path):
+            parts = module.split(".")
+            if len(parts) < 2 or parts[1] not in STAGES:
+                continue
+            face = _lazy_exports(PACKAGE / parts[1] / "__init__.py") if len(parts) == 2 else {}
+            found |= {f"{face.get(name, module)}.{name}" for name in names}
+    return found
+
+
+def test_cli_and_pipeline_call_the_same_stage_entries():
+    """`dspark run` (pipeline.py) runs each stage through a function its own command (cli/) calls too, never
+    through a wiring of its own (as export once did, calling the writer and skipping export/run.py). The
+    capture stage has no command of its own: `dspark train` captures through `ensure_capture`, which runs
+    `run_capture`."""
+    pipeline = _stage_functions([PACKAGE / "pipeline.py"])
+    commands = _stage_functions(sorted((PACKAGE / "cli").glob("*.py")))
+    assert pipeline - commands == {"dspark_cli.capture.run.run_capture"}
+    for entry in ("datagen.run.run_datagen", "training.launch.relaunch_under_torchrun", "training.run.run_train",
+                  "export.run.export_checkpoint", "bench.run.run_bench", "publish.run.publish_draft"):
+        assert f"dspark_cli.{entry}" in pipeline & commands, entry
+
+
+def test_shard_tensors_are_named_only_in_capture_shards():
+    """The capture shard format (its tensor names) is known to capture/shards.py alone: everyone else reads
+    shards through it (`iter_captured`, `captured_lengths`, `shard_layout`)."""
+    tensors = {"input_ids", "loss_mask", "seq_lens", "aux_hidden", "last_hidden"}
+    owner = PACKAGE / "capture" / "shards.py"
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == owner:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get_tensor" and node.args and \
+                    isinstance(node.args[0], ast.Constant) and node.args[0].value in tensors:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} get_tensor({node.args[0].value!r})")
+            elif isinstance(node, ast.Constant) and node.value in tensors - {"input_ids", "loss_mask"}:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
+    assert found == []

@@ -365,3 +365,18 @@ def test_an_export_config_vllm_would_refuse_is_caught_before_training(here):
     errors = refused(here, "draft.arch=gqa", "target.model=tiny-gqa",
                      "draft.rope_scaling={factor: 4, original_max_position_embeddings: 512}")
     assert "rope_scaling" in errors or "rope_parameters.rope_type: 'yarn'" in errors, errors
+
+
+@pytest.mark.parametrize("command", [["validate", "tiny", "--recipe-only"], ["validate", "tiny", "--stage=datagen"],
+                                     ["datagen", "tiny", "--dry-run"]])
+def test_a_command_runs_the_shared_rules_once(here, monkeypatch, command):
+    """The rules every stage shares (preflight/shared.py) run as the command loads its recipe, not again in
+    its preflight."""
+    import dspark_cli.preflight.shared as shared
+
+    calls = []
+    real = shared.shared_problems
+    monkeypatch.setattr(shared, "shared_problems", lambda recipe: calls.append(recipe.name) or real(recipe))
+    result = runner.invoke(app, [*command, f"output_dir={here / 'run'}"])
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 1, calls

@@ -9,7 +9,7 @@ import yaml
 
 from dspark_cli.errors import RecipeError, UsageError
 from dspark_cli.recipe import Recipe, load_recipe, template_dir, template_names, write_resolved
-from dspark_cli.recipe.checks import check_recipe
+from dspark_cli.preflight.shared import shared_problems
 from dspark_cli.recipe.schema import SECTIONS
 
 
@@ -48,7 +48,7 @@ def test_every_field_is_documented_with_a_default():
 def test_shipped_templates_validate(name):
     assert name in template_names()
     recipe = load_recipe(template_dir() / f"{name}.yaml")
-    assert check_recipe(recipe) == []
+    assert shared_problems(recipe) == []
     assert load_recipe(name) == recipe  # by name too (`llama-3.1-8b`: a dot is not a file suffix)
 
 
@@ -142,7 +142,7 @@ def test_cross_field_checks(tmp_path):
             "train.loss.slot_weighting=expected_length",
         ],
     )
-    problems = check_recipe(recipe)
+    problems = shared_problems(recipe)
     joined = "\n".join(problems)
     assert "draft.target_layer_ids: layer 99 is beyond the target's" in joined
     assert "serve.num_speculative_tokens: 5 differs from draft.block_size 7" in joined
@@ -154,7 +154,7 @@ def test_cross_field_checks(tmp_path):
 
 
 def test_unresolvable_target_is_a_problem():
-    problems = check_recipe(load_recipe("tiny", ["target.model=tiny-mlaa"]))
+    problems = shared_problems(load_recipe("tiny", ["target.model=tiny-mlaa"]))
     assert len(problems) == 1 and problems[0].startswith("target.model:") and "tiny-mla" in problems[0]
 
 

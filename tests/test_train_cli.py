@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_fixtures  # noqa: E402
 from procs_support import descendants, hold_lock, wait_gone  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test uses the module's capture and runs `dspark train` (~40 s on 2 quiet cores)
+
 ROOT = Path(__file__).resolve().parents[1]
 DSPARK = str(Path(sys.executable).with_name("dspark"))
 
@@ -103,13 +105,13 @@ def test_plan_lengths_from_shard_metadata_equal_the_prepared_sequences(captured)
     from dspark_cli.capture import iter_captured
     from dspark_cli.recipe import load_recipe
     from dspark_cli.training.data import prepare
-    from dspark_cli.training.run import capture_lengths
+    from dspark_cli.capture import captured_lengths
 
     recipe = load_recipe("tiny", _overrides(captured))
     for max_len in (64, 20):
         prepared = [e.num_tokens for i, s in enumerate(iter_captured(recipe.stage_dir("capture")))
                     if (e := prepare(s, epoch=0, index=i, seed=0, num_anchors=1, max_seq_len=max_len))]
-        assert capture_lengths(recipe.stage_dir("capture"), max_len) == prepared
+        assert captured_lengths(recipe.stage_dir("capture"), max_len) == prepared
     assert prepared == [] or set(prepared) == {20}  # truncated
 
 

@@ -245,7 +245,7 @@ def section_pipeline(smoke: bool) -> dict[str, Any]:
         return {"status": "skipped: no CUDA device"}
     from dspark_cli.pipeline import run_pipeline
     from dspark_cli.recipe import load_recipe
-    from dspark_cli.recipe.checks import check_recipe
+    from dspark_cli.preflight.shared import shared_problems
 
     raw = yaml.safe_load((ROOT / "templates/recipes/tiny.yaml").read_text())
     work = Path(tempfile.mkdtemp(prefix="dspark-gpu-pipeline-"))
@@ -263,7 +263,7 @@ def section_pipeline(smoke: bool) -> dict[str, Any]:
     path = work / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
     recipe = load_recipe(str(path), [])
-    problems = check_recipe(recipe)
+    problems = shared_problems(recipe)
     if problems:
         return {"status": f"FAIL: recipe: {problems[0]}"}
     stages: dict[str, Any] = {}

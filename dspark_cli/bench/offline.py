@@ -34,6 +34,7 @@ from dspark_cli.bench.datasets import BenchDataset, category, load_datasets
 from dspark_cli.bench.stats import TurnStats, summarize
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe import Recipe
+from dspark_cli.targets import stop_ids
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]  # (turns done, total turns, tokens generated)
@@ -41,16 +42,6 @@ Progress = Callable[[int, int, int], None]  # (turns done, total turns, tokens g
 
 def _seed(base: int, *parts: object) -> int:
     return int(hashlib.sha256(":".join(map(str, (base, *parts))).encode()).hexdigest()[:8], 16)
-
-
-def _stop_ids(tokenizer: Any, model: Any) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(i) for i in source)
-    return frozenset(ids)
 
 
 def template_warnings(manifest: dict[str, Any], template_hash: str) -> list[str]:
@@ -88,7 +79,7 @@ class OfflineBench:
                                     trust_remote_code=recipe.target.trust_remote_code,
                                     revision=recipe.target.revision)
         self.drafter = DSparkDrafter.from_dir(self.draft_dir, self.target, dtype=self.target.model.dtype)
-        self.stop_ids = _stop_ids(self.chat.tokenizer, self.target.model)
+        self.stop_ids = stop_ids(self.chat.tokenizer, self.target.model.generation_config)
         self.num_speculative_tokens = recipe.serve.num_speculative_tokens or int(config.block_size)
         if self.num_speculative_tokens > int(config.block_size):
             raise UsageError(f"serve.num_speculative_tokens={self.num_speculative_tokens} exceeds the draft's "

@@ -13,7 +13,8 @@ recipe asks for, one shard captured in batches), `hf.py` (transformers hooks),
 `vllm.py` (the vLLM engine: arguments, drain, post-processing; `vllm_connector.py` its CPU connector), `shards.py` (safetensors format, tensor decoding),
 `store.py` (the online stream's key/bytes store: files by default; `mooncake_store.py` the Mooncake
 one), `stream.py` (P producers -> N readers over a store, bounded), `devices.py` (producer / trainer
-device split), `run.py` (orchestration), `online.py` (producers and their supervisor), `types.py`
+device split), `run.py` (orchestration), `sinks.py` (where shards go: the output directory and its
+manifest, or a stream producer), `online.py` (producers and their supervisor), `types.py`
 (`CapturedSequence`). The output directory and its manifest are read by `dspark_cli.artifacts.capture`.
 Importing this package does not import torch.
 """
@@ -33,6 +34,7 @@ _EXPORTS = {
     "capture_pending": "dspark_cli.capture.run",
     "ensure_capture": "dspark_cli.capture.run",
     "iter_captured": "dspark_cli.capture.shards",
+    "captured_lengths": "dspark_cli.capture.shards",
     "verify_captured": "dspark_cli.artifacts.capture",  # the capture directory's reader, no tensors
     "produce_stream": "dspark_cli.capture.online",
     "Supervisor": "dspark_cli.capture.online",
@@ -56,7 +58,7 @@ if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exp
     from dspark_cli.capture.online import Supervisor, produce_stream, stream_location, supervise
     from dspark_cli.capture.plan import build_plan, contract_for_recipe, plan_capture, resolve_layer_ids
     from dspark_cli.capture.run import capture_pending, ensure_capture, run_capture
-    from dspark_cli.capture.shards import iter_captured
+    from dspark_cli.capture.shards import captured_lengths, iter_captured
     from dspark_cli.capture.store import open_store
     from dspark_cli.capture.stream import StreamProducer, StreamReader
     from dspark_cli.capture.types import CapturedSequence

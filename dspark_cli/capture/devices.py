@@ -22,7 +22,10 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 ALL_DEVICES = "DSPARK_ALL_DEVICES"  # the machine's device list before a rank narrowed CUDA_VISIBLE_DEVICES
 # torchrun's variables: a producer started by a rank is not part of the training job
@@ -70,12 +73,12 @@ def visible_gpus(environ: Mapping[str, str] = os.environ) -> int:
     return len(seen)
 
 
-def engine_devices(recipe: Any) -> int:
+def engine_devices(recipe: Recipe) -> int:
     """Devices one producer's engine needs: vLLM's tensor parallelism, or one for hf."""
     return recipe.datagen.tensor_parallel_size if recipe.capture.backend_here() == "vllm" else 1
 
 
-def default_split(recipe: Any, gpus: int) -> tuple[list[int], list[int]] | None:
+def default_split(recipe: Recipe, gpus: int) -> tuple[list[int], list[int]] | None:
     """The split when neither `capture.devices` nor `train.devices` is set, for online training with local
     producers on a machine with `gpus` GPUs: producers the first `capture.workers x engine_devices`,
     trainer ranks the next `train.nproc_per_node` (it may not fit: `device_split_problems` says so).
@@ -95,7 +98,7 @@ def describe_split(capture: list[int], train: list[int]) -> str:
     return f"producers on GPUs {spell(capture)}, trainer ranks on GPUs {spell(train)}"
 
 
-def apply_default_split(recipe: Any, gpus: int) -> str | None:
+def apply_default_split(recipe: Recipe, gpus: int) -> str | None:
     """Set `default_split` on `recipe` in place when there is one and it fits the `gpus`; the line that
     describes it, or None (nothing to pin, or a split that does not fit: the preflight refuses that)."""
     split = default_split(recipe, gpus)
@@ -105,7 +108,7 @@ def apply_default_split(recipe: Any, gpus: int) -> str | None:
     return describe_split(*split)
 
 
-def device_split_problems(recipe: Any, available: int | None = None) -> list[str]:
+def device_split_problems(recipe: Recipe, available: int | None = None) -> list[str]:
     """Why this machine's producer / trainer split cannot work (empty when it can), one line each:
     overlapping lists, too few capture devices for `capture.workers` engines of `engine_devices`,
     too few train devices for `train.nproc_per_node`, numbers beyond the `available` devices, or
@@ -149,7 +152,7 @@ def _visible(numbers: list[int], environ: Mapping[str, str]) -> str:
     return ",".join(machine[n] if machine is not None and n < len(machine) else str(n) for n in numbers)
 
 
-def producer_environ(recipe: Any, worker: int, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+def producer_environ(recipe: Recipe, worker: int, base: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment of producer `worker`: not a torchrun worker, and on its own devices when set."""
     env = {k: v for k, v in base.items() if k not in TORCHRUN_VARS}
     devices = recipe.capture.devices
@@ -160,7 +163,7 @@ def producer_environ(recipe: Any, worker: int, base: Mapping[str, str] = os.envi
     return env
 
 
-def narrow_train_devices(recipe: Any, environ: dict[str, str] = os.environ) -> str | None:  # type: ignore[assignment]
+def narrow_train_devices(recipe: Recipe, environ: dict[str, str] = os.environ) -> str | None:  # type: ignore[assignment]
     """Before CUDA starts in a trainer rank: keep only `train.devices` visible (local rank r uses the
     r-th); remember the machine's list for the producers it starts. Returns the new value, or None."""
     devices = recipe.train.devices

@@ -27,7 +27,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
 MAX_RESTARTS = 3  # per producer, per supervisor
@@ -36,7 +39,7 @@ MAX_RESTARTS = 3  # per producer, per supervisor
 class _Engine:
     """The producer's capture engine, loaded on first use and kept across the stream's rewinds."""
 
-    def __init__(self, recipe: Any) -> None:
+    def __init__(self, recipe: Recipe) -> None:
         self.recipe, self.inner = recipe, None
 
     def _load(self) -> Any:
@@ -58,7 +61,7 @@ class _Engine:
             self.inner.close()
 
 
-def produce_stream(recipe: Any, location: str, worker: int, *, restarts: int = 0) -> dict[str, Any]:
+def produce_stream(recipe: Recipe, location: str, worker: int, *, restarts: int = 0) -> dict[str, Any]:
     """Producer `worker` of `capture.workers`: capture its shards into the stream at `location`, then stay
     until the trainers finish: a trainer resumed from a checkpoint rewinds the stream, and the producer
     captures again, with the same engine, the shards of its share the new window lacks."""
@@ -97,7 +100,7 @@ class Supervisor:
     trainer's rank 0) and `stop()` ends it and its producers. `error` holds the reason it gave up.
     """
 
-    def __init__(self, recipe_file: str | Path, location: str, recipe: Any, *, overrides: list[str] | None = None,
+    def __init__(self, recipe_file: str | Path, location: str, recipe: Recipe, *, overrides: list[str] | None = None,
                  environ: dict[str, str] | None = None, poll_s: float = 0.2, bind_to_parent: bool = True,
                  on_event: Callable[[str], None] | None = None, workers: list[int] | None = None) -> None:
         self.recipe_file, self.location, self.recipe = str(recipe_file), location, recipe
@@ -185,7 +188,7 @@ class Supervisor:
         return {worker: proc.pid for worker, proc in self.procs.items()}
 
 
-def supervise(recipe_file: str | Path, recipe: Any, *, overrides: list[str], only: list[int] | None = None,
+def supervise(recipe_file: str | Path, recipe: Recipe, *, overrides: list[str], only: list[int] | None = None,
               location: str | None = None) -> dict[str, Any]:
     """Run this machine's producers (all, or `only`) in the foreground until each is done; the summary.
     `location` defaults to the recipe's stream (what the trainers read)."""
@@ -204,7 +207,7 @@ def supervise(recipe_file: str | Path, recipe: Any, *, overrides: list[str], onl
             "seconds": round(time.time() - started, 1)}
 
 
-def stream_location(recipe: Any) -> str:
+def stream_location(recipe: Recipe) -> str:
     """The stream producers and trainers share: `capture.stream`, default `<capture dir>-stream`."""
     return recipe.capture.stream or recipe.stage_dir("capture") + "-stream"
 

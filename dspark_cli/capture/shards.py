@@ -2,6 +2,7 @@
 
     write_shard(out / "shard-00000.safetensors", sequences, layer_ids=[1, 2, 3], hidden_size=160)
     for seq in iter_captured("runs/tiny/hidden", expect=contract): ...
+    captured_lengths("runs/tiny/hidden", max_seq_len=2048)      # training's plan: lengths, no hidden states
 
 One shard holds the sequences of one plan shard, concatenated along tokens (N tokens, S sequences,
 M loss-masked tokens, n layers of width H):
@@ -43,6 +44,14 @@ HIDDEN_DTYPE = torch.bfloat16
 
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}.safetensors"
+
+
+def shard_layout(layer_ids: list[int], hidden_size: int) -> dict[str, Any]:
+    """The shard tensors as the capture manifest describes them (`layout`)."""
+    return {"target_layer_ids": layer_ids, "hidden_size": hidden_size, "dtype": "bfloat16",
+            "aux_hidden": "[tokens, len(target_layer_ids) * hidden_size], layers concatenated in target_layer_ids order",
+            "last_hidden": "[loss tokens, hidden_size], post-final-norm, loss-masked rows only",
+            "input_ids": "int32", "loss_mask": "bool", "seq_lens": "int32"}
 
 
 def pack(sequences: list[CapturedSequence]) -> dict[str, torch.Tensor]:
@@ -123,6 +132,33 @@ def unpack(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str], *
                                     aux[start : start + length], full_last))
         start, loss_start = start + length, loss_start + n_loss
     return out
+
+
+def captured_lengths(directory: str | Path, max_seq_len: int) -> list[int]:
+    """Prepared lengths of an offline capture, read from each shard's `seq_lens` and `loss_mask` only.
+
+    The plan needs every sequence's length before training (the LR schedule ends at the last step);
+    reading the hidden states for that would be a whole extra epoch of I/O. A sequence trains when
+    some position p has loss_mask[p] and a target state at p - 1, and capture stores the state on
+    exactly the loss-masked rows, so `prepare` keeps it iff loss_mask[p] & loss_mask[p - 1] somewhere.
+    """
+    directory = Path(directory)
+    lengths = []
+    for entry in read_capture(directory)["shards"]:
+        try:
+            with safe_open(str(directory / entry["file"]), "pt") as handle:
+                seq_lens, mask = handle.get_tensor("seq_lens").tolist(), handle.get_tensor("loss_mask").bool()
+        except (SafetensorError, OSError, ValueError) as exc:  # damaged: its checksum would fail too
+            raise DataError(f"{directory / entry['file']}: unreadable shard ({str(exc).splitlines()[0][:120]})",
+                            RECAPTURE) from None
+        start = 0
+        for length in seq_lens:
+            kept = min(length, max_seq_len)
+            seq = mask[start:start + kept]
+            if bool((seq[1:] & seq[:-1]).any()):
+                lengths.append(kept)
+            start += length
+    return lengths
 
 
 def iter_captured(directory: str | os.PathLike[str], *, expect: Contract | None = None) -> Iterator[CapturedSequence]:

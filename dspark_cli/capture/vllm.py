@@ -27,9 +27,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli.errors import ContractError, DataError, UsageError
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 K3_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
 CONNECTOR = "ExampleHiddenStatesConnector"
@@ -54,7 +57,7 @@ def vllm_layout(layer_ids: list[int], num_hidden_layers: int) -> VLLMLayout:
     return VLLMLayout(aux, [aux.index(i) for i in ours], aux.index(num_hidden_layers))
 
 
-def k3_environment(recipe: Any, is_kimi_k3: bool) -> dict[str, str]:
+def k3_environment(recipe: Recipe, is_kimi_k3: bool) -> dict[str, str]:
     """The K3 capture environment (empty for other targets); refuses a conflicting value already set."""
     if not is_kimi_k3:
         return {}
@@ -66,7 +69,7 @@ def k3_environment(recipe: Any, is_kimi_k3: bool) -> dict[str, str]:
     return {K3_ENV: wanted}
 
 
-def engine_kwargs(recipe: Any, model_path: str, layout: VLLMLayout, storage_dir: str, *,
+def engine_kwargs(recipe: Recipe, model_path: str, layout: VLLMLayout, storage_dir: str, *,
                   on_cpu: bool | None = None) -> dict[str, Any]:
     """Arguments of `vllm.LLM` for capture (also what `vllm serve` would need, see `serve_args`).
 
@@ -207,7 +210,7 @@ class VLLMCapturer:
 
     name = "vllm"
 
-    def __init__(self, recipe: Any, geometry: Any, layer_ids: list[int], *, storage_dir: str, llm: Any = None,
+    def __init__(self, recipe: Recipe, geometry: Any, layer_ids: list[int], *, storage_dir: str, llm: Any = None,
                  sampling_params: Any = None) -> None:
         llm_given = llm
         self.layout = vllm_layout(layer_ids, geometry.num_hidden_layers)

@@ -87,7 +87,7 @@ def capture_with_workers(recipe: Recipe, plan: CapturePlan, out_dir: Path, done:
                          on_progress: Any, manifest: Any) -> dict[str, Any]:
     """Start the workers for the shards not in `done`, report progress, merge; the backend description.
 
-    `manifest(backend, entries, complete)` writes the stage manifest (capture/run.py's)."""
+    `manifest(backend, entries, complete)` writes the stage manifest (capture/sinks.py)."""
     workers = recipe.capture.workers
     done = {**done, **worker_entries(out_dir, plan)}
     manifest({"backend": recipe.capture.backend_here(), "workers": workers}, done, False)

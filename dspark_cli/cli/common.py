@@ -41,13 +41,14 @@ def recipe_beside(recipe: str | None, directory: str | None) -> str | None:
 
 
 def load(recipe: str | None, overrides: list[str] | None, flags: dict[str, Any] | None = None):
-    """Load and fully check a recipe; every problem at once, exit 2."""
+    """Load a recipe (types, ranges, unknown keys) and run the rules every stage shares (`preflight/shared.py`),
+    once; every problem at once, exit 2. A stage's own rules follow in `preflight_stage`."""
     from dspark_cli.errors import RecipeError
+    from dspark_cli.preflight.shared import shared_problems
     from dspark_cli.recipe import load_recipe
-    from dspark_cli.recipe.checks import check_recipe
 
     loaded = load_recipe(recipe, overrides or [], flags)
-    problems = check_recipe(loaded)
+    problems = shared_problems(loaded)
     if problems:
         raise RecipeError(problems, f"fix {recipe or 'the overrides'} and run `dspark validate` again")
     return loaded
@@ -58,7 +59,8 @@ def preflight_stage(loaded, stages: list[str] | tuple[str, ...], recipe: str | N
     """The preflight of a stage command, before any work: every refusal of `stages` at once, exit 2.
 
     `options` are the command's flags that change what it refuses (`preflight.StageOptions`); `machine=False`
-    judges the recipe alone (dry runs, which need no engine). torchrun's children skip it: their parent ran it.
+    judges the recipe alone (dry runs, which need no engine). The shared rules ran in `load`, so they are
+    not run again. torchrun's children skip it: their parent ran it.
     """
     import os
 
@@ -66,7 +68,7 @@ def preflight_stage(loaded, stages: list[str] | tuple[str, ...], recipe: str | N
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return
-    check_preflight(loaded, stages, StageOptions(**options), machine=machine, source=recipe)
+    check_preflight(loaded, stages, StageOptions(**options), machine=machine, shared=False, source=recipe)
 
 
 def load_beside(recipe: str | None, directory: str | None, overrides: list[str], flags: dict[str, Any] | None = None):

@@ -57,15 +57,16 @@ def run(
 
 
 def _rehearsal(loaded):
-    """The rehearsal of `loaded` (recipe/rehearse.py), its substitution table printed, checked again."""
+    """The rehearsal of `loaded` (recipe/rehearse.py), its substitution table printed, and the shared rules
+    run on it (a recipe of its own: `preflight_stage` runs the stages' rules on it next)."""
     from dspark_cli.errors import RecipeError
-    from dspark_cli.recipe.checks import check_recipe
+    from dspark_cli.preflight.shared import shared_problems
     from dspark_cli.recipe.rehearse import rehearsal_recipe
 
     rehearsal, changes = rehearsal_recipe(loaded)
     print_table(f"rehearsal of {loaded.name}: what changed (sizes and hardware only)",
                 ["field", "recipe", "rehearsal", "why"], [[c.field, c.real, c.rehearsal, c.why] for c in changes])
-    problems = check_recipe(rehearsal)
+    problems = shared_problems(rehearsal)
     if problems:
         raise RecipeError(problems, "the rehearsal of this recipe is refused: fix the recipe, not the rehearsal")
     return rehearsal

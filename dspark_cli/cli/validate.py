@@ -42,7 +42,8 @@ def validate(
         # no --stage: judged as `dspark run` runs them (it replaces its own earlier draft); with --stage,
         # as that stage's own command without flags (`dspark export` refuses an earlier draft without --force)
         options = StageOptions() if stage else StageOptions(force=True)
-        check_preflight(loaded, stage or RUN_STAGES, options, machine=not recipe_only, source=recipe)
+        check_preflight(loaded, stage or RUN_STAGES, options, machine=not recipe_only, shared=False,  # load ran them
+                        source=recipe)
     except DsparkError as exc:
         if output_format == "json":
             problems = exc.problems if isinstance(exc, RecipeError) else [exc.message]

@@ -54,7 +54,7 @@ def close_engine(engine: Any) -> None:
         close()
 
 
-def _cut_at_stop(ids: list[int], stop_ids: set[int], limit: int) -> Generation:
+def _cut_at_stop(ids: list[int], stop_ids: frozenset[int], limit: int) -> Generation:
     for position, token in enumerate(ids):
         if token in stop_ids:
             return Generation(ids[: position + 1], "stop")
@@ -220,13 +220,11 @@ class EndpointEngine:
         return {"engine": "vllm-endpoint", "endpoint": self.base, "model": self.model}
 
 
-def _stop_ids(tokenizer: Any, generation_config: Any = None) -> set[int]:
-    ids = set()
-    for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(i) for i in source)
+def _stop_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
+    """The target's stop ids (`targets.stop_ids`); datagen cannot end a turn without one."""
+    from dspark_cli.targets import stop_ids
+
+    ids = stop_ids(tokenizer, generation_config)
     if not ids:
         raise UsageError("the target's tokenizer defines no end-of-sequence token", "set eos_token in its tokenizer_config.json")
     return ids

@@ -20,7 +20,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli import __version__
 from dspark_cli.errors import DsparkError, UsageError
@@ -31,6 +31,9 @@ from dspark_cli.artifacts.draft import LoadedDraft, load_draft_dir
 from dspark_cli.artifacts.files import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
                                  sha256_file, write_json_atomic)
 from dspark_cli.targets import local_config, resolve_target
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 EXPORTED_FILES = DRAFT_FILES
 log = logging.getLogger(__name__)
@@ -114,7 +117,7 @@ def as_speculators(plan: dict[str, Any], target: str | None, target_config: dict
             "config": to_speculators(plan["config"], verifier=target, verifier_architectures=verifier_architectures)}
 
 
-def _manifest(draft: LoadedDraft, plan: dict[str, Any], recipe: Any, include_embeddings: bool,
+def _manifest(draft: LoadedDraft, plan: dict[str, Any], recipe: Recipe | None, include_embeddings: bool,
               directory: Path) -> dict[str, Any]:
     train = draft.train_manifest
     contract = train.get("contract", {})
@@ -142,8 +145,8 @@ def _manifest(draft: LoadedDraft, plan: dict[str, Any], recipe: Any, include_emb
     }
 
 
-def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recipe: Any = None, dtype: str = "bfloat16",
-                 fmt: str = "vllm", include_embeddings: bool = False, target: str | None = None,
+def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recipe: Recipe | None = None,
+                 dtype: str = "bfloat16", fmt: str = "vllm", include_embeddings: bool = False, target: str | None = None,
                  dry_run: bool = False, force: bool = False) -> dict[str, Any]:
     """Export; return the plan (dry run) or a summary. Raises ExportError listing vLLM loader findings."""
     from safetensors.torch import save_file

@@ -7,10 +7,12 @@
 
 `dspark validate`, every stage command and `dspark run` (for every stage it will run, before the
 first starts) call this one function, so a stage never fails late on something visible up front.
-Three kinds of rule, each a small function returning problem lines ("key: what is wrong; the fix"):
+Four kinds of rule, each a small function returning problem lines ("key: what is wrong; the fix"):
 
-- recipe rules (`rules.py`): fields that contradict each other for a stage (`recipe/checks.py`'s
-  cross-field checks first, then the stages' own refusals, e.g. online capture needs train.max_steps);
+- shared rules (`shared.py`), first: what every stage refuses (the target and its files, the draft's
+  family and layer ids, fields that contradict each other, output directories that cannot be made);
+- recipe rules (`rules.py`): what one stage refuses from the recipe alone (e.g. an export format the
+  draft cannot take);
 - machine rules (`host.py`): this machine's GPUs, the engines and packages installed, the files the
   recipe names, hub tokens (skipped with `machine=False`: `dspark validate --recipe-only`);
 - path rules (`paths.py`): output directories no stage may write (another stage's, or its own input)
@@ -54,12 +56,14 @@ class Context:
 
 
 def preflight(recipe: Recipe, stages: list[str] | tuple[str, ...] = RUN_STAGES, options: StageOptions | None = None,
-              *, machine: Machine | bool = True) -> list[str]:
+              *, machine: Machine | bool = True, shared: bool = True) -> list[str]:
     """Every problem `stages` of `recipe` would meet, one line each (empty: nothing to refuse).
 
-    `machine=True` judges this machine, `False` the recipe alone, a `Machine(...)` the machine it describes."""
+    `machine=True` judges this machine, `False` the recipe alone, a `Machine(...)` the machine it describes.
+    `shared=False` leaves out the shared rules (`shared.py`): the commands run those once, as they load the
+    recipe (`cli/common.load`), so a command never runs a rule twice."""
     from dspark_cli.preflight import host, paths, rules
-    from dspark_cli.recipe.checks import check_recipe
+    from dspark_cli.preflight.shared import shared_problems
 
     unknown = [s for s in stages if s not in ALL_STAGES]
     if unknown:
@@ -69,7 +73,7 @@ def preflight(recipe: Recipe, stages: list[str] | tuple[str, ...] = RUN_STAGES, 
     chosen = tuple(s for s in ALL_STAGES if s in stages)
     facts = Machine() if machine is True else (machine or None)
     context = Context(chosen, options or StageOptions(), facts)
-    problems = list(check_recipe(recipe))
+    problems = shared_problems(recipe) if shared else []
     groups = [rules.RULES, paths.RULES] + ([host.RULES, paths.DISK_RULES] if facts is not None else [])
     for stage in chosen:
         for group in groups:
@@ -80,9 +84,9 @@ def preflight(recipe: Recipe, stages: list[str] | tuple[str, ...] = RUN_STAGES, 
 
 def check_preflight(recipe: Recipe, stages: list[str] | tuple[str, ...] = RUN_STAGES,
                     options: StageOptions | None = None, *, machine: Machine | bool = True,
-                    source: str | None = None) -> None:
+                    shared: bool = True, source: str | None = None) -> None:
     """`preflight`, as one RecipeError (exit 2) listing every problem; `source` names the recipe in the hint."""
-    problems = preflight(recipe, stages, options, machine=machine)
+    problems = preflight(recipe, stages, options, machine=machine, shared=shared)
     if problems:
         from dspark_cli.errors import RecipeError
 

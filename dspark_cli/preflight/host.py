@@ -26,7 +26,7 @@ def target_on_this_machine(recipe: Recipe, context: Context) -> list[str]:
         if resolve_target(recipe.target.model) is not None:
             return []
     except DsparkError:
-        return []  # a broken target is check_recipe's problem, reported there
+        return []  # a broken target is a shared rule's problem (shared.py)
     try:
         from huggingface_hub import snapshot_download
 

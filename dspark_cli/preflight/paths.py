@@ -31,6 +31,23 @@ def _where(recipe: Recipe, stage: str) -> Path:
     return Path(os.path.normpath(os.path.abspath(os.path.expanduser(recipe.stage_dir(stage)))))
 
 
+def output_dirs_creatable(recipe: Recipe) -> list[str]:
+    """Each stage's output directory must be creatable: no file where it, or a directory above it, would be
+    (a rule every stage shares: `shared.py` runs it)."""
+    keys = [("output_dir", recipe.output_dir.replace("{name}", recipe.name))]
+    keys += [(f"{stage}.output_dir", recipe.stage_dir(stage)) for stage in DIR_STAGES]
+    problems, seen = [], set()
+    for key, directory in keys:
+        path = Path(directory).expanduser()
+        blocker = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+        if blocker is None or blocker.is_dir() or blocker in seen:
+            continue
+        seen.add(blocker)
+        problems.append(f"{key}: {directory} is a file, not a directory; choose another directory" if blocker == path
+                        else f"{key}: {blocker} is a file, so {directory} cannot be made; choose another directory")
+    return problems
+
+
 def stage_dirs_apart(recipe: Recipe, context: Context) -> list[str]:
     """Each stage writes its own directory: none shared, none inside another stage's (export replaces its
     whole directory; a stage writing into its input's directory overwrites that input's manifest)."""

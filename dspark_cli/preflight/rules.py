@@ -1,7 +1,7 @@
 """Recipe rules: what a stage refuses from the recipe alone, whatever machine it runs on.
 
-Each rule is `rule(recipe, context) -> [problem lines]`; RULES lists them per stage. The cross-field
-checks every stage shares live in `recipe/checks.py` and run first (`preflight`).
+Each rule is `rule(recipe, context) -> [problem lines]`; RULES lists them per stage. The rules every
+stage shares live in `shared.py` and run first (`preflight`).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def publish_destination(recipe: Recipe, context: Context) -> list[str]:
 def _hub_id(recipe: Recipe) -> bool:
     try:
         return resolve_target(recipe.target.model) is None
-    except Exception:  # noqa: BLE001 - a broken target is check_recipe's problem, reported there
+    except Exception:  # noqa: BLE001 - a broken target is a shared rule's problem (shared.py)
         return False
 
 

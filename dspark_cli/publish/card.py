@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli import __version__
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 
 def _front_matter(license_id: str, base_model: str | None) -> list[str]:
@@ -26,7 +29,7 @@ def _front_matter(license_id: str, base_model: str | None) -> list[str]:
     return lines
 
 
-def _serve_block(recipe: Any, draft_dir: Path, repo_id: str) -> list[str]:
+def _serve_block(recipe: Recipe, draft_dir: Path, repo_id: str) -> list[str]:
     from dspark_cli.serving import serve_command, shell_line
 
     argv, env = serve_command(recipe, draft_dir, draft_ref=repo_id)
@@ -74,7 +77,7 @@ def _calibration_rows(bench: dict[str, Any]) -> list[str]:
     return rows
 
 
-def model_card(draft_dir: str | Path, manifest: dict[str, Any], *, repo_id: str, recipe: Any, license_id: str,
+def model_card(draft_dir: str | Path, manifest: dict[str, Any], *, repo_id: str, recipe: Recipe, license_id: str,
                bench: dict[str, Any] | None = None) -> str:
     """README.md text for the draft at `draft_dir`, whose dspark_manifest.json is `manifest`."""
     draft_dir = Path(draft_dir)

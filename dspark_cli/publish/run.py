@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli.errors import DataError, DsparkError, UsageError
 from dspark_cli.publish.card import model_card
 from dspark_cli.hubrules import repo_id_problem
 from dspark_cli.publish.hubs import hub_tokens, upload_huggingface, upload_modelscope
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 CARD_FILES = ("README.md",)  # a model card the user wrote into the draft dir is published as is
 
@@ -34,7 +37,7 @@ def _check_draft(draft_dir: Path, target: str | None) -> tuple[dict[str, Any], l
     return manifest, [name for name in allowed if (draft_dir / name).is_file()]
 
 
-def _bench_report(recipe: Any, draft_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Path]]:
+def _bench_report(recipe: Recipe, draft_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Path]]:
     """The recipe's bench report if it measured this very draft: (bench.json, files to upload under bench/).
 
     An allow-list like the draft's: bench.json and the files it lists with their sha256 (what `dspark bench`
@@ -66,7 +69,7 @@ def _bench_report(recipe: Any, draft_dir: Path) -> tuple[dict[str, Any] | None, 
     return data, files
 
 
-def _gather(recipe: Any, draft_dir: Path, manifest: dict[str, Any], names: list[str],
+def _gather(recipe: Recipe, draft_dir: Path, manifest: dict[str, Any], names: list[str],
             repo_id: str) -> tuple[dict[str, Path | bytes], str]:
     """(path in repo -> local file or bytes, where the card came from); `names`: the draft's files to upload."""
     files: dict[str, Path | bytes] = {name: draft_dir / name for name in sorted(names)}
@@ -80,7 +83,7 @@ def _gather(recipe: Any, draft_dir: Path, manifest: dict[str, Any], names: list[
     return files, "generated"
 
 
-def _destination(recipe: Any) -> tuple[str, list[str]]:
+def _destination(recipe: Recipe) -> tuple[str, list[str]]:
     """(repo id, hubs) from the recipe, or a one-line UsageError."""
     repo_id = recipe.publish.repo_id
     if not repo_id:
@@ -98,13 +101,13 @@ def _tokens(hubs: list[str]) -> dict[str, str]:
     return hub_tokens(hubs)  # every hub without a token named at once
 
 
-def preflight(recipe: Any) -> None:
+def preflight(recipe: Recipe) -> None:
     """What `dspark run --publish` checks before its first stage: a destination and a token for every hub,
     so a long run does not end in a publish that could never have worked. No network."""
     _tokens(_destination(recipe)[1])
 
 
-def publish_draft(recipe: Any, draft_dir: str | Path | None = None, *, dry_run: bool = False) -> dict[str, Any]:
+def publish_draft(recipe: Recipe, draft_dir: str | Path | None = None, *, dry_run: bool = False) -> dict[str, Any]:
     """Upload `draft_dir` (default: the recipe's export directory) to every hub in `publish.hubs`."""
     settings = recipe.publish
     repo_id, hubs = _destination(recipe)

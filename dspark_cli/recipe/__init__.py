@@ -1,4 +1,7 @@
-"""The dspark recipe: typed schema (`schema.py`), loading and overrides (`loader.py`), checks (`checks.py`)."""
+"""The dspark recipe: typed schema (`schema.py`), loading and overrides (`loader.py`).
+
+Types, ranges and unknown keys are checked while loading; every rule across fields, against the target
+or the machine is `dspark_cli.preflight`'s."""
 
 from dspark_cli.recipe.loader import (
     RESOLVED_NAME,

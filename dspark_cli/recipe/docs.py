@@ -28,7 +28,7 @@ then rules across sections (layer ids against the target's depth, `capture.max_s
 `train.max_seq_len` within `target.max_model_len`, output directories that a file stands in the
 way of, a `publish.repo_id` the hubs would refuse, a local target's `config.json` and weights),
 then everything each stage would refuse before doing any work (the same preflight every stage
-command and `dspark run` make first): online capture without `train.max_steps`, processes per GPU,
+command and `dspark run` make first): online producers and trainers sharing devices, processes per GPU,
 engines and packages installed, prompt files, output directories another stage wrote. Add
 `--recipe-only` to skip this machine's checks (a cluster recipe on a laptop).
 Every stage writes the resolved recipe (`recipe.yaml`) into its output directory.

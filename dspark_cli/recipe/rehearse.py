@@ -67,7 +67,7 @@ def rehearsal_root(recipe: Recipe) -> str:
 
 def attention_family(recipe: Recipe) -> str:
     """`mla` or `gqa`: the draft's arch, else the target's model type, else its name (hub ids offline)."""
-    from dspark_cli.recipe.checks import draft_arch
+    from dspark_cli.targets import draft_arch
 
     try:
         arch = draft_arch(recipe)

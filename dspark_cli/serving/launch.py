@@ -19,10 +19,13 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli.artifacts.draft import read_draft_manifest
 from dspark_cli.errors import DataError, UsageError
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 
 METHODS = ("dspark", "ngram", "none")
@@ -41,7 +44,7 @@ def split_vllm_args(first: str | None, rest: list[str] | None) -> tuple[str | No
     return positional[0], positional[1:], vllm_args
 
 
-def serve_plan(recipe: Any, draft_dir: str | Path, *, method: str = "dspark",
+def serve_plan(recipe: Recipe, draft_dir: str | Path, *, method: str = "dspark",
                vllm_args: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
     """`serve_command` for a draft that passes every check (`verify_draft`: checksums, vLLM loader rules,
     the target it was trained for, its serving env); a draft dir that does not exist yet gives the
@@ -54,7 +57,7 @@ def serve_plan(recipe: Any, draft_dir: str | Path, *, method: str = "dspark",
     return serve_command(recipe, draft_dir, method=method, vllm_args=vllm_args)
 
 
-def speculative_config(recipe: Any, draft_dir: Path, serving: dict[str, Any], method: str,
+def speculative_config(recipe: Recipe, draft_dir: Path, serving: dict[str, Any], method: str,
                        draft_ref: str | None) -> dict[str, Any] | None:
     """vLLM's `--speculative-config` for `method` (None for `none`)."""
     if method not in METHODS:
@@ -76,7 +79,7 @@ def speculative_config(recipe: Any, draft_dir: Path, serving: dict[str, Any], me
     return spec
 
 
-def serve_command(recipe: Any, draft_dir: str | Path, *, draft_ref: str | None = None, method: str = "dspark",
+def serve_command(recipe: Recipe, draft_dir: str | Path, *, draft_ref: str | None = None, method: str = "dspark",
                   vllm_args: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) of the `vllm serve` launch for `recipe` and the draft at `draft_dir`;
     `draft_ref` names the draft in the command instead of its local path (a hub repo id, for model cards);

@@ -39,10 +39,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any, IO
 
 from dspark_cli.errors import DsparkError, UsageError
 from dspark_cli.procs import dies_with_parent, group_reaper
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
 # the oldest vLLM that serves each method (DSpark landed in 0.33; V1 ngram is older than anything we test)
@@ -354,7 +357,7 @@ def ready_lines(info: Ready) -> list[str]:
             curl_request(info.url, info.model), "Ctrl-C stops it"]
 
 
-def serve_draft(recipe: Any, argv: list[str], env: dict[str, str], *, method: str = "dspark",
+def serve_draft(recipe: Recipe, argv: list[str], env: dict[str, str], *, method: str = "dspark",
                 log_file: str | None = None, ready_timeout: float = 1800.0,
                 on_line: Callable[[str, bool], None] | None = None) -> int:
     """`dspark serve`: preflight, then run vLLM (`serve_plan`'s `argv`, `env`) until Ctrl-C / SIGTERM.

@@ -14,9 +14,9 @@ Import-light: nothing here imports torch, transformers or vllm at import time.
 
 from dspark_cli.targets.chat import ChatFormat
 from dspark_cli.targets.registry import BUNDLED_TARGETS, TINY_DIR, is_hub_id, resolve_target
-from dspark_cli.targets.target import (TargetGeometry, load_tokenizer, local_config, mask_token_id, target_config,
-                                       target_directory, target_geometry, target_location)
+from dspark_cli.targets.target import (TargetGeometry, draft_arch, load_tokenizer, local_config, mask_token_id,
+                                       stop_ids, target_config, target_directory, target_geometry, target_location)
 
-__all__ = ["BUNDLED_TARGETS", "TINY_DIR", "ChatFormat", "TargetGeometry", "is_hub_id", "load_tokenizer",
-           "local_config", "mask_token_id", "resolve_target", "target_config", "target_directory",
-           "target_geometry", "target_location"]
+__all__ = ["BUNDLED_TARGETS", "TINY_DIR", "ChatFormat", "TargetGeometry", "draft_arch", "is_hub_id",
+           "load_tokenizer", "local_config", "mask_token_id", "resolve_target", "stop_ids", "target_config",
+           "target_directory", "target_geometry", "target_location"]

@@ -5,6 +5,8 @@
     target_directory(recipe)         # a local directory: the target's, or its hub-cache snapshot
     target_config(recipe)            # the (text) config.json as a dict when local, else None
     target_geometry(recipe)          # TargetGeometry: depth, width, vocab, model type (from config or recipe)
+    draft_arch(recipe)               # "mla" or "gqa": draft.arch, or inferred from the target's model type
+    stop_ids(tokenizer, model.generation_config)   # the token ids that end a turn (datagen, bench)
     load_tokenizer(recipe)           # transformers tokenizer (target.tokenizer or the target)
 
 Every stage asks these (and `resolve_target` for a bare name); the chat template is applied by
@@ -162,3 +164,28 @@ def mask_token_id(recipe: Recipe, target_dir: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return tokenizer.mask_token_id
+
+
+MLA_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k3", "kimi_linear")
+
+
+def draft_arch(recipe: Recipe) -> str | None:
+    """`mla` or `gqa`: the recipe's choice, or inferred from the target's model type (None if unknown)."""
+    if recipe.draft.arch != "auto":
+        return recipe.draft.arch
+    model_type = target_geometry(recipe, strict=False).model_type
+    if model_type is None:
+        return None
+    return "mla" if model_type in MLA_MODEL_TYPES else "gqa"
+
+
+def stop_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
+    """The token ids that end the target's turn: its generation config's `eos_token_id` (one or a list) and
+    the tokenizer's; empty when neither names one."""
+    ids: set[int] = set()
+    for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)

@@ -25,9 +25,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dspark_cli.artifacts.files import CAPTURE_GATE_LOCK as LOCK
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 HEARTBEAT_S = 5.0
 STALE_S = 60.0
@@ -35,7 +38,7 @@ PROGRESS_S = 30.0
 _WIDTH = 512  # the lock's content, padded: each heartbeat rewrites it in place
 
 
-def capture_once(recipe: Any, before: Callable[[], None], *, say: Callable[[str], None] = print,
+def capture_once(recipe: Recipe, before: Callable[[], None], *, say: Callable[[str], None] = print,
                  stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S, progress_s: float = PROGRESS_S,
                  poll_s: float = 0.5) -> bool:
     """Run `before` (the capture stage) here if no other launcher is running it; otherwise wait until the

@@ -30,7 +30,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.training.distributed import DistEnv, barrier
 from dspark_cli.training.integrity import (SafePlanner, SafeReader, checkpoint_errors, hash_own_files,
                                           verify_checkpoint, write_checksums)
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 KEEP = 3
 
@@ -58,7 +61,7 @@ def _state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[st
 
 
 def save_checkpoint(env: DistEnv, out_dir: Path, *, step: int, module: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, meta: dict[str, Any], recipe: Any) -> Path:
+                    optimizer: torch.optim.Optimizer, meta: dict[str, Any], recipe: Recipe) -> Path:
     import torch.distributed.checkpoint as dcp
 
     from dspark_cli.recipe import write_resolved

@@ -35,11 +35,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli.errors import DataError, UsageError
 from dspark_cli.training.data import Step, prepare
 from dspark_cli.training.plan import epoch_rng, pack_steps
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
 READ_TIMEOUT_S = 3600.0  # how long a rank waits for one shard (engines can take minutes to load)
@@ -178,7 +181,7 @@ class OnlineStep(Step):
 class OnlineSource:
     """The stream, the plan and (on rank 0, unless external) the producers' supervisor."""
 
-    def __init__(self, recipe: Any, *, env: Any, out_dir: Path, contract: Any) -> None:
+    def __init__(self, recipe: Recipe, *, env: Any, out_dir: Path, contract: Any) -> None:
         from dspark_cli.capture import StreamReader, build_plan, device_split_problems, open_store, stream_location
 
         train, capture = recipe.train, recipe.capture

@@ -54,38 +54,6 @@ def train_contract(recipe: Recipe, draft_config) -> Contract:
     return dataclasses.replace(base, mask_token_id=draft_config.mask_token_id, block_size=draft_config.block_size)
 
 
-def capture_lengths(directory: str | Path, max_seq_len: int) -> list[int]:
-    """Prepared lengths of an offline capture, read from each shard's `seq_lens` and `loss_mask` only.
-
-    The plan needs every sequence's length before training (the LR schedule ends at the last step);
-    reading the hidden states for that would be a whole extra epoch of I/O. A sequence trains when
-    some position p has loss_mask[p] and a target state at p - 1, and capture stores the state on
-    exactly the loss-masked rows, so `prepare` keeps it iff loss_mask[p] & loss_mask[p - 1] somewhere.
-    """
-    from safetensors import SafetensorError, safe_open
-
-    from dspark_cli.artifacts.capture import RECAPTURE, read_capture
-    from dspark_cli.errors import DataError
-
-    directory = Path(directory)
-    lengths = []
-    for entry in read_capture(directory)["shards"]:
-        try:
-            with safe_open(str(directory / entry["file"]), "pt") as handle:
-                seq_lens, mask = handle.get_tensor("seq_lens").tolist(), handle.get_tensor("loss_mask").bool()
-        except (SafetensorError, OSError, ValueError) as exc:  # damaged: its checksum would fail too
-            raise DataError(f"{directory / entry['file']}: unreadable shard ({str(exc).splitlines()[0][:120]})",
-                            RECAPTURE) from None
-        start = 0
-        for length in seq_lens:
-            kept = min(length, max_seq_len)
-            seq = mask[start:start + kept]
-            if bool((seq[1:] & seq[:-1]).any()):
-                lengths.append(kept)
-            start += length
-    return lengths
-
-
 def _offline_source(recipe: Recipe, contract: Contract, env) -> tuple[Callable[[], Iterable[Any]], str | None]:
     """The capture output as a sequence source, and its fingerprint (the data's identity).
 
@@ -153,8 +121,10 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
                    stream_shards_needed=plan.required_shards(), exact=True)
         return out
     if (directory / "manifest.json").is_file():
+        from dspark_cli.capture import captured_lengths
+
         try:
-            lengths = capture_lengths(directory, train.max_seq_len)
+            lengths = captured_lengths(directory, train.max_seq_len)
         except Exception as exc:  # noqa: BLE001 - an incomplete capture: fall back to the estimate
             log.info("capture not readable yet (%s); estimating", exc)
     if lengths is not None:
@@ -206,8 +176,10 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
                 online = _online_source(recipe, out_dir, env, contract)
                 data_id = online.reader.fingerprint
             else:
+                from dspark_cli.capture import captured_lengths
+
                 sequences, data_id = _offline_source(recipe, contract, env)
-                lengths = lambda: capture_lengths(recipe.stage_dir("capture"), recipe.train.max_seq_len)  # noqa: E731
+                lengths = lambda: captured_lengths(recipe.stage_dir("capture"), recipe.train.max_seq_len)  # noqa: E731
         try:
             from dspark_cli.training.session import train_session
 

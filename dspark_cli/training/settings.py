@@ -16,9 +16,12 @@ and its recorded recipe stay as they are); the fix is a new `train.output_dir`, 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 IGNORED = frozenset({
     "train.log_every", "train.metrics", "train.wandb_project", "train.checkpoint_every", "train.output_dir",
@@ -37,7 +40,7 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
-def result_settings(recipe: Any, data: str | None = None) -> dict[str, Any]:
+def result_settings(recipe: Recipe, data: str | None = None) -> dict[str, Any]:
     """The recipe's result-affecting settings, flat and JSON-able; `data` identifies the training data."""
     flat: dict[str, Any] = {}
     dumped = recipe.model_dump(mode="json")

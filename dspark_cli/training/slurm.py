@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 RDZV_PORT = 29400
 
@@ -51,7 +54,7 @@ class SlurmShape:
         return self.producer_nodes + self.train_nodes
 
 
-def slurm_shape(recipe: Any, gpus_per_node: int) -> SlurmShape:
+def slurm_shape(recipe: Recipe, gpus_per_node: int) -> SlurmShape:
     from dspark_cli.errors import UsageError
 
     if recipe.capture.mode != "online":
@@ -68,7 +71,7 @@ def slurm_shape(recipe: Any, gpus_per_node: int) -> SlurmShape:
                       recipe.train.nproc_per_node)
 
 
-def slurm_script(recipe: Any, recipe_path: str, overrides: list[str], *, gpus_per_node: int = 8) -> str:
+def slurm_script(recipe: Recipe, recipe_path: str, overrides: list[str], *, gpus_per_node: int = 8) -> str:
     """The job script's text for `recipe` (as loaded from `recipe_path` with `overrides`)."""
     shape = slurm_shape(recipe, gpus_per_node)
     fixed = [o for o in overrides if not o.startswith(("capture.workers=", "train.nnodes=", "train.nproc_per_node=",

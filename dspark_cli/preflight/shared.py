@@ -1,40 +1,34 @@
-"""Checks across fields and against the target, run by `dspark validate` and before every stage.
+"""Shared rules: what every stage refuses, from the whole recipe and its target (run first by `preflight`).
 
-Field-level problems (types, ranges, unknown keys) are caught while loading; these are the
-problems only visible with the whole recipe in view, e.g. layer ids beyond the target's depth.
-Each problem is one line naming the recipe path and the fix.
+    shared_problems(recipe)     # [] or one line per problem: "key: what is wrong; the fix"
+
+Field-level problems (types, ranges, unknown keys) are caught while loading (`recipe/`); these are the
+problems only visible with the whole recipe in view, e.g. layer ids beyond the target's depth, two
+fields that contradict each other, an output directory that cannot be made.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.recipe.schema import Recipe
-from dspark_cli.targets import resolve_target, target_config, target_geometry
+from dspark_cli.preflight.paths import output_dirs_creatable
+from dspark_cli.targets import draft_arch, resolve_target, target_config, target_geometry
+
+if TYPE_CHECKING:
+    from dspark_cli.recipe.schema import Recipe
 
 _MLA_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GQA_ONLY = ("num_key_value_heads", "head_dim")
-_MLA_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2", "kimi_k3", "kimi_linear")
 
 
-def draft_arch(recipe: Recipe) -> str | None:
-    """`mla` or `gqa`: the recipe's choice, or inferred from the target's model type (None if unknown)."""
-    if recipe.draft.arch != "auto":
-        return recipe.draft.arch
-    model_type = target_geometry(recipe, strict=False).model_type
-    if model_type is None:
-        return None
-    return "mla" if model_type in _MLA_MODEL_TYPES else "gqa"
-
-
-def check_recipe(recipe: Recipe) -> list[str]:
-    """Every cross-field problem of `recipe`, one line each (empty when the recipe is sound)."""
+def shared_problems(recipe: Recipe) -> list[str]:
+    """Every problem of `recipe` that every stage refuses, one line each (empty when the recipe is sound)."""
     problems: list[str] = []
     problems += _check_target(recipe)
     problems += _check_draft(recipe)
     problems += _check_stages(recipe)
-    return problems
+    return problems + output_dirs_creatable(recipe)
 
 
 def _check_target(recipe: Recipe) -> list[str]:
@@ -123,21 +117,4 @@ def _check_stages(recipe: Recipe) -> list[str]:
             problems.append(f"publish.repo_id: {problem}")
     if any(t < 0 for t in recipe.bench.temperatures):
         problems.append("bench.temperatures: temperatures are >= 0")
-    return problems + _check_output_dirs(recipe)
-
-
-def _check_output_dirs(recipe: Recipe) -> list[str]:
-    """Each stage's output directory must be creatable: no file where it, or a directory above it, would be."""
-    keys = [("output_dir", recipe.output_dir.replace("{name}", recipe.name))]
-    stages = ("datagen", "capture", "train", "export", "bench")
-    keys += [(f"{stage}.output_dir", recipe.stage_dir(stage)) for stage in stages]
-    problems, seen = [], set()
-    for key, directory in keys:
-        path = Path(directory).expanduser()
-        blocker = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
-        if blocker is None or blocker.is_dir() or blocker in seen:
-            continue
-        seen.add(blocker)
-        problems.append(f"{key}: {directory} is a file, not a directory; choose another directory" if blocker == path
-                        else f"{key}: {blocker} is a file, so {directory} cannot be made; choose another directory")
     return problems
