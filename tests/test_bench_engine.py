@@ -57,6 +57,7 @@ def table_pair(seed: int = 1) -> tuple[TableLM, TableLM]:
     return target, draft
 
 
+@pytest.mark.slow  # a chi-square test of the output law: thousands of generations, 15-40 s each loaded
 @pytest.mark.parametrize(("method", "draft_method", "temperature", "top_p"), [
     ("standard", "probabilistic", 1.0, 1.0),
     ("block", "probabilistic", 1.0, 1.0),

@@ -42,6 +42,7 @@ def _recipe(tmp_path: Path, target: str):
                                 "bench.confidence_thresholds=[0.0, 0.6]"])
 
 
+@pytest.mark.slow  # the engine over MT-Bench prompts on both tiny targets: ~10 s each loaded
 @pytest.mark.parametrize("target", ["tiny-mla", "tiny-gqa"])
 def test_engine_equals_target_greedy_on_mt_bench(tmp_path, target):
     from dspark_cli.bench.datasets import load_datasets
@@ -63,6 +64,7 @@ def test_engine_equals_target_greedy_on_mt_bench(tmp_path, target):
     assert out.num_steps >= 1 and 1.0 <= out.tau < 1.3
 
 
+@pytest.mark.slow  # exports a draft and runs `dspark bench --offline`: ~55 s loaded
 def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     recipe = _recipe(tmp_path, "tiny-mla")
     draft = export_random_draft(recipe, tmp_path / "draft")

@@ -37,6 +37,8 @@ import train_fixtures as tf  # noqa: E402
 from dspark_cli.bench.engine import DSparkDrafter, HFTarget, Sampling, Speculation, SpeculativeEngine  # noqa: E402
 from dspark_cli.bench.stats import TurnStats, summarize  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here trains a draft first (minutes on 2 cores)
+
 NUM_SEQUENCES, STEPS, BLOCK = 64, 400, 4
 
 

@@ -26,6 +26,8 @@ from dspark_cli.capture.stream import producer_key, read_json
 from dspark_cli.errors import DataError
 from dspark_cli.recipe import write_resolved
 
+pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

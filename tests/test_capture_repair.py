@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from capture_support import DATAGEN_OVERRIDES, capture_recipe  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+
 ROOT = Path(__file__).resolve().parents[1]
 DSPARK = str(Path(sys.executable).with_name("dspark"))
 TRAIN = ("capture.shard_tokens=150", "train.max_steps=2", "train.checkpoint_every=2", "train.log_every=1",

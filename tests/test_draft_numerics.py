@@ -167,7 +167,7 @@ def test_padded_batch_equals_rows_one_by_one(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("impl", ["eager", "flex", "blockwise"])
+@pytest.mark.parametrize("impl", ["eager", pytest.param("flex", marks=pytest.mark.slow), "blockwise"])  # flex: a compile
 def test_attention_impls_agree(arch, impl):
     model, _, _ = tiny_model(arch, block_size=3)
     other, _, _ = tiny_model(arch, block_size=3, attn_impl=impl)

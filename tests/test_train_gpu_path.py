@@ -42,6 +42,7 @@ def torch_211_compile(monkeypatch):
     dynamo_config.recompile_limit = limit
 
 
+@pytest.mark.slow  # a torch.compile: ~18 s loaded
 def test_compiles_with_a_recompile_limit_under_torch_211_keywords(torch_211_compile, monkeypatch):
     """The trainer's static-shape compile and flex attention's compile set their recompile limits through
     dynamo's config where `torch.compile` has no `recompile_limit=` (torch < 2.13), raised, never lowered."""

@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train_fixtures  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+
 ROOT = Path(__file__).resolve().parents[1]
 DSPARK = str(Path(sys.executable).with_name("dspark"))
 

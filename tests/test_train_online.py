@@ -14,6 +14,8 @@ import pytest
 
 from dspark_cli.targets import BUNDLED_TARGETS
 
+pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+
 
 @pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-gqa"] / "config.json").is_file(), reason="tiny-gqa is not built")
 def test_online_max_steps_stops_the_run_and_the_producers(tmp_path):

@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train_fixtures  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "train_fixtures.py")
 STEPS = ("train.max_steps=12", "train.checkpoint_every=4", "train.log_every=1")

@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train_fixtures  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
