@@ -424,3 +424,27 @@ def test_force_never_deletes_a_file_put_beside_an_earlier_draft(tmp_path):
     assert (draft / "README.md").read_text() == "my notes" and (draft / "model.safetensors").is_file()
     (draft / "README.md").unlink()
     assert runner.invoke(app, ["export", str(train), "-o", str(draft), "--force"]).exit_code == 0
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
+    """Issue 36: safetensors' write error on a full disk is a SafetensorError (not an OSError), so `dspark
+    export` printed an internal error; it must read as the full disk it is, with no temp dir left behind."""
+    import os
+    import shutil
+    import subprocess
+
+    train, *_ = trained_dir(tmp_path, "gqa")
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True).returncode != 0:
+        pytest.skip("a small tmpfs cannot be mounted here (needs root): no full disk to write to")
+    try:
+        assert (train / "final" / "model.safetensors").stat().st_size > 64 * 1024  # the draft cannot fit
+        result = runner.invoke(app, ["export", str(train), "-o", str(small / "draft")])
+        assert result.exit_code == 1, result.output
+        assert "internal error" not in result.output and "no space left on device" in result.output, result.output
+        assert len(result.output.strip().splitlines()) <= 2, result.output
+        assert os.listdir(small) == []  # neither the draft nor its temp dir
+    finally:
+        subprocess.run(["umount", str(small)], check=True)

@@ -29,7 +29,7 @@ from dspark_cli.artifacts.draft import DRAFT_FILES
 from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
 from dspark_cli.artifacts.draft import LoadedDraft, load_draft_dir
 from dspark_cli.artifacts.files import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
-                                 sha256_file, write_json_atomic)
+                                 safetensors_os_error, sha256_file, write_json_atomic)
 from dspark_cli.targets import local_config, resolve_target
 
 if TYPE_CHECKING:
@@ -149,6 +149,7 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
                  dtype: str = "bfloat16", fmt: str = "vllm", include_embeddings: bool = False, target: str | None = None,
                  dry_run: bool = False, force: bool = False) -> dict[str, Any]:
     """Export; return the plan (dry run) or a summary. Raises ExportError listing vLLM loader findings."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     if fmt not in ("vllm", "speculators"):
@@ -184,7 +185,10 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     tmp = make_temp_dir(final)
     try:
         (tmp / "config.json").write_text(json.dumps(plan["config"], indent=2) + "\n", encoding="utf-8")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "dspark": __version__})
+        try:
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "dspark": __version__})
+        except SafetensorError as exc:  # a full disk: one line naming it (the temp dir goes below)
+            raise safetensors_os_error(exc, final) from None
         make_public(tmp / "model.safetensors")
         findings = check_draft_dir(tmp, target_config, include_embeddings)
         if any(f.severity == "error" for f in findings):
