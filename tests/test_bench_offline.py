@@ -210,6 +210,7 @@ def test_bench_checks_its_report_directory_before_the_work(tmp_path):
 # --- issue 36 case 1: a draft's recipe decides no destination: no endpoint, no output directory ------------
 
 
+@pytest.mark.slow  # in the fast lane at load 7: 23 s
 def test_a_drafts_recipe_sends_nothing_anywhere_and_writes_only_beside_the_draft(tmp_path, monkeypatch):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

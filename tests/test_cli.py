@@ -70,6 +70,7 @@ def test_validate_every_template_passes_as_a_recipe(name):
     assert "ok (recipe only" in result.output
 
 
+@pytest.mark.slow  # a `dspark validate` process judging this machine: 14-72 s loaded
 def test_validate_judges_this_machine_by_default(tmp_path):
     """Without --recipe-only a GPU template fails here: its hub target is not on this machine (an empty hub cache)."""
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")

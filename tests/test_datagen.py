@@ -99,6 +99,7 @@ def test_the_auto_engine_is_vllm_where_it_is_installed_else_hf(tmp_path, monkeyp
     assert auto.datagen.engine_here(vllm_installed=True) == "vllm"  # a machine described, not detected
 
 
+@pytest.mark.slow  # in the fast lane at load 7: 16 s
 def test_a_changed_plan_is_refused(tmp_path):
     recipe = recipe_for(tmp_path, "datagen.engine=hf", prompts=2, extra_file=False)
     run_datagen(recipe)

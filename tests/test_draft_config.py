@@ -66,6 +66,7 @@ def test_k3dsparkconfig_rejects_what_our_config_rejects():
                              "num_target_layers": 4})
 
 
+@pytest.mark.slow  # imports vLLM's config classes: 16 s loaded
 def test_qwen3_8b_recipe_config_is_read_by_vllm_as_intended():
     pytest.importorskip("vllm")
     from transformers import Qwen3Config

@@ -336,6 +336,7 @@ app(["export", sys.argv[1], "-o", sys.argv[2]])
 """
 
 
+@pytest.mark.slow  # in the fast lane at load 7: 13 s
 def test_the_next_export_cleans_temp_dirs_of_killed_exports_only(tmp_path):
     import os
     import subprocess

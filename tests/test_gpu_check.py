@@ -126,6 +126,7 @@ def test_time_limit_stops_a_section_and_keeps_the_results(tmp_path):
     assert leftover.stdout.strip() == "", "torchrun or a rank outlived the time limit"
 
 
+@pytest.mark.slow  # the check script in a child process: 14 s loaded
 def test_an_unknown_section_is_refused_before_anything_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(CHECK), "--out", str(tmp_path / "x.json"), "--sections", "throughput,numerix"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)

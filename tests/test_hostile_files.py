@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from dspark_cli.cli import app
@@ -194,6 +195,7 @@ def test_a_draft_config_claiming_a_million_layers(tmp_path):
     assert "1,000,000" in checked.output and "at most 64" in checked.output, checked.output
 
 
+@pytest.mark.slow  # in the fast lane at load 7: 10 s
 def test_a_50_mb_prompt_is_dropped_without_tokenising_it(tmp_path):
     import time
 

@@ -28,6 +28,7 @@ def fresh(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow  # builds the kernels: 10 s loaded
 def test_the_cache_key_holds_the_cpu_feature_flags(fresh, monkeypatch):
     real = kernels.cpu_identity()
     assert "flags" in real or "Features" in real  # not only the model name

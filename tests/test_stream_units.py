@@ -200,6 +200,7 @@ def test_the_device_split_rule():
     assert any("do not exist" in p for p in device_split_problems(ok, available=4))
 
 
+@pytest.mark.slow  # makes the session's tiny datagen output first: ~65 s loaded
 def test_a_window_too_small_for_one_step_is_refused_up_front(tmp_path):
     from capture_support import capture_recipe
 

@@ -228,6 +228,7 @@ def eval_set(corpus):
     return prompts
 
 
+@pytest.mark.slow  # the tiny targets over their held-out set: 15-30 s loaded
 def test_held_out_loss_and_accuracy(hf_target, eval_set):
     from tools.tiny_targets.eval_tiny import held_out_metrics
 
