@@ -15,8 +15,10 @@ on CPU ("NotImplementedError: FlexAttention does not support backward on CPU. Pl
 requires_grad to False or use another device."). Its Qwen3 draft builds a dense SDPA mask itself
 (create_dflash_sdpa_mask) whenever its config's `_attn_implementation` is not flex_attention, so after
 setup the wrapper sets the draft config's `_attn_implementation` to "sdpa". The smallest source patch:
-accept "sdpa" in that check of recipes/llm/train_dspark.py. It has no
-step budget: it runs whole epochs, so `--epochs` is chosen by run.py to land nearest the step budget.
+accept "sdpa" in that check of recipes/llm/train_dspark.py. It has no step budget (it runs whole
+epochs); with `--max-steps` the wrapper gives it one: its own warmup-cosine schedule
+(make_warmup_cosine_schedule, warmup by its _resolve_warmup_steps) over max_steps, and the run ends after
+max_steps optimizer steps (`--epochs` then just needs to cover them).
 Instrumentation only (no NeMo file edited): every optimizer step appends {step, time, loss} to
 OUT/log.jsonl (from the per-step metrics it writes to OUT/run/dspark_train_metrics.jsonl), and at the
 end the trained float32 draft weights go to OUT/draft.safetensors with its draft config in
@@ -66,7 +68,8 @@ def main() -> None:
                                 ("min-lr-ratio", float, 0.1), ("grad-clip", float, 1.0), ("num-anchors", int, 32),
                                 ("block-size", int, 7), ("markov-rank", int, 64), ("num-layers", int, 2),
                                 ("gamma", float, 4.0), ("ce", float, 0.5), ("l1", float, 0.5),
-                                ("confidence", float, 1.0), ("seed", int, 0), ("mask-token-id", int, 0)):
+                                ("confidence", float, 1.0), ("seed", int, 0), ("mask-token-id", int, 0),
+                                ("max-steps", int, 0)):
         parser.add_argument(f"--{name}", type=kind, default=default)
     parser.add_argument("--no-cpu-patch", action="store_true")
     args = parser.parse_args()
@@ -101,9 +104,33 @@ def main() -> None:
         log.flush()
         return result
 
-    recipe.optimizer.step = logged_step
+    class Done(Exception):
+        pass
+
+    if args.max_steps:
+        # a step budget, which it lacks (it runs whole epochs): its own warmup-cosine schedule over
+        # max_steps instead of epochs x batches (its warmup rule: _resolve_warmup_steps), and the run ends
+        # after max_steps optimizer steps
+        from nemo_automodel.recipes.llm._spec_train_utils import make_warmup_cosine_schedule
+        from nemo_automodel.recipes.llm.train_dspark import _resolve_warmup_steps
+
+        warmup = _resolve_warmup_steps(args.warmup_ratio, args.max_steps)
+        recipe.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
+            recipe.optimizer, make_warmup_cosine_schedule(warmup, args.max_steps, args.min_lr_ratio))
+        recipe.total_optim_steps = args.max_steps
+
+    def budgeted_step(*a, **k):
+        result = logged_step(*a, **k)
+        if args.max_steps and recipe.runtime.global_step + 1 >= args.max_steps:
+            raise Done
+        return result
+
+    recipe.optimizer.step = budgeted_step
     started = time.time()
-    recipe.run_train_validation_loop()
+    try:
+        recipe.run_train_validation_loop()
+    except Done:
+        recipe.runtime.global_step += 1  # the step that raised was taken (its scheduler step was not needed)
     wall = time.time() - started
     log.close()
     metrics = [json.loads(line) for line in (out / "run" / "dspark_train_metrics.jsonl").read_text().splitlines()

@@ -417,13 +417,15 @@ def train_nemo(work: Path, run: int, steps: int, batch: int, data: dict, ids: di
     out = work / f"nemo-train-{run}"
     t, geometry = recipe.train, json.loads((work / "specforge-draft.json").read_text())
     per_epoch = -(-data["sequences"] // batch)
-    epochs = max(1, round(steps / per_epoch))  # it runs whole epochs (no step budget)
+    epochs = -(-steps // per_epoch)  # enough whole epochs; the wrapper ends the run after `steps` steps
+    # its warmup is floored at 20 steps unless warmup_ratio <= 0 (then 1 step): the nearest to ours
+    warmup_ratio = 0.0 if t.warmup_steps <= 1 else t.warmup_steps / steps
     cmd = [str(NEMO_VENV / "bin" / "python"), str(PEERS / "nemo_automodel_train.py"),
            "--cache", str(work / "nemo-cache"), "--target", str(resolve_target(TARGET)), "--out", str(out),
            "--layer-ids", ",".join(map(str, data["target_layer_ids"])), "--epochs", str(epochs),
            "--batch-size", str(batch), "--seq-length", str(data["seq_length"]), "--lr", str(t.lr),
            "--beta1", str(t.betas[0]), "--beta2", str(t.betas[1]), "--weight-decay", str(t.weight_decay),
-           "--warmup-ratio", str(t.warmup_steps / (epochs * per_epoch)), "--min-lr-ratio", str(t.min_lr_ratio),
+           "--warmup-ratio", str(warmup_ratio), "--min-lr-ratio", str(t.min_lr_ratio), "--max-steps", str(steps),
            "--grad-clip", str(t.grad_clip), "--num-anchors", str(t.num_anchors),
            "--block-size", str(geometry["block_size"]), "--markov-rank", str(geometry["dflash_config"]["markov_rank"]),
            "--num-layers", str(geometry["num_hidden_layers"]), "--gamma", str(t.loss.slot_decay_gamma),
@@ -594,9 +596,10 @@ UNMATCHED_PEERS = {
         ("tokens per step", "fixed-width rows (its cache format, no packing on the cached path): "
          "round(tokens_per_step / mean length) sequences per step, each padded to the capture's longest "
          "sequence; padding is computed but not counted in tokens/s"),
-        ("steps", "it has no step budget, only epochs: the number of epochs nearest the step budget (see the "
-         "steps column)"),
-        ("warmup", "warmup_ratio = warmup steps / its steps, but it floors warmup at 20 steps (no knob)"),
+        ("steps", "it has no step budget, only epochs: the wrapper sets its own warmup-cosine schedule over the "
+         "step budget and ends the run there"),
+        ("warmup", "warmup_ratio = warmup steps / steps, but it floors warmup at 20 steps unless the ratio is 0 "
+         "(then 1 step; used when dspark's warmup is <= 1 step)"),
         ("objective", "the same weights (ce_loss_alpha, l1_loss_alpha, confidence_head_alpha); CE against the "
          "next token, slots weighted exp(-k / gamma); no soft-target CE or expected-length weighting"),
         ("features", "its own capture puts the post-norm state in the last layer's slot; it is handed the "
