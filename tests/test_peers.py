@@ -352,3 +352,26 @@ def test_nemo_automodel_reads_the_conversion_and_its_draft_is_ours(captured, tmp
     names = dict(theirs["names"])
     assert names.pop("embed_tokens.weight") == names.pop("lm_head.weight") == [4096, 160]
     assert names == _our_names(captured)
+
+
+def test_the_multi_peer_report_compares_with_the_best_of_all_peers():
+    """peers-all.md: each dspark row against the best row of *any* peer at that temperature, tokens/s against
+    the fastest peer, and every peer's unmatched settings and CPU changes listed."""
+    trainers = ["dspark", peers.SPECFORGE, peers.SPECULATORS, peers.NEMO]
+    taus = {0.0: (2.0, 1.6, 1.9, 1.5), 1.0: (2.0, 1.7, 1.6, 1.8)}
+    rows = [{"trainer": t, "dataset": "tiny-eval", "temperature": temp, "tau": tau, "ci95": [tau - 0.1, tau + 0.1],
+             "turns": 30} for temp, values in taus.items() for t, tau in zip(trainers, values)]
+    training = [{"trainer": t, "run": 0, "steps": 24, "tokens_per_step": 2000.0, "tokens_per_s": speed, "wall_s": 60.0,
+                 "peak_mib": 700.0, "final_loss": None if t == peers.NEMO else 2.0}
+                for t, speed in zip(trainers, (4000.0, 800.0, 1000.0, 500.0))]
+    recorded = json.loads((ROOT / "benchmarks" / "results" / "peers.json").read_text())
+    result = {**recorded, "steps": 24, "tau": rows, "training": training, "peers": trainers[1:],
+              "tokens_per_s": {t["trainer"]: t["tokens_per_s"] for t in training}, "speed_ratio": 4.0,
+              "fastest_peer": peers.SPECULATORS, "timings": {**recorded["timings"], "convert_s": 30.0}}
+    text = peers.markdown_all(result)
+    assert "T=0.0: 2.00 vs 1.90 (speculators 0.9.0) = 1.05x -- not met" in text
+    assert "T=1.0: 2.00 vs 1.80 (NeMo AutoModel 0.7.0) = 1.11x -- met" in text
+    assert "tokens/s >= 1.5x the best peer: 4.00x (speculators 0.9.0) -- met" in text
+    assert "shared with other developers' jobs" in text
+    for peer in trainers[1:]:
+        assert f"\n{peer}:\n" in text or f"{peer}:" in text

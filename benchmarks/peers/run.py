@@ -445,7 +445,8 @@ def train_nemo(work: Path, run: int, steps: int, batch: int, data: dict, ids: di
 
 def export(train: Path, draft: Path, log: Path) -> None:
     """`dspark export` of a train directory as a float32 vLLM draft (every vLLM loader rule checked)."""
-    sh([str(Path(sys.executable).parent / "dspark"), "export", str(train), "-o", str(draft), "--dtype", "float32"], log)
+    sh([str(Path(sys.executable).parent / "dspark"), "export", str(train), "-o", str(draft), "--dtype", "float32",
+        *(["--force"] if draft.exists() else [])], log)
 
 
 # tensors a peer's draft keeps that ours shares with the target (frozen copies of its embedding and head)
@@ -496,7 +497,8 @@ def bench(work: Path, name: str, draft: Path, prompts: int, slug: str | None = N
     out = work / f"bench-{slug}"
     sh([str(Path(sys.executable).parent / "dspark"), "bench", str(draft), "--offline", "--format", "json",
         f"bench.num_prompts={prompts}", "bench.temperatures=[0.0,1.0]", "bench.datasets=[tiny-eval]",
-        "bench.confidence_thresholds=[0.0]", f"bench.output_dir={out}"], work / f"bench-{slug}.log")
+        "bench.confidence_thresholds=[0.0]", "bench.baselines=[]", "bench.context_sweep=false",
+        f"bench.output_dir={out}"], work / f"bench-{slug}.log")
     result = json.loads((out / "bench.json").read_text())
     return [{"trainer": name, "dataset": r["dataset"], "temperature": r["temperature"], "tau": r["tau"]["mean"],
              "ci95": r["tau"]["ci95"], "turns": r["num_turns"], "steps": r["num_steps"]}
@@ -679,6 +681,52 @@ def markdown_all(result: dict) -> str:
     return "\n".join(md) + "\n"
 
 
+def prepare_and_train(args, chosen: list[str], recipe, work: Path, steps: int, extra: list[str], timings: dict,
+                      started: float, load_start: list[float]) -> tuple[dict, int, dict, list[dict]]:
+    """Data (datagen + capture, unless reused), each peer's format, and the alternated training runs;
+    what scoring needs is also written to WORK/prepared.json and WORK/training.jsonl (for --score-only)."""
+    captured = Path(recipe.stage_dir("capture")) / "manifest.json"
+    if args.reuse_data and captured.is_file():
+        timings.update({"datagen": {"engine": "reused", "seconds": 0.0}, "capture": {"seconds": 0.0}})
+    else:
+        timings.update(make_data(recipe, work))
+    started_convert = time.perf_counter()
+    data = to_specforge(recipe, work / "specforge-features")
+    ids = specforge_draft_config(recipe, work / "specforge-draft.json")
+    batch = max(1, round(recipe.train.tokens_per_step / data["mean_tokens"]))
+    formats = {}
+    if "speculators" in chosen:
+        formats["speculators"] = to_speculators(recipe, work / "speculators-data")
+        anchors = anchors_per_step(recipe, batch)
+    if "nemo_automodel" in chosen:
+        formats["nemo_automodel"] = to_nemo_automodel(recipe, work / "nemo-cache", seq_length=data["max_tokens"])
+    timings["convert_s"] = round(time.perf_counter() - started_convert, 1)
+    (work / "prepared.json").write_text(json.dumps({"data": data, "batch": batch, "formats": formats,
+                                                    "timings": timings, "started": started,
+                                                    "load_average_start": load_start}, indent=2))
+    training = []
+    log = (work / "training.jsonl").open("w")
+    for run in range(args.repeats):
+        training.append(train_dspark(work, run, steps, extra))
+        print(json.dumps(training[-1]), file=log, flush=True)
+        print(json.dumps(training[-1]), flush=True)
+        training.append(train_specforge(work, run, steps, batch, data, ids, recipe))
+        print(json.dumps(training[-1]), file=log, flush=True)
+        print(json.dumps(training[-1]), flush=True)
+        if "speculators" in chosen:
+            training.append(train_speculators(work, run, steps, formats["speculators"], anchors, ids, recipe))
+            print(json.dumps(training[-1]), file=log, flush=True)
+            print(json.dumps(training[-1]), flush=True)
+        print(json.dumps(training[-1]), flush=True)
+        if "nemo_automodel" in chosen:
+            training.append(train_nemo(work, run, steps, batch, formats["nemo_automodel"], ids, recipe))
+            print(json.dumps(training[-1]), file=log, flush=True)
+            print(json.dumps(training[-1]), flush=True)
+        print(json.dumps(training[-1]), flush=True)
+    log.close()
+    return data, batch, formats, training
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=2, help="training runs per trainer, alternated")
@@ -698,6 +746,9 @@ def main() -> None:
                         "peers-all.* (default: specforge, recorded as peers.*)")
     parser.add_argument("--reuse-data", action="store_true",
                         help="keep the datagen + capture already in --work (a twin run on the same data)")
+    parser.add_argument("--score-only", action="store_true",
+                        help="export and score the drafts an earlier run trained in --work (its prepared.json and "
+                        "training.jsonl), with this run's --eval-prompts; train nothing")
     args = parser.parse_args()
     chosen = [p.strip() for p in args.peers.split(",") if p.strip()]
     if not chosen or any(p not in PEER_NAMES for p in chosen):
@@ -735,34 +786,15 @@ def main() -> None:
 
     extra = with_steps(steps)
     recipe = recipe_for(work, *extra)
-    captured = Path(recipe.stage_dir("capture")) / "manifest.json"
-    if args.reuse_data and captured.is_file():
-        timings.update({"datagen": {"engine": "reused", "seconds": 0.0}, "capture": {"seconds": 0.0}})
+    if args.score_only:
+        prepared = json.loads((work / "prepared.json").read_text())
+        data, batch, formats, timings = prepared["data"], prepared["batch"], prepared["formats"], prepared["timings"]
+        started, load_start = prepared.get("started", started), prepared.get("load_average_start", load_start)
+        training = [json.loads(line) for line in (work / "training.jsonl").read_text().splitlines() if line.strip()]
+        timings["scored_separately"] = True
     else:
-        timings.update(make_data(recipe, work))
-    started_convert = time.perf_counter()
-    data = to_specforge(recipe, work / "specforge-features")
-    ids = specforge_draft_config(recipe, work / "specforge-draft.json")
-    batch = max(1, round(recipe.train.tokens_per_step / data["mean_tokens"]))
-    formats = {}
-    if "speculators" in chosen:
-        formats["speculators"] = to_speculators(recipe, work / "speculators-data")
-        anchors = anchors_per_step(recipe, batch)
-    if "nemo_automodel" in chosen:
-        formats["nemo_automodel"] = to_nemo_automodel(recipe, work / "nemo-cache", seq_length=data["max_tokens"])
-    timings["convert_s"] = round(time.perf_counter() - started_convert, 1)
-    training = []
-    for run in range(args.repeats):
-        training.append(train_dspark(work, run, steps, extra))
-        print(json.dumps(training[-1]), flush=True)
-        training.append(train_specforge(work, run, steps, batch, data, ids, recipe))
-        print(json.dumps(training[-1]), flush=True)
-        if "speculators" in chosen:
-            training.append(train_speculators(work, run, steps, formats["speculators"], anchors, ids, recipe))
-            print(json.dumps(training[-1]), flush=True)
-        if "nemo_automodel" in chosen:
-            training.append(train_nemo(work, run, steps, batch, formats["nemo_automodel"], ids, recipe))
-            print(json.dumps(training[-1]), flush=True)
+        data, batch, formats, training = prepare_and_train(args, chosen, recipe, work, steps, extra, timings,
+                                                           started, load_start)
     dspark_draft = work / "dspark-draft"
     export(work / "dspark-train-0", dspark_draft, work / "dspark-export.log")
     tau = bench(work, "dspark", dspark_draft, args.eval_prompts)
@@ -791,7 +823,7 @@ def main() -> None:
     result = {
         "command": "python benchmarks/peers/run.py" + "".join(
             f" --{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-            if v not in (None, False) and k not in ("work", "no_record", "rerender", "reuse_data")
+            if v not in (None, False) and k not in ("work", "no_record", "rerender", "reuse_data", "score_only")
             and not (k == "repeats" and v == 2) and not (k == "eval_prompts" and v == 40)
             and not (k == "peers" and v == "specforge")),
         "date": time.strftime("%Y-%m-%d"),
