@@ -43,6 +43,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1].parent
 PEERS = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("SPECFORGE_VENV", PEERS / ".venv-specforge"))
+SPECULATORS_VENV = Path(os.environ.get("SPECULATORS_VENV", PEERS / ".venv-speculators"))
+NEMO_VENV = Path(os.environ.get("NEMO_AUTOMODEL_VENV", PEERS / ".venv-nemo-automodel"))
+SPECFORGE, SPECULATORS, NEMO = "SpecForge 0.2.0", "speculators 0.9.0", "NeMo AutoModel 0.7.0"
+PEER_NAMES = {"specforge": SPECFORGE, "speculators": SPECULATORS, "nemo_automodel": NEMO}
+SETUP = {"specforge": "setup_specforge.sh", "speculators": "setup_speculators.sh",
+         "nemo_automodel": "setup_nemo_automodel.sh"}
 TARGET = "tiny-gqa"
 BASE = [f"target.model={TARGET}", "draft.arch=gqa"]
 # What both trainers get, from the tiny recipe (templates/recipes/tiny.yaml) -- one source of truth:
@@ -85,15 +91,27 @@ def record(name: str, result: dict, text: str) -> None:
 
 
 def sh(cmd: list[str], log: Path, env: dict | None = None, timeout: int = 1800) -> float:
-    """Run cmd (output to log), return its wall time; raise with the log's tail if it fails."""
+    """Run cmd (output to log), return its wall time; raise with the log's tail if it fails. The peak
+    resident memory of the largest process of its tree (GNU time's %M, KiB) goes to log + '.maxrss'."""
     started = time.perf_counter()
+    peak = log.with_name(log.name + ".maxrss")
+    timer = ["/usr/bin/time", "-f", "%M", "-o", str(peak)] if Path("/usr/bin/time").is_file() else []
     with log.open("w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                              timeout=timeout, cwd=ROOT)
+        proc = subprocess.run([*timer, *map(str, cmd)], stdout=out, stderr=subprocess.STDOUT,
+                              env={**os.environ, **(env or {})}, timeout=timeout, cwd=ROOT)
     if proc.returncode:
         tail = log.read_text(errors="replace")[-3000:]
         raise SystemExit(f"{' '.join(map(str, cmd[:4]))} ... failed ({proc.returncode}); log {log}:\n{tail}")
     return time.perf_counter() - started
+
+
+def peak_mib(log: Path) -> float | None:
+    """The peak RSS sh() recorded for the command that wrote log, MiB."""
+    peak = log.with_name(log.name + ".maxrss")
+    try:
+        return round(int(peak.read_text().split()[-1]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def recipe_for(work: Path, *extra: str):
@@ -158,6 +176,137 @@ def to_specforge(recipe, features: Path) -> dict:
             "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths)}
 
 
+def _target_norm_weight(target_dir: Path):
+    """The target's final RMSNorm gain (model.norm.weight) from its safetensors."""
+    from safetensors import safe_open
+
+    for file in sorted(target_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            if "model.norm.weight" in set(f.keys()):
+                return f.get_tensor("model.norm.weight").float()
+    raise SystemExit(f"no model.norm.weight in {target_dir}")
+
+
+def to_speculators(recipe, root: Path) -> dict:
+    """speculators' offline layout under root: a `datasets` save_to_disk (torch format) with input_ids,
+    loss_mask and seq_len per sequence, and root/hidden_states/hs_{i}.safetensors holding token_ids [T]
+    and hidden_states [T, n + 1, H]: the captured layers in id order, then the verifier's last state
+    *before* its final norm (speculators applies the verifier's norm itself: DFlashDraftModel.verifier_norm,
+    as vLLM's hidden-state extraction hands it over). Its layer id j is the input of decoder layer j,
+    i.e. the output of layer j - 1 (vLLM's aux-hidden-state convention; j = num_layers is the last
+    layer's output), so our id k is its k + 1. The pre-norm last state is our captured block of the last
+    layer when it is captured; otherwise the post-norm state divided by the norm gain (RMSNorm is
+    scale-invariant, so the verifier's norm maps it back to the post-norm state up to its eps)."""
+    import torch
+    from datasets import Dataset
+    from safetensors.torch import save_file
+
+    from dspark_cli.capture import iter_captured
+    from dspark_cli.capture.plan import resolve_layer_ids
+    from dspark_cli.targets import resolve_target, target_geometry
+
+    num_layers = target_geometry(recipe).num_hidden_layers
+    ids = resolve_layer_ids(recipe, num_layers)
+    target_dir = resolve_target(TARGET)
+    gain = _target_norm_weight(target_dir)
+    (root / "hidden_states").mkdir(parents=True, exist_ok=True)
+    rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    lengths, loss_tokens = [], 0
+    for i, seq in enumerate(iter_captured(recipe.stage_dir("capture"))):
+        n, hidden = seq.num_tokens, seq.last_hidden.shape[-1]
+        aux = seq.aux_hidden.float().view(n, len(ids), hidden)
+        if num_layers - 1 in ids:
+            last = aux[:, ids.index(num_layers - 1)]
+        else:
+            last = seq.last_hidden.float() / gain
+        save_file({"token_ids": seq.input_ids.long().contiguous(),
+                   "hidden_states": torch.cat([aux, last[:, None]], dim=1).contiguous()},
+                  str(root / "hidden_states" / f"hs_{i}.safetensors"))
+        rows["input_ids"].append(seq.input_ids.long().tolist())
+        rows["loss_mask"].append(seq.loss_mask.long().tolist())
+        rows["seq_len"].append(n)
+        lengths.append(n)
+        loss_tokens += seq.num_loss_tokens
+    dataset = Dataset.from_dict(rows)
+    dataset.set_format(type="torch")
+    dataset.save_to_disk(str(root))
+    return {"sequences": len(lengths), "tokens": sum(lengths), "loss_tokens": loss_tokens,
+            "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths),
+            "target_layer_ids": [k + 1 for k in ids]}
+
+
+def to_nemo_automodel(recipe, cache: Path, shard_size: int = 64, seq_length: int | None = None) -> dict:
+    """NeMo AutoModel's DSpark offline cache (`recipe_args.cached_target_path`): manifest.json (its
+    build_cache_manifest fields, complete: true), shard-NNNNNN.safetensors of shard_size sequences each
+    padded to seq_length (default train.max_seq_len; run.py passes the capture's longest, the least
+    padding its fixed-width format allows) (input_ids, loss_mask int64; target_hidden_states [S, n*H] and
+    target_last_hidden_states [S, H] post-final-norm, float32: its CPU path requires fp32 caches), and
+    target_weights.safetensors (the target's embed_tokens and lm_head). Its layer id k is the output of
+    decoder layer k (hidden_states[k + 1], as ours); its own capture would put the post-norm state in the
+    last layer's slot, we hand it the captured pre-norm block -- what vLLM and our engine serve the
+    draft -- so every trainer reads the same features."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from dspark_cli.capture import iter_captured
+    from dspark_cli.capture.plan import resolve_layer_ids
+    from dspark_cli.targets import resolve_target, target_geometry
+
+    geometry = target_geometry(recipe)
+    ids = resolve_layer_ids(recipe, geometry.num_hidden_layers)
+    target_dir = resolve_target(TARGET)
+    target = json.loads((target_dir / "config.json").read_text())
+    width = seq_length or recipe.train.max_seq_len
+    cache.mkdir(parents=True, exist_ok=True)
+    lengths, loss_tokens, buffer, shard = [], 0, [], 0
+
+    def flush() -> None:
+        nonlocal buffer, shard
+        if buffer:
+            save_file({k: torch.stack([b[k] for b in buffer]).contiguous() for k in buffer[0]},
+                      str(cache / f"shard-{shard:06d}.safetensors"))
+            shard, buffer = shard + 1, []
+
+    for seq in iter_captured(recipe.stage_dir("capture")):
+        n = seq.num_tokens
+        if n > width:
+            raise SystemExit(f"sequence of {n} tokens exceeds train.max_seq_len {width}")
+        pad = width - n
+        buffer.append({
+            "input_ids": torch.nn.functional.pad(seq.input_ids.long(), (0, pad)),
+            "loss_mask": torch.nn.functional.pad(seq.loss_mask.long(), (0, pad)),
+            "target_hidden_states": torch.nn.functional.pad(seq.aux_hidden.float(), (0, 0, 0, pad)),
+            "target_last_hidden_states": torch.nn.functional.pad(seq.last_hidden.float(), (0, 0, 0, pad))})
+        lengths.append(n)
+        loss_tokens += seq.num_loss_tokens
+        if len(buffer) == shard_size:
+            flush()
+    flush()
+    weights = {}
+    for file in sorted(target_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            names = set(f.keys())
+            for name, ours in (("model.embed_tokens.weight", "embed_tokens.weight"), ("lm_head.weight", "lm_head.weight")):
+                if name in names:
+                    weights[ours] = f.get_tensor(name).float().contiguous()
+    weights.setdefault("lm_head.weight", weights["embed_tokens.weight"].clone())  # tied embeddings
+    save_file(weights, str(cache / "target_weights.safetensors"))
+    manifest = {
+        "format_version": 1, "target_model": str(target_dir), "target_model_type": target["model_type"],
+        "target_vocab_size": int(target["vocab_size"]), "hidden_size": int(target["hidden_size"]),
+        "num_hidden_layers": int(target["num_hidden_layers"]), "seq_length": width, "dtype": "fp32",
+        "num_samples": len(lengths), "shard_size": shard_size,
+        "target_hidden_dim": int(target["hidden_size"]) * len(ids), "target_last_hidden_dim": int(target["hidden_size"]),
+        "target_layer_ids": list(ids), "train_data_path": str(recipe.stage_dir("capture")), "train_split": None,
+        "shuffle_seed": int(recipe.train.seed), "mask_reasoning_content": False, "mask_generation_prompt": False,
+        "chat_template_sha256": "", "complete": True}
+    (cache / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return {"sequences": len(lengths), "tokens": sum(lengths), "loss_tokens": loss_tokens,
+            "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths), "seq_length": width,
+            "target_layer_ids": list(ids)}
+
+
 def specforge_draft_config(recipe, path: Path) -> dict:
     """SpecForge's DSparkDraftModel config with dspark's draft geometry for this target and capture."""
     from dspark_cli.capture.plan import resolve_layer_ids
@@ -197,7 +346,7 @@ def train_dspark(work: Path, run: int | str, steps: int, extra: list[str]) -> di
     return {"trainer": "dspark", "run": run, "dir": str(out), "wall_s": round(wall, 1), "steps": records[-1]["step"],
             "tokens_per_s": tokens / span if span else steady[-1]["tokens_per_s"],
             "tokens_per_step": sum(r["tokens"] for r in records) / records[-1]["step"],
-            "final_loss": records[-1]["loss"]}
+            "final_loss": records[-1]["loss"], "peak_mib": peak_mib(work / f"dspark-train-{run}.log")}
 
 
 def train_specforge(work: Path, run: int, steps: int, batch: int, data: dict, ids: dict, recipe) -> dict:
@@ -220,34 +369,126 @@ def train_specforge(work: Path, run: int, steps: int, batch: int, data: dict, id
     per_step = batch * data["mean_tokens"]  # real (unpadded) tokens, on average
     return {"trainer": "SpecForge 0.2.0", "run": run, "dir": str(out), "wall_s": round(wall, 1),
             "steps": records[-1]["step"], "tokens_per_s": per_step * (len(records) - skip) / span if span else None,
-            "tokens_per_step": per_step, "batch_size": batch, "final_loss": records[-1]["loss"]}
+            "tokens_per_step": per_step, "batch_size": batch, "final_loss": records[-1]["loss"],
+            "peak_mib": peak_mib(work / f"specforge-train-{run}.log")}
+
+
+def anchors_per_step(recipe, batch: int) -> int:
+    """The anchors dspark draws per step on average: per sequence min(num_anchors, positions a whose
+    label a + 1 is trained), times the sequences of a step. speculators caps anchors per packed step
+    (--max-anchors), not per sequence, and pads to the cap: this is its equal budget."""
+    from dspark_cli.capture import iter_captured
+
+    counts = [min(recipe.train.num_anchors, int(seq.loss_mask[1:].sum()))
+              for seq in iter_captured(recipe.stage_dir("capture"))]
+    return max(1, round(batch * sum(counts) / len(counts)))
+
+
+def train_speculators(work: Path, run: int, steps: int, data: dict, anchors: int, ids: dict, recipe) -> dict:
+    from dspark_cli.targets import resolve_target
+
+    out = work / f"speculators-train-{run}"
+    t, geometry = recipe.train, json.loads((work / "specforge-draft.json").read_text())
+    cmd = [str(SPECULATORS_VENV / "bin" / "python"), str(PEERS / "speculators_train.py"),
+           "--data", str(work / "speculators-data"), "--target", str(resolve_target(TARGET)), "--out", str(out),
+           "--layer-ids", ",".join(map(str, data["target_layer_ids"])), "--steps", str(steps),
+           "--total-seq-len", str(t.tokens_per_step), "--max-anchors", str(anchors), "--lr", str(t.lr),
+           "--warmup-steps", str(t.warmup_steps), "--block-size", str(geometry["block_size"]),
+           "--markov-rank", str(geometry["dflash_config"]["markov_rank"]),
+           "--num-layers", str(geometry["num_hidden_layers"]), "--gamma", str(t.loss.slot_decay_gamma),
+           "--ce", str(t.loss.ce), "--tv", str(2 * t.loss.l1), "--confidence", str(t.loss.confidence),
+           "--seed", str(t.seed), "--mask-token-id", str(ids["mask_token_id"]),
+           "--weight-decay", str(t.weight_decay)]
+    log = work / f"speculators-train-{run}.log"
+    wall = sh(cmd, log, env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": ""})
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.strip()]
+    skip = min(10, len(records) - 1)
+    span = records[-1]["time"] - records[skip - 1]["time"] if skip >= 1 else None
+    tokens = sum(r["tokens"] for r in records[skip:])
+    return {"trainer": SPECULATORS, "run": run, "dir": str(out), "wall_s": round(wall, 1),
+            "steps": records[-1]["step"], "tokens_per_s": tokens / span if span else None,
+            "tokens_per_step": sum(r["tokens"] for r in records) / len(records), "max_anchors": anchors,
+            "final_loss": records[-1]["loss"], "peak_mib": peak_mib(log)}
+
+
+def train_nemo(work: Path, run: int, steps: int, batch: int, data: dict, ids: dict, recipe) -> dict:
+    from dspark_cli.targets import resolve_target
+
+    out = work / f"nemo-train-{run}"
+    t, geometry = recipe.train, json.loads((work / "specforge-draft.json").read_text())
+    per_epoch = -(-data["sequences"] // batch)
+    epochs = -(-steps // per_epoch)  # enough whole epochs; the wrapper ends the run after `steps` steps
+    # its warmup is floored at 20 steps unless warmup_ratio <= 0 (then 1 step): the nearest to ours
+    warmup_ratio = 0.0 if t.warmup_steps <= 1 else t.warmup_steps / steps
+    cmd = [str(NEMO_VENV / "bin" / "python"), str(PEERS / "nemo_automodel_train.py"),
+           "--cache", str(work / "nemo-cache"), "--target", str(resolve_target(TARGET)), "--out", str(out),
+           "--layer-ids", ",".join(map(str, data["target_layer_ids"])), "--epochs", str(epochs),
+           "--batch-size", str(batch), "--seq-length", str(data["seq_length"]), "--lr", str(t.lr),
+           "--beta1", str(t.betas[0]), "--beta2", str(t.betas[1]), "--weight-decay", str(t.weight_decay),
+           "--warmup-ratio", str(warmup_ratio), "--min-lr-ratio", str(t.min_lr_ratio), "--max-steps", str(steps),
+           "--grad-clip", str(t.grad_clip), "--num-anchors", str(t.num_anchors),
+           "--block-size", str(geometry["block_size"]), "--markov-rank", str(geometry["dflash_config"]["markov_rank"]),
+           "--num-layers", str(geometry["num_hidden_layers"]), "--gamma", str(t.loss.slot_decay_gamma),
+           "--ce", str(t.loss.ce), "--l1", str(t.loss.l1), "--confidence", str(t.loss.confidence),
+           "--seed", str(t.seed), "--mask-token-id", str(ids["mask_token_id"])]
+    log = work / f"nemo-train-{run}.log"
+    wall = sh(cmd, log, env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": ""})
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.strip()]
+    skip = min(10, len(records) - 1)
+    span = records[-1]["time"] - records[skip - 1]["time"] if skip >= 1 else None
+    per_step = data["tokens"] / per_epoch  # real (unpadded) tokens per step, on average
+    return {"trainer": NEMO, "run": run, "dir": str(out), "wall_s": round(wall, 1), "steps": records[-1]["step"],
+            "tokens_per_s": per_step * (len(records) - skip) / span if span else None, "tokens_per_step": per_step,
+            "batch_size": batch, "epochs": epochs, "padded_tokens_per_step": batch * data["seq_length"],
+            "final_loss": records[-1]["loss"], "peak_mib": peak_mib(log)}
 
 
 def export(train: Path, draft: Path, log: Path) -> None:
     """`dspark export` of a train directory as a float32 vLLM draft (every vLLM loader rule checked)."""
-    sh([str(Path(sys.executable).parent / "dspark"), "export", str(train), "-o", str(draft), "--dtype", "float32"], log)
+    sh([str(Path(sys.executable).parent / "dspark"), "export", str(train), "-o", str(draft), "--dtype", "float32",
+        *(["--force"] if draft.exists() else [])], log)
 
 
-def specforge_to_ours(work: Path, ours_train: Path, peer: Path) -> Path:
-    """SpecForge's tensors in dspark's trained-draft layout, then `dspark export` (all vLLM rules)."""
+# tensors a peer's draft keeps that ours shares with the target (frozen copies of its embedding and head)
+TARGET_COPIES = {"embed_tokens.weight": "model.embed_tokens.weight", "lm_head.weight": "lm_head.weight"}
+
+
+def check_mapping(name: str, tensors: dict, reference: dict) -> None:
+    """A peer's draft maps onto ours: the same tensor names and shapes, and anything else it keeps is a
+    frozen, unchanged copy of the target's embedding or head."""
+    import torch
+    from safetensors.torch import load_file
+
+    from dspark_cli.targets import resolve_target
+
+    missing, extra = sorted(set(reference) - set(tensors)), sorted(set(tensors) - set(reference))
+    shapes = [k for k in reference if k in tensors and tuple(reference[k].shape) != tuple(tensors[k].shape)]
+    target = load_file(str(resolve_target(TARGET) / "model.safetensors")) if extra else {}
+    changed = [k for k in extra if k not in TARGET_COPIES
+               or not torch.equal(tensors[k].float(), target[TARGET_COPIES[k]].float())]
+    if missing or changed or shapes:
+        raise SystemExit(f"{name} draft does not map onto ours: missing {missing}, extra {changed}, shapes {shapes}")
+
+
+def specforge_to_ours(work: Path, ours_train: Path, peer: Path, name: str = SPECFORGE) -> Path:
+    """A peer's tensors (PEER/draft.safetensors, float32) in dspark's trained-draft layout, then
+    `dspark export` (all vLLM rules)."""
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(peer / "draft.safetensors"))
     reference = load_file(str(ours_train / "final" / "model.safetensors"))
-    missing, extra = sorted(set(reference) - set(tensors)), sorted(set(tensors) - set(reference))
-    shapes = [k for k in reference if k in tensors and tuple(reference[k].shape) != tuple(tensors[k].shape)]
-    if missing or extra or shapes:
-        raise SystemExit(f"SpecForge draft does not map onto ours: missing {missing}, extra {extra}, shapes {shapes}")
-    train = work / "specforge-as-dspark" / "train"
+    check_mapping(name, tensors, reference)
+    slug = name.split()[0].lower()
+    train = work / f"{slug}-as-dspark" / "train"
     (train / "final").mkdir(parents=True, exist_ok=True)
     shutil.copy(ours_train / "final" / "config.json", train / "final" / "config.json")
     save_file({k: tensors[k].to(reference[k].dtype).contiguous() for k in reference},
               str(train / "final" / "model.safetensors"))
     manifest = json.loads((ours_train / "manifest.json").read_text())
-    manifest["summary"] = {"trainer": "SpecForge 0.2.0", "source": str(peer)}
+    manifest["summary"] = {"trainer": name, "source": str(peer)}
     (train / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    draft = work / "specforge-as-dspark" / "draft"
-    export(train, draft, work / "specforge-export.log")
+    draft = work / f"{slug}-as-dspark" / "draft"
+    export(train, draft, work / f"{slug}-export.log")
     return draft
 
 
@@ -256,7 +497,8 @@ def bench(work: Path, name: str, draft: Path, prompts: int, slug: str | None = N
     out = work / f"bench-{slug}"
     sh([str(Path(sys.executable).parent / "dspark"), "bench", str(draft), "--offline", "--format", "json",
         f"bench.num_prompts={prompts}", "bench.temperatures=[0.0,1.0]", "bench.datasets=[tiny-eval]",
-        "bench.confidence_thresholds=[0.0]", f"bench.output_dir={out}"], work / f"bench-{slug}.log")
+        "bench.confidence_thresholds=[0.0]", "bench.baselines=[]", "bench.context_sweep=false",
+        f"bench.output_dir={out}"], work / f"bench-{slug}.log")
     result = json.loads((out / "bench.json").read_text())
     return [{"trainer": name, "dataset": r["dataset"], "temperature": r["temperature"], "tau": r["tau"]["mean"],
              "ci95": r["tau"]["ci95"], "turns": r["num_turns"], "steps": r["num_steps"]}
@@ -334,6 +576,157 @@ def markdown(result: dict) -> str:
     return "\n".join(md) + "\n"
 
 
+UNMATCHED_PEERS = {
+    SPECULATORS: [
+        ("tokens per step", "it packs whole sequences into one row of --total-seq-len = train.tokens_per_step "
+         "tokens (as dspark packs); see the tokens/step column"),
+        ("anchors", "it caps anchors per packed step (--max-anchors), not per sequence, and pads every step to "
+         "the cap; it gets dspark's average anchors per step (per sequence min(32, positions whose next token "
+         "is trained), times the sequences of a step), drawn only where loss_mask[a] is set and not in the "
+         "row's last block"),
+        ("objective", "--loss-fn {ce: 0.5, tv: 1.0}: its CE is against the target's argmax (a hard label), its "
+         "tv is half the L1 distance (so tv 1.0 = L1 0.5), slots weighted exp(-k / gamma), confidence BCE "
+         "against 1 - TV; no soft-target CE or expected-length weighting"),
+        ("cosine floor", "its cosine goes to 0 (no knob); dspark's to 0.1 x lr"),
+        ("AdamW betas", "torch's default 0.9/0.999 (no knob), as the tiny recipe"),
+        ("data", "it holds out a validation split (--train-data-ratio must be < 1): 1% of the sequences are "
+         "not trained on, and it runs a validation pass and a bfloat16 checkpoint every epoch"),
+        ("precision", "fp32 (--hidden-states-dtype float32); its checkpoints are bfloat16, the draft scored "
+         "here is its in-memory fp32 model"),
+    ],
+    NEMO: [
+        ("tokens per step", "fixed-width rows (its cache format, no packing on the cached path): "
+         "round(tokens_per_step / mean length) sequences per step, each padded to the capture's longest "
+         "sequence; padding is computed but not counted in tokens/s"),
+        ("steps", "it has no step budget, only epochs: the wrapper sets its own warmup-cosine schedule over the "
+         "step budget and ends the run there"),
+        ("warmup", "warmup_ratio = warmup steps / steps, but it floors warmup at 20 steps unless the ratio is 0 "
+         "(then 1 step; used when dspark's warmup is <= 1 step)"),
+        ("objective", "the same weights (ce_loss_alpha, l1_loss_alpha, confidence_head_alpha); CE against the "
+         "next token, slots weighted exp(-k / gamma); no soft-target CE or expected-length weighting"),
+        ("features", "its own capture puts the post-norm state in the last layer's slot; it is handed the "
+         "pre-norm block vLLM and our engine serve, as the other trainers"),
+        ("precision", "fp32 (its CPU compute dtype); caches fp32"),
+    ],
+}
+
+
+def markdown_all(result: dict) -> str:
+    """The multi-peer record (peers-all*.md)."""
+    d, rows, r = result["data"], result["tau"], result["recipe"]
+    loss = r["loss"]
+    peers = result["peers"]
+    t = result["timings"]
+    md = [f"# dspark vs {', '.join(peers)}: same data, same budget, one engine", "",
+          f"Command: `{result['command']}` ({result['date']}, {result['machine']}); the whole script took "
+          f"**{result['wall_s'] / 60:.1f} min** on this machine, **shared with other developers' jobs** (setup "
+          f"{t['setup_s']:.0f} s, datagen {t['datagen']['seconds']:.0f} s on {t['datagen']['engine']}, capture "
+          f"{t['capture']['seconds']:.0f} s, conversions {t.get('convert_s', 0):.0f} s); load average "
+          f"{result['load_average_start']} at the start, {result['load_average_end']} at the end (2 cores).", "",
+          f"Data: one capture of `{TARGET}` ({d['sequences']} regenerated answers to bundled training prompts, "
+          f"{d['tokens']:,} tokens, {d['loss_tokens']:,} trained), converted to each peer's offline format. "
+          f"Budget: {result['steps']} steps of <= {r['tokens_per_step']:,} tokens, lr {r['lr']} cosine, warmup "
+          f"{r['warmup_steps']}, AdamW {'/'.join(f'{b:g}' for b in r['betas'])}, 32 anchors per sequence, block 7, "
+          f"Markov rank 64, loss {loss['ce']:g} CE + {loss['l1']:g} L1 + {loss['confidence']:g} confidence, slot "
+          f"decay gamma {loss['slot_decay_gamma']:g}; dspark: the tiny recipe otherwise (CE against the "
+          f"{loss.get('ce_target', 'label')}, {loss.get('slot_weighting', 'decay').replace('_', '-')} slot weights).", "",
+          "## tau (reference engine, `dspark bench DRAFT --offline`, the same prompts)", "",
+          "| trainer | dataset | temperature | tau [95% CI] | turns |", "|---|---|---|---|---|"]
+    for row in rows:
+        md.append(f"| {row['trainer']} | {row['dataset']} | {row['temperature']} | {row['tau']:.2f} "
+                  f"[{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}] | {row['turns']} |")
+    md += ["", "## training (this script, this machine, alternating runs)", "",
+           "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | peak RSS MiB | final loss |",
+           "|---|---|---|---|---|---|---|---|"]
+    for row in result["training"]:
+        loss_text = f"{row['final_loss']:.3f}" if row.get("final_loss") is not None else "-"
+        md.append(f"| {row['trainer']} | {row['run']} | {row['steps']} | {row['tokens_per_step']:.0f} | "
+                  f"{row['tokens_per_s']:,.0f} | {row['wall_s']:.0f} | {row.get('peak_mib') or 0:,.0f} | {loss_text} |")
+    md += ["", "Median steady tokens/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in result["tokens_per_s"].items())
+           + f"; dspark / the fastest peer ({result['fastest_peer']}) {result['speed_ratio']:.2f}x. Steady = after "
+           "the first 10 steps (dspark: its first log interval), real sequence tokens only (padding not counted). "
+           "Peak RSS: the largest process of the trainer's tree (GNU time). Wall includes start-up, data loading "
+           "and checkpoints (the final losses are each trainer's own objective: not comparable across trainers).",
+           "", "## against the issue's goals (this run)", ""]
+    for row in rows:
+        if row["trainer"] != "dspark":
+            continue
+        others = [p for p in rows if p["trainer"] in peers and p["temperature"] == row["temperature"]
+                  and p["dataset"] == row["dataset"]]
+        best = max(others, key=lambda p: p["tau"])
+        ratio = row["tau"] / best["tau"]
+        md.append(f"- tau >= 1.10x the best peer, {row['dataset']} T={row['temperature']}: {row['tau']:.2f} vs "
+                  f"{best['tau']:.2f} ({best['trainer']}) = {ratio:.2f}x -- {'met' if ratio >= 1.10 else 'not met'}")
+    md += [f"- tokens/s >= 1.5x the best peer: {result['speed_ratio']:.2f}x ({result['fastest_peer']}) -- "
+           f"{'met' if result['speed_ratio'] >= 1.5 else 'not met'}", "",
+           "## settings that could not be matched", "", f"{SPECFORGE}:", ""]
+    md += [f"- {k}: {v}" for k, v in result["unmatched"]]
+    for peer in peers[1:]:
+        md += ["", f"{peer}:", ""] + [f"- {k}: {v}" for k, v in UNMATCHED_PEERS[peer]]
+    md += ["", "How each peer runs on CPU (installed by `benchmarks/peers/setup_*.sh`, each in its own venv, "
+           "torch 2.13.0 CPU):", "",
+           f"- {SPECFORGE}: config changes only (`fsdp_sharding: NO_SHARD`, `attention_backend: sdpa`, "
+           "`torch_dtype: float32`, `dataloader_num_workers: 0`).",
+           f"- {SPECULATORS}: config (`--draft-attn-impl sdpa`, `--loss-implementation eager`: its fused losses "
+           "need Triton, `--hidden-states-dtype float32`, `--num-workers 0`, `--optimizer adamw`) plus a runtime "
+           "patch of two names (its trainer moves the model to accelerator index 0 and synchronizes the "
+           "accelerator every step: \"RuntimeError: Cannot access accelerator device when none is available.\"); "
+           "its --max-steps does not end the run (each later epoch trains one more step), so the wrapper stops "
+           "after the step budget (benchmarks/peers/speculators_train.py).",
+           f"- {NEMO}: config (`dist_env.backend: gloo`, fp32 cache) plus one runtime setting: its recipe "
+           "requires flex attention for a Qwen3 target and FlexAttention has no backward on CPU "
+           "(\"NotImplementedError: FlexAttention does not support backward on CPU\"), so the draft config's "
+           "attention is set to sdpa after setup; its Qwen3 draft builds the dense SDPA mask itself "
+           "(benchmarks/peers/nemo_automodel_train.py)."]
+    return "\n".join(md) + "\n"
+
+
+def prepare_and_train(args, chosen: list[str], recipe, work: Path, steps: int, extra: list[str], timings: dict,
+                      started: float, load_start: list[float]) -> tuple[dict, int, dict, list[dict]]:
+    """Data (datagen + capture, unless reused), each peer's format, and the alternated training runs;
+    what scoring needs is also written to WORK/prepared.json and WORK/training.jsonl (for --score-only)."""
+    captured = Path(recipe.stage_dir("capture")) / "manifest.json"
+    if args.reuse_data and captured.is_file():
+        timings.update({"datagen": {"engine": "reused", "seconds": 0.0}, "capture": {"seconds": 0.0}})
+    else:
+        timings.update(make_data(recipe, work))
+    started_convert = time.perf_counter()
+    data = to_specforge(recipe, work / "specforge-features")
+    ids = specforge_draft_config(recipe, work / "specforge-draft.json")
+    batch = max(1, round(recipe.train.tokens_per_step / data["mean_tokens"]))
+    formats = {}
+    if "speculators" in chosen:
+        formats["speculators"] = to_speculators(recipe, work / "speculators-data")
+        anchors = anchors_per_step(recipe, batch)
+    if "nemo_automodel" in chosen:
+        formats["nemo_automodel"] = to_nemo_automodel(recipe, work / "nemo-cache", seq_length=data["max_tokens"])
+    timings["convert_s"] = round(time.perf_counter() - started_convert, 1)
+    (work / "prepared.json").write_text(json.dumps({"data": data, "batch": batch, "formats": formats,
+                                                    "timings": timings, "started": started,
+                                                    "load_average_start": load_start}, indent=2))
+    training = []
+    log = (work / "training.jsonl").open("w")
+    for run in range(args.repeats):
+        training.append(train_dspark(work, run, steps, extra))
+        print(json.dumps(training[-1]), file=log, flush=True)
+        print(json.dumps(training[-1]), flush=True)
+        training.append(train_specforge(work, run, steps, batch, data, ids, recipe))
+        print(json.dumps(training[-1]), file=log, flush=True)
+        print(json.dumps(training[-1]), flush=True)
+        if "speculators" in chosen:
+            training.append(train_speculators(work, run, steps, formats["speculators"], anchors, ids, recipe))
+            print(json.dumps(training[-1]), file=log, flush=True)
+            print(json.dumps(training[-1]), flush=True)
+        print(json.dumps(training[-1]), flush=True)
+        if "nemo_automodel" in chosen:
+            training.append(train_nemo(work, run, steps, batch, formats["nemo_automodel"], ids, recipe))
+            print(json.dumps(training[-1]), file=log, flush=True)
+            print(json.dumps(training[-1]), flush=True)
+        print(json.dumps(training[-1]), flush=True)
+    log.close()
+    return data, batch, formats, training
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=2, help="training runs per trainer, alternated")
@@ -348,7 +741,21 @@ def main() -> None:
                         help="skip the extra dspark run given SpecForge's wall-clock time instead of its steps")
     parser.add_argument("--no-record", action="store_true", help="do not write benchmarks/results/peers.*")
     parser.add_argument("--rerender", action="store_true", help="rewrite peers.md from peers.json; run nothing")
+    parser.add_argument("--peers", default="specforge",
+                        help="comma-separated, of " + ", ".join(PEER_NAMES) + "; more than SpecForge records "
+                        "peers-all.* (default: specforge, recorded as peers.*)")
+    parser.add_argument("--reuse-data", action="store_true",
+                        help="keep the datagen + capture already in --work (a twin run on the same data)")
+    parser.add_argument("--score-only", action="store_true",
+                        help="export and score the drafts an earlier run trained in --work (its prepared.json and "
+                        "training.jsonl), with this run's --eval-prompts; train nothing")
     args = parser.parse_args()
+    chosen = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if not chosen or any(p not in PEER_NAMES for p in chosen):
+        raise SystemExit(f"--peers takes some of {', '.join(PEER_NAMES)}; got {args.peers!r}")
+    if "specforge" not in chosen:  # its draft config carries the geometry the others read
+        chosen.insert(0, "specforge")
+    name = "peers" if chosen == ["specforge"] else "peers-all"
     if args.rerender:  # the .md again from the recorded .json (after a change of this script's text only)
         out = ROOT / "benchmarks" / "results"
         result = json.loads((out / "peers.json").read_text())
@@ -360,7 +767,8 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="dspark-peers-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    sh(["bash", str(PEERS / "setup_specforge.sh")], work / "setup.log")
+    for peer in chosen:
+        sh(["bash", str(PEERS / SETUP[peer])], work / f"setup-{peer}.log")
     timings = {"setup_s": round(time.perf_counter() - t0, 1)}
     sys.path.insert(0, str(ROOT))
     recipe = recipe_for(work)
@@ -378,21 +786,22 @@ def main() -> None:
 
     extra = with_steps(steps)
     recipe = recipe_for(work, *extra)
-    timings.update(make_data(recipe, work))
-    data = to_specforge(recipe, work / "specforge-features")
-    ids = specforge_draft_config(recipe, work / "specforge-draft.json")
-    batch = max(1, round(recipe.train.tokens_per_step / data["mean_tokens"]))
-    training = []
-    for run in range(args.repeats):
-        training.append(train_dspark(work, run, steps, extra))
-        print(json.dumps(training[-1]), flush=True)
-        training.append(train_specforge(work, run, steps, batch, data, ids, recipe))
-        print(json.dumps(training[-1]), flush=True)
+    if args.score_only:
+        prepared = json.loads((work / "prepared.json").read_text())
+        data, batch, formats, timings = prepared["data"], prepared["batch"], prepared["formats"], prepared["timings"]
+        started, load_start = prepared.get("started", started), prepared.get("load_average_start", load_start)
+        training = [json.loads(line) for line in (work / "training.jsonl").read_text().splitlines() if line.strip()]
+        timings["scored_separately"] = True
+    else:
+        data, batch, formats, training = prepare_and_train(args, chosen, recipe, work, steps, extra, timings,
+                                                           started, load_start)
     dspark_draft = work / "dspark-draft"
     export(work / "dspark-train-0", dspark_draft, work / "dspark-export.log")
-    peer_draft = specforge_to_ours(work, work / "dspark-train-0", work / "specforge-train-0")
-    tau = (bench(work, "dspark", dspark_draft, args.eval_prompts)
-           + bench(work, "SpecForge 0.2.0", peer_draft, args.eval_prompts))
+    tau = bench(work, "dspark", dspark_draft, args.eval_prompts)
+    for peer, slug in (("specforge", "specforge"), ("speculators", "speculators"), ("nemo_automodel", "nemo")):
+        if peer in chosen:
+            peer_draft = specforge_to_ours(work, work / "dspark-train-0", work / f"{slug}-train-0", PEER_NAMES[peer])
+            tau += bench(work, PEER_NAMES[peer], peer_draft, args.eval_prompts)
     same_time = None
     if not args.no_same_time:
         # What a user's hour buys: dspark given the wall-clock time SpecForge took for its steps (median
@@ -408,13 +817,15 @@ def main() -> None:
         tau += bench(work, name, long_draft, args.eval_prompts, slug="dspark-same-time")
         same_time = {"trainer": name, "steps": long_steps, "wall_s": run["wall_s"], "peer_wall_s": peer_wall,
                      "ours_wall_s_same_steps": ours_wall, "run": run}
-    speeds = {name: statistics.median(r["tokens_per_s"] for r in training if r["trainer"] == name)
-              for name in ("dspark", "SpecForge 0.2.0")}
+    speeds = {trainer: statistics.median(r["tokens_per_s"] for r in training if r["trainer"] == trainer)
+              for trainer in ["dspark", *(PEER_NAMES[p] for p in chosen)]}
+    best_speed = max((v, k) for k, v in speeds.items() if k != "dspark")
     result = {
         "command": "python benchmarks/peers/run.py" + "".join(
             f" --{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-            if v not in (None, False) and k not in ("work", "no_record", "rerender") and not (k == "repeats" and v == 2)
-            and not (k == "eval_prompts" and v == 40)),
+            if v not in (None, False) and k not in ("work", "no_record", "rerender", "reuse_data", "score_only")
+            and not (k == "repeats" and v == 2) and not (k == "eval_prompts" and v == 40)
+            and not (k == "peers" and v == "specforge")),
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "target": TARGET, "steps": steps,
@@ -422,15 +833,18 @@ def main() -> None:
                    "overrides": extra,
                    "tokens_per_step": recipe.train.tokens_per_step, "loss": recipe.train.loss.model_dump()},
         "data": data, "specforge_batch_size": batch, "timings": timings, "training": training, "tokens_per_s": speeds,
-        "speed_ratio": speeds["dspark"] / speeds["SpecForge 0.2.0"], "tau": tau, "same_time": same_time,
+        "speed_ratio": speeds["dspark"] / best_speed[0], "fastest_peer": best_speed[1], "tau": tau,
+        "same_time": same_time, "peers": [PEER_NAMES[p] for p in chosen], "formats": formats,
+        "peak_mib": {trainer: max((r.get("peak_mib") or 0) for r in training if r["trainer"] == trainer)
+                     for trainer in speeds},
         "unmatched": unmatched(recipe.train.loss.model_dump(), recipe.train.betas),
         "load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "wall_s": round(time.time() - started), "work": str(work),
     }
-    text = markdown(result)
+    text = markdown(result) if name == "peers" else markdown_all(result)
     print(text)
     if not args.no_record:
-        record("peers" + (f"-seed{args.seed}" if args.seed is not None else ""), result, text)
+        record(name + (f"-seed{args.seed}" if args.seed is not None else ""), result, text)
 
 
 if __name__ == "__main__":
