@@ -178,6 +178,7 @@ def _target_states(recipe, input_ids):
     return model, outputs, states[-1][0]
 
 
+@pytest.mark.slow  # a real capture (the `captured` fixture): 45 s loaded
 def test_features_are_speculators_records_of_our_layers(captured, tmp_path):
     """speculators' offline layout: a datasets save_to_disk (input_ids, loss_mask, seq_len) and
     hidden_states/hs_i.safetensors (token_ids, hidden_states [T, n + 1, H]). Its layer id j is the input of
@@ -212,6 +213,7 @@ def test_features_are_speculators_records_of_our_layers(captured, tmp_path):
     torch.testing.assert_close(model.model.norm(last), post_norm, atol=0.05, rtol=0.02)
 
 
+@pytest.mark.slow  # a real capture (the `captured` fixture): 45 s loaded
 def test_features_are_nemo_automodel_cache_of_our_layers(captured, tmp_path):
     """NeMo AutoModel's DSpark offline cache: manifest.json (complete, its fields), fixed-width shards of
     padded sequences (padding never trained), and the target's embedding and head. Its layer id k is the
