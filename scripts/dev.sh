@@ -68,9 +68,7 @@ case "${1:-}" in
         shift
         export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false NO_MKDOCS_2_WARNING=1
         "$VENV/bin/ruff" check dspark_cli tests benchmarks tools
-        # two workers, a test file at a time each: much of the suite waits on child processes and
-        # single-threaded start-ups (DSPARK_TEST_WORKERS=0 runs it in one process)
-        "$VENV/bin/python" -m pytest -q --durations=20 -n "${DSPARK_TEST_WORKERS:-2}" --dist loadfile "$@"
+        "$VENV/bin/python" -m pytest -q --durations=20 "$@"
         "$VENV/bin/mkdocs" build --strict --quiet --site-dir "${TMPDIR:-/tmp}/dspark-site"
         ;;
     *)
