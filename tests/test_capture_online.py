@@ -118,6 +118,31 @@ def test_a_producer_that_died_for_good_is_a_one_line_error_after_what_it_publish
     assert "died 1 times" in (supervisor.error or "")
 
 
+def test_a_producer_that_dies_before_its_first_status_stops_the_reader_at_once(tmp_path):
+    """A producer that exits with an error before it writes anything to the stream (here: its Python cannot
+    start: a broken environment) left the trainer waiting for the reader's hour-long timeout; the
+    supervisor's reason now ends the wait in one line."""
+    from dspark_cli.capture import Supervisor
+
+    recipe = capture_recipe("tiny-gqa", tmp_path, "capture.shard_tokens=50")
+    plan = build_plan(recipe)
+    write_resolved(recipe, tmp_path / "cfg")
+    store = open_store(tmp_path / "stream")
+    environ = {**os.environ, "PYTHONHOME": str(tmp_path / "no-python-here")}  # "Fatal Python error", exit 1
+    supervisor = Supervisor(tmp_path / "cfg" / "recipe.yaml", str(tmp_path / "stream"), recipe, environ=environ,
+                            poll_s=0.05).start()
+    try:
+        reader = StreamReader(store, fingerprint=plan.fingerprint, workers=1, poll_s=0.02, timeout_s=300,
+                              gave_up=lambda: supervisor.error)
+        started = time.monotonic()
+        with pytest.raises(DataError, match=r"no shard 0: capture producer 0 failed \(exit 1\)") as info:
+            reader.read(0)
+        assert time.monotonic() - started < 60 and "\n" not in str(info.value)
+    finally:
+        supervisor.stop()
+    assert read_json(store, producer_key(0)) is None  # it never wrote a status: the case the timeout was hit in
+
+
 def test_restarted_producer_captures_only_what_it_had_not_published(tmp_path):
     from dspark_cli.capture.hf import HFCapturer
 

@@ -137,7 +137,7 @@ class Supervisor:
                         del self.procs[worker]
                         continue
                     if code in (1, 2):  # a DsparkError: the producer recorded it; restarting repeats it
-                        self.error = f"capture producer {worker} failed (exit {code}); its error is in the stream"
+                        self.error = f"capture producer {worker} failed (exit {code})"
                         self._stop.set()
                         break
                     if self.restarts.get(worker, 0) >= MAX_RESTARTS:

@@ -35,6 +35,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dspark_cli.capture.shards import pack, shard_name, unpack
@@ -245,9 +246,10 @@ class StreamReader:
     """A training rank's view of the stream: wait for a shard, verify it, parse it; release (rank 0)."""
 
     def __init__(self, store: Store, *, fingerprint: str, workers: int, expect: Contract | None = None,
-                 timeout_s: float = 3600.0, poll_s: float = 0.05) -> None:
+                 timeout_s: float = 3600.0, poll_s: float = 0.05, gave_up: Callable[[], str | None] | None = None) -> None:
         self.store, self.fingerprint, self.workers, self.expect = store, fingerprint, workers, expect
         self.timeout_s, self.poll_s = timeout_s, poll_s
+        self.gave_up = gave_up  # the reason this process's producer supervisor stopped, if it did
         self.location = getattr(store, "location", str(store))
         self.status: dict[int, dict[str, Any]] = {}
         self.peak_bytes = 0
@@ -301,6 +303,10 @@ class StreamReader:
                 if (entry is None and status.get("finished")
                         and int(status.get("generation", 0)) == int(consumer.get("generation", 0))):
                     raise DataError(f"{self.location}: producer {worker} finished without shard {index}", HINT)
+                reason = self.gave_up() if self.gave_up is not None else None
+                if reason:  # e.g. a producer that died before it wrote its status: nothing will come
+                    raise DataError(f"{self.location}: no shard {index}: {reason}",
+                                    "the producer's own error is printed above; fix it and run again (--resume auto)")
                 if time.monotonic() - started > self.timeout_s:
                     raise DataError(f"{self.location}: no shard {index} from capture producer {worker} after "
                                     f"{self.timeout_s:.0f} s", "are the producers running (`dspark produce`)?")

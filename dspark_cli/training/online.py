@@ -207,7 +207,8 @@ class OnlineSource:
         self.location = stream_location(recipe)
         expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
         self.reader = StreamReader(open_store(self.location), fingerprint=capture_plan.fingerprint,
-                                   workers=capture.workers, expect=expect, timeout_s=READ_TIMEOUT_S)
+                                   workers=capture.workers, expect=expect, timeout_s=READ_TIMEOUT_S,
+                                   gave_up=lambda: self.supervisor.error if self.supervisor is not None else None)
         self.supervisor = None
         self.started = time.time()
         if env.is_main and not capture.external_producers:
