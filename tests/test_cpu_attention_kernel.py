@@ -6,6 +6,9 @@ runs in fp32, so agreement is to fp32 rounding (~1e-6 here)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -144,3 +147,27 @@ def test_custom_op_registration_and_torch_compile():
     want = torch.autograd.grad(attend(*leaves, ctx_limit), leaves)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_on_is_marked_as_torch_compilers_decorator_would_mark_it():
+    """`kernel_on` sets the mark itself (the decorator imports all of torch._dynamo); torch's own
+    decorator must set exactly that mark, or compiled graphs would trace into ctypes."""
+    def probe() -> bool:
+        return True
+
+    marked = torch.compiler.assume_constant_result(probe)
+    assert vars(marked) == {"_dynamo_marked_constant": True}
+    assert vars(kernel.kernel_on) == vars(marked)
+
+
+def test_loading_the_draft_does_not_import_torch_dynamo():
+    """`dspark publish` or `export --check` lists a draft's tensors on the meta device: no torch._dynamo
+    (~2 s of imports per process), and the initialisers torch.nn.init held before are back after."""
+    code = ("import sys, torch; from dspark_cli.recipe import load_recipe; "
+            "from dspark_cli.export.roster import tensor_roster; from dspark_cli.draft.build import draft_config_from_recipe; "
+            "r = load_recipe('kimi-k3'); cfg = draft_config_from_recipe(r.draft.model_dump(), r.target.model_dump()); "
+            "init = dict(vars(torch.nn.init)); rows = tensor_roster(cfg); "
+            "assert rows and vars(torch.nn.init) == init; print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

@@ -129,12 +129,10 @@ def load_draft_dir(path: str | Path) -> LoadedDraft:
 
 def build_model(config: Any, state_dict: dict[str, Any], dtype: Any = None) -> Any:
     """A DSparkDraftModel holding `state_dict` (strict: every name must match)."""
-    import torch
 
-    from dspark_cli.draft.model import DSparkDraftModel
+    from dspark_cli.draft.model import meta_model
 
-    with torch.device("meta"):
-        model = DSparkDraftModel(config)
+    model = meta_model(config)
     # clone(): tensors read by safetensors may sit at unaligned addresses, and CPU matmul kernels then
     # take other code paths whose rounding differs in the last bit; owned copies make loads bitwise stable.
     own = {k: v.clone() for k, v in state_dict.items() if not k.endswith(("embed_tokens.weight", "lm_head.weight"))}

@@ -27,10 +27,9 @@ FP32_PREFIXES = ("confidence_head.",)
 
 def build_meta_model(config: DSparkDraftConfig):
     """The draft on the meta device: shapes and names only, no memory."""
-    from dspark_cli.draft.model import DSparkDraftModel
+    from dspark_cli.draft.model import meta_model
 
-    with torch.device("meta"):
-        return DSparkDraftModel(config)
+    return meta_model(config)
 
 
 def tensor_roster(config: DSparkDraftConfig, dtype: str = "bfloat16") -> list[dict[str, Any]]:

@@ -50,9 +50,14 @@ def _lib():
     return _fns["fwd"], _fns["bwd"]
 
 
-@torch.compiler.assume_constant_result  # torch.compile takes the answer at trace time, as a constant
 def kernel_on() -> bool:
     return library() is not None
+
+
+# torch.compile takes the answer at trace time, as a constant: what `torch.compiler.assume_constant_result`
+# marks, without the import of all of torch._dynamo that the decorator does (~2 s in every process that
+# loads the draft, e.g. `dspark publish`); tests/test_cpu_attention_kernel.py checks the two agree
+kernel_on._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> bool:
