@@ -71,3 +71,27 @@ def test_sweep_prompts_read_past_num_prompts_in_order():
     assert len(prompts) == 200 and {label for label, _ in prompts} == {"tiny-eval"}
     assert [text for _, text in prompts[:3]] == main  # the main runs' prompts first, then the rest
     assert len({text for _, text in prompts}) == 200
+
+
+def test_plot_and_table_show_every_bin_with_its_turns(tmp_path):
+    import json
+
+    from PIL import Image
+
+    from dspark_cli.bench.plots import plot_context
+    from dspark_cli.bench.report import context_markdown
+
+    chain = [_turn([4, 3, 2], [20 + 150 * k, 200 + 150 * k, 700 + 40 * k]) for k in range(4)]
+    bins = by_context(chain, bin_edges(1024), block_size=7)
+    sweep = {"dataset": "tiny-eval-chained", "temperature": 0.0, "datasets": ["tiny-eval"], "num_conversations": 2,
+             "turns_per_conversation": [2, 2], "longest_context": 823, "max_model_len": 1024, "num_turns": 4,
+             "bins": bins, "note": drop_note(bins)}
+    offline = {"runs": [{"dataset": "tiny-eval", "temperature": 0.0, "by_context": by_context(chain[:1], [0, 128], 7)}],
+               "context_sweep": [sweep]}
+    assert [b["high"] for b in bins] == [128, 256, 512, 1024]
+    path = plot_context({"offline": offline}, tmp_path / "context_sweep.png")
+    with Image.open(path) as image:
+        assert json.loads(image.text["Description"])["series"] == [
+            "tiny-eval-chained T=0 (sweep: 2 conversations)", "tiny-eval T=0"]
+    text = "\n".join(context_markdown(offline))
+    assert "2 conversations, 4 turns, longest context 823 of 1024 tokens" in text and "| 512-1024 | 5 | 4 |" in text

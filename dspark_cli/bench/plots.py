@@ -257,14 +257,13 @@ def plot_context(result: dict[str, Any], path: Path) -> str | None:
         fig, ax = plt.subplots(figsize=(6.8, 4.4))
     series, edges = [], set()
     for sweep in sweeps:
-        count = sweep["num_conversations"]
-        label = f"{sweep['dataset']} T={sweep['temperature']:g} (sweep: {count} conversation{'s' * (count != 1)})"
+        label = f"{sweep['dataset']} T={sweep['temperature']:g} (sweep: {_count(sweep['num_conversations'], 'conversation')})"
         bins = sweep["bins"]
         xs = [(b["low"] + b["high"]) / 2 for b in bins]
         line = ax.errorbar(xs, [b["tau"]["mean"] for b in bins], yerr=_tau_errors(bins), marker="o", capsize=3,
                            label=label)
         for x, b in zip(xs, bins, strict=True):
-            ax.annotate(f"{b['num_turns']} turns", (x, b["tau"]["mean"]), fontsize=7, textcoords="offset points",
+            ax.annotate(_count(b["num_turns"], "turn"), (x, b["tau"]["mean"]), fontsize=7, textcoords="offset points",
                         xytext=(5, 4), color=line.lines[0].get_color())
         edges |= {b["high"] for b in bins}
         series.append(label)
@@ -277,8 +276,8 @@ def plot_context(result: dict[str, Any], path: Path) -> str | None:
     max_len = max((s.get("max_model_len") or 0 for s in sweeps), default=0)
     if max_len:
         ax.axvline(max_len, color="gray", linestyle=":", linewidth=1)
-        ax.annotate("max_model_len", (max_len, ax.get_ylim()[0]), rotation=90, fontsize=7, color="gray",
-                    textcoords="offset points", xytext=(-9, 4), va="bottom")
+        ax.text(max_len, 0.02, "max_model_len ", rotation=90, fontsize=7, color="gray", ha="right", va="bottom",
+                transform=ax.get_xaxis_transform())
     ax.set_xscale("log", base=2)
     ticks = sorted(edges)
     ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=8)
@@ -287,20 +286,24 @@ def plot_context(result: dict[str, Any], path: Path) -> str | None:
     ax.set(xlabel="tokens of context at the anchor (bin middles; ticks: bin edges)",
            ylabel="tau (tokens per verification step)", title="tau by context length (95% t intervals)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="best")
     if sweeps:
         sweep = sweeps[0]
         colours = plt.get_cmap("viridis")
         for j, b in enumerate(sweep["bins"]):
             rates = b["acceptance_per_position"]
             right.plot(range(1, len(rates) + 1), rates, marker="o", color=colours(j / max(1, len(sweep["bins"]) - 1)),
-                       label=f"{b['low']}-{b['high']} ({b['num_steps']} steps)")
+                       label=f"{b['low']}-{b['high']} ({_count(b['num_steps'], 'step')})")
         right.set(xlabel="draft position", ylabel="acceptance rate (per drafting step)", ylim=(0, 1.02),
                   title=f"Per position, by context ({sweep['dataset']} T={sweep['temperature']:g})")
         right.grid(alpha=0.3)
         right.legend(fontsize=7, title="tokens of context", title_fontsize=7)
         fig.suptitle(_wrap(sweep["note"], 140), fontsize=8)
     return _save(fig, path, "context_sweep", series)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _wrap(text: str, width: int) -> str:
