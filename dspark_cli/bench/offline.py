@@ -190,7 +190,7 @@ class OfflineBench:
             if not full:
                 log.warning("context sweep: the bench datasets ran out of prompts in conversation %d", number + 1)
                 break
-        longest = max((c + a + 1 for t in turns for a, c in zip(t.accepted, t.contexts, strict=True)), default=0)
+        longest = max((c for t in turns for c in t.contexts), default=0)  # at an anchor, as binned
         return turns, {"datasets": list(dict.fromkeys(used)), "num_conversations": len(lengths),
                        "turns_per_conversation": lengths, "longest_context": longest}
 
@@ -284,7 +284,9 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
                                       recipe.bench.context_sweep_conversations, temperature, on_turn)
         bins = by_context(turns, edges, n)
         result["context_sweep"].append({"dataset": "+".join(ran["datasets"]) + "-chained", "temperature": temperature,
-                                        **ran, "num_turns": len(turns), "max_model_len": max_len, "bins": bins,
+                                        **ran, "num_turns": len(turns), "num_steps": sum(len(t.accepted) for t in turns),
+                                        "output_tokens": sum(t.output_tokens for t in turns),
+                                        "seconds": sum(t.seconds for t in turns), "max_model_len": max_len, "bins": bins,
                                         "note": drop_note(bins)})
         log.info("bench context sweep T=%g: %d conversations, %d turns, longest context %d of %d", temperature,
                  ran["num_conversations"], len(turns), ran["longest_context"], max_len)

@@ -267,8 +267,9 @@ def plot_context(result: dict[str, Any], path: Path) -> str | None:
                         xytext=(5, 4), color=line.lines[0].get_color())
         edges |= {b["high"] for b in bins}
         series.append(label)
-    for label, bins in runs:
-        xs = [(b["low"] + b["high"]) / 2 for b in bins]
+    for i, (label, bins) in enumerate(runs):
+        dodge = 2 ** (-0.1 * (i + 1)) if sweeps else 1.0  # left of the sweep's point of the same bin, not on it
+        xs = [dodge * (b["low"] + b["high"]) / 2 for b in bins]
         ax.errorbar(xs, [b["tau"]["mean"] for b in bins], yerr=_tau_errors(bins), marker="s", capsize=3,
                     linestyle="--", alpha=0.8, label=f"{label} (main run)")
         edges |= {b["high"] for b in bins}
