@@ -71,8 +71,9 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     # the draft's recipe supplies its description (target, geometry); bench settings are the user's
     result = CliRunner().invoke(app, ["bench", str(draft), "--offline", "bench.temperatures=[0.0, 1.0]",
                                       "bench.datasets=[mt_bench]", "bench.num_prompts=2", "bench.max_tokens=32",
-                                      "bench.confidence_thresholds=[0.0, 0.6]", "bench.context_sweep=true", "bench.model_concurrency=[1, 16, 256]",
-                                      "--format", "json"])
+                                      "bench.confidence_thresholds=[0.0, 0.6]", "bench.model_concurrency=[1, 16, 256]",
+                                      "bench.context_sweep=true", "bench.context_sweep_conversations=2",
+                                      "target.max_model_len=512", "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     runs = data["offline"]["runs"]
@@ -97,8 +98,14 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     model = offline["adaptive_verification"]
     assert model["cost_model"]["estimate"] is True and "estimate" in model["cost_model"]["label"]
     assert [lv["concurrency"] for lv in model["runs"][0]["levels"]] == [1, 16, 256]
-    assert [s["temperature"] for s in offline["context_sweep"]] == [0.0, 1.0]
-    assert offline["context_sweep"][0]["note"] and offline["context_sweep"][0]["bins"]
+    # the sweep: at the first temperature, 2 conversations of MT-Bench's turns in order, each filled
+    # until the next prompt no longer fits 512 tokens (2 questions benched, the sweep reads on)
+    [context] = offline["context_sweep"]
+    assert context["temperature"] == 0.0 and context["dataset"] == "mt_bench-chained"
+    assert context["num_conversations"] == 2 and context["max_model_len"] == 512
+    assert context["num_turns"] == sum(context["turns_per_conversation"]) and min(context["turns_per_conversation"]) >= 2
+    assert 384 < context["longest_context"] <= 512
+    assert context["bins"][-1]["high"] == 512 and context["note"]
     assert runs[0]["calibration"]["overall"]["n"] > 0 and runs[0]["by_context"]
     text = (bench_dir / "bench.md").read_text()
     for title in ("### Calibration of the confidence head", "### Baselines (same engine, same prompts)",
@@ -111,8 +118,7 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
                 "baselines": ["draft", "ngram", "untrained"],
                 "adaptive_verification": ["mt_bench T=0 fixed-k", "mt_bench T=0 adaptive", "mt_bench T=1 fixed-k",
                                           "mt_bench T=1 adaptive", "no speculation"],
-                "context_sweep": ["mt_bench-chained T=0 (sweep)", "mt_bench-chained T=1 (sweep)",
-                                  "mt_bench T=0", "mt_bench T=1"]}
+                "context_sweep": ["mt_bench-chained T=0 (sweep: 2 conversations)", "mt_bench T=0", "mt_bench T=1"]}
     assert set(data["files"]["plots"]) == set(expected)
     for name, series in expected.items():
         with Image.open(bench_dir / f"{name}.png") as image:

@@ -142,7 +142,8 @@ def test_speculators_export_of_an_mla_draft_is_refused_and_exit_2(tmp_path):
 def test_run_chains_every_stage_on_the_tiny_target(tmp_path):
     result = invoke("run", "tiny", f"output_dir={tmp_path}", "datagen.sources=[{path: tiny-prompts, max_samples: 4}]",
                     "datagen.engine=hf", "capture.backend=hf", "datagen.max_tokens=12", "train.max_steps=2", "train.checkpoint_every=2", "train.log_every=1",
-                    "bench.num_prompts=2", "bench.max_tokens=8", "bench.temperatures=[0.0]")
+                    "bench.num_prompts=2", "bench.max_tokens=8", "bench.temperatures=[0.0]",
+                    "bench.context_sweep=false")
     assert result.exit_code == 0, result.output
     for stage in ("datagen", "capture", "train", "export", "bench"):
         assert f"{stage}: done" in result.output, stage

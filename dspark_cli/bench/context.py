@@ -1,21 +1,22 @@
 """Acceptance against context length: every verification step binned by the tokens before its anchor.
 
-    from dspark_cli.bench.context import bin_edges, by_context, chained, drop_note
+    from dspark_cli.bench.context import bin_edges, by_context, drop_note, sweep_prompts
     bins = by_context(turns, bin_edges(1024), block_size=7)    # tau and per-position acceptance per bin
-    drop_note(bins)                                            # "tau falls from 3.1 [...] at 0-128 to ..."
+    drop_note(bins)                                            # "acceptance drops: tau 1.9 at 512-1024 ..."
+    prompts = sweep_prompts(recipe.bench)                      # (dataset, user turn), lazily, in order
 
 Every offline run is binned (its contexts are the prompts plus the answers so far, short for
-single-turn sets). `bench.context_sweep: true` adds longer contexts: the same prompts are chained
-into multi-turn conversations (`chained`), each turn answered with the target's own earlier answers
-in the context, until a prompt no longer fits `target.max_model_len`. Each bin's tau and per-position
-acceptance carry the same cluster-robust 95% intervals as the main runs (stats.py; turns are the
-clusters). Standard library only.
+single-turn sets). `bench.context_sweep: true` adds long contexts: `bench.context_sweep_conversations`
+long conversations, each fed the datasets' prompts in order (each prompt used once, read past
+`bench.num_prompts` as needed) and answered turn by turn with the target's own earlier answers in
+the context, until the next prompt no longer fits `target.max_model_len` (offline.py runs them).
+Each bin's tau carries the same cluster-robust 95% t interval as the main runs (stats.py; turns are
+the clusters, and each bin says how many it has), clipped to [1, N + 1]. Standard library only.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -45,7 +46,8 @@ def by_context(turns: Sequence[Any], edges: Sequence[int], block_size: int) -> l
         if sum(steps) == 0:
             continue
         out.append({"low": low, "high": high, "num_steps": sum(steps),
-                    "num_turns": sum(1 for s in steps if s), "tau": ratio_estimate(tokens, steps),
+                    "num_turns": sum(1 for s in steps if s),
+                    "tau": ratio_estimate(tokens, steps, bounds=(1.0, block_size + 1.0)),
                     "acceptance_per_position": [ratio_estimate(c, steps)["mean"] for c in per_position]})
     return out
 
@@ -66,16 +68,14 @@ def drop_note(bins: Sequence[dict[str, Any]]) -> str:
             f"(tau by bin: {shown})")
 
 
-def chained(dataset: Any, *, max_model_len: int, max_tokens: int) -> Any:
-    """The dataset's conversations chained into long multi-turn ones that reach max_model_len."""
-    from dspark_cli.bench.datasets import BenchDataset
-    from dspark_cli.prompts.conversation import Conversation
+def sweep_prompts(bench: Any) -> Iterator[tuple[str, str]]:
+    """(dataset label, user turn) for every user turn of `bench.datasets`, in order, read lazily and not
+    cut at `bench.num_prompts` (the sweep's conversations take as many as they need)."""
+    from dspark_cli.bench.datasets import dataset_source
+    from dspark_cli.prompts.sources import read_source
 
-    texts = [text for conv in dataset.conversations for text in conv.user_turns]
-    per_chain = max(2, math.ceil(max_model_len / (max_tokens + 64)) + 1)
-    conversations = []
-    for start in range(0, len(texts), per_chain):
-        messages = [{"role": "user", "content": text} for text in texts[start:start + per_chain]]
-        conversations.append(Conversation(id=f"chain-{start // per_chain}", source=dataset.name, messages=messages,
-                                          meta={"category": "context-sweep"}))
-    return BenchDataset(f"{dataset.name}-chained", conversations)
+    for entry in bench.datasets:
+        label, source = dataset_source(entry, bench)
+        for conv in read_source(source):
+            for text in conv.user_turns:
+                yield label, text

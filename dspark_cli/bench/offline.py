@@ -16,16 +16,18 @@ the datasets with confidence-scheduled verification (threshold 0 = verify every 
 
 On the same prompts, `bench.baselines` reruns the engine with prompt-lookup drafting (`ngram`, vLLM's
 `prompt_lookup_min/max`) and with the draft's architecture freshly initialised (`untrained`);
-`bench.context_sweep` chains the prompts into long conversations (context.py). The main runs'
-recorded steps feed the calibration report (calibration.py), the context bins and the model of vLLM's
-adaptive verification across concurrency (adaptive.py, with `bench.cost_model`).
+`bench.context_sweep` runs `bench.context_sweep_conversations` long conversations of the datasets'
+prompts up to `target.max_model_len`, at the first temperature unless `bench.context_sweep_temperatures`
+says otherwise (context.py). The main runs' recorded steps feed the calibration report
+(calibration.py), the context bins and the model of vLLM's adaptive verification across concurrency
+(adaptive.py, with `bench.cost_model`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,31 +128,82 @@ class OfflineBench:
         return SpeculativeEngine(self.target, drafter, spec)
 
     def run_dataset(self, engine: Any, dataset: BenchDataset, temperature: float,
-                    on_turn: Callable[[int], None] | None = None, *, warn_overflow: bool = True) -> list[TurnStats]:
+                    on_turn: Callable[[int], None] | None = None) -> list[TurnStats]:
         """Answer every turn of every conversation; one TurnStats per generated turn."""
-        from dspark_cli.bench.engine import Sampling
-
-        bench, tokenizer = self.recipe.bench, self.chat.tokenizer
-        max_len = self.recipe.target.max_model_len
-        sampling = Sampling(temperature, bench.top_p, bench.max_tokens, self.stop_ids, max_len)
         turns = []
         for conv in dataset.conversations:
             history = [m for m in conv.messages if m["role"] == "system"][:1]
             for index, text in enumerate(conv.user_turns):
-                messages = [*history, {"role": "user", "content": text}]
-                prompt = self.chat.prompt_ids(messages)
-                if len(prompt) >= max_len:
-                    (log.warning if warn_overflow else log.debug)("%s turn %d: prompt of %d tokens does not fit target.max_model_len", conv.id, index,
-                                len(prompt))
+                answered = self.answer(engine, history, text, conv.id, index, temperature, category(conv))
+                if answered is None:
+                    log.warning("%s turn %d: the prompt does not fit target.max_model_len", conv.id, index)
                     break
-                out = engine.generate(prompt, sampling, seed=_seed(self.recipe.seed, conv.id, index, temperature))
-                answer = tokenizer.decode(out.token_ids, skip_special_tokens=True)
-                history = [*messages, {"role": "assistant", "content": answer}]
-                turns.append(TurnStats(category(conv), out.accepted, out.verified, len(out.token_ids), out.seconds,
-                                       out.confidences, out.contexts))
+                turn, history = answered
+                turns.append(turn)
                 if on_turn is not None:
-                    on_turn(len(out.token_ids))
+                    on_turn(turn.output_tokens)
         return turns
+
+    def answer(self, engine: Any, history: list[dict[str, str]], text: str, conv_id: str, index: int,
+               temperature: float, group: str) -> tuple[TurnStats, list[dict[str, str]]] | None:
+        """One user turn after `history`, answered by the engine -> (its stats, the history with the answer),
+        or None when the prompt does not fit `target.max_model_len`."""
+        from dspark_cli.bench.engine import Sampling
+
+        bench = self.recipe.bench
+        max_len = self.recipe.target.max_model_len
+        messages = [*history, {"role": "user", "content": text}]
+        prompt = self.chat.prompt_ids(messages)
+        if len(prompt) >= max_len:
+            return None
+        sampling = Sampling(temperature, bench.top_p, bench.max_tokens, self.stop_ids, max_len)
+        out = engine.generate(prompt, sampling, seed=_seed(self.recipe.seed, conv_id, index, temperature))
+        answer = self.chat.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        turn = TurnStats(group, out.accepted, out.verified, len(out.token_ids), out.seconds, out.confidences,
+                         out.contexts)
+        return turn, [*messages, {"role": "assistant", "content": answer}]
+
+    def run_chains(self, engine: Any, prompts: Iterator[tuple[str, str]], conversations: int, temperature: float,
+                   on_turn: Callable[[int], None] | None = None) -> tuple[list[TurnStats], dict[str, Any]]:
+        """The context sweep: `conversations` long conversations, each fed the next prompts until one no
+        longer fits target.max_model_len -> (one TurnStats per turn, what was run)."""
+        turns, used, lengths = [], [], []
+        prompts = iter(prompts)
+        for number in range(conversations):
+            history: list[dict[str, str]] = []
+            count, full = 0, False
+            for label, text in prompts:
+                answered = self.answer(engine, history, text, f"chain-{number}", count, temperature, "context-sweep")
+                if answered is None:  # full: this prompt is dropped, the next conversation starts afresh
+                    full = True
+                    break
+                turn, history = answered
+                turns.append(turn)
+                used.append(label)
+                count += 1
+                if on_turn is not None:
+                    on_turn(turn.output_tokens)
+            if count:
+                lengths.append(count)
+            elif full:
+                log.warning("context sweep: a prompt alone does not fit target.max_model_len; skipped")
+            if not full:
+                log.warning("context sweep: the bench datasets ran out of prompts in conversation %d", number + 1)
+                break
+        longest = max((c for t in turns for c in t.contexts), default=0)  # at an anchor, as binned
+        return turns, {"datasets": list(dict.fromkeys(used)), "num_conversations": len(lengths),
+                       "turns_per_conversation": lengths, "longest_context": longest}
+
+
+def sweep_temperatures_for(recipe: Recipe) -> list[float]:
+    """The context sweep's temperatures: `bench.context_sweep_temperatures`, else the first of
+    `bench.temperatures` (none when the sweep is off)."""
+    bench = recipe.bench
+    if not bench.context_sweep:
+        return []
+    if bench.context_sweep_temperatures is not None:
+        return list(bench.context_sweep_temperatures)
+    return bench.temperatures[:1]
 
 
 def thresholds_for(recipe: Recipe, has_confidence: bool) -> list[float]:
@@ -166,7 +219,7 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
     """Run the engine over every dataset x temperature x threshold, then the baselines and the context
     sweep; model vLLM's adaptive verification from the recorded steps. Returns everything for the report."""
     from dspark_cli.bench.adaptive import load_cost_model
-    from dspark_cli.bench.context import bin_edges, by_context, chained, drop_note
+    from dspark_cli.bench.context import bin_edges, by_context, drop_note, sweep_prompts
 
     cost = load_cost_model(recipe.bench.cost_model)  # a bad cost model is refused before any work
     bench = OfflineBench(recipe, draft_dir)
@@ -175,18 +228,19 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
     temperatures = recipe.bench.temperatures
     baselines = list(dict.fromkeys(recipe.bench.baselines))
     max_len = recipe.target.max_model_len
-    sweeps = [chained(d, max_model_len=max_len, max_tokens=recipe.bench.max_tokens) for d in datasets] \
-        if recipe.bench.context_sweep else []
+    sweep_temperatures = sweep_temperatures_for(recipe)
     turns_per_pass = sum(len(c.user_turns) for d in datasets for c in d.conversations)
-    total = turns_per_pass * len(temperatures) * (len(thresholds) + len(baselines)) \
-        + sum(len(c.user_turns) for d in sweeps for c in d.conversations) * len(temperatures)
-    progress = {"done": 0, "tokens": 0}
+    # the sweep's turns are known only as it runs: a guess of 48 new tokens a turn until it is done
+    sweep_guess = recipe.bench.context_sweep_conversations * -(-max_len // 48) * len(sweep_temperatures)
+    progress = {"done": 0, "tokens": 0,
+                "total": turns_per_pass * len(temperatures) * (len(thresholds) + len(baselines)) + sweep_guess}
 
     def on_turn(tokens: int) -> None:
         progress["done"] += 1
         progress["tokens"] += tokens
+        progress["total"] = max(progress["total"], progress["done"] + 1)
         if on_progress is not None:
-            on_progress(progress["done"], total, progress["tokens"])
+            on_progress(progress["done"], progress["total"], progress["tokens"])
 
     runs, sweep, kept = [], [], {}
     n = bench.num_speculative_tokens
@@ -225,12 +279,19 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
                                             "drafts_per_step": summary["drafts_per_step"]})
                 log.info("bench baseline %s %s T=%g: tau %.3f", name, dataset.name, temperature,
                          summary["tau"]["mean"] or float("nan"))
-    for dataset in sweeps:
-        for temperature in temperatures:
-            turns = bench.run_dataset(bench.engine(0.0), dataset, temperature, on_turn, warn_overflow=False)
-            bins = by_context(turns, edges, n)
-            result["context_sweep"].append({"dataset": dataset.name, "temperature": temperature,
-                                            "num_turns": len(turns), "bins": bins, "note": drop_note(bins)})
+    for temperature in sweep_temperatures:
+        turns, ran = bench.run_chains(bench.engine(0.0), sweep_prompts(recipe.bench),
+                                      recipe.bench.context_sweep_conversations, temperature, on_turn)
+        bins = by_context(turns, edges, n)
+        result["context_sweep"].append({"dataset": "+".join(ran["datasets"]) + "-chained", "temperature": temperature,
+                                        **ran, "num_turns": len(turns), "num_steps": sum(len(t.accepted) for t in turns),
+                                        "output_tokens": sum(t.output_tokens for t in turns),
+                                        "seconds": sum(t.seconds for t in turns), "max_model_len": max_len, "bins": bins,
+                                        "note": drop_note(bins)})
+        log.info("bench context sweep T=%g: %d conversations, %d turns, longest context %d of %d", temperature,
+                 ran["num_conversations"], len(turns), ran["longest_context"], max_len)
+    if on_progress is not None and sweep_temperatures:
+        on_progress(progress["done"], progress["done"], progress["tokens"])
     if bench.drafter.has_confidence:
         result["adaptive_verification"] = adaptive_model(recipe, cost, kept, n)
     return result

@@ -235,33 +235,82 @@ def plot_adaptive(result: dict[str, Any], path: Path) -> str | None:
     return _save(fig, path, "adaptive_verification", series)
 
 
+def _tau_errors(bins: list[dict[str, Any]]) -> list[list[float]]:
+    """errorbar's [below, above] from each bin's 95% interval (0 where a bin has none: one turn)."""
+    lows = [b["tau"]["mean"] - b["tau"]["ci95"][0] if b["tau"]["ci95"][0] is not None else 0.0 for b in bins]
+    highs = [b["tau"]["ci95"][1] - b["tau"]["mean"] if b["tau"]["ci95"][1] is not None else 0.0 for b in bins]
+    return [lows, highs]
+
+
 def plot_context(result: dict[str, Any], path: Path) -> str | None:
-    """tau against context length (bin midpoints, 95% intervals): the sweep when run, else the main runs."""
+    """tau against context length (bin middles, 95% intervals, turns per bin) for the sweep's long
+    conversations and the main runs; beside it, the sweep's per-position acceptance in each bin."""
     offline = result.get("offline") or {}
-    blocks = [(f"{s['dataset']} T={s['temperature']:g} (sweep)", s["bins"]) for s in offline.get("context_sweep", [])]
-    blocks += [(run_label(r), r.get("by_context") or []) for r in offline.get("runs", [])]
-    blocks = [(label, bins) for label, bins in blocks if bins]
-    if not blocks:
+    sweeps = [s for s in offline.get("context_sweep", []) if s["bins"]]
+    runs = [(run_label(r), r["by_context"]) for r in offline.get("runs", []) if r.get("by_context")]
+    if not sweeps and not runs:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.8, 4.2))
-    series = []
-    for label, bins in blocks:
+    if sweeps:
+        fig, (ax, right) = plt.subplots(1, 2, figsize=(11.0, 4.6), gridspec_kw={"width_ratios": [1.3, 1]})
+    else:
+        fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    series, edges = [], set()
+    for sweep in sweeps:
+        label = f"{sweep['dataset']} T={sweep['temperature']:g} (sweep: {_count(sweep['num_conversations'], 'conversation')})"
+        bins = sweep["bins"]
         xs = [(b["low"] + b["high"]) / 2 for b in bins]
-        ys = [b["tau"]["mean"] for b in bins]
-        errs = [[b["tau"]["mean"] - (b["tau"]["ci95"][0] if b["tau"]["ci95"][0] is not None else b["tau"]["mean"])
-                 for b in bins],
-                [(b["tau"]["ci95"][1] if b["tau"]["ci95"][1] is not None else b["tau"]["mean"]) - b["tau"]["mean"]
-                 for b in bins]]
-        ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=label,
-                    linestyle="-" if "sweep" in label else "--")
+        line = ax.errorbar(xs, [b["tau"]["mean"] for b in bins], yerr=_tau_errors(bins), marker="o", capsize=3,
+                           label=label)
+        for x, b in zip(xs, bins, strict=True):
+            ax.annotate(_count(b["num_turns"], "turn"), (x, b["tau"]["mean"]), fontsize=7, textcoords="offset points",
+                        xytext=(5, 4), color=line.lines[0].get_color())
+        edges |= {b["high"] for b in bins}
         series.append(label)
+    for i, (label, bins) in enumerate(runs):
+        dodge = 2 ** (-0.1 * (i + 1)) if sweeps else 1.0  # left of the sweep's point of the same bin, not on it
+        xs = [dodge * (b["low"] + b["high"]) / 2 for b in bins]
+        ax.errorbar(xs, [b["tau"]["mean"] for b in bins], yerr=_tau_errors(bins), marker="s", capsize=3,
+                    linestyle="--", alpha=0.8, label=f"{label} (main run)")
+        edges |= {b["high"] for b in bins}
+        series.append(label)
+    max_len = max((s.get("max_model_len") or 0 for s in sweeps), default=0)
+    if max_len:
+        ax.axvline(max_len, color="gray", linestyle=":", linewidth=1)
+        ax.text(max_len, 0.02, "max_model_len ", rotation=90, fontsize=7, color="gray", ha="right", va="bottom",
+                transform=ax.get_xaxis_transform())
     ax.set_xscale("log", base=2)
-    ax.set(xlabel="context length at the anchor (tokens, bin middle)", ylabel="tau (tokens per verification step)",
-           title="Acceptance by context length (95% CI)")
+    ticks = sorted(edges)
+    ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=8)
+    ax.minorticks_off()
+    ax.set_ylim(bottom=max(0.9, ax.get_ylim()[0]))
+    ax.set(xlabel="tokens of context at the anchor (bin middles; ticks: bin edges)",
+           ylabel="tau (tokens per verification step)", title="tau by context length (95% t intervals)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="best")
+    if sweeps:
+        sweep = sweeps[0]
+        colours = plt.get_cmap("viridis")
+        for j, b in enumerate(sweep["bins"]):
+            rates = b["acceptance_per_position"]
+            right.plot(range(1, len(rates) + 1), rates, marker="o", color=colours(j / max(1, len(sweep["bins"]) - 1)),
+                       label=f"{b['low']}-{b['high']} ({_count(b['num_steps'], 'step')})")
+        right.set(xlabel="draft position", ylabel="acceptance rate (per drafting step)", ylim=(0, 1.02),
+                  title=f"Per position, by context ({sweep['dataset']} T={sweep['temperature']:g})")
+        right.grid(alpha=0.3)
+        right.legend(fontsize=7, title="tokens of context", title_fontsize=7)
+        fig.suptitle(_wrap(sweep["note"], 140), fontsize=8)
     return _save(fig, path, "context_sweep", series)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
 
 
 def plot_baselines(result: dict[str, Any], path: Path) -> str | None:

@@ -265,16 +265,18 @@ def adaptive_markdown(offline: dict[str, Any]) -> list[str]:
 def context_markdown(offline: dict[str, Any]) -> list[str]:
     blocks = [(f"{run['dataset']} T={run['temperature']:g}", run.get("by_context") or [], None)
               for run in offline.get("runs", [])]
-    blocks += [(f"{s['dataset']} T={s['temperature']:g} (context sweep, {s['num_turns']} turns)", s["bins"], s["note"])
-               for s in offline.get("context_sweep", [])]
+    blocks += [(f"{s['dataset']} T={s['temperature']:g} (context sweep: {s['num_conversations']} conversations, "
+                f"{s['num_turns']} turns, longest context {s['longest_context']} of {s['max_model_len']} tokens)",
+                s["bins"], s["note"]) for s in offline.get("context_sweep", [])]
     if not any(bins for _, bins, _ in blocks):
         return []
     from dspark_cli.bench.context import drop_note
 
     lines = ["", "### Acceptance by context length", "",
              ("Every verification step binned by the tokens before its anchor (prompt, earlier turns and the "
-              "answer so far); `bench.context_sweep: true` adds the prompts chained into long conversations. "
-              "Plot: `context_sweep.png`."), ""]
+              "answer so far); `bench.context_sweep: true` adds long conversations of the prompts, each filled up "
+              "to `target.max_model_len`. Intervals: 95% t intervals over the bin's turns, clipped to "
+              "[1, N + 1]; a bin of one turn has none. Plot: `context_sweep.png`."), ""]
     for title, bins, note in blocks:
         if not bins:
             continue

@@ -222,5 +222,6 @@ def _bench(recipe: Recipe, data: dict[str, Any], put, shrink, rows: list[Substit
         put("bench.mt_bench_path", "mt-bench", "the bundled MT-Bench questions (offline)")
     put("bench.num_prompts", min(bench.num_prompts or BENCH_PROMPTS, BENCH_PROMPTS), "rehearsal size")
     shrink("bench.max_tokens", BENCH_MAX_TOKENS)
+    shrink("bench.context_sweep_conversations", 1)  # one long conversation (to the rehearsal's max_model_len)
     for key in ("endpoint", "baseline_endpoint", "baseline_report"):
         put(f"bench.{key}", None, "the offline bench runs here; no live server is rehearsed")

@@ -402,6 +402,13 @@ class BenchSection(Section):
         False, description="Offline: also chain the prompts into long multi-turn conversations (up to "
         "`target.max_model_len`) and report tau and acceptance binned by context length (every run is binned).",
     )
+    context_sweep_conversations: int = Field(
+        4, ge=1, description="Offline, `context_sweep`: how many long conversations (each filled with the "
+        "datasets' next prompts up to `target.max_model_len`; the sweep's cost grows with this).",
+    )
+    context_sweep_temperatures: list[float] | None = Field(
+        None, description="Offline, `context_sweep`: its temperatures (default: the first of `bench.temperatures`).",
+    )
     output_dir: OutputPath | None = Field(None, description="Reports and plots; default `<output_dir>/bench`.")
 
 
