@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -112,6 +113,29 @@ def peak_mib(log: Path) -> float | None:
         return round(int(peak.read_text().split()[-1]) / 1024, 1)
     except (OSError, ValueError, IndexError):
         return None
+
+
+class LoadSampler:
+    """The 1-minute load average every `every` seconds while the script runs (the machine may be shared):
+    the record says how busy it was, not only at the start and the end."""
+
+    def __init__(self, every: float = 60.0) -> None:
+        self.samples: list[float] = []
+        self.every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while True:
+            self.samples.append(round(os.getloadavg()[0], 2))
+            if self._stop.wait(every):
+                return
+
+    def summary(self) -> dict:
+        self._stop.set()
+        s = self.samples
+        return {"every_s": self.every, "samples": len(s), "mean": round(sum(s) / len(s), 2), "max": max(s), "min": min(s)}
 
 
 def recipe_for(work: Path, *extra: str):
@@ -505,6 +529,14 @@ def bench(work: Path, name: str, draft: Path, prompts: int, slug: str | None = N
             for r in result["offline"]["runs"] if not r.get("threshold")]
 
 
+def _tau_table(rows: list[dict]) -> list[str]:
+    """The tau section of a peers record: heading and one table row per trainer, dataset and temperature."""
+    return ["## tau (reference engine, `dspark bench DRAFT --offline`, the same prompts)", "",
+            "| trainer | dataset | temperature | tau [95% CI] | turns |", "|---|---|---|---|---|",
+            *(f"| {r['trainer']} | {r['dataset']} | {r['temperature']} | {r['tau']:.2f} "
+              f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | {r['turns']} |" for r in rows)]
+
+
 def markdown(result: dict) -> str:
     d, rows = result["data"], result["tau"]
     loss = result["recipe"].get("loss", {"ce": 0.1, "l1": 0.9, "confidence": 1.0, "slot_decay_gamma": 4.0})  # older runs
@@ -529,11 +561,7 @@ def markdown(result: dict) -> str:
           + (f" (dspark: CE against the {loss['ce_target']}, {loss['slot_weighting'].replace('_', '-')} slot weights; "
              "see 'objective' under the settings that could not be matched)" if loss.get("ce_target", "label") != "label"
              or loss.get("slot_weighting", "decay") != "decay" else "") + ".", "",
-          "## tau (reference engine, `dspark bench DRAFT --offline`, the same prompts)", "",
-          "| trainer | dataset | temperature | tau [95% CI] | turns |", "|---|---|---|---|---|"]
-    for r in rows:
-        md.append(f"| {r['trainer']} | {r['dataset']} | {r['temperature']} | {r['tau']:.2f} "
-                  f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | {r['turns']} |")
+          *_tau_table(rows)]
     md += ["", "## training speed (alternating runs, this script, this machine)", "",
            "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | final loss |",
            "|---|---|---|---|---|---|---|"]
@@ -622,7 +650,10 @@ def markdown_all(result: dict) -> str:
           f"**{result['wall_s'] / 60:.1f} min** on this machine, **shared with other developers' jobs** (setup "
           f"{t['setup_s']:.0f} s, datagen {t['datagen']['seconds']:.0f} s on {t['datagen']['engine']}, capture "
           f"{t['capture']['seconds']:.0f} s, conversions {t.get('convert_s', 0):.0f} s); load average "
-          f"{result['load_average_start']} at the start, {result['load_average_end']} at the end (2 cores).", "",
+          f"{result['load_average_start']} at the start, {result['load_average_end']} at the end (2 cores)"
+          + (f"; the 1-minute load sampled every minute meanwhile: mean {result['load_during']['mean']}, min "
+             f"{result['load_during']['min']}, max {result['load_during']['max']}" if result.get("load_during") else "")
+          + ".", "",
           f"Data: one capture of `{TARGET}` ({d['sequences']} regenerated answers to bundled training prompts, "
           f"{d['tokens']:,} tokens, {d['loss_tokens']:,} trained), converted to each peer's offline format. "
           f"Budget: {result['steps']} steps of <= {r['tokens_per_step']:,} tokens, lr {r['lr']} cosine, warmup "
@@ -630,11 +661,7 @@ def markdown_all(result: dict) -> str:
           f"Markov rank 64, loss {loss['ce']:g} CE + {loss['l1']:g} L1 + {loss['confidence']:g} confidence, slot "
           f"decay gamma {loss['slot_decay_gamma']:g}; dspark: the tiny recipe otherwise (CE against the "
           f"{loss.get('ce_target', 'label')}, {loss.get('slot_weighting', 'decay').replace('_', '-')} slot weights).", "",
-          "## tau (reference engine, `dspark bench DRAFT --offline`, the same prompts)", "",
-          "| trainer | dataset | temperature | tau [95% CI] | turns |", "|---|---|---|---|---|"]
-    for row in rows:
-        md.append(f"| {row['trainer']} | {row['dataset']} | {row['temperature']} | {row['tau']:.2f} "
-                  f"[{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}] | {row['turns']} |")
+          *_tau_table(rows)]
     md += ["", "## training (this script, this machine, alternating runs)", "",
            "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | peak RSS MiB | final loss |",
            "|---|---|---|---|---|---|---|---|"]
@@ -717,12 +744,10 @@ def prepare_and_train(args, chosen: list[str], recipe, work: Path, steps: int, e
             training.append(train_speculators(work, run, steps, formats["speculators"], anchors, ids, recipe))
             print(json.dumps(training[-1]), file=log, flush=True)
             print(json.dumps(training[-1]), flush=True)
-        print(json.dumps(training[-1]), flush=True)
         if "nemo_automodel" in chosen:
             training.append(train_nemo(work, run, steps, batch, formats["nemo_automodel"], ids, recipe))
             print(json.dumps(training[-1]), file=log, flush=True)
             print(json.dumps(training[-1]), flush=True)
-        print(json.dumps(training[-1]), flush=True)
     log.close()
     return data, batch, formats, training
 
@@ -764,6 +789,7 @@ def main() -> None:
         return
     started = time.time()
     load_start = [round(x, 2) for x in os.getloadavg()]
+    sampler = LoadSampler()
     work = Path(args.work or tempfile.mkdtemp(prefix="dspark-peers-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -811,11 +837,11 @@ def main() -> None:
         long_steps = int(steps * peer_wall / ours_wall)
         run = train_dspark(work, "same-time", long_steps, with_steps(long_steps))
         print(json.dumps(run), flush=True)
-        name = f"dspark, SpecForge's time ({long_steps} steps)"
+        label = f"dspark, SpecForge's time ({long_steps} steps)"
         long_draft = work / "dspark-same-time-draft"
         export(Path(run["dir"]), long_draft, work / "dspark-same-time-export.log")
-        tau += bench(work, name, long_draft, args.eval_prompts, slug="dspark-same-time")
-        same_time = {"trainer": name, "steps": long_steps, "wall_s": run["wall_s"], "peer_wall_s": peer_wall,
+        tau += bench(work, label, long_draft, args.eval_prompts, slug="dspark-same-time")
+        same_time = {"trainer": label, "steps": long_steps, "wall_s": run["wall_s"], "peer_wall_s": peer_wall,
                      "ours_wall_s_same_steps": ours_wall, "run": run}
     speeds = {trainer: statistics.median(r["tokens_per_s"] for r in training if r["trainer"] == trainer)
               for trainer in ["dspark", *(PEER_NAMES[p] for p in chosen)]}
@@ -839,6 +865,7 @@ def main() -> None:
                      for trainer in speeds},
         "unmatched": unmatched(recipe.train.loss.model_dump(), recipe.train.betas),
         "load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "load_during": sampler.summary() if not args.score_only else None,
         "wall_s": round(time.time() - started), "work": str(work),
     }
     text = markdown(result) if name == "peers" else markdown_all(result)
