@@ -91,9 +91,10 @@ def record(name: str, result: dict, text: str) -> None:
     (out / f"{name}.md").write_text(text)
 
 
-def sh(cmd: list[str], log: Path, env: dict | None = None, timeout: int = 1800) -> float:
+def sh(cmd: list[str], log: Path, env: dict | None = None, timeout: int = 4 * 3600) -> float:
     """Run cmd (output to log), return its wall time; raise with the log's tail if it fails. The peak
-    resident memory of the largest process of its tree (GNU time's %M, KiB) goes to log + '.maxrss'."""
+    resident memory of the largest process of its tree (GNU time's %M, KiB) goes to log + '.maxrss'. The
+    timeout only catches a hang: on a loaded machine a peer's training is legitimately slow."""
     started = time.perf_counter()
     peak = log.with_name(log.name + ".maxrss")
     timer = ["/usr/bin/time", "-f", "%M", "-o", str(peak)] if Path("/usr/bin/time").is_file() else []
@@ -121,6 +122,7 @@ class LoadSampler:
 
     def __init__(self, every: float = 60.0) -> None:
         self.samples: list[float] = []
+        self.times: list[float] = []
         self.every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
@@ -128,9 +130,16 @@ class LoadSampler:
 
     def _run(self, every: float) -> None:
         while True:
+            self.times.append(time.time())
             self.samples.append(round(os.getloadavg()[0], 2))
             if self._stop.wait(every):
                 return
+
+    def mean_since(self, start: float) -> float:
+        """The mean 1-minute load of the samples taken since `start` (a time.time()) and of one taken now:
+        how busy the machine was while one trainer ran."""
+        s = [v for t, v in zip(self.times, self.samples) if t >= start] + [os.getloadavg()[0]]
+        return round(sum(s) / len(s), 2)
 
     def summary(self) -> dict:
         self._stop.set()
@@ -663,17 +672,20 @@ def markdown_all(result: dict) -> str:
           f"{loss.get('ce_target', 'label')}, {loss.get('slot_weighting', 'decay').replace('_', '-')} slot weights).", "",
           *_tau_table(rows)]
     md += ["", "## training (this script, this machine, alternating runs)", "",
-           "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | peak RSS MiB | final loss |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | peak RSS MiB | final loss "
+           "| load while it trained |", "|---|---|---|---|---|---|---|---|---|"]
     for row in result["training"]:
         loss_text = f"{row['final_loss']:.3f}" if row.get("final_loss") is not None else "-"
+        load_text = f"{row['load_mean']:.1f}" if row.get("load_mean") is not None else "-"
         md.append(f"| {row['trainer']} | {row['run']} | {row['steps']} | {row['tokens_per_step']:.0f} | "
-                  f"{row['tokens_per_s']:,.0f} | {row['wall_s']:.0f} | {row.get('peak_mib') or 0:,.0f} | {loss_text} |")
+                  f"{row['tokens_per_s']:,.0f} | {row['wall_s']:.0f} | {row.get('peak_mib') or 0:,.0f} | {loss_text} "
+                  f"| {load_text} |")
     md += ["", "Median steady tokens/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in result["tokens_per_s"].items())
            + f"; dspark / the fastest peer ({result['fastest_peer']}) {result['speed_ratio']:.2f}x. Steady = after "
            "the first 10 steps (dspark: its first log interval), real sequence tokens only (padding not counted). "
-           "Peak RSS: the largest process of the trainer's tree (GNU time). Wall includes start-up, data loading "
-           "and checkpoints (the final losses are each trainer's own objective: not comparable across trainers).",
+           "Peak RSS: the largest process of the trainer's tree (GNU time). Load: the mean 1-minute load average "
+           "sampled while that trainer ran (2 cores; above 2 the trainer did not have the machine to itself). "
+           "Wall includes start-up, data loading and checkpoints (the final losses are each trainer's own objective: not comparable across trainers).",
            "", "## against the issue's goals (this run)", ""]
     for row in rows:
         if row["trainer"] != "dspark":
@@ -709,7 +721,8 @@ def markdown_all(result: dict) -> str:
 
 
 def prepare_and_train(args, chosen: list[str], recipe, work: Path, steps: int, extra: list[str], timings: dict,
-                      started: float, load_start: list[float]) -> tuple[dict, int, dict, list[dict]]:
+                      started: float, load_start: list[float], sampler: LoadSampler
+                      ) -> tuple[dict, int, dict, list[dict]]:
     """Data (datagen + capture, unless reused), each peer's format, and the alternated training runs;
     what scoring needs is also written to WORK/prepared.json and WORK/training.jsonl (for --score-only)."""
     captured = Path(recipe.stage_dir("capture")) / "manifest.json"
@@ -734,18 +747,16 @@ def prepare_and_train(args, chosen: list[str], recipe, work: Path, steps: int, e
     training = []
     log = (work / "training.jsonl").open("w")
     for run in range(args.repeats):
-        training.append(train_dspark(work, run, steps, extra))
-        print(json.dumps(training[-1]), file=log, flush=True)
-        print(json.dumps(training[-1]), flush=True)
-        training.append(train_specforge(work, run, steps, batch, data, ids, recipe))
-        print(json.dumps(training[-1]), file=log, flush=True)
-        print(json.dumps(training[-1]), flush=True)
+        trainers = [lambda: train_dspark(work, run, steps, extra),
+                    lambda: train_specforge(work, run, steps, batch, data, ids, recipe)]
         if "speculators" in chosen:
-            training.append(train_speculators(work, run, steps, formats["speculators"], anchors, ids, recipe))
-            print(json.dumps(training[-1]), file=log, flush=True)
-            print(json.dumps(training[-1]), flush=True)
+            trainers.append(lambda: train_speculators(work, run, steps, formats["speculators"], anchors, ids, recipe))
         if "nemo_automodel" in chosen:
-            training.append(train_nemo(work, run, steps, batch, formats["nemo_automodel"], ids, recipe))
+            trainers.append(lambda: train_nemo(work, run, steps, batch, formats["nemo_automodel"], ids, recipe))
+        for train in trainers:
+            began = time.time()
+            training.append({**train(), "load_mean": None})
+            training[-1]["load_mean"] = sampler.mean_since(began)
             print(json.dumps(training[-1]), file=log, flush=True)
             print(json.dumps(training[-1]), flush=True)
     log.close()
@@ -765,7 +776,7 @@ def main() -> None:
     parser.add_argument("--no-same-time", action="store_true",
                         help="skip the extra dspark run given SpecForge's wall-clock time instead of its steps")
     parser.add_argument("--no-record", action="store_true", help="do not write benchmarks/results/peers.*")
-    parser.add_argument("--rerender", action="store_true", help="rewrite peers.md from peers.json; run nothing")
+    parser.add_argument("--rerender", action="store_true", help="rewrite the record's .md from its .json (peers, or peers-all with --peers; -seedN with --seed); run nothing")
     parser.add_argument("--peers", default="specforge",
                         help="comma-separated, of " + ", ".join(PEER_NAMES) + "; more than SpecForge records "
                         "peers-all.* (default: specforge, recorded as peers.*)")
@@ -783,9 +794,10 @@ def main() -> None:
     name = "peers" if chosen == ["specforge"] else "peers-all"
     if args.rerender:  # the .md again from the recorded .json (after a change of this script's text only)
         out = ROOT / "benchmarks" / "results"
-        result = json.loads((out / "peers.json").read_text())
+        stem = name + (f"-seed{args.seed}" if args.seed is not None else "")
+        result = json.loads((out / f"{stem}.json").read_text())
         result["unmatched"] = unmatched(result["recipe"].get("loss", {}), result["recipe"].get("betas"))
-        record("peers", result, markdown(result))
+        record(stem, result, markdown(result) if name == "peers" else markdown_all(result))
         return
     started = time.time()
     load_start = [round(x, 2) for x in os.getloadavg()]
@@ -820,7 +832,7 @@ def main() -> None:
         timings["scored_separately"] = True
     else:
         data, batch, formats, training = prepare_and_train(args, chosen, recipe, work, steps, extra, timings,
-                                                           started, load_start)
+                                                           started, load_start, sampler)
     dspark_draft = work / "dspark-draft"
     export(work / "dspark-train-0", dspark_draft, work / "dspark-export.log")
     tau = bench(work, "dspark", dspark_draft, args.eval_prompts)
