@@ -379,3 +379,24 @@ def test_the_multi_peer_report_compares_with_the_best_of_all_peers():
     assert "shared with other developers' jobs" in text
     for peer in trainers[1:]:
         assert f"\n{peer}:\n" in text or f"{peer}:" in text
+    assert text.count("| trainer | dataset | temperature | tau [95% CI] | turns |") == 1
+    assert "| speculators 0.9.0 | tiny-eval | 0.0 | 1.90 [1.80, 2.00] | 30 |" in text
+    assert "sampled every minute" not in text  # no samples recorded: nothing said
+    during = {"every_s": 60, "samples": 3, "mean": 2.5, "min": 2.1, "max": 3.2}
+    assert "mean 2.5, min 2.1, max 3.2" in peers.markdown_all({**result, "load_during": during})
+    assert "| 700 | 2.000 | - |" in text  # no load recorded for a trainer: none shown
+    loaded = peers.markdown_all({**result, "training": [{**training[0], "load_mean": 3.25}, *training[1:]]})
+    assert "| dspark | 0 | 24 | 2000 | 4,000 | 60 | 700 | 2.000 | 3.2 |" in loaded
+
+
+def test_the_load_sampler_reads_the_load_while_it_runs(monkeypatch):
+    import time
+
+    sampler = peers.LoadSampler(every=0.01)
+    time.sleep(0.1)
+    summary = sampler.summary()
+    assert summary["samples"] >= 2 and summary["min"] <= summary["mean"] <= summary["max"]
+    # one trainer's load: the samples since it began, and one taken when it ended
+    sampler.times, sampler.samples = [10.0, 20.0, 30.0], [1.0, 2.0, 4.0]
+    monkeypatch.setattr(peers.os, "getloadavg", lambda: (6.0, 0.0, 0.0))
+    assert sampler.mean_since(15.0) == 4.0 and sampler.mean_since(40.0) == 6.0

@@ -215,6 +215,43 @@ def test_anti_repetition_stage_is_deterministic_and_targets_repeats(hf_target, c
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), name
 
 
+# ----------------------------------------------------------------------------- the second held-out set
+
+def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    import re
+
+    words = re.findall(r"[a-z0-9_.]+", text.lower())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def test_tiny_requests_are_new_requests_not_corpus_prompts(corpus):
+    """tiny-requests (bench set 2) holds requests of the targets' domain that none of their prompts resembles:
+    no prompt shares five consecutive words with any prompt of the corpus (both splits: what the targets and
+    the drafts were trained on, and tiny-eval) or of the bundled sets, and none is one of the corpus's four
+    templates about an object. (Four words is too strict for English: "the current working directory",
+    "as a list of" occur in the corpus's docstring summaries.)"""
+    import re
+
+    from dspark_cli.prompts.bundled import BUNDLED_DATASETS
+
+    records = [json.loads(line) for line in BUNDLED_DATASETS["tiny-requests"].read_text().splitlines()]
+    prompts = [r["prompt"] for r in records]
+    assert len(records) == 60 and len(set(prompts)) == 60 and len({r["id"] for r in records}) == 60
+    assert {r["category"] for r in records} == {"code", "explain", "howto"}
+    # the first 20 (what bench.num_prompts: 20 reads) hold every category
+    assert {r["category"] for r in records[:20]} == {"code", "explain", "howto"}
+    seen = [p.prompt for p in corpus.train + corpus.held_out]
+    for name in ("tiny-prompts", "tiny-eval"):
+        seen += [json.loads(line)["prompt"] for line in BUNDLED_DATASETS[name].read_text().splitlines()]
+    known = set().union(*(_ngrams(p, 5) for p in seen))
+    shared = {p: sorted(_ngrams(p, 5) & known) for p in prompts if _ngrams(p, 5) & known}
+    assert not shared
+    templates = re.compile(r"What is the signature of `|Explain what (the class )?`|Write a Python function `"
+                           r"|Write the method `|What is the `[\w.]+` module for\?|in the style of `")
+    assert not [p for p in prompts if templates.search(p)]
+    assert _ngrams("So what is the signature of it?", 5) & known  # the check sees a corpus template
+
+
 # ----------------------------------------------------------------------------- quality and engine agreement
 
 @pytest.fixture(scope="module")

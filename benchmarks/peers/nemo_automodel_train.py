@@ -115,6 +115,7 @@ def main() -> None:
         from nemo_automodel.recipes.llm.train_dspark import _resolve_warmup_steps
 
         warmup = _resolve_warmup_steps(args.warmup_ratio, args.max_steps)
+        recipe.untrack_state("lr_scheduler")  # its setattr refuses to replace a tracked state object
         recipe.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
             recipe.optimizer, make_warmup_cosine_schedule(warmup, args.max_steps, args.min_lr_ratio))
         recipe.total_optim_steps = args.max_steps

@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -90,9 +91,10 @@ def record(name: str, result: dict, text: str) -> None:
     (out / f"{name}.md").write_text(text)
 
 
-def sh(cmd: list[str], log: Path, env: dict | None = None, timeout: int = 1800) -> float:
+def sh(cmd: list[str], log: Path, env: dict | None = None, timeout: int = 4 * 3600) -> float:
     """Run cmd (output to log), return its wall time; raise with the log's tail if it fails. The peak
-    resident memory of the largest process of its tree (GNU time's %M, KiB) goes to log + '.maxrss'."""
+    resident memory of the largest process of its tree (GNU time's %M, KiB) goes to log + '.maxrss'. The
+    timeout only catches a hang: on a loaded machine a peer's training is legitimately slow."""
     started = time.perf_counter()
     peak = log.with_name(log.name + ".maxrss")
     timer = ["/usr/bin/time", "-f", "%M", "-o", str(peak)] if Path("/usr/bin/time").is_file() else []
@@ -112,6 +114,37 @@ def peak_mib(log: Path) -> float | None:
         return round(int(peak.read_text().split()[-1]) / 1024, 1)
     except (OSError, ValueError, IndexError):
         return None
+
+
+class LoadSampler:
+    """The 1-minute load average every `every` seconds while the script runs (the machine may be shared):
+    the record says how busy it was, not only at the start and the end."""
+
+    def __init__(self, every: float = 60.0) -> None:
+        self.samples: list[float] = []
+        self.times: list[float] = []
+        self.every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while True:
+            self.times.append(time.time())
+            self.samples.append(round(os.getloadavg()[0], 2))
+            if self._stop.wait(every):
+                return
+
+    def mean_since(self, start: float) -> float:
+        """The mean 1-minute load of the samples taken since `start` (a time.time()) and of one taken now:
+        how busy the machine was while one trainer ran."""
+        s = [v for t, v in zip(self.times, self.samples) if t >= start] + [os.getloadavg()[0]]
+        return round(sum(s) / len(s), 2)
+
+    def summary(self) -> dict:
+        self._stop.set()
+        s = self.samples
+        return {"every_s": self.every, "samples": len(s), "mean": round(sum(s) / len(s), 2), "max": max(s), "min": min(s)}
 
 
 def recipe_for(work: Path, *extra: str):
@@ -505,6 +538,14 @@ def bench(work: Path, name: str, draft: Path, prompts: int, slug: str | None = N
             for r in result["offline"]["runs"] if not r.get("threshold")]
 
 
+def _tau_table(rows: list[dict]) -> list[str]:
+    """The tau section of a peers record: heading and one table row per trainer, dataset and temperature."""
+    return ["## tau (reference engine, `dspark bench DRAFT --offline`, the same prompts)", "",
+            "| trainer | dataset | temperature | tau [95% CI] | turns |", "|---|---|---|---|---|",
+            *(f"| {r['trainer']} | {r['dataset']} | {r['temperature']} | {r['tau']:.2f} "
+              f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | {r['turns']} |" for r in rows)]
+
+
 def markdown(result: dict) -> str:
     d, rows = result["data"], result["tau"]
     loss = result["recipe"].get("loss", {"ce": 0.1, "l1": 0.9, "confidence": 1.0, "slot_decay_gamma": 4.0})  # older runs
@@ -529,11 +570,7 @@ def markdown(result: dict) -> str:
           + (f" (dspark: CE against the {loss['ce_target']}, {loss['slot_weighting'].replace('_', '-')} slot weights; "
              "see 'objective' under the settings that could not be matched)" if loss.get("ce_target", "label") != "label"
              or loss.get("slot_weighting", "decay") != "decay" else "") + ".", "",
-          "## tau (reference engine, `dspark bench DRAFT --offline`, the same prompts)", "",
-          "| trainer | dataset | temperature | tau [95% CI] | turns |", "|---|---|---|---|---|"]
-    for r in rows:
-        md.append(f"| {r['trainer']} | {r['dataset']} | {r['temperature']} | {r['tau']:.2f} "
-                  f"[{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] | {r['turns']} |")
+          *_tau_table(rows)]
     md += ["", "## training speed (alternating runs, this script, this machine)", "",
            "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | final loss |",
            "|---|---|---|---|---|---|---|"]
@@ -622,7 +659,10 @@ def markdown_all(result: dict) -> str:
           f"**{result['wall_s'] / 60:.1f} min** on this machine, **shared with other developers' jobs** (setup "
           f"{t['setup_s']:.0f} s, datagen {t['datagen']['seconds']:.0f} s on {t['datagen']['engine']}, capture "
           f"{t['capture']['seconds']:.0f} s, conversions {t.get('convert_s', 0):.0f} s); load average "
-          f"{result['load_average_start']} at the start, {result['load_average_end']} at the end (2 cores).", "",
+          f"{result['load_average_start']} at the start, {result['load_average_end']} at the end (2 cores)"
+          + (f"; the 1-minute load sampled every minute meanwhile: mean {result['load_during']['mean']}, min "
+             f"{result['load_during']['min']}, max {result['load_during']['max']}" if result.get("load_during") else "")
+          + ".", "",
           f"Data: one capture of `{TARGET}` ({d['sequences']} regenerated answers to bundled training prompts, "
           f"{d['tokens']:,} tokens, {d['loss_tokens']:,} trained), converted to each peer's offline format. "
           f"Budget: {result['steps']} steps of <= {r['tokens_per_step']:,} tokens, lr {r['lr']} cosine, warmup "
@@ -630,23 +670,22 @@ def markdown_all(result: dict) -> str:
           f"Markov rank 64, loss {loss['ce']:g} CE + {loss['l1']:g} L1 + {loss['confidence']:g} confidence, slot "
           f"decay gamma {loss['slot_decay_gamma']:g}; dspark: the tiny recipe otherwise (CE against the "
           f"{loss.get('ce_target', 'label')}, {loss.get('slot_weighting', 'decay').replace('_', '-')} slot weights).", "",
-          "## tau (reference engine, `dspark bench DRAFT --offline`, the same prompts)", "",
-          "| trainer | dataset | temperature | tau [95% CI] | turns |", "|---|---|---|---|---|"]
-    for row in rows:
-        md.append(f"| {row['trainer']} | {row['dataset']} | {row['temperature']} | {row['tau']:.2f} "
-                  f"[{row['ci95'][0]:.2f}, {row['ci95'][1]:.2f}] | {row['turns']} |")
+          *_tau_table(rows)]
     md += ["", "## training (this script, this machine, alternating runs)", "",
-           "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | peak RSS MiB | final loss |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | peak RSS MiB | final loss "
+           "| load while it trained |", "|---|---|---|---|---|---|---|---|---|"]
     for row in result["training"]:
         loss_text = f"{row['final_loss']:.3f}" if row.get("final_loss") is not None else "-"
+        load_text = f"{row['load_mean']:.1f}" if row.get("load_mean") is not None else "-"
         md.append(f"| {row['trainer']} | {row['run']} | {row['steps']} | {row['tokens_per_step']:.0f} | "
-                  f"{row['tokens_per_s']:,.0f} | {row['wall_s']:.0f} | {row.get('peak_mib') or 0:,.0f} | {loss_text} |")
+                  f"{row['tokens_per_s']:,.0f} | {row['wall_s']:.0f} | {row.get('peak_mib') or 0:,.0f} | {loss_text} "
+                  f"| {load_text} |")
     md += ["", "Median steady tokens/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in result["tokens_per_s"].items())
            + f"; dspark / the fastest peer ({result['fastest_peer']}) {result['speed_ratio']:.2f}x. Steady = after "
            "the first 10 steps (dspark: its first log interval), real sequence tokens only (padding not counted). "
-           "Peak RSS: the largest process of the trainer's tree (GNU time). Wall includes start-up, data loading "
-           "and checkpoints (the final losses are each trainer's own objective: not comparable across trainers).",
+           "Peak RSS: the largest process of the trainer's tree (GNU time). Load: the mean 1-minute load average "
+           "sampled while that trainer ran (2 cores; above 2 the trainer did not have the machine to itself). "
+           "Wall includes start-up, data loading and checkpoints (the final losses are each trainer's own objective: not comparable across trainers).",
            "", "## against the issue's goals (this run)", ""]
     for row in rows:
         if row["trainer"] != "dspark":
@@ -682,7 +721,8 @@ def markdown_all(result: dict) -> str:
 
 
 def prepare_and_train(args, chosen: list[str], recipe, work: Path, steps: int, extra: list[str], timings: dict,
-                      started: float, load_start: list[float]) -> tuple[dict, int, dict, list[dict]]:
+                      started: float, load_start: list[float], sampler: LoadSampler
+                      ) -> tuple[dict, int, dict, list[dict]]:
     """Data (datagen + capture, unless reused), each peer's format, and the alternated training runs;
     what scoring needs is also written to WORK/prepared.json and WORK/training.jsonl (for --score-only)."""
     captured = Path(recipe.stage_dir("capture")) / "manifest.json"
@@ -707,22 +747,18 @@ def prepare_and_train(args, chosen: list[str], recipe, work: Path, steps: int, e
     training = []
     log = (work / "training.jsonl").open("w")
     for run in range(args.repeats):
-        training.append(train_dspark(work, run, steps, extra))
-        print(json.dumps(training[-1]), file=log, flush=True)
-        print(json.dumps(training[-1]), flush=True)
-        training.append(train_specforge(work, run, steps, batch, data, ids, recipe))
-        print(json.dumps(training[-1]), file=log, flush=True)
-        print(json.dumps(training[-1]), flush=True)
+        trainers = [lambda: train_dspark(work, run, steps, extra),
+                    lambda: train_specforge(work, run, steps, batch, data, ids, recipe)]
         if "speculators" in chosen:
-            training.append(train_speculators(work, run, steps, formats["speculators"], anchors, ids, recipe))
-            print(json.dumps(training[-1]), file=log, flush=True)
-            print(json.dumps(training[-1]), flush=True)
-        print(json.dumps(training[-1]), flush=True)
+            trainers.append(lambda: train_speculators(work, run, steps, formats["speculators"], anchors, ids, recipe))
         if "nemo_automodel" in chosen:
-            training.append(train_nemo(work, run, steps, batch, formats["nemo_automodel"], ids, recipe))
+            trainers.append(lambda: train_nemo(work, run, steps, batch, formats["nemo_automodel"], ids, recipe))
+        for train in trainers:
+            began = time.time()
+            training.append({**train(), "load_mean": None})
+            training[-1]["load_mean"] = sampler.mean_since(began)
             print(json.dumps(training[-1]), file=log, flush=True)
             print(json.dumps(training[-1]), flush=True)
-        print(json.dumps(training[-1]), flush=True)
     log.close()
     return data, batch, formats, training
 
@@ -740,7 +776,7 @@ def main() -> None:
     parser.add_argument("--no-same-time", action="store_true",
                         help="skip the extra dspark run given SpecForge's wall-clock time instead of its steps")
     parser.add_argument("--no-record", action="store_true", help="do not write benchmarks/results/peers.*")
-    parser.add_argument("--rerender", action="store_true", help="rewrite peers.md from peers.json; run nothing")
+    parser.add_argument("--rerender", action="store_true", help="rewrite the record's .md from its .json (peers, or peers-all with --peers; -seedN with --seed); run nothing")
     parser.add_argument("--peers", default="specforge",
                         help="comma-separated, of " + ", ".join(PEER_NAMES) + "; more than SpecForge records "
                         "peers-all.* (default: specforge, recorded as peers.*)")
@@ -758,12 +794,14 @@ def main() -> None:
     name = "peers" if chosen == ["specforge"] else "peers-all"
     if args.rerender:  # the .md again from the recorded .json (after a change of this script's text only)
         out = ROOT / "benchmarks" / "results"
-        result = json.loads((out / "peers.json").read_text())
+        stem = name + (f"-seed{args.seed}" if args.seed is not None else "")
+        result = json.loads((out / f"{stem}.json").read_text())
         result["unmatched"] = unmatched(result["recipe"].get("loss", {}), result["recipe"].get("betas"))
-        record("peers", result, markdown(result))
+        record(stem, result, markdown(result) if name == "peers" else markdown_all(result))
         return
     started = time.time()
     load_start = [round(x, 2) for x in os.getloadavg()]
+    sampler = LoadSampler()
     work = Path(args.work or tempfile.mkdtemp(prefix="dspark-peers-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -794,7 +832,7 @@ def main() -> None:
         timings["scored_separately"] = True
     else:
         data, batch, formats, training = prepare_and_train(args, chosen, recipe, work, steps, extra, timings,
-                                                           started, load_start)
+                                                           started, load_start, sampler)
     dspark_draft = work / "dspark-draft"
     export(work / "dspark-train-0", dspark_draft, work / "dspark-export.log")
     tau = bench(work, "dspark", dspark_draft, args.eval_prompts)
@@ -811,11 +849,11 @@ def main() -> None:
         long_steps = int(steps * peer_wall / ours_wall)
         run = train_dspark(work, "same-time", long_steps, with_steps(long_steps))
         print(json.dumps(run), flush=True)
-        name = f"dspark, SpecForge's time ({long_steps} steps)"
+        label = f"dspark, SpecForge's time ({long_steps} steps)"
         long_draft = work / "dspark-same-time-draft"
         export(Path(run["dir"]), long_draft, work / "dspark-same-time-export.log")
-        tau += bench(work, name, long_draft, args.eval_prompts, slug="dspark-same-time")
-        same_time = {"trainer": name, "steps": long_steps, "wall_s": run["wall_s"], "peer_wall_s": peer_wall,
+        tau += bench(work, label, long_draft, args.eval_prompts, slug="dspark-same-time")
+        same_time = {"trainer": label, "steps": long_steps, "wall_s": run["wall_s"], "peer_wall_s": peer_wall,
                      "ours_wall_s_same_steps": ours_wall, "run": run}
     speeds = {trainer: statistics.median(r["tokens_per_s"] for r in training if r["trainer"] == trainer)
               for trainer in ["dspark", *(PEER_NAMES[p] for p in chosen)]}
@@ -839,6 +877,7 @@ def main() -> None:
                      for trainer in speeds},
         "unmatched": unmatched(recipe.train.loss.model_dump(), recipe.train.betas),
         "load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "load_during": sampler.summary() if not args.score_only else None,
         "wall_s": round(time.time() - started), "work": str(work),
     }
     text = markdown(result) if name == "peers" else markdown_all(result)

@@ -11,15 +11,8 @@
 # uses torch's AdamW unless configured), mistral-common (Mistral tokenizers only), ninja (JIT CUDA builds).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-venv="${NEMO_AUTOMODEL_VENV:-$here/.venv-nemo-automodel}"
-python="${PYTHON:-python3.11}"
-if [ -f "$venv/.installed" ]; then
-  echo "nemo_automodel venv ready: $venv"; exit 0
-fi
-"$python" -m venv "$venv"
-"$venv/bin/pip" install --quiet torch==2.13.0
-"$venv/bin/pip" install --quiet --no-deps nemo_automodel==0.7.0
-"$venv/bin/pip" install --quiet torch==2.13.0 "transformers==5.18.0" "datasets>=4.0.0" pyyaml tiktoken torchdata \
-  "torchao>=0.16.0" "megatron-fsdp==0.5.0" safetensors pillow
-"$venv/bin/python" -c "import torch, nemo_automodel.recipes.llm.train_dspark; assert not torch.cuda.is_available(); print('nemo_automodel', __import__('importlib.metadata').metadata.version('nemo_automodel'), 'torch', torch.__version__)"
-touch "$venv/.installed"
+source "$here/venv.sh"
+peer_venv "${NEMO_AUTOMODEL_VENV:-$here/.venv-nemo-automodel}" nemo_automodel==0.7.0 -- \
+  "transformers==5.18.0" "datasets>=4.0.0" pyyaml tiktoken torchdata "torchao>=0.16.0" "megatron-fsdp==0.5.0" \
+  safetensors pillow -- \
+  "import torch, nemo_automodel.recipes.llm.train_dspark; print('nemo_automodel', __import__('importlib.metadata').metadata.version('nemo_automodel'), 'torch', torch.__version__)"

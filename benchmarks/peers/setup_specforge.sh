@@ -11,15 +11,8 @@
 # wandb / tensorboard (tracking off), openai-harmony (gpt-oss chat template only).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-venv="${SPECFORGE_VENV:-$here/.venv-specforge}"
-python="${PYTHON:-python3.11}"
-if [ -f "$venv/.installed" ]; then
-  echo "specforge venv ready: $venv"; exit 0
-fi
-"$python" -m venv "$venv"
-"$venv/bin/pip" install --quiet torch==2.13.0
-"$venv/bin/pip" install --quiet --no-deps specforge==0.2.0
-"$venv/bin/pip" install --quiet torch==2.13.0 "transformers==5.8.1" datasets accelerate huggingface-hub numpy \
-  pydantic psutil pyyaml safetensors requests tqdm typing-extensions
-"$venv/bin/python" -c "import torch, specforge.cli, specforge.modeling.draft.dspark; assert not torch.cuda.is_available(); print('specforge', __import__('importlib.metadata').metadata.version('specforge'), 'torch', torch.__version__)"
-touch "$venv/.installed"
+source "$here/venv.sh"
+peer_venv "${SPECFORGE_VENV:-$here/.venv-specforge}" specforge==0.2.0 -- \
+  "transformers==5.8.1" datasets accelerate huggingface-hub numpy pydantic psutil pyyaml safetensors requests tqdm \
+  typing-extensions -- \
+  "import torch, specforge.cli, specforge.modeling.draft.dspark; print('specforge', __import__('importlib.metadata').metadata.version('specforge'), 'torch', torch.__version__)"

@@ -10,16 +10,9 @@
 # from its METADATA at their caps.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-venv="${SPECULATORS_VENV:-$here/.venv-speculators}"
-python="${PYTHON:-python3.11}"
-if [ -f "$venv/.installed" ]; then
-  echo "speculators venv ready: $venv"; exit 0
-fi
-"$python" -m venv "$venv"
-"$venv/bin/pip" install --quiet torch==2.13.0
-"$venv/bin/pip" install --quiet --no-deps speculators==0.9.0 hs-connectors==0.9.0
-"$venv/bin/pip" install --quiet torch==2.13.0 "transformers>=5.0.0,<=5.19.0" "datasets>=4.0.0,<=5.1.0" \
-  "loguru>=0.7.2,<=0.7.3" "numpy>=2.0.0,<=2.5.4" "tqdm>=4.66.3,<=4.70.1" aiohttp click httpx huggingface-hub \
-  "openai>=2.0.0" protobuf psutil "pydantic>=2.0.0" "pydantic-settings>=2.0.0" rich safetensors "typer>=0.12.0"
-"$venv/bin/python" -c "import torch, speculators.train.trainer, speculators.models.dspark; assert not torch.cuda.is_available(); print('speculators', __import__('importlib.metadata').metadata.version('speculators'), 'torch', torch.__version__)"
-touch "$venv/.installed"
+source "$here/venv.sh"
+peer_venv "${SPECULATORS_VENV:-$here/.venv-speculators}" speculators==0.9.0 hs-connectors==0.9.0 -- \
+  "transformers>=5.0.0,<=5.19.0" "datasets>=4.0.0,<=5.1.0" "loguru>=0.7.2,<=0.7.3" "numpy>=2.0.0,<=2.5.4" \
+  "tqdm>=4.66.3,<=4.70.1" aiohttp click httpx huggingface-hub "openai>=2.0.0" protobuf psutil "pydantic>=2.0.0" \
+  "pydantic-settings>=2.0.0" rich safetensors "typer>=0.12.0" -- \
+  "import torch, speculators.train.trainer, speculators.models.dspark; print('speculators', __import__('importlib.metadata').metadata.version('speculators'), 'torch', torch.__version__)"

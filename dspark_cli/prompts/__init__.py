@@ -5,5 +5,5 @@
 
 - sources.py       local JSONL / JSON / Parquet files, bundled sets by name, Hugging Face datasets
 - conversation.py  `Conversation` and the record formats (messages, ShareGPT, prompt/response)
-- bundled.py       the prompt sets shipped in bundled/ (tiny-prompts, tiny-eval, MT-Bench + its notice)
+- bundled.py       the prompt sets shipped in bundled/ (tiny-prompts, tiny-eval, tiny-requests, MT-Bench + notice)
 """

@@ -2,6 +2,9 @@
 
     tiny-prompts   2,000 instruction prompts from the tiny targets' *training* split (datagen input)
     tiny-eval      200 prompts from their *held-out* split (bench input; never seen in training)
+    tiny-requests  60 hand-written requests of the same domain (the standard library) in a user's own words:
+                   code, explanations, how-tos; none of the corpus's four prompt templates (a second bench
+                   set: does a draft generalise beyond prompts shaped like its training data?)
     mt-bench       MT-Bench's 80 two-turn questions (FastChat's question.jsonl, Apache-2.0: see
                    bundled/MT-BENCH-NOTICE.md), what `bench.datasets: [mt_bench]` reads by default
 
@@ -17,7 +20,7 @@ from pathlib import Path
 
 BUNDLED_DIR = Path(__file__).with_name("bundled")
 BUNDLED_DATASETS = {"tiny-prompts": BUNDLED_DIR / "tiny-prompts.jsonl", "tiny-eval": BUNDLED_DIR / "tiny-eval.jsonl",
-                    "mt-bench": BUNDLED_DIR / "mt-bench.jsonl"}
+                    "tiny-requests": BUNDLED_DIR / "tiny-requests.jsonl", "mt-bench": BUNDLED_DIR / "mt-bench.jsonl"}
 
 
 def bundled_dataset(name: str) -> Path | None:
