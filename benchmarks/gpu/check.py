@@ -258,7 +258,7 @@ def section_pipeline(smoke: bool) -> dict[str, Any]:
     raw["train"]["checkpoint_every"] = max(sizes[2] // 2, 1)
     raw["train"]["warmup_steps"] = min(raw["train"]["warmup_steps"], sizes[2] // 2)
     if smoke:
-        raw["bench"].update(max_tokens=8, temperatures=[0.0])
+        raw["bench"].update(max_tokens=8, temperatures=[0.0], context_sweep_conversations=1)  # as a rehearsal
         raw["train"].update(tokens_per_step=512, num_anchors=8)
     path = work / "recipe.yaml"
     path.write_text(yaml.safe_dump(raw))
