@@ -90,3 +90,25 @@ def os_error(exc: OSError) -> DsparkError:
     first = text[0] if text else type(exc).__name__
     return DsparkError(f"{first}{where}" if path is not None and str(path) not in first else first,
                        "check the path, the network or the device, and run again")
+
+
+def debug_enabled() -> bool:
+    """`DSPARK_DEBUG=1`: show tracebacks instead of one-line errors."""
+    return os.environ.get("DSPARK_DEBUG", "") not in ("", "0", "false", "False")
+
+
+_OUT_OF_MEMORY_HINT = "a file may claim an impossible size, or this needs a machine with more memory; DSPARK_DEBUG=1 shows where"
+
+
+def user_error(exc: BaseException) -> DsparkError | None:
+    """What `exc` means to the user as one line and a hint: a DsparkError as it is, an OSError (permissions,
+    disk full, not a directory, ...) through `os_error`, running out of memory; None for anything else,
+    an internal error to report. The CLI (`ui.handle_errors`) and a torchrun rank (`training/__main__.py`)
+    render these the same way."""
+    if isinstance(exc, DsparkError):
+        return exc
+    if isinstance(exc, OSError):
+        return os_error(exc)
+    if isinstance(exc, MemoryError):
+        return DsparkError("out of memory", _OUT_OF_MEMORY_HINT)
+    return None

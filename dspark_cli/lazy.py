@@ -6,7 +6,7 @@
     __all__ = sorted(_EXPORTS)
     __getattr__ = lazy_exports(__name__, _EXPORTS)     # in a package's __init__.py
 
-tests/test_layout.py checks that `_EXPORTS` and the `TYPE_CHECKING` imports name the same things.
+tests/project/test_layout.py checks that `_EXPORTS` and the `TYPE_CHECKING` imports name the same things.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,16 +17,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dspark_cli.errors import DsparkError, RecipeError, os_error
+from dspark_cli.errors import DsparkError, RecipeError, debug_enabled, user_error
 
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def debug_enabled() -> bool:
-    return os.environ.get("DSPARK_DEBUG", "") not in ("", "0", "false", "False")
 
 
 def _clean(text: str) -> str:
@@ -58,23 +53,13 @@ def handle_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except DsparkError as exc:
+        except (DsparkError, OSError, MemoryError) as exc:  # the user's to fix: one line naming what, and a hint
             if debug_enabled():
                 raise
-            report_error(exc)
-            raise typer.Exit(exc.exit_code) from None
-        except OSError as exc:  # permissions, disk full, a file where a directory should be: the user's to fix
-            if debug_enabled():
-                raise
-            error = os_error(exc)
+            error = user_error(exc)
+            assert error is not None
             report_error(error)
             raise typer.Exit(error.exit_code) from None
-        except MemoryError:
-            if debug_enabled():
-                raise
-            report_error(DsparkError("out of memory", "a file may claim an impossible size, or this needs a machine "
-                                     "with more memory; DSPARK_DEBUG=1 shows where"))
-            raise typer.Exit(1) from None
         except KeyboardInterrupt:
             if debug_enabled():
                 raise

@@ -12,7 +12,7 @@ suffix of the request's tokens (prompt and output, at most `max_n` long) that al
 among the longest, and up to k tokens that followed it, fewer when the text ends first; nothing
 when the longest match is shorter than `min_n`, or the request is at `max_model_len`. vLLM finds
 it with a KMP pass over the reversed text; this is a direct search, checked against vLLM's own
-function on random token sequences (tests/test_bench_baselines.py). vLLM's defaults are 5 / 5.
+function on random token sequences (tests/bench/test_bench_baselines.py). vLLM's defaults are 5 / 5.
 
 A step without a proposal still runs the target once (one token, tau 1 for that step): tau here is
 tokens per target forward pass, as for the draft. The drafts are deterministic (no draft

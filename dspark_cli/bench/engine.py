@@ -143,13 +143,10 @@ class HFTarget:
     @classmethod
     def load(cls, path: str, layer_ids: list[int], *, dtype: str = "auto", device: str | None = None,
              trust_remote_code: bool = False, revision: str | None = None) -> HFTarget:
-        from transformers import AutoModelForCausalLM
+        from dspark_cli.targets import load_causal_lm
 
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32,
-                       "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code,
-                                                     revision=revision).to(device)
+        model, _ = load_causal_lm(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+                                  revision=revision)
         return cls(model, layer_ids)
 
     def _keeper(self, key: int):

@@ -42,14 +42,11 @@ class HFCapturer:
 
     def __init__(self, model_path: str, layer_ids: list[int], *, dtype: str = "auto", trust_remote_code: bool = False,
                  revision: str | None = None, device: str | None = None) -> None:
-        from transformers import AutoModelForCausalLM
+        from dspark_cli.targets import load_causal_lm
 
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        torch_dtype = {"auto": torch.bfloat16 if self.device.startswith("cuda") else torch.float32,
-                       "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code, revision=revision
-        ).to(self.device).eval()
+        model, self.device = load_causal_lm(model_path, dtype=dtype, device=device,
+                                            trust_remote_code=trust_remote_code, revision=revision)
+        self.model = model.eval()
         self.decoder, self.layers, self.norm = decoder_parts(self.model)
         if layer_ids[-1] >= len(self.layers):
             raise ContractError(f"draft.target_layer_ids: layer {layer_ids[-1]} is beyond the target's "

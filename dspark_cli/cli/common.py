@@ -60,14 +60,10 @@ def preflight_stage(loaded, stages: list[str] | tuple[str, ...], recipe: str | N
 
     `options` are the command's flags that change what it refuses (`preflight.StageOptions`); `machine=False`
     judges the recipe alone (dry runs, which need no engine). The shared rules ran in `load`, so they are
-    not run again. torchrun's children skip it: their parent ran it.
+    not run again.
     """
-    import os
-
     from dspark_cli.preflight import StageOptions, check_preflight
 
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return
     check_preflight(loaded, stages, StageOptions(**options), machine=machine, shared=False, source=recipe)
 
 

@@ -32,7 +32,7 @@ def serve(
     stop it and its engine processes; the endpoint and a request to paste are printed once it is
     up. `--method dspark` needs a CUDA GPU and vLLM >= 0.33; `--dry-run` prints the command.
     """
-    from dspark_cli.serving.launch import serve_plan, shell_line, split_vllm_args
+    from dspark_cli.serving.command import serve_plan, shell_line, split_vllm_args
 
     draft_dir, rest, vllm_args = split_vllm_args(draft_dir, overrides)
     draft_dir, rest = split_positional(draft_dir, rest)

@@ -22,7 +22,7 @@ def train(
 ) -> None:
     """Capture hidden states and train the draft (FSDP2; torchrun when several processes)."""
     # --resume auto continues from the latest checkpoint (a crash costs at most train.checkpoint_every
-    # steps); --nproc N > 1 relaunches this command under torchrun, whose children train. An offline
+    # steps); --nproc N > 1 starts torchrun, whose children (`-m dspark_cli.training`) train. An offline
     # capture that is not complete runs first, in this process, before any rank starts.
     loaded = load(recipe, overrides, {"train.output_dir": output_dir, "train.nproc_per_node": nproc})
     preflight_stage(loaded, ["capture", "train"], recipe, machine=not dry_run, resume=resume)
@@ -41,19 +41,14 @@ def train(
         raise typer.Exit(code)
     from dspark_cli.training.run import run_train
 
-    main_process = is_main_process()
-    if main_process and stdout.is_terminal:
+    if is_main_process() and stdout.is_terminal:
         summary = _train_with_progress(loaded, resume)
     else:
         summary = run_train(loaded, resume=resume, on_log=lambda record: say(_log_line(record)))
-    if main_process:
-        from dspark_cli.training.shapes import describe
+    if is_main_process():
+        from dspark_cli.training.metrics import format_summary
 
-        final = summary.get("final_metrics") or {}
-        say(f"train: {summary['steps']} steps, {summary['tokens']} tokens, loss {final.get('loss', float('nan')):.4f}, "
-            f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1, "
-            f"{describe(summary.get('shapes'))} -> {summary['final']}; next: dspark export {summary['output_dir']}",
-            style="green")
+        say(format_summary(summary), style="green")
 
 
 def _capture_first(loaded) -> None:

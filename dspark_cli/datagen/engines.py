@@ -69,15 +69,13 @@ class HFEngine:
     def __init__(self, model_path: str, tokenizer: Any, sampling: Sampling, *, dtype: str = "auto",
                  trust_remote_code: bool = False, revision: str | None = None) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
+
+        from dspark_cli.targets import load_causal_lm
 
         self.torch = torch
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        torch_dtype = {"auto": torch.bfloat16 if self.device == "cuda" else torch.float32,
-                       "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code, revision=revision
-        ).to(self.device).eval()
+        model, self.device = load_causal_lm(model_path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                            revision=revision)
+        self.model = model.eval()
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.stop_ids = _stop_ids(tokenizer, self.model.generation_config)

@@ -32,7 +32,7 @@ Implementations (`attn_impl`):
           Pad batches to a fixed T and A to avoid recompiles (training does: training/shapes.py).
           On CPU it has no backward (PyTorch raises), so use it there only under `torch.no_grad()`.
           Not run on a GPU in this repository's CI: the CPU forward is tested against SDPA, compiled
-          and eager, also under training's FLOP counter (tests/test_train_gpu_path.py). Compiled
+          and eager, also under training's FLOP counter (tests/training/test_train_gpu_path.py). Compiled
           CPU flex computes wrong values at 12 queries x 24 keys (torch 2.11 and 2.13, any mask;
           measured), a shape no training bucket takes.
 - "eager" explicit fp32 `softmax(q k^T * scale) v`: slow, transparent, for debugging.

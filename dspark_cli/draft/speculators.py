@@ -17,7 +17,7 @@ and `speculators_model_type`; `build_vllm_speculative_config` turns them into `{
 "num_speculative_tokens": ...}`. The same weights file serves both formats (`Qwen3DSparkModel` loads it).
 
 `from_speculators` is our own reading of those rules, so the static checks and every stage's loader
-see the draft exactly as the native export would have written it; tests/test_export_speculators.py
+see the draft exactly as the native export would have written it; tests/export/test_export_speculators.py
 checks it against vLLM's own code.
 """
 

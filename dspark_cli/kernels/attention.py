@@ -56,7 +56,7 @@ def kernel_on() -> bool:
 
 # torch.compile takes the answer at trace time, as a constant: what `torch.compiler.assume_constant_result`
 # marks, without the import of all of torch._dynamo that the decorator does (~2 s in every process that
-# loads the draft, e.g. `dspark publish`); tests/test_cpu_attention_kernel.py checks the two agree
+# loads the draft, e.g. `dspark publish`); tests/draft/test_cpu_attention_kernel.py checks the two agree
 kernel_on._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 

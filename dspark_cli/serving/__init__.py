@@ -1,4 +1,4 @@
-"""Serving: the `vllm serve` command for a target with its DSpark draft (`launch.py`), the server's
+"""Serving: the `vllm serve` command for a target with its DSpark draft (`command.py`), the server's
 lifecycle (`launcher.py`) and the recipe a draft carries (`trust.py`).
 
     from dspark_cli.serving import serve_command, shell_line
@@ -15,18 +15,18 @@ from typing import TYPE_CHECKING
 from dspark_cli.lazy import lazy_exports
 
 _EXPORTS = {
-    "METHODS": "dspark_cli.serving.launch",
+    "METHODS": "dspark_cli.serving.command",
     "MIN_VLLM": "dspark_cli.serving.launcher",
     "find_vllm": "dspark_cli.serving.launcher",
     "port_free": "dspark_cli.serving.launcher",
     "version_tuple": "dspark_cli.serving.launcher",
-    "serve_command": "dspark_cli.serving.launch",
-    "serve_plan": "dspark_cli.serving.launch",
-    "shell_line": "dspark_cli.serving.launch",
+    "serve_command": "dspark_cli.serving.command",
+    "serve_plan": "dspark_cli.serving.command",
+    "shell_line": "dspark_cli.serving.command",
 }
 
 if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
-    from dspark_cli.serving.launch import METHODS, serve_command, serve_plan, shell_line
+    from dspark_cli.serving.command import METHODS, serve_command, serve_plan, shell_line
     from dspark_cli.serving.launcher import MIN_VLLM, find_vllm, port_free, version_tuple
 
 __all__ = sorted(_EXPORTS)

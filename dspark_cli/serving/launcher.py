@@ -366,7 +366,7 @@ def serve_draft(recipe: Recipe, argv: list[str], env: dict[str, str], *, method:
     (the first with ready=True) once `/health` answers, and that vLLM stopped. Returns vLLM's exit
     code for the CLI to exit with (130 after Ctrl-C).
     """
-    from dspark_cli.serving.launch import shell_line
+    from dspark_cli.serving.command import shell_line
 
     tell = on_line or (lambda text, ready: log.info("%s", text))
     vllm = preflight(method, recipe.serve.host, recipe.serve.port)

@@ -8,6 +8,7 @@
     draft_arch(recipe)               # "mla" or "gqa": draft.arch, or inferred from the target's model type
     stop_ids(tokenizer, model.generation_config)   # the token ids that end a turn (datagen, bench)
     load_tokenizer(recipe)           # transformers tokenizer (target.tokenizer or the target)
+    load_causal_lm(path, dtype="auto")  # (transformers model on its device, device): capture, datagen, bench
 
 Every stage asks these (and `resolve_target` for a bare name); the chat template is applied by
 `ChatFormat` (targets/chat.py) on the tokenizer returned here. Import-light: transformers and
@@ -151,6 +152,23 @@ def load_tokenizer(recipe: Recipe) -> Any:
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load the tokenizer of {name}: {str(exc).splitlines()[0][:200]}",
                          "check target.model / target.tokenizer (offline: a local directory)") from None
+
+
+def load_causal_lm(path: str, *, dtype: str = "auto", device: str | None = None, trust_remote_code: bool = False,
+                   revision: str | None = None) -> tuple[Any, str]:
+    """The target as a transformers causal LM, moved to `device`, and that device: the one place a stage
+    loads the target with transformers (capture's hf backend, datagen's hf engine, bench's reference
+    engine). `device` None: CUDA where there is one, else the CPU; `dtype` `auto`: bfloat16 on CUDA,
+    float32 on the CPU (the CPU's bf16 matmuls are slow and round the hidden states)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32,
+                   "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                                                 revision=revision)
+    return model.to(device), device
 
 
 def mask_token_id(recipe: Recipe, target_dir: Path) -> int | None:

@@ -15,11 +15,13 @@ Importing this package is free (no torch); the pieces import it themselves.
 - step.py        `TrainStep`: the draft plus its loss as one module (what FSDP2 wraps); anchor rows
 - distributed.py process groups, FSDP2 `fully_shard`, the torchrun command line
 - checkpoint.py  DCP checkpoints written atomically, `latest` pointer, contract check on resume
-- target.py      the target's frozen embed_tokens / lm_head, read straight from safetensors
+- frozen.py      the target's frozen embed_tokens / lm_head, read straight from safetensors
 - loop.py        `train_step` and the training loop (schedule, clipping, logging, checkpoints)
 - session.py     one process's session: build, resume, loop, final draft and manifest
 - run.py         `run_train(recipe, resume=...)` (the CLI calls this) and `plan_train` (--dry-run)
-- launch.py      train here or relaunch under torchrun (`--nproc N`), thread binding first (no torch)
+- launch.py      train here or start torchrun (`--nproc N`), thread binding first (no torch)
+- __main__.py    one torchrun rank: `python -m dspark_cli.training RECIPE ...` (what torchrun's children run)
+- cpu.py         host settings for CPU training: allocator, OpenMP thread binding
 - evaluate.py    `evaluate_draft`: the same metrics for any draft on captured sequences, no training
 
 Output layout under `recipe.stage_dir("train")`:

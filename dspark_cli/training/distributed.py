@@ -2,7 +2,7 @@
 
     env = init_distributed()                 # reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK
     model = shard(train_step, env)           # FSDP2 fully_shard of the draft + its loss
-    cmd = torchrun_command(["train", "r.yaml"], nproc=2)   # what `dspark train --nproc 2` runs
+    cmd = torchrun_command(["r.yaml"], nproc=2)   # what `dspark train --nproc 2` runs
 
 Without torchrun's variables the run is one process with no process group, and the model is not
 wrapped (FSDP2 on one rank only adds hooks). Under torchrun the backend is NCCL on CUDA and gloo
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dspark_cli.training.host import under_torchrun
+from dspark_cli.training.cpu import under_torchrun
 
 LAUNCHED_ENV = "DSPARK_TORCHRUN_CHILD"  # set for the children so they do not launch torchrun again
 
@@ -172,11 +172,11 @@ def shutdown(env: DistEnv) -> None:
         dist.destroy_process_group()
 
 
-def torchrun_command(cli_args: list[str], *, nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None,
+def torchrun_command(rank_args: list[str], *, nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None,
                      run_id: str = "dspark-train", max_restarts: int = 0) -> list[str]:
-    """`python -m torch.distributed.run ... -m dspark_cli.cli <cli_args>` for `nproc` processes per machine;
-    `max_restarts` > 0: torchrun restarts the whole gang after a rank dies (each rank resumes from the
-    last checkpoint, as `cli_args` say `--resume=auto`)."""
+    """`python -m torch.distributed.run ... -m dspark_cli.training <rank_args>` for `nproc` processes per
+    machine (each rank runs training/__main__.py); `max_restarts` > 0: torchrun restarts the whole gang
+    after a rank dies (each rank resumes from the last checkpoint, as `rank_args` say `--resume=auto`)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     if max_restarts:
         cmd.append(f"--max-restarts={max_restarts}")
@@ -189,4 +189,4 @@ def torchrun_command(cli_args: list[str], *, nproc: int, nnodes: int = 1, rdzv_e
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={run_id}"]
     else:
         cmd += ["--standalone"]  # a free port on this machine; no clashes between runs
-    return [*cmd, "-m", "dspark_cli.cli", *cli_args]
+    return [*cmd, "-m", "dspark_cli.training", *rank_args]

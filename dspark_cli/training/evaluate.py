@@ -10,7 +10,7 @@ the expected acceptance length tau under greedy and T=1 verification, plus `tau_
 start at its first token, accept the teacher-forced block there, continue where it ends (greedy:
 exactly; T=1: the expected number of steps by dynamic programming over the per-slot acceptance
 probabilities) -- which is the teacher-forced estimate of the tau speculative decoding measures on
-the same text (tests/test_train_tau.py, benchmarks/train_tau.py compare it with the reference engine).
+the same text (tests/training/test_train_tau.py, benchmarks/train_tau.py compare it with the reference engine).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from dspark_cli.training.data import collate, prepare
 from dspark_cli.training.metrics import stats_size, summarize
 from dspark_cli.training.step import LossConfig, TrainStep, local_weight, trainable_slots
-from dspark_cli.training.target import load_target_embeddings
+from dspark_cli.training.frozen import load_target_embeddings
 
 
 def load_trained_draft(train_dir: str | Path, target_dir: str | Path) -> Any:

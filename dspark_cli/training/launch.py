@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Callable
 
 from dspark_cli.recipe.schema import Recipe
-from dspark_cli.training.host import bind_threads, under_torchrun
+from dspark_cli.training.cpu import bind_threads, under_torchrun
 
 
 def is_main_process() -> bool:
@@ -32,13 +32,13 @@ def world_size(recipe: Recipe) -> int:
 
 def child_args(recipe_arg: str, overrides: list[str], *, nproc: int, resume: str, output_dir: str | None,
                devices: tuple[list[int], list[int]] | None = None) -> list[str]:
-    """The `dspark train ...` arguments each torchrun child runs with; `devices` (the launcher's
-    producer / trainer split) travels as `capture.devices=[..]` and `train.devices=[..]`.
+    """The arguments of each torchrun child (`python -m dspark_cli.training`, training/__main__.py);
+    `devices` (the launcher's producer / trainer split) travels as `capture.devices=[..]` and `train.devices=[..]`.
 
     Flags travel as key=value overrides or `--flag=value`: torchrun's parser would take `--nproc` as
     an abbreviation of its own `--nproc-per-node`.
     """
-    args = ["train", recipe_arg, *overrides, f"train.nproc_per_node={nproc}", f"--resume={resume}"]
+    args = [recipe_arg, *overrides, f"train.nproc_per_node={nproc}", f"--resume={resume}"]
     if devices is not None:
         args += [f"capture.devices=[{','.join(map(str, devices[0]))}]",
                  f"train.devices=[{','.join(map(str, devices[1]))}]"]
@@ -92,7 +92,7 @@ def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[
     `before()` (the capture stage) runs first in this process -- never in a torchrun child, whose
     peers would wait for it in a collective. With one process in all (`nproc_per_node x nnodes`)
     this binds the process's threads to their cores (before `before`, which may load torch) and
-    returns None (train here). With more, outside torchrun, it runs `dspark train` under torchrun
+    returns None (train here). With more, outside torchrun, it runs the training module (`-m dspark_cli.training`) under torchrun
     (after `on_launch(command)`) and returns its exit code; `on_line` receives each line the
     children print (else they print to this process's stdout). Inside a torchrun child it returns None.
 

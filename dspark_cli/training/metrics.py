@@ -93,6 +93,16 @@ def format_line(record: dict[str, Any]) -> str:
             f"mem {record['memory_gib']:.2f} GiB")
 
 
+def format_summary(summary: dict[str, Any]) -> str:
+    """The run's last line (rank 0, or the one process): steps, tokens, final loss and tau, shapes, where to."""
+    from dspark_cli.training.shapes import describe
+
+    final = summary.get("final_metrics") or {}
+    return (f"train: {summary['steps']} steps, {summary['tokens']} tokens, loss {final.get('loss', float('nan')):.4f}, "
+            f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1, "
+            f"{describe(summary.get('shapes'))} -> {summary['final']}; next: dspark export {summary['output_dir']}")
+
+
 class JsonlSink:
     """metrics.jsonl, one record per log step. On resume, records past the resumed step are dropped."""
 

@@ -221,7 +221,7 @@ class OnlineSource:
     def _start_producers(self) -> Any:
         from dspark_cli.capture import Supervisor
         from dspark_cli.recipe import write_resolved
-        from dspark_cli.training.host import child_environ
+        from dspark_cli.training.cpu import child_environ
 
         recipe_file = write_resolved(self.recipe, self.out_dir / "online-producer")
         log.info("starting %d capture producer(s) into %s", self.recipe.capture.workers, self.location)

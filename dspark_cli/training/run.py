@@ -7,7 +7,7 @@
     ensure_capture(recipe)                           # from dspark_cli.capture: the stage before training
     run_train(recipe, resume="auto")
 
-    torchrun --standalone --nproc-per-node 2 -m dspark_cli.cli train tiny   # what `--nproc 2` runs
+    torchrun --standalone --nproc-per-node 2 -m dspark_cli.training tiny   # what `--nproc 2` runs
 
 Data: offline, the finished capture directory (`recipe.stage_dir("capture")`; the capture stage
 runs before training, in the launching process); online, the stream `capture.stream` (default
@@ -156,7 +156,7 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         narrow_train_devices(recipe)  # before CUDA starts: this machine's ranks on train.devices
     env = init_distributed()
     if env.device.type == "cpu":
-        from dspark_cli.training.host import keep_freed_memory
+        from dspark_cli.training.cpu import keep_freed_memory
 
         keep_freed_memory()
     stack = contextlib.ExitStack()

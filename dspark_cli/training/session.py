@@ -38,7 +38,7 @@ from dspark_cli.training.metrics import format_line, open_sinks
 from dspark_cli.training.plan import plan_run
 from dspark_cli.training.settings import result_settings
 from dspark_cli.training.step import LossConfig, TrainStep
-from dspark_cli.training.target import load_target_embeddings
+from dspark_cli.training.frozen import load_target_embeddings
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 IGNORED = frozenset({
     "train.log_every", "train.metrics", "train.wandb_project", "train.checkpoint_every", "train.output_dir",
     "train.nproc_per_node", "train.nnodes", "train.rdzv_endpoint",
-    "train.compile",  # the same math through inductor (tests/test_train_runs.py: 1e-8 relative)
-    "train.length_buckets",  # padding that is masked out: the same math (tests/test_train_units.py)
+    "train.compile",  # the same math through inductor (tests/training/test_train_runs.py: 1e-8 relative)
+    "train.length_buckets",  # padding that is masked out: the same math (tests/training/test_train_units.py)
     "draft.attention",  # kernel choice, not the model
 })
 

@@ -28,7 +28,7 @@ step a new shape. Here the shapes come from a fixed set, one per length bucket:
 
 Padded positions are masked out of the loss and never attended by a real block (a block sees the
 context before its anchor only), so the loss and gradients equal the unpadded batch's up to float
-rounding (tests/test_train_units.py). The CPU default does not pad (`auto` = `fit` on CPU): there
+rounding (tests/training/test_train_units.py). The CPU default does not pad (`auto` = `fit` on CPU): there
 dspark's C attention kernel is not compiled and pays for every padded anchor, and `train.compile`
 without static shapes goes dynamic after one recompile.
 

@@ -1,6 +1,6 @@
 """`dspark train` from the command line: the dry-run plan, torchrun relaunch with --nproc, errors.
 
-    .venv/bin/python -m pytest tests/test_train_cli.py -q        # ~40 s on 2 cores
+    .venv/bin/python -m pytest tests/training/test_train_cli.py -q        # ~40 s on 2 cores
 
 The capture output is written with capture's own shard writer from the fixture target's sequences
 (tests/train_fixtures.py), so the command reads exactly what `dspark train` reads after capture.
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train_fixtures  # noqa: E402
 from procs_support import descendants, hold_lock, wait_gone  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test uses the module's capture and runs `dspark train` (~40 s on 2 quiet cores)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DSPARK = str(Path(sys.executable).with_name("dspark"))
 
 
@@ -99,6 +99,20 @@ def test_resume_from_a_bad_path_is_one_line(captured, tmp_path):
     out = _dspark("train", "tiny", *_overrides(captured), "-o", str(tmp_path / "t"), "--resume", str(tmp_path))
     assert out.returncode == 2
     assert "not a complete dspark checkpoint" in out.stderr and len(out.stderr.strip().splitlines()) == 2
+
+
+def test_a_rank_reports_its_failure_as_the_cli_does(captured, tmp_path):
+    """What torchrun's children run (`-m dspark_cli.training`) says what is wrong in one line and a hint,
+    with the CLI's exit codes, never a traceback: the launcher's output carries the rank's own reason."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    rank = [sys.executable, "-m", "dspark_cli.training", "tiny"]
+    bad = subprocess.run([*rank, "train.lr=-1"], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and bad.stderr.splitlines()[0] == "error: train.lr: must be greater than 0 (got -1)"
+    resume = subprocess.run([*rank, *_overrides(captured), f"--resume={tmp_path}", f"train.output_dir={tmp_path / 't'}"],
+                            capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert resume.returncode == 2 and "Traceback" not in resume.stderr
+    lines = resume.stderr.strip().splitlines()
+    assert len(lines) == 2 and "not a complete dspark checkpoint" in lines[0] and lines[1].startswith("hint: ")
 
 
 def test_plan_lengths_from_shard_metadata_equal_the_prepared_sequences(captured):

@@ -1,6 +1,6 @@
 """The producer / trainer device split on one machine, and counting GPUs without starting CUDA.
 
-    .venv/bin/python -m pytest tests/test_device_split.py -q
+    .venv/bin/python -m pytest tests/preflight/test_device_split.py -q
 
 No GPU here: machines are described (`Machine(gpus=8)`, `gpus=8`), and where the code counts
 device nodes the test says how it stands in for them.
@@ -90,9 +90,9 @@ def test_the_preflight_refuses_a_default_split_the_machine_cannot_hold():
 
 
 def _child_recipe(cmd: list[str]):
-    """The recipe a torchrun child of `cmd` loads (its `dspark train RECIPE key=value ...` arguments)."""
-    args = cmd[cmd.index("dspark_cli.cli") + 1:]
-    return load_recipe(args[1], [a for a in args[2:] if not a.startswith("--")])
+    """The recipe a torchrun child of `cmd` loads (its `-m dspark_cli.training RECIPE key=value ...` arguments)."""
+    args = cmd[cmd.index("dspark_cli.training") + 1:]
+    return load_recipe(args[0], [a for a in args[1:] if not a.startswith("--")])
 
 
 def test_the_launcher_passes_one_split_to_every_rank_and_the_producers_rank_0_starts():
@@ -134,7 +134,7 @@ def test_max_restarts_reaches_torchrun():
 
 
 def test_a_restarted_gang_on_torchruns_shared_store_gets_keys_of_its_own():
-    """Only the restart store's choice; the 2-process restart itself is tests/test_train_stream.py."""
+    """Only the restart store's choice; the 2-process restart itself is tests/training/test_train_stream.py."""
     from dspark_cli.training.distributed import restart_store
 
     assert restart_store(2, {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}) is None

@@ -1,0 +1,66 @@
+"""One torchrun rank of `dspark train`: what torchrun runs in each of its children.
+
+    python -m torch.distributed.run --standalone --nproc-per-node=2 -m dspark_cli.training tiny --resume=auto
+    python -m dspark_cli.training RECIPE [section.key=value ...] [--resume=auto|never|CHECKPOINT]
+
+`dspark train --nproc N` and `dspark run` start this through torchrun (training/launch.py) after they
+ran the preflight and the capture stage in the launching process; a rank loads the same recipe with the
+same overrides and trains its share (`run_train`). Rank 0 prints one line per logged step and the
+summary; every rank reports a failure as `error: ...` and `hint: ...` lines on stderr with the CLI's exit
+codes (1 runtime, 2 usage, 130 interrupted), and `DSPARK_DEBUG=1` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from dspark_cli.errors import RecipeError, debug_enabled, user_error
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m dspark_cli.training",
+                                     description="One torchrun rank of `dspark train` (launched by it).")
+    parser.add_argument("recipe", help="recipe file or template name")
+    parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    parser.add_argument("--resume", default="auto", help="auto, never, or a checkpoint path")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_intermixed_args(argv)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as the CLI: no per-file bars between log lines
+    try:
+        from dspark_cli.recipe import load_recipe
+        from dspark_cli.training.launch import is_main_process
+        from dspark_cli.training.metrics import format_line, format_summary
+        from dspark_cli.training.run import run_train
+
+        recipe = load_recipe(args.recipe, args.overrides)
+        summary = run_train(recipe, resume=args.resume, on_log=lambda record: print(format_line(record), flush=True))
+        if is_main_process():
+            print(format_summary(summary), flush=True)
+        return 0
+    except KeyboardInterrupt:
+        if debug_enabled():
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a rank's failure, as the CLI shows it: one line, not a traceback
+        error = user_error(exc)
+        if debug_enabled():
+            raise
+        if error is None:
+            print(f"internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print("hint: rerun with DSPARK_DEBUG=1 for the traceback and report it", file=sys.stderr)
+            return 1
+        for line in error.problems if isinstance(error, RecipeError) else [error.message]:
+            print(f"error: {line}", file=sys.stderr)
+        if error.hint:
+            print(f"hint: {error.hint}", file=sys.stderr)
+        return error.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
