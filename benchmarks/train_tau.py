@@ -83,7 +83,7 @@ def main() -> None:
     from dspark_cli.targets import resolve_target
     from dspark_cli.training.evaluate import evaluate_draft, load_trained_draft
     from dspark_cli.training.run import build_draft_config, run_train
-    from dspark_cli.training.target import load_target_embeddings
+    from dspark_cli.training.frozen import load_target_embeddings
 
     work = Path(tempfile.mkdtemp(prefix="dspark-train-tau-"))
     started = time.time()

@@ -1,6 +1,6 @@
 """Shared pytest fixtures. Each block belongs to one part of dspark; keep them apart.
 
-    .venv/bin/python -m pytest tests/test_tiny_targets.py -q
+    .venv/bin/python -m pytest tests/targets/test_tiny_targets.py -q
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def tiny_vllm():
 # ---------------------------------------------------------------------------------------------------------
 
 
-# The suite's vLLM OpenAI servers are real `dspark serve` processes: tests/test_serve.py `launched`
+# The suite's vLLM OpenAI servers are real `dspark serve` processes: tests/serving/test_serve.py `launched`
 # (a plain and an ngram server on tiny-gqa, shared by that module's tests).
 
 

@@ -37,9 +37,9 @@ check_s=$(( $(date +%s) - start ))
 # 2. the flex / compile / bf16 tests, from the working tree, with the installed wheels (pydantic, typer)
 start=$(date +%s)
 PYTHONPATH="$PWD:$SITE" "$PY" -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/test_train_gpu_path.py tests/test_draft_numerics.py::test_attention_impls_agree \
-    tests/test_train_runs.py::test_compiled_training_over_static_shapes_gives_the_loss_curve_of_eager \
-    tests/test_train_runs.py::test_bf16_with_fsdp2_mixed_precision_trains_on_two_processes \
+    tests/training/test_train_gpu_path.py tests/draft/test_draft_numerics.py::test_attention_impls_agree \
+    tests/training/test_train_runs.py::test_compiled_training_over_static_shapes_gives_the_loss_curve_of_eager \
+    tests/training/test_train_runs.py::test_bf16_with_fsdp2_mixed_precision_trains_on_two_processes \
     > "$WORK/pytest.txt" 2>&1 || true
 tests_s=$(( $(date +%s) - start ))
 

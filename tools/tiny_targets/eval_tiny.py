@@ -2,7 +2,7 @@
 
     python -m tools.tiny_targets.eval_tiny tiny-mla        # the card's numbers, recomputed from the shipped files
 
-Shared by the build (which writes the numbers into the card) and tests/test_tiny_targets.py (which recomputes
+Shared by the build (which writes the numbers into the card) and tests/targets/test_tiny_targets.py (which recomputes
 them with thresholds). Accuracy and loss cover assistant tokens and their EOS only, as in training.
 """
 
@@ -22,7 +22,7 @@ MAX_NEW_TOKENS = 256  # the length limit for "ends with EOS": longer than every 
 # A response "loops" when some run of LOOP_MIN_SPAN or more tokens repeats itself with a period of at most
 # LOOP_MAX_PERIOD tokens, at least LOOP_MIN_REPEATS times: `self._x\n    self._x\n    self._x\n` or
 # `_de_de_de_de...`. Legitimate code rarely does (4 identical lines in a row, or a 16-token run of one
-# token); the stdlib's own answers in the corpus are the check (tests/test_tiny_targets.py).
+# token); the stdlib's own answers in the corpus are the check (tests/targets/test_tiny_targets.py).
 LOOP_MIN_SPAN = 16
 LOOP_MAX_PERIOD = 16
 LOOP_MIN_REPEATS = 3

@@ -5,7 +5,7 @@
 
 The card's 50 eval prompts (eval_tiny, transformers) are too few to tell a 10% loop rate from 20%; the first
 HELD_OUT_PAIRS held-out pairs of the corpus are. vLLM and transformers give token-identical greedy output for
-these targets (tests/test_tiny_targets.py), so this is the same measurement, only ~20x faster.
+these targets (tests/targets/test_tiny_targets.py), so this is the same measurement, only ~20x faster.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def encode_chat(tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, str
     """Token ids of a whole conversation and a same-length 0/1 loss mask (1 on assistant content + its EOS).
 
     Built turn by turn from the same strings the template renders, so training sees exactly what
-    `apply_chat_template` produces at inference (checked in tests/test_tiny_targets.py).
+    `apply_chat_template` produces at inference (checked in tests/targets/test_tiny_targets.py).
     """
     ids: list[int] = []
     mask: list[int] = []

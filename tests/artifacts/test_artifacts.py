@@ -1,0 +1,128 @@
+"""The strict readers of artifacts/: every stage output that is missing, unfinished, corrupt or of another
+kind is one line naming the file (and the stage to re-run), never a traceback or a silent fallback.
+
+    .venv/bin/python -m pytest tests/artifacts/test_artifacts.py -q        # a few seconds: small hand-made files
+
+The files here are what a killed run, a bad copy or a wrong path leave; the readers are called through
+the stages that use them (training's plan, export's draft loader, bench, serve and publish).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dspark_cli.errors import DataError, DsparkError
+
+
+def one_line(exc: DsparkError) -> bool:
+    return "\n" not in str(exc) and len(str(exc)) < 400
+
+
+def test_an_unfinished_capture_is_not_counted_as_the_training_data(tmp_path):
+    """`captured_lengths` (the exact plan) used to read the shards an unfinished capture had listed so
+    far and plan on them as if they were the whole data set."""
+    from dspark_cli.capture import captured_lengths
+
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "manifest.json").write_text(json.dumps({"kind": "dspark.capture", "complete": False, "shards": []}))
+    with pytest.raises(DataError, match="capture did not finish") as info:
+        captured_lengths(hidden, 64)
+    assert one_line(info.value)
+    (hidden / "manifest.json").write_text(json.dumps({"kind": "dspark.datagen", "complete": True, "shards": []}))
+    with pytest.raises(DataError, match="not a dspark capture output") as info:
+        captured_lengths(hidden, 64)
+    assert one_line(info.value)
+
+
+def test_finished_capture_tells_unfinished_from_foreign(tmp_path):
+    from dspark_cli.artifacts.capture import finished_capture
+
+    assert finished_capture(tmp_path) is None  # nothing yet: capture runs
+    (tmp_path / "manifest.json").write_text(json.dumps({"kind": "dspark.capture", "complete": False}))
+    assert finished_capture(tmp_path) is None  # unfinished: capture resumes
+    (tmp_path / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(DataError, match="corrupt manifest") as info:
+        finished_capture(tmp_path)
+    assert one_line(info.value) and str(tmp_path / "manifest.json") in str(info.value)
+
+
+@pytest.mark.parametrize("manifest, error", [
+    ('{"kind": "dspark.train", "comp', "corrupt manifest"),
+    ('{"kind": "dspark.capture", "complete": true}', "not the manifest of a dspark training run"),
+    ('{"kind": "dspark.train", "complete": false}', "training did not finish"),
+    (None, "training did not finish"),
+])
+def test_a_training_output_without_a_finished_manifest_is_one_line(tmp_path, manifest, error):
+    """Export and training's evaluation read runs/NAME/train through `load_draft_dir`; its manifest.json
+    used to be read with a bare json.loads (a corrupt one was a traceback, a foreign one was trusted)."""
+    from dspark_cli.artifacts.draft import load_draft_dir
+
+    train = tmp_path / "train"
+    (train / "final").mkdir(parents=True)
+    (train / "final" / "model.safetensors").write_bytes(b"never read: the manifest is checked first")
+    if manifest is not None:
+        (train / "manifest.json").write_text(manifest)
+    with pytest.raises(DataError, match=error) as info:
+        load_draft_dir(train)
+    assert one_line(info.value) and str(train) in str(info.value)
+
+
+def test_a_draft_beside_another_tools_manifest_is_still_a_draft(tmp_path):
+    """Only a training run's manifest.json is taken for one: bench and serve load exported drafts that
+    may sit in any directory (`_resolve` is the step of `load_draft_dir` that finds the manifest)."""
+    from dspark_cli.artifacts.draft import _resolve
+
+    draft = tmp_path / "models" / "draft"
+    draft.mkdir(parents=True)
+    (draft / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "models" / "manifest.json").write_text('{"kind": "another-tool", "complete": true}')
+    assert _resolve(draft) == (draft, {})
+    train = tmp_path / "train"
+    (train / "final").mkdir(parents=True)
+    (train / "final" / "model.safetensors").write_bytes(b"weights")
+    (train / "manifest.json").write_text('{"kind": "another-tool"}')
+    with pytest.raises(DataError, match="not the manifest of a dspark training run"):  # final/ of a run: strict
+        _resolve(train / "final")
+    (train / "manifest.json").write_text('{"kind": "dspark.train", "complete": true, "summary": {"steps": 3}}')
+    assert _resolve(train / "final") == (train / "final", json.loads((train / "manifest.json").read_text()))
+
+
+def test_a_broken_draft_manifest_is_not_skipped_when_looking_for_the_drafts_recipe(tmp_path):
+    """`dspark bench/serve/publish DRAFT` without --recipe take the recipe the draft carries; a corrupt
+    dspark_manifest.json used to count as 'no recipe' (the defaults) instead of the error it is."""
+    from dspark_cli.serving.trust import recipe_of_dir
+
+    assert recipe_of_dir(tmp_path) is None  # neither recipe.yaml nor a manifest
+    (tmp_path / "dspark_manifest.json").write_text('{"kind": "dspark.draft", "recipe": {')
+    with pytest.raises(DataError, match="unreadable") as info:
+        recipe_of_dir(tmp_path)
+    assert one_line(info.value) and "dspark_manifest.json" in str(info.value)
+    (tmp_path / "dspark_manifest.json").write_text(json.dumps({"kind": "something.else", "recipe": {"name": "x"}}))
+    with pytest.raises(DataError, match="not the manifest of a dspark draft"):
+        recipe_of_dir(tmp_path)
+
+
+def test_publish_and_bench_baselines_read_only_bench_reports(tmp_path):
+    """Publish puts the recipe's bench.json on the model card, and `bench.baseline_report` takes another
+    run's online numbers: a corrupt file was a traceback, a file of another kind was used."""
+    from dspark_cli.bench.online import load_baseline_report
+    from dspark_cli.publish.run import _bench_report
+    from dspark_cli.recipe import load_recipe
+
+    recipe = load_recipe("tiny", [f"output_dir={tmp_path}"])
+    bench = Path(recipe.stage_dir("bench"))
+    bench.mkdir(parents=True)
+    assert _bench_report(recipe, tmp_path / "draft") == (None, {})  # no report: a card without numbers
+    (bench / "bench.json").write_text('{"kind": "dspark.bench", "draft_dir": ')
+    with pytest.raises(DataError, match="invalid JSON") as info:
+        _bench_report(recipe, tmp_path / "draft")
+    assert one_line(info.value) and str(bench / "bench.json") in str(info.value)
+    other = tmp_path / "manifest.json"
+    other.write_text(json.dumps({"kind": "dspark.capture", "online": {"endpoint_runs": {"levels": []}}}))
+    with pytest.raises(DataError, match="not a dspark bench report") as info:
+        load_baseline_report(str(other))
+    assert one_line(info.value)

@@ -1,0 +1,332 @@
+"""The package layout as a rule: which top-level parts of dspark_cli/ may import which (docs/architecture.md).
+
+Every import in every file under dspark_cli/ (module level, inside functions and under TYPE_CHECKING)
+is read with `ast`; an edge not in ALLOWED fails, and so does a stage reaching into another stage's
+modules instead of the names its package exports (`from dspark_cli.export import verify_draft`, not
+`from dspark_cli.export.integrity import ...`). The command layer (cli, pipeline) wires the stages
+together and may import their modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "dspark_cli"
+
+# The stages, in data-flow order: each one's package __init__ is its public face to the others.
+STAGES = {"datagen", "capture", "training", "export", "bench", "serving", "publish"}
+COMMANDS = {"cli", "pipeline"}  # wiring: may import any module of any stage
+
+# Who may import whom, written once. Shared libraries first, then the stages, then the commands.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "lazy": set(),  # package faces that import their modules on first use
+    "contract": {"errors"},
+    "hubrules": set(),
+    "network": {"errors"},  # timeouts and response bounds of every HTTP exchange (bench, publish)
+    "recipe": {"errors", "artifacts", "targets"},  # parses only; its rules are preflight's
+    "targets": {"errors", "contract", "recipe"},
+    "artifacts": {"errors", "contract", "draft", "recipe"},
+    "prompts": {"errors", "recipe"},
+    "kernels": set(),
+    "procs": set(),  # children that die with their parent
+    "draft": {"errors", "contract", "kernels"},
+    "ui": {"errors", "hubrules"},
+    "datagen": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "procs"},
+    "capture": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "procs"},
+    "training": {"errors", "contract", "recipe", "targets", "artifacts", "draft", "kernels", "capture", "procs"},
+    "export": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "draft"},
+    "bench": {"errors", "recipe", "targets", "artifacts", "prompts", "draft", "export", "network"},
+    "serving": {"errors", "lazy", "recipe", "targets", "artifacts", "export", "procs"},
+    "publish": {"errors", "lazy", "hubrules", "recipe", "artifacts", "export", "serving", "network"},
+    # the one preflight of every stage: recipe rules, this machine, output paths (what serve / publish refuse)
+    "preflight": {"errors", "lazy", "hubrules", "recipe", "targets", "artifacts", "prompts", "datagen", "capture",
+                  "export", "serving", "publish"},
+    "pipeline": {"errors", "recipe", "artifacts", "datagen", "capture", "training", "export", "bench", "publish"},
+    "cli": {"errors", "recipe", "targets", "ui", "pipeline", "datagen", "capture", "training", "export", "bench",
+            "serving", "publish", "artifacts", "prompts", "draft", "kernels", "contract", "preflight"},
+}
+
+
+def _part(path: Path, root: Path) -> str:
+    """The top-level part a file belongs to: `bench` for bench/run.py, `cli` for cli.py or cli/x.py."""
+    return path.relative_to(root).parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, module, imported names) of every absolute dspark_cli import in a file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: relative import; dspark_cli imports are absolute"
+            found.append((node.lineno, node.module or "", [alias.name for alias in node.names]))
+    return [(line, module, names) for line, module, names in found if module.split(".")[0] == "dspark_cli"]
+
+
+def forbidden_edges(root: Path) -> list[str]:
+    """One line per import under `root` (a dspark_cli tree) that the layout does not allow."""
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        if path.parent == root and path.name in ("__init__.py", "__main__.py"):
+            continue
+        source = _part(path, root)
+        where = f"{path.relative_to(root.parent)}"
+        if source not in ALLOWED:
+            problems.append(f"{where}: {source!r} is a new top-level part; add it to ALLOWED (and architecture.md)")
+            continue
+        for line, module, names in _imports(path):
+            parts = module.split(".")
+            targets = [(parts[1], parts[2:])] if len(parts) > 1 else [(name, []) for name in names]
+            for target, inner in targets:
+                if target == source or target.startswith("__") or not (root / target).exists() and \
+                        not (root / f"{target}.py").exists():
+                    continue
+                if target not in ALLOWED[source]:
+                    problems.append(f"{where}:{line}: {source} imports {module} ({source} -> {target} not allowed)")
+                elif target in STAGES and source not in COMMANDS:
+                    submodules = [n for n in names if (root / target / f"{n}.py").exists()] if not inner else inner
+                    if inner or submodules:
+                        problems.append(f"{where}:{line}: {source} imports {target}'s internals ({module}"
+                                        f"{' ' + ', '.join(submodules) if not inner else ''}); import the name "
+                                        f"from dspark_cli.{target} (its __init__ exports)")
+    return problems
+
+
+def test_the_package_follows_the_layout():
+    assert forbidden_edges(PACKAGE) == []
+
+
+def test_every_allowed_part_exists():
+    parts = {_part(p, PACKAGE) for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    parts -= {"__init__", "__main__"}
+    assert parts == set(ALLOWED), (parts ^ set(ALLOWED))
+
+
+def test_a_forbidden_edge_and_a_reach_into_internals_are_reported(tmp_path):
+    """The checker itself: a library importing a stage, and a stage importing another stage's module."""
+    root = tmp_path / "dspark_cli"
+    for package in ("targets", "bench", "export", "publish"):
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text("")
+    (root / "export" / "integrity.py").write_text("")
+    (root / "targets" / "x.py").write_text("from dspark_cli.bench import run_bench\n")
+    (root / "bench" / "y.py").write_text("def f():\n    from dspark_cli.export.integrity import verify_draft\n")
+    (root / "publish" / "z.py").write_text("from dspark_cli.export import integrity\n")
+    (root / "bench" / "ok.py").write_text("from dspark_cli.export import verify_draft\nimport dspark_cli.targets\n")
+    bench_y, publish_z, targets_x = forbidden_edges(root)  # sorted by file; bench/ok.py is fine
+    assert bench_y.startswith("dspark_cli/bench/y.py:2: bench imports export's internals (dspark_cli.export.integrity)")
+    assert publish_z.startswith("dspark_cli/publish/z.py:1: publish imports export's internals (dspark_cli.export "
+                                "integrity)")
+    assert targets_x.endswith("(targets -> bench not allowed)")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _lazy_exports(path: Path) -> dict[str, str]:
+    """A package face's `_EXPORTS` (public name -> module holding it); {} for other modules."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_EXPORTS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def _type_checking_blocks(tree: ast.AST) -> list[ast.If]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)]
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the dspark_cli modules it imports when it runs (module level or inside functions; not the
+    imports under TYPE_CHECKING). A name taken from a lazy package face counts as an import of its module."""
+    modules = {_module_name(p, root): p for p in root.rglob("*.py")}
+    lazy = {name: _lazy_exports(path) for name, path in modules.items() if path.name == "__init__.py"}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skipped = {id(n) for block in _type_checking_blocks(tree) for stmt in block.body for n in ast.walk(stmt)}
+        edges = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                edges |= {alias.name for alias in node.names if alias.name in modules}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == root.name:
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}" in modules:
+                        edges.add(f"{node.module}.{alias.name}")
+                    elif alias.name in lazy.get(node.module, {}):
+                        edges.add(lazy[node.module][alias.name])
+                    elif node.module in modules:
+                        edges.add(node.module)
+        graph[name] = edges - {name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycle():
+    assert import_cycles(import_graph(PACKAGE)) == []
+
+
+def test_a_cycle_is_found(tmp_path):
+    """The checker itself: a cycle through a function-level import and a lazy face is found, a
+    TYPE_CHECKING import is not an edge."""
+    root = tmp_path / "dspark_cli"
+    (root / "stage").mkdir(parents=True)
+    (root / "stage" / "__init__.py").write_text('_EXPORTS = {"run": "dspark_cli.stage.run"}\n')
+    (root / "stage" / "run.py").write_text("def run():\n    from dspark_cli.stage.workers import w\n")
+    (root / "stage" / "workers.py").write_text("from dspark_cli.stage import run\n")
+    (root / "other.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                   "    from dspark_cli.stage.run import run\n")
+    (root / "stage" / "plain.py").write_text("import dspark_cli.other\n")
+    assert import_cycles(import_graph(root)) == [["dspark_cli.stage.run", "dspark_cli.stage.workers"]]
+
+
+def test_each_lazy_face_lists_its_exports_under_type_checking():
+    """`_EXPORTS` (what the face serves at run time) and its `if TYPE_CHECKING:` imports (what editors and
+    checkers follow) name the same things from the same modules."""
+    faces = [p for p in sorted(PACKAGE.rglob("__init__.py")) if _lazy_exports(p)]
+    assert faces, "no lazy package faces found"
+    for path in faces:
+        imported = {}
+        for block in _type_checking_blocks(ast.parse(path.read_text(encoding="utf-8"))):
+            for stmt in block.body:
+                if isinstance(stmt, ast.ImportFrom):
+                    imported |= {alias.asname or alias.name: stmt.module for alias in stmt.names}
+        assert imported == _lazy_exports(path), path.relative_to(PACKAGE.parent)
+
+
+def architecture_tree(text: str) -> set[str]:
+    """The paths the tree in docs/architecture.md lists under dspark_cli/ (`capture/run.py`, `capture/`)."""
+    block = text.split("## The tree", 1)[1].split("```", 2)[1]
+    paths, stack = set(), []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        name = line.split()[0]
+        if depth == 0:
+            stack = [name] if name == "dspark_cli/" else []
+            continue
+        if not stack:
+            continue
+        stack = stack[:depth] + [name]
+        paths.add("".join(stack[1:]))
+    return paths
+
+
+def test_architecture_tree_lists_every_module():
+    """docs/architecture.md's tree names every module and package of dspark_cli/, and nothing that is not there."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    listed = architecture_tree(text)
+    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    packages = {f"{p.parent.relative_to(PACKAGE)}/" for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    data = {path for path in listed if path.endswith("/") and not (PACKAGE / path / "__init__.py").is_file()}
+    assert listed - data == modules | packages, sorted((listed - data) ^ (modules | packages))
+    assert all((PACKAGE / path).is_dir() for path in data), data
+
+
+def test_recipe_has_no_rules():
+    """Rules live in preflight/: recipe/ parses (types, ranges, unknown keys) and defines no function that
+    returns problem lines (`check_*`, `*_problems`) or a RULES table."""
+    found = []
+    for path in sorted((PACKAGE / "recipe").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                    node.name.lstrip("_").startswith("check") or node.name.endswith("problems")):
+                found.append(f"{path.name}:{node.lineno} {node.name}")
+            elif isinstance(node, ast.Assign) and any("RULES" in getattr(t, "id", "") for t in node.targets):
+                found.append(f"{path.name}:{node.lineno} a rule table")
+    assert found == []
+
+
+def _stage_functions(paths: list[Path]) -> set[str]:
+    """`module.name` of every stage function these files import (lazy faces resolved to their modules)."""
+    found = set()
+    for path in paths:
+        for _, module, names in _imports(path):
+            parts = module.split(".")
+            if len(parts) < 2 or parts[1] not in STAGES:
+                continue
+            face = _lazy_exports(PACKAGE / parts[1] / "__init__.py") if len(parts) == 2 else {}
+            found |= {f"{face.get(name, module)}.{name}" for name in names}
+    return found
+
+
+def test_cli_and_pipeline_call_the_same_stage_entries():
+    """`dspark run` (pipeline.py) runs each stage through a function its own command (cli/) calls too, never
+    through a wiring of its own (as export once did, calling the writer and skipping export/run.py). The
+    capture stage has no command of its own: `dspark train` captures through `ensure_capture`, which runs
+    `run_capture`."""
+    pipeline = _stage_functions([PACKAGE / "pipeline.py"])
+    commands = _stage_functions(sorted((PACKAGE / "cli").glob("*.py")))
+    assert pipeline - commands == {"dspark_cli.capture.run.run_capture"}
+    for entry in ("datagen.run.run_datagen", "training.launch.relaunch_under_torchrun", "training.run.run_train",
+                  "export.run.export_checkpoint", "bench.run.run_bench", "publish.run.publish_draft"):
+        assert f"dspark_cli.{entry}" in pipeline & commands, entry
+
+
+def test_shard_tensors_are_named_only_in_capture_shards():
+    """The capture shard format (its tensor names) is known to capture/shards.py alone: everyone else reads
+    shards through it (`iter_captured`, `captured_lengths`, `shard_layout`)."""
+    tensors = {"input_ids", "loss_mask", "seq_lens", "aux_hidden", "last_hidden"}
+    owner = PACKAGE / "capture" / "shards.py"
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == owner:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get_tensor" and node.args and \
+                    isinstance(node.args[0], ast.Constant) and node.args[0].value in tensors:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} get_tensor({node.args[0].value!r})")
+            elif isinstance(node, ast.Constant) and node.value in tensors - {"input_ids", "loss_mask"}:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
+    assert found == []
+
+
+TESTS = Path(__file__).resolve().parents[1]
+# The test folders beside the stages' (tests/<stage>/): the shared parts, the whole pipeline, the
+# benchmarks' own code, and the repository's rules (this file, the docs).
+TEST_FOLDERS_BEYOND_STAGES = {"artifacts", "cli", "draft", "preflight", "targets", "e2e", "benchmarks", "project"}
+
+
+def test_tests_mirror_the_stages_with_an_end_to_end_folder():
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    assert STAGES <= folders, f"stages without a test folder: {sorted(STAGES - folders)}"
+    assert folders - STAGES == TEST_FOLDERS_BEYOND_STAGES, sorted((folders - STAGES) ^ TEST_FOLDERS_BEYOND_STAGES)
+    assert not list(TESTS.glob("test_*.py")), "a test file at tests/ itself: put it in its stage's folder"
