@@ -49,11 +49,15 @@ def _record(entry: dict) -> None:
 
 
 def _bench_numbers(bench_dir: Path) -> dict:
+    """tau per temperature at threshold 0: `T=0` for the first dataset (tiny-eval), `DATASET T=0` for the others."""
     report = json.loads((bench_dir / "bench.json").read_text())
     out = {}
-    for run in report["offline"]["runs"]:
+    runs = report["offline"]["runs"]
+    first = runs[0]["dataset"] if runs else None
+    for run in runs:
         if run.get("threshold", 0.0) == 0.0:
-            out[f"T={run['temperature']:g}"] = {"tau": round(run["tau"]["mean"], 3),
+            prefix = "" if run["dataset"] == first else f"{run['dataset']} "
+            out[f"{prefix}T={run['temperature']:g}"] = {"tau": round(run["tau"]["mean"], 3),
                                                  "ci95": [round(x, 3) for x in run["tau"]["ci95"]],
                                                  "turns": run["num_turns"], "steps": run["num_steps"],
                                                  "output_tokens": run["output_tokens"]}
@@ -180,13 +184,14 @@ def table(_args) -> None:
                          f"{r['load_before'][0]}-{r['load_after'][0]} |")
     lines += ["", "## Whole demo (`dspark run`)", "",
               "| run | overrides | wall s | stage ends (s after datagen) | tokens (loss) | steps | tau T=0 [95% CI] | "
-              "tau T=1 [95% CI] | all 200 prompts: T=0 / T=1 | load |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "tau T=1 [95% CI] | tiny-requests T=0 / T=1 | all 200 prompts: T=0 / T=1 | load |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["kind"] == "demo":
             ends = ", ".join(f"{k} {v}" for k, v in r["stage_end_s"].items())
             lines.append(f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['wall_s']} | {ends} | {r['capture_tokens']} "
                          f"({r['loss_tokens']}) | {r['steps']} | {_tau(r, 'T=0')} | {_tau(r, 'T=1')} | "
+                         f"{_tau(r, 'tiny-requests T=0')} / {_tau(r, 'tiny-requests T=1')} | "
                          f"{_tau(r, 'T=0', 'bench_200')} / {_tau(r, 'T=1', 'bench_200')} | "
                          f"{r['load_before'][0]}-{r['load_after'][0]} |")
     notes = ROOT / "benchmarks" / "results" / "demo_tau.notes.md"
