@@ -648,6 +648,13 @@ UNMATCHED_PEERS = {
 }
 
 
+def _sharing(result: dict) -> str:
+    """How busy the 2-core machine was, from the 1-minute load sampled while the script ran."""
+    during = result.get("load_during") or {}
+    busiest = max([during.get("max", 0.0), *result["load_average_start"][:1], *result["load_average_end"][:1]])
+    return f"its 1-minute load peaking at {busiest:.2f} on 2 cores"
+
+
 def markdown_all(result: dict) -> str:
     """The multi-peer record (peers-all*.md)."""
     d, rows, r = result["data"], result["tau"], result["recipe"]
@@ -656,7 +663,7 @@ def markdown_all(result: dict) -> str:
     t = result["timings"]
     md = [f"# dspark vs {', '.join(peers)}: same data, same budget, one engine", "",
           f"Command: `{result['command']}` ({result['date']}, {result['machine']}); the whole script took "
-          f"**{result['wall_s'] / 60:.1f} min** on this machine, **shared with other developers' jobs** (setup "
+          f"**{result['wall_s'] / 60:.1f} min** on this machine, {_sharing(result)} (setup "
           f"{t['setup_s']:.0f} s, datagen {t['datagen']['seconds']:.0f} s on {t['datagen']['engine']}, capture "
           f"{t['capture']['seconds']:.0f} s, conversions {t.get('convert_s', 0):.0f} s); load average "
           f"{result['load_average_start']} at the start, {result['load_average_end']} at the end (2 cores)"
@@ -860,7 +867,7 @@ def main() -> None:
     best_speed = max((v, k) for k, v in speeds.items() if k != "dspark")
     result = {
         "command": "python benchmarks/peers/run.py" + "".join(
-            f" --{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+            f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in vars(args).items()
             if v not in (None, False) and k not in ("work", "no_record", "rerender", "reuse_data", "score_only")
             and not (k == "repeats" and v == 2) and not (k == "eval_prompts" and v == 40)
             and not (k == "peers" and v == "specforge")),
