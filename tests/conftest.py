@@ -6,8 +6,18 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# Support modules (tests/*.py) and test modules that others import by name (`from test_publish import
+# resign`) stay importable from every folder and in any order, as in one flat folder: the basenames are
+# unique across tests/ (tests/project/test_layout.py keeps each test file in its folder).
+_TESTS = Path(__file__).resolve().parent
+for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 # ---------------------------------------------------------------------------------------------------------
 # Tiny targets: one vLLM engine per bundled target for the whole session (owner: dspark_cli/targets).

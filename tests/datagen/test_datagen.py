@@ -178,7 +178,7 @@ import json, os, sys, threading
 from pathlib import Path
 import psutil
 from dspark_cli.datagen.run import run_datagen
-sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
 from test_datagen import recipe_for
 
 recipe = recipe_for(Path({str(tmp_path)!r}), "datagen.engine=vllm", target="tiny-gqa", prompts=2, extra_file=False)

@@ -330,3 +330,10 @@ def test_tests_mirror_the_stages_with_an_end_to_end_folder():
     assert STAGES <= folders, f"stages without a test folder: {sorted(STAGES - folders)}"
     assert folders - STAGES == TEST_FOLDERS_BEYOND_STAGES, sorted((folders - STAGES) ^ TEST_FOLDERS_BEYOND_STAGES)
     assert not list(TESTS.glob("test_*.py")), "a test file at tests/ itself: put it in its stage's folder"
+
+
+def test_test_file_names_are_unique_across_folders():
+    # conftest.py puts every test folder on sys.path (modules import each other by name): a repeated
+    # basename would shadow the other file.
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
