@@ -20,5 +20,5 @@ from dspark_cli.targets.target import (TargetGeometry, draft_arch, load_causal_l
                                        target_location)
 
 __all__ = ["BUNDLED_TARGETS", "TINY_DIR", "ChatFormat", "TargetGeometry", "draft_arch", "is_hub_id",
-           "load_causal_lm", "load_tokenizer", "local_config", "mask_token_id", "resolve_target", "stop_ids", "target_config",
-           "target_directory", "target_geometry", "target_location"]
+           "load_causal_lm", "load_tokenizer", "local_config", "mask_token_id", "resolve_target", "stop_ids",
+           "target_config", "target_directory", "target_geometry", "target_location"]

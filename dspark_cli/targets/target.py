@@ -159,7 +159,7 @@ def load_causal_lm(path: str, *, dtype: str = "auto", device: str | None = None,
     """The target as a transformers causal LM, moved to `device`, and that device: the one place a stage
     loads the target with transformers (capture's hf backend, datagen's hf engine, bench's reference
     engine). `device` None: CUDA where there is one, else the CPU; `dtype` `auto`: bfloat16 on CUDA,
-    float32 on the CPU (the CPU's bf16 matmuls are slow and round the hidden states)."""
+    float32 on the CPU (what each of the three loads it replaces did)."""
     import torch
     from transformers import AutoModelForCausalLM
 
