@@ -195,6 +195,31 @@ def test_a_draft_config_claiming_a_million_layers(tmp_path):
     assert "1,000,000" in checked.output and "at most 64" in checked.output, checked.output
 
 
+def test_a_signed_draft_claiming_a_million_layers_is_not_benched(tmp_path):
+    """A draft whose manifest checksums match (re-signed, as a forger would) and whose config claims a
+    million layers: bench refuses it in one line before it builds anything."""
+    import time
+
+    from bench_support import export_random_draft
+    from test_publish import resign
+
+    from dspark_cli.recipe import load_recipe
+
+    draft = export_random_draft(load_recipe("tiny", [f"output_dir={tmp_path / 'run'}"]), tmp_path / "draft")
+    config = json.loads((draft / "config.json").read_text())
+    config["num_hidden_layers"] = 1_000_000
+    (draft / "config.json").write_text(json.dumps(config))
+    resign(draft)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    started = time.perf_counter()
+    benched = invoke("bench", str(draft), "--recipe", "tiny", "--offline", f"output_dir={tmp_path / 'run'}")
+    assert benched.exit_code == 1 and "internal error" not in benched.output, benched.output
+    assert "at most 64 draft layers, got 1,000,000" in benched.output and "not benchmarking it" in benched.output
+    assert time.perf_counter() - started < 10  # no model of a million layers was built
+    # no file written (the preflight's writability probe leaves the empty output directory it made)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()) == before
+
+
 @pytest.mark.slow  # in the fast lane at load 7: 10 s
 def test_a_50_mb_prompt_is_dropped_without_tokenising_it(tmp_path):
     import time
