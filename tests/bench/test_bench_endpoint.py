@@ -166,22 +166,10 @@ def test_a_bad_baseline_report_is_refused_before_any_request(tmp_path, text, exp
 @pytest.fixture
 def full_dir(tmp_path):
     """A directory on a filesystem with no space left: a 64 kB tmpfs, filled (root only)."""
-    import shutil
+    from disk_support import full_disk
 
-    where = tmp_path / "full"
-    where.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True,
-            check=False).returncode != 0:
-        pytest.skip("a small tmpfs cannot be mounted here (needs root): no full disk to write to")
-    (where / "bench").mkdir()
-    with (where / "filler").open("wb") as handle:
-        try:
-            handle.write(b"\0" * 2**20)
-        except OSError:
-            pass
-    yield where
-    subprocess.run(["umount", str(where)], check=True)
+    with full_disk(tmp_path / "full", make=["bench"]) as where:
+        yield where
 
 
 def test_a_full_disk_stops_the_bench_before_the_benchmark_naming_the_file(full_dir):

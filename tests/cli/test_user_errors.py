@@ -15,28 +15,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_support import assert_user_error, invoke
+from disk_support import full_disk, mount_tmpfs
 
-from dspark_cli.cli import app
 from dspark_cli.targets import resolve_target
 
-runner = CliRunner()
 # datagen fails (or not) before it loads the target when its output path is unusable: no model run needed
 DATAGEN = ["datagen.sources=[{path: tiny-prompts, max_samples: 2}]", "datagen.max_tokens=4", "datagen.engine=hf"]
-
-
-def invoke(*args: str):
-    return runner.invoke(app, list(args))
-
-
-def assert_user_error(result, exit_code: int, *needles: str) -> None:
-    """One `error:` line naming what is wrong, one `hint:` line, no traceback and no "internal error"."""
-    lines = result.output.strip().splitlines()
-    assert result.exit_code == exit_code, result.output
-    assert "internal error" not in result.output and "Traceback" not in result.output, result.output
-    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), result.output
-    for needle in needles:
-        assert needle in lines[0], (needle, result.output)
 
 
 def _target_copy(tmp_path: Path, name: str = "tiny-gqa") -> Path:
@@ -75,7 +60,7 @@ def test_a_broken_target_is_named_by_validate_and_every_stage(tmp_path, breakage
     needle = breakage(target)
     result = invoke(command[0], "tiny", f"target.model={target}", "draft.arch=gqa", f"output_dir={tmp_path / 'run'}",
                     *command[1:])
-    assert_user_error(result, 2, "target.model:", str(target), needle)
+    assert_user_error(result, "target.model:", str(target), needle)
     assert not (tmp_path / "run").exists()
 
 
@@ -102,23 +87,15 @@ def test_an_output_dir_that_is_a_file(tmp_path):
         assert f"{in_the_way} is a file" in result.output.splitlines()[0], result.output
     # where no recipe names the path, the OS error itself is the one line
     result = invoke("init", "tiny", "-o", str(in_the_way / "my.yaml"))
-    assert_user_error(result, 2, str(in_the_way))
+    assert_user_error(result, str(in_the_way))
     assert in_the_way.read_text() == "not a directory\n"
-
-
-def _mount_tmpfs(where: Path, options: str) -> bool:
-    where.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-                          capture_output=True, check=False).returncode == 0
 
 
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A directory this process cannot write to: chmod 555, or (as root, whom modes do not stop) a ro mount."""
     where = tmp_path / "ro"
-    if _mount_tmpfs(where, "ro,size=64k"):
+    if mount_tmpfs(where, "ro,size=64k"):
         yield where
         subprocess.run(["umount", str(where)], check=True)
     elif os.geteuid() != 0:
@@ -132,16 +109,8 @@ def read_only_dir(tmp_path):
 @pytest.fixture
 def full_dir(tmp_path):
     """A directory on a filesystem with (almost) no space left: a 64 kB tmpfs, filled."""
-    where = tmp_path / "full"
-    if not _mount_tmpfs(where, "size=64k"):
-        pytest.skip("a small tmpfs cannot be mounted here (needs root): no full disk to write to")
-    with (where / "filler").open("wb") as handle:
-        try:
-            handle.write(b"\0" * 2**20)
-        except OSError:
-            pass
-    yield where
-    subprocess.run(["umount", str(where)], check=True)
+    with full_disk(tmp_path / "full") as where:
+        yield where
 
 
 @pytest.mark.parametrize("command", ["datagen", "init"])
@@ -149,7 +118,7 @@ def test_a_read_only_directory(read_only_dir, command):
     args = (["datagen", "tiny", *DATAGEN, f"output_dir={read_only_dir / 'run'}"] if command == "datagen"
             else ["init", "tiny", "-o", str(read_only_dir / "my.yaml")])
     result = invoke(*args)
-    assert_user_error(result, 2, str(read_only_dir))
+    assert_user_error(result, str(read_only_dir))
     assert ("read-only file system" in result.output) or ("permission denied" in result.output)
     assert os.listdir(read_only_dir) == []
 
@@ -159,7 +128,7 @@ def test_a_full_disk(full_dir, command):
     args = (["datagen", "tiny", *DATAGEN, f"output_dir={full_dir / 'run'}"] if command == "datagen"
             else ["init", "tiny", "-o", str(full_dir / "my.yaml")])
     result = invoke(*args)
-    assert_user_error(result, 1, "no space left on device")
+    assert_user_error(result, "no space left on device", exit_code=1)
     if command == "init":  # the temporary copy is gone, nothing half-written is left
         assert sorted(os.listdir(full_dir)) == ["filler"]
 
@@ -172,7 +141,7 @@ def test_a_binary_prompts_file(tmp_path, suffix):
     prompts.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(255, -1, -1)) * 8)  # a gzip file, say
     result = invoke("datagen", "tiny", f"datagen.sources=[{{path: {prompts}}}]", f"output_dir={tmp_path / 'run'}",
                     "--dry-run")
-    assert_user_error(result, 2, str(prompts))
+    assert_user_error(result, str(prompts))
     assert "not UTF-8 text" in result.output or "not a readable Parquet file" in result.output
 
 
@@ -181,6 +150,6 @@ def test_init_force_onto_a_directory_refuses_and_leaves_nothing(tmp_path):
     directory.mkdir()
     (directory / "keep.yaml").write_text("name: mine\n")
     result = invoke("init", "tiny", "-o", str(directory), "--force")
-    assert_user_error(result, 2, f"{directory} is a directory")
+    assert_user_error(result, f"{directory} is a directory")
     assert sorted(os.listdir(tmp_path)) == ["recipes"]  # no .recipes.tmp beside it
     assert os.listdir(directory) == ["keep.yaml"] and (directory / "keep.yaml").read_text() == "name: mine\n"
