@@ -1,6 +1,6 @@
 """Processes as /proc shows them (Linux), for the tests that kill a parent and check what it started.
 
-    from procs_support import children, descendants, running, cmdline, hold_lock
+    from procs_support import children, descendants, running, cmdline, hold_lock, hold_memory
 """
 
 from __future__ import annotations
@@ -56,6 +56,19 @@ def hold_lock(directory: Path) -> subprocess.Popen:
     holder = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     return holder
+
+
+def hold_memory(gib: int) -> tuple[subprocess.Popen, int]:
+    """Another process holding `gib` GiB of RAM, every page touched (so it is resident, not just reserved),
+    until killed; with its resident size in bytes, read from /proc once it is ready."""
+    code = ("import sys, time\n"
+            f"block = b'\\x01' * ({gib} << 30)\n"
+            "print('held', flush=True); time.sleep(3600)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    status = Path(f"/proc/{holder.pid}/status").read_text()
+    rss_kib = int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+    return holder, rss_kib << 10
 
 
 def alive(pids: list[int]) -> list[int]:
