@@ -101,10 +101,10 @@ def worker(args: argparse.Namespace) -> None:
     target = Path(args.target)
     recipe = recipe_for(target, Path(args.out), args.steps, args.vocab, args.compile)
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import target_geometry
+    from dspark_cli.targets import Target
     from dspark_cli.training.run import run_train
 
-    features = HIDDEN * len(resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers))
+    features = HIDDEN * len(resolve_layer_ids(recipe, Target.of(recipe).geometry().num_hidden_layers))
     data = sequences(args.vocab, SEQS_PER_STEP * 16, features)
     records = []
     run_train(recipe, resume="never", sequences=lambda: iter(data), on_log=records.append)
@@ -135,7 +135,7 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
     import torch.nn.functional as F
 
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import target_geometry
+    from dspark_cli.targets import Target
     from dspark_cli.draft.model import DSparkDraftModel
     from dspark_cli.training.data import StepStream
     from dspark_cli.training.distributed import DistEnv
@@ -148,10 +148,10 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
 
     keep_freed_memory()  # as run_train does on CPU; both trainers below share this process
     recipe = recipe_for(target, Path(tempfile.mkdtemp()), steps, vocab)
-    layer_ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
-    config = build_draft_config(recipe, target, layer_ids)
+    layer_ids = resolve_layer_ids(recipe, Target.of(recipe).geometry().num_hidden_layers)
+    config = build_draft_config(recipe, layer_ids)
     env = DistEnv(0, 1, 0, torch.device("cpu"))
-    module = build_step_module(recipe, config, target, env, torch.float32)
+    module = build_step_module(recipe, config, env, torch.float32)
     optimizer = make_optimizer(module, recipe, env)
     cfg = LoopConfig(num_steps=steps, lr=1e-3, min_lr_ratio=0.1, warmup_steps=5, grad_clip=1.0, log_every=10,
                      checkpoint_every=steps, block_size=7, loss=module.loss_config, data_dtype=torch.float32,

@@ -78,12 +78,11 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import target_geometry
+    from dspark_cli.targets import Target
     from dspark_cli.draft.model import DSparkDraftModel
     from dspark_cli.targets import resolve_target
     from dspark_cli.training.evaluate import evaluate_draft, load_trained_draft
     from dspark_cli.training.run import build_draft_config, run_train
-    from dspark_cli.training.frozen import load_target_embeddings
 
     work = Path(tempfile.mkdtemp(prefix="dspark-train-tau-"))
     started = time.time()
@@ -94,15 +93,15 @@ def main() -> None:
     captured(recipe)
     held_out = captured(held)
     target_dir = resolve_target(args.target)
-    layer_ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
-    config = build_draft_config(recipe, target_dir, layer_ids)
+    layer_ids = resolve_layer_ids(recipe, Target.of(recipe).geometry().num_hidden_layers)
+    config = build_draft_config(recipe, layer_ids)
     untrained = DSparkDraftModel(config)
     untrained.init_weights(generator=torch.Generator().manual_seed(recipe.train.seed))
-    untrained.set_target_embeddings(*load_target_embeddings(target_dir))
+    untrained.set_target_embeddings(*Target.of(recipe).embeddings())
     before = evaluate_draft(untrained, held_out, num_anchors=100_000)
     summary = run_train(recipe, resume="never")
     train_dir = Path(recipe.stage_dir("train"))
-    after = evaluate_draft(load_trained_draft(train_dir, target_dir), held_out, num_anchors=100_000)
+    after = evaluate_draft(load_trained_draft(train_dir, Target.of(recipe)), held_out, num_anchors=100_000)
     real = speculative_tau(target_dir, layer_ids, train_dir, held_out, config.block_size)
     keys = ("tau_greedy", "tau_greedy_decode", "tau_t1", "tau_t1_decode", "acc", "acc_slot", "loss")
     result = {

@@ -15,10 +15,7 @@ Conventions (one everywhere, translated per engine in one place):
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dspark_cli.errors import ContractError
@@ -55,17 +52,6 @@ def default_target_layer_ids(num_target_layers: int) -> list[int]:
 def vllm_aux_layer_ids(target_layer_ids: list[int]) -> list[int]:
     """vLLM numbers aux hidden states by the layer *input* they are read at: our id + 1."""
     return [i + 1 for i in target_layer_ids]
-
-
-def config_sha256(target_dir: str | Path | None) -> str | None:
-    """Fingerprint of a local target's config.json (None for a hub id not on disk)."""
-    if target_dir is None:
-        return None
-    path = Path(target_dir) / "config.json"
-    if not path.is_file():
-        return None
-    canonical = json.dumps(json.loads(path.read_text(encoding="utf-8")), sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 @dataclass(frozen=True)

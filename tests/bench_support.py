@@ -157,14 +157,13 @@ def export_random_draft(recipe, directory: Path, *, seed: int = 0) -> Path:
     from safetensors.torch import save_file
 
     from dspark_cli.capture.plan import contract_for_recipe, resolve_layer_ids
-    from dspark_cli.targets import target_directory, target_geometry
+    from dspark_cli.targets import Target
     from dspark_cli.draft.config import vllm_config_dict
     from dspark_cli.draft.model import DSparkDraftModel
     from dspark_cli.export.writer import export_draft
     from dspark_cli.training.run import build_draft_config
 
-    target_dir = target_directory(recipe)
-    config = build_draft_config(recipe, target_dir, resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers))
+    config = build_draft_config(recipe, resolve_layer_ids(recipe, Target.of(recipe).geometry().num_hidden_layers))
     model = DSparkDraftModel(config)
     model.init_weights(generator=torch.Generator().manual_seed(seed))
     train = directory.parent / f"{directory.name}-train"

@@ -81,14 +81,14 @@ def _tiny_setup(arch: str, overrides: tuple[str, ...] = ()):
     """(recipe, target_dir, draft_config) of the tiny recipe on the bundled target of `arch`."""
     from dspark_cli.capture.plan import resolve_layer_ids
     from dspark_cli.recipe import load_recipe
-    from dspark_cli.targets import target_directory, target_geometry
+    from dspark_cli.targets import Target
     from dspark_cli.training.run import build_draft_config
 
     target = [] if arch == "mla" else ["target.model=tiny-gqa", "draft.arch=gqa"]
     recipe = load_recipe("tiny", [*target, *overrides])
-    target_dir = target_directory(recipe)
-    layer_ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
-    return recipe, target_dir, build_draft_config(recipe, target_dir, layer_ids)
+    target_dir = Target.of(recipe).directory()
+    layer_ids = resolve_layer_ids(recipe, Target.of(recipe).geometry().num_hidden_layers)
+    return recipe, target_dir, build_draft_config(recipe, layer_ids)
 
 
 def _synthetic_examples(config, num: int, lengths: list[int], num_anchors: int, seed: int = 0):
@@ -125,7 +125,7 @@ def _forward_backward(arch: str, examples, device: str, dtype, attn: str, compil
 
     recipe, target_dir, config = _tiny_setup(arch, (f"draft.attention={attn}",
                                                     f"train.compile={str(compile).lower()}"))
-    step = build_step_module(recipe, config, target_dir, DistEnv(0, 1, 0, torch.device(device)), dtype)
+    step = build_step_module(recipe, config, DistEnv(0, 1, 0, torch.device(device)), dtype)
     model, loss_cfg = step.draft, recipe.train.loss
     batch = collate(examples, dtype).to(torch.device(device))
     ok = trainable_slots(batch, config.block_size)
@@ -151,7 +151,7 @@ def _flex_forward_cpu(arch: str, examples, logits_ref) -> dict[str, Any]:
     from dspark_cli.training.session import build_step_module
 
     recipe, target_dir, config = _tiny_setup(arch, ("draft.attention=flex",))
-    step = build_step_module(recipe, config, target_dir, DistEnv(0, 1, 0, torch.device("cpu")), torch.float32)
+    step = build_step_module(recipe, config, DistEnv(0, 1, 0, torch.device("cpu")), torch.float32)
     batch = collate(examples, torch.float32)
     try:
         with torch.no_grad():
@@ -350,7 +350,7 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
     embeddings = (torch.randn(config.vocab_size, config.target_hidden_size, dtype=emb_dtype),
                   torch.randn(config.vocab_size, config.target_hidden_size, dtype=emb_dtype) * 0.02)
     env = DistEnv(0, 1, 0, device)
-    module = build_step_module(recipe, config, None, env, emb_dtype, embeddings=embeddings)
+    module = build_step_module(recipe, config, env, emb_dtype, embeddings=embeddings)
     optimizer = make_optimizer(module, recipe, env)
     build_s = time.perf_counter() - started
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)

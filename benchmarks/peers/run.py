@@ -236,9 +236,9 @@ def to_speculators(recipe, root: Path) -> dict:
 
     from dspark_cli.capture import iter_captured
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import resolve_target, target_geometry
+    from dspark_cli.targets import Target, resolve_target
 
-    num_layers = target_geometry(recipe).num_hidden_layers
+    num_layers = Target.of(recipe).geometry().num_hidden_layers
     ids = resolve_layer_ids(recipe, num_layers)
     target_dir = resolve_target(TARGET)
     gain = _target_norm_weight(target_dir)
@@ -284,9 +284,9 @@ def to_nemo_automodel(recipe, cache: Path, shard_size: int = 64, seq_length: int
 
     from dspark_cli.capture import iter_captured
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import resolve_target, target_geometry
+    from dspark_cli.targets import Target, resolve_target
 
-    geometry = target_geometry(recipe)
+    geometry = Target.of(recipe).geometry()
     ids = resolve_layer_ids(recipe, geometry.num_hidden_layers)
     target_dir = resolve_target(TARGET)
     target = json.loads((target_dir / "config.json").read_text())
@@ -343,12 +343,12 @@ def to_nemo_automodel(recipe, cache: Path, shard_size: int = 64, seq_length: int
 def specforge_draft_config(recipe, path: Path) -> dict:
     """SpecForge's DSparkDraftModel config with dspark's draft geometry for this target and capture."""
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import resolve_target, target_geometry
+    from dspark_cli.targets import Target, resolve_target
     from dspark_cli.training.run import build_draft_config
 
     target_dir = resolve_target(TARGET)
-    ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
-    ours = build_draft_config(recipe, target_dir, ids)
+    ids = resolve_layer_ids(recipe, Target.of(recipe).geometry().num_hidden_layers)
+    ours = build_draft_config(recipe, ids)
     target = json.loads((target_dir / "config.json").read_text())
     config = {k: v for k, v in target.items() if k not in ("layer_types", "transformers_version", "dtype")}
     config.update(

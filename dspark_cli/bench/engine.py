@@ -143,10 +143,10 @@ class HFTarget:
     @classmethod
     def load(cls, path: str, layer_ids: list[int], *, dtype: str = "auto", device: str | None = None,
              trust_remote_code: bool = False, revision: str | None = None) -> HFTarget:
-        from dspark_cli.targets import load_causal_lm
+        from dspark_cli.targets import Target
 
-        model, _ = load_causal_lm(path, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-                                  revision=revision)
+        model, _ = Target.named(path, revision=revision, trust_remote_code=trust_remote_code).causal_lm(
+            dtype=dtype, device=device)
         return cls(model, layer_ids)
 
     def _keeper(self, key: int):

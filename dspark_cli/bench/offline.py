@@ -36,7 +36,7 @@ from dspark_cli.bench.datasets import BenchDataset, category, load_datasets
 from dspark_cli.bench.stats import TurnStats, summarize
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe import Recipe
-from dspark_cli.targets import stop_ids
+from dspark_cli.targets import Target
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]  # (turns done, total turns, tokens generated)
@@ -65,7 +65,7 @@ class OfflineBench:
         from dspark_cli.bench.engine import DSparkDrafter, HFTarget
         from dspark_cli.artifacts.draft import load_draft_dir
         from dspark_cli.export import verify_draft
-        from dspark_cli.targets import ChatFormat, load_tokenizer, target_location
+        from dspark_cli.targets import ChatFormat
 
         self.recipe = recipe
         self.draft_dir = str(draft_dir)
@@ -74,14 +74,14 @@ class OfflineBench:
         # before any target code or weights are loaded: the files export wrote, for this target
         self.manifest = verify_draft(draft_dir, recipe.target.model, doing="not benchmarking it")
         config = load_draft_dir(draft_dir).config
-        self.chat = ChatFormat(load_tokenizer(recipe), recipe.target.chat_template_kwargs)
-        self.target_path = target_location(recipe)
+        self.chat = ChatFormat(Target.of(recipe).tokenizer(), recipe.target.chat_template_kwargs)
+        self.target_path = Target.of(recipe).location
         self.warnings = template_warnings(self.manifest, self.chat.template_hash)
         self.target = HFTarget.load(self.target_path, list(config.target_layer_ids), dtype=recipe.target.dtype,
                                     trust_remote_code=recipe.target.trust_remote_code,
                                     revision=recipe.target.revision)
         self.drafter = DSparkDrafter.from_dir(self.draft_dir, self.target, dtype=self.target.model.dtype)
-        self.stop_ids = stop_ids(self.chat.tokenizer, self.target.model.generation_config)
+        self.stop_ids = Target.stop_ids(self.chat.tokenizer, self.target.model.generation_config)
         self.num_speculative_tokens = recipe.serve.num_speculative_tokens or int(config.block_size)
         if self.num_speculative_tokens > int(config.block_size):
             raise UsageError(f"serve.num_speculative_tokens={self.num_speculative_tokens} exceeds the draft's "

@@ -42,10 +42,10 @@ class HFCapturer:
 
     def __init__(self, model_path: str, layer_ids: list[int], *, dtype: str = "auto", trust_remote_code: bool = False,
                  revision: str | None = None, device: str | None = None) -> None:
-        from dspark_cli.targets import load_causal_lm
+        from dspark_cli.targets import Target
 
-        model, self.device = load_causal_lm(model_path, dtype=dtype, device=device,
-                                            trust_remote_code=trust_remote_code, revision=revision)
+        model, self.device = Target.named(model_path, revision=revision, trust_remote_code=trust_remote_code
+                                          ).causal_lm(dtype=dtype, device=device)
         self.model = model.eval()
         self.decoder, self.layers, self.norm = decoder_parts(self.model)
         if layer_ids[-1] >= len(self.layers):

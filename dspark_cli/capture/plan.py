@@ -22,7 +22,7 @@ from dspark_cli.artifacts.datagen import datagen_manifest, iter_records
 from dspark_cli.contract import Contract
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.recipe import Recipe
-from dspark_cli.targets import TargetGeometry, target_geometry
+from dspark_cli.targets import Target, TargetGeometry
 
 log = logging.getLogger(__name__)
 # How many target layers feed the draft when the recipe does not list them (Kimi-K3-DSpark reads 5).
@@ -53,7 +53,7 @@ def resolve_layer_ids(recipe: Recipe, num_hidden_layers: int) -> list[int]:
 def contract_for_recipe(recipe: Recipe, *, geometry: TargetGeometry | None = None,
                         datagen: dict[str, Any] | None = None) -> Contract:
     """The contract captured hidden states of this recipe must carry (what `iter_captured(expect=...)` checks)."""
-    geometry = geometry or target_geometry(recipe)
+    geometry = geometry or Target.of(recipe).geometry()
     datagen = datagen if datagen is not None else datagen_manifest(recipe)
     extra: dict[str, Any] = {}
     if geometry.is_kimi_k3:
@@ -140,7 +140,7 @@ def build_plan(recipe: Recipe) -> CapturePlan:
     if datagen is None:
         raise UsageError(f"{datagen_dir}: no finished datagen output to capture from",
                          "run `dspark datagen RECIPE` first (capture reads its conversations)")
-    geometry = target_geometry(recipe)
+    geometry = Target.of(recipe).geometry()
     contract = contract_for_recipe(recipe, geometry=geometry, datagen=datagen)
     layer_ids = list(contract.target_layer_ids)
     capture = recipe.capture
@@ -192,7 +192,7 @@ def build_plan(recipe: Recipe) -> CapturePlan:
 
 def plan_capture(recipe: Recipe) -> dict[str, Any]:
     """The plan as a dict (no model is loaded): sizes of the offline cache and of the online stream."""
-    geometry = target_geometry(recipe)
+    geometry = Target.of(recipe).geometry()
     layer_ids = resolve_layer_ids(recipe, geometry.num_hidden_layers)
     n, hidden = len(layer_ids), geometry.hidden_size
     out = {

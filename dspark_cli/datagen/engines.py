@@ -70,15 +70,15 @@ class HFEngine:
                  trust_remote_code: bool = False, revision: str | None = None) -> None:
         import torch
 
-        from dspark_cli.targets import load_causal_lm
+        from dspark_cli.targets import Target
 
         self.torch = torch
-        model, self.device = load_causal_lm(model_path, dtype=dtype, trust_remote_code=trust_remote_code,
-                                            revision=revision)
+        model, self.device = Target.named(model_path, revision=revision, trust_remote_code=trust_remote_code
+                                          ).causal_lm(dtype=dtype)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.sampling = sampling
-        self.stop_ids = _stop_ids(tokenizer, self.model.generation_config)
+        self.stop_ids = Target.stop_ids(tokenizer, self.model.generation_config, required=True)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids)
 
     def generate(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int]) -> list[Generation]:
@@ -216,13 +216,3 @@ class EndpointEngine:
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "vllm-endpoint", "endpoint": self.base, "model": self.model}
-
-
-def _stop_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
-    """The target's stop ids (`targets.stop_ids`); datagen cannot end a turn without one."""
-    from dspark_cli.targets import stop_ids
-
-    ids = stop_ids(tokenizer, generation_config)
-    if not ids:
-        raise UsageError("the target's tokenizer defines no end-of-sequence token", "set eos_token in its tokenizer_config.json")
-    return ids

@@ -33,7 +33,7 @@ from dspark_cli.errors import UsageError
 from dspark_cli.artifacts.files import (MANIFEST_NAME, exclusive_output, resumable_manifest, sha256_file,
                                        write_json_atomic)
 from dspark_cli.recipe import Recipe, write_resolved
-from dspark_cli.targets import ChatFormat, load_tokenizer, target_location
+from dspark_cli.targets import ChatFormat, Target
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]  # (conversations done, total, tokens generated so far)
@@ -72,7 +72,7 @@ def plan_datagen(recipe: Recipe) -> DatagenPlan:
     datagen = recipe.datagen
     if not datagen.sources:
         raise UsageError("datagen.sources is empty", "add a prompt file or dataset, e.g. sources: [{path: prompts.jsonl}]")
-    chat = ChatFormat(load_tokenizer(recipe), recipe.target.chat_template_kwargs)
+    chat = ChatFormat(Target.of(recipe).tokenizer(), recipe.target.chat_template_kwargs)
     report = FilterReport()
 
     # no token is longer than the vocabulary's longest entry, so a prompt of more characters than
@@ -102,7 +102,7 @@ def plan_datagen(recipe: Recipe) -> DatagenPlan:
         conversations = conversations[: datagen.num_samples]
     if not conversations:
         raise UsageError("no conversation left after filtering", f"counts: {json.dumps(report.as_dict())}")
-    target = target_location(recipe)
+    target = Target.of(recipe).location
     blob = json.dumps({
         "ids": [c.id for c in conversations], "target": target, "revision": recipe.target.revision,
         "template": chat.template_hash, "sampling": [datagen.temperature, datagen.top_p, datagen.max_tokens],

@@ -53,13 +53,11 @@ def checksum_findings(draft_dir: Path, manifest: dict[str, Any]) -> list[Finding
 
 def target_findings(manifest: dict[str, Any], target: str | None) -> list[Finding]:
     """The draft against a target on this machine: was it trained for that target's config?"""
-    from dspark_cli.contract import config_sha256
-    from dspark_cli.targets import resolve_target
+    from dspark_cli.targets import Target
 
     contract = manifest.get("contract") or {}
     expected = contract.get("target_config_sha256")
-    directory = resolve_target(target) if target else None
-    actual = config_sha256(directory)
+    actual = Target.named(target).geometry(strict=False).config_sha256 if target else None
     if expected and actual and expected != actual:
         return [Finding("target", f"the draft was trained for target {contract.get('target')!r}, whose config "
                         f"differs from {target}", "use the draft with its own target (contract.target in "
@@ -98,18 +96,19 @@ def draft_findings(draft_dir: str | Path, target: str | None = None, *,
     Without `require_manifest` (export --check of a draft made elsewhere), a directory without a
     manifest gets the static rules and a warning that nothing else could be checked.
     """
-    from dspark_cli.targets import local_config
+    from dspark_cli.targets import Target
 
     draft_dir = Path(draft_dir)
     if not draft_dir.is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
+    target_config = Target.named(target).full_config() if target else None
     if not (draft_dir / MANIFEST).is_file() and not require_manifest:
-        findings = check_draft_dir(draft_dir, local_config(target))
+        findings = check_draft_dir(draft_dir, target_config)
         return {}, [*findings, Finding(MANIFEST, "missing: checksums, the trained-for target and serving settings "
                                        "were not checked", "export it with dspark", "warning")]
     manifest = read_draft_manifest(draft_dir)
     findings = checksum_findings(draft_dir, manifest)  # first: a changed file explains the findings after it
-    findings += check_draft_dir(draft_dir, local_config(target), bool(manifest.get("include_embeddings")))
+    findings += check_draft_dir(draft_dir, target_config, bool(manifest.get("include_embeddings")))
     return manifest, [*findings, *target_findings(manifest, target), *serving_findings(manifest)]
 
 

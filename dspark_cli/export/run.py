@@ -51,19 +51,15 @@ def planned_config_problems(recipe: Recipe) -> list[str]:
     from dspark_cli.errors import DsparkError
     from dspark_cli.export.rules import check_config
     from dspark_cli.export.roster import export_dry_run
-    from dspark_cli.targets import target_config
+    from dspark_cli.targets import Target
 
     draft = recipe.draft.model_dump()
     if draft.get("mask_token_id") is None:
         draft["mask_token_id"] = 0  # a placeholder: export takes the tokenizer's mask token
     target = recipe.target.model_dump()
     config = None
-    if target_config(recipe) is not None:
-        from transformers import AutoConfig
-
-        from dspark_cli.targets import resolve_target
-
-        config = AutoConfig.from_pretrained(resolve_target(recipe.target.model))
+    if Target.of(recipe).config() is not None:
+        config = Target.of(recipe).transformers_config()
     elif not all(target.get(k) for k in ("hidden_size", "vocab_size", "num_hidden_layers")):
         return []
     try:
@@ -83,15 +79,11 @@ def meta_plan(recipe: Recipe) -> dict[str, Any]:
     available here (its geometry fills the draft fields the recipe leaves unset).
     """
     from dspark_cli.export.roster import export_dry_run
-    from dspark_cli.targets import target_config
+    from dspark_cli.targets import Target
 
     if recipe.export.format != "vllm":
         raise UsageError(f"--meta --dry-run lists the vllm format; export.format is {recipe.export.format}")
     config = None
-    if target_config(recipe) is not None:
-        from transformers import AutoConfig
-
-        from dspark_cli.targets import resolve_target
-
-        config = AutoConfig.from_pretrained(resolve_target(recipe.target.model))
+    if Target.of(recipe).config() is not None:
+        config = Target.of(recipe).transformers_config()
     return export_dry_run(recipe.draft.model_dump(), recipe.target.model_dump(), config, recipe.export.dtype)

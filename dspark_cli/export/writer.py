@@ -30,7 +30,7 @@ from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
 from dspark_cli.artifacts.draft import LoadedDraft, load_draft_dir
 from dspark_cli.artifacts.files import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
                                  safetensors_os_error, sha256_file, write_json_atomic)
-from dspark_cli.targets import local_config, resolve_target
+from dspark_cli.targets import Target
 
 if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe
@@ -51,24 +51,8 @@ class ExportError(DsparkError):
 
 def _target_embeddings(target: str) -> dict[str, Any]:
     """The target's embed_tokens / lm_head weights, read from its safetensors files only."""
-    from safetensors import safe_open
-
-    directory = resolve_target(target)
-    if directory is None:
-        raise UsageError(f"--include-embeddings needs the target on disk; {target} is a hub id", "download it first")
-    found: dict[str, Any] = {}
-    for file in sorted(Path(directory).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
-                if key.endswith("embed_tokens.weight") and "embed_tokens.weight" not in found:
-                    found["embed_tokens.weight"] = handle.get_tensor(key)
-                elif key.endswith("lm_head.weight"):
-                    found["lm_head.weight"] = handle.get_tensor(key)
-    if "lm_head.weight" not in found and "embed_tokens.weight" in found:
-        found["lm_head.weight"] = found["embed_tokens.weight"]  # tied embeddings
-    if len(found) != 2:
-        raise UsageError(f"{directory}: embed_tokens / lm_head weights not found in its safetensors files")
-    return found
+    embed, lm_head = Target.named(target).embeddings()
+    return {"embed_tokens.weight": embed, "lm_head.weight": lm_head}
 
 
 def export_tensors(draft: LoadedDraft, dtype: str, embeddings: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -163,7 +147,7 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     tensors = export_tensors(draft, dtype, embeddings)
     plan = plan_export(draft, dtype, tensors)
     try:
-        target_config = local_config(target)
+        target_config = Target.named(target).full_config() if target else None
     except UsageError:
         if explicit:
             raise

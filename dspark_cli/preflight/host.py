@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_cli.errors import DsparkError
-from dspark_cli.targets import resolve_target, target_geometry
+from dspark_cli.targets import Target
 
 if TYPE_CHECKING:
     from dspark_cli.preflight import Context
@@ -22,18 +22,16 @@ K3_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
 
 def target_on_this_machine(recipe: Recipe, context: Context) -> list[str]:
     """Every stage that loads the target reads it from disk: a local directory or the hub cache."""
+    target = Target.of(recipe)
     try:
-        if resolve_target(recipe.target.model) is not None:
+        if target.local is not None:
             return []
     except DsparkError:
         return []  # a broken target is a shared rule's problem (shared.py)
     try:
-        from huggingface_hub import snapshot_download
-
-        snapshot_download(recipe.target.model, revision=recipe.target.revision, local_files_only=True,
-                          allow_patterns=["config.json"])
+        target.directory()
         return []
-    except Exception:  # noqa: BLE001 - any hub-cache failure means the same thing: not here
+    except DsparkError:
         return [f"target.model: {recipe.target.model} is not on this machine (not a directory, not in the hub "
                 f"cache); download it first (hf download {recipe.target.model}), or validate with --recipe-only"]
 
@@ -67,7 +65,7 @@ def capture_backend_runs_here(recipe: Recipe, context: Context) -> list[str]:
                         f"{recipe.datagen.tensor_parallel_size}, {machine.gpus} GPUs visible here; lower it")
     wanted = "1" if capture.aux_attn_res_stream else "0"
     current = os.environ.get(K3_ENV)
-    if current is not None and current != wanted and target_geometry(recipe, strict=False).is_kimi_k3:
+    if current is not None and current != wanted and Target.of(recipe).geometry(strict=False).is_kimi_k3:
         problems.append(f"capture.aux_attn_res_stream: {K3_ENV}={current} in the environment but the recipe says "
                         f"{capture.aux_attn_res_stream}; unset {K3_ENV} or change the recipe (serving must match)")
     return problems

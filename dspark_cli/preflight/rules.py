@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dspark_cli.targets import resolve_target, target_config, target_geometry
+from dspark_cli.targets import Target
 
 if TYPE_CHECKING:
     from dspark_cli.preflight import Context
@@ -32,7 +32,7 @@ def k3_stream_needs_vllm(recipe: Recipe, context: Context) -> list[str]:
     """Only vLLM captures Kimi-K3's attention-residual stream (capture/plan.py)."""
     capture, machine = recipe.capture, context.machine
     backend = capture.backend_here(machine.has("vllm")) if machine is not None else capture.backend
-    if capture.aux_attn_res_stream and backend == "hf" and target_geometry(recipe, strict=False).is_kimi_k3:
+    if capture.aux_attn_res_stream and backend == "hf" and Target.of(recipe).geometry(strict=False).is_kimi_k3:
         return ["capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's attention-residual stream; "
                 "set capture.backend=vllm, or aux_attn_res_stream=false (and serve with the same)"]
     return []
@@ -63,7 +63,7 @@ def export_format_fits_the_draft(recipe: Recipe, context: Context) -> list[str]:
         return []
     arch = recipe.draft.arch
     if arch == "auto":  # as draft/build.py picks it: MLA when the target has kv_lora_rank
-        config = target_config(recipe)
+        config = Target.of(recipe).config()
         arch = "mla" if (config or {}).get("kv_lora_rank") else "gqa" if config else "auto"
     if arch == "mla":
         return [("export.format: speculators has no MLA form (vLLM maps speculators-format dspark to "
@@ -113,7 +113,7 @@ def publish_destination(recipe: Recipe, context: Context) -> list[str]:
 
 def _hub_id(recipe: Recipe) -> bool:
     try:
-        return resolve_target(recipe.target.model) is None
+        return Target.of(recipe).local is None
     except Exception:  # noqa: BLE001 - a broken target is a shared rule's problem (shared.py)
         return False
 

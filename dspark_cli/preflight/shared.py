@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from dspark_cli.errors import DsparkError
 from dspark_cli.preflight.paths import output_dirs_creatable
-from dspark_cli.targets import draft_arch, resolve_target, target_config, target_geometry
+from dspark_cli.targets import Target
 
 if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe
@@ -33,11 +33,11 @@ def shared_problems(recipe: Recipe) -> list[str]:
 
 def _check_target(recipe: Recipe) -> list[str]:
     try:
-        resolve_target(recipe.target.model)
+        Target.of(recipe).local
     except DsparkError as exc:  # unknown, no config.json, a corrupt config or truncated weights
         return [f"target.model: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")]
     problems = []
-    config = target_config(recipe)
+    config = Target.of(recipe).config()
     if config is not None:
         for key in ("hidden_size", "vocab_size", "num_hidden_layers"):
             declared = getattr(recipe.target, key)
@@ -52,7 +52,7 @@ def _check_target(recipe: Recipe) -> list[str]:
 def _check_draft(recipe: Recipe) -> list[str]:
     draft = recipe.draft
     problems = []
-    arch = draft_arch(recipe)
+    arch = Target.of(recipe).draft_arch(recipe.draft.arch)
     wrong_family = _GQA_ONLY if arch == "mla" else _MLA_ONLY if arch == "gqa" else ()
     for key in wrong_family:
         if getattr(draft, key) is not None:
@@ -65,13 +65,13 @@ def _check_draft(recipe: Recipe) -> list[str]:
             problems.append("draft.target_layer_ids: layer ids are 0-based and non-negative")
         elif sorted(set(ids)) != ids:
             problems.append(f"draft.target_layer_ids: must be unique and increasing, got {ids}")
-        depth = target_geometry(recipe, strict=False).num_hidden_layers
+        depth = Target.of(recipe).geometry(strict=False).num_hidden_layers
         if ids and depth is not None and max(ids) >= depth:
             problems.append(
                 f"draft.target_layer_ids: layer {max(ids)} is beyond the target's {depth} layers "
                 f"(0-based: 0..{depth - 1}); output of layer k is transformers hidden_states[k+1]"
             )
-    vocab = target_geometry(recipe, strict=False).vocab_size
+    vocab = Target.of(recipe).geometry(strict=False).vocab_size
     if draft.mask_token_id is not None and vocab is not None and draft.mask_token_id >= vocab:
         problems.append(f"draft.mask_token_id: {draft.mask_token_id} is outside the target vocabulary ({vocab})")
     return problems
@@ -94,7 +94,7 @@ def _check_stages(recipe: Recipe) -> list[str]:
     if train.loss.slot_weighting == "expected_length" and not recipe.draft.confidence_head:
         problems.append("train.loss.slot_weighting: expected_length reads the confidence head's estimates; "
                         "set draft.confidence_head: true or use slot_weighting: decay")
-    if serve.attention_backend and "MLA" in serve.attention_backend.upper() and draft_arch(recipe) == "gqa":
+    if serve.attention_backend and "MLA" in serve.attention_backend.upper() and Target.of(recipe).draft_arch(recipe.draft.arch) == "gqa":
         problems.append(f"serve.attention_backend: {serve.attention_backend} is for MLA drafts, this draft is gqa")
     if train.nnodes > 1 and not train.rdzv_endpoint:
         problems.append("train.rdzv_endpoint: required when train.nnodes > 1 (host:port of the rendezvous)")

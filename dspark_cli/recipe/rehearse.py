@@ -67,10 +67,10 @@ def rehearsal_root(recipe: Recipe) -> str:
 
 def attention_family(recipe: Recipe) -> str:
     """`mla` or `gqa`: the draft's arch, else the target's model type, else its name (hub ids offline)."""
-    from dspark_cli.targets import draft_arch
+    from dspark_cli.targets import Target
 
     try:
-        arch = draft_arch(recipe)
+        arch = Target.of(recipe).draft_arch(recipe.draft.arch)
     except Exception:  # noqa: BLE001 - an unreadable target config: fall back to the name
         arch = None
     if arch is not None:
@@ -147,9 +147,9 @@ def _draft(recipe: Recipe, put, tiny: str, real_depth: int | None) -> None:
     put("draft.mask_token_id", None, "the real id is a token of the real vocabulary; the tiny tokenizer's mask token")
     ids = recipe.draft.target_layer_ids
     if ids is not None:
-        from dspark_cli.targets import target_geometry
+        from dspark_cli.targets import Target
 
-        tiny_depth = target_geometry(Recipe.model_validate({"target": {"model": tiny}})).num_hidden_layers
+        tiny_depth = Target.named(tiny).geometry().num_hidden_layers
         depth = real_depth or max(ids) + 1
         put("draft.target_layer_ids", spread_layer_ids(ids, depth, tiny_depth),
             f"the same spread over the tiny target's {tiny_depth} layers (of {depth})")

@@ -84,14 +84,14 @@ def serve_command(recipe: Recipe, draft_dir: str | Path, *, draft_ref: str | Non
     """(argv, extra environment) of the `vllm serve` launch for `recipe` and the draft at `draft_dir`;
     `draft_ref` names the draft in the command instead of its local path (a hub repo id, for model cards);
     `vllm_args` are appended verbatim (after the recipe's `serve.extra_args`: the last one wins in vLLM)."""
-    from dspark_cli.targets import target_location
+    from dspark_cli.targets import Target
 
     draft_dir = Path(draft_dir)
     manifest = read_draft_manifest(draft_dir) if draft_dir.exists() else {}
     serving = manifest.get("serving", {})
     serve = recipe.serve
     spec = speculative_config(recipe, draft_dir, serving, method, draft_ref)
-    target = target_location(recipe)
+    target = Target.of(recipe).location
     argv = ["vllm", "serve", target, "--host", serve.host, "--port", str(serve.port),
             "--tensor-parallel-size", str(serve.tensor_parallel_size),
             "--gpu-memory-utilization", str(serve.gpu_memory_utilization),

@@ -15,7 +15,6 @@ Importing this package is free (no torch); the pieces import it themselves.
 - step.py        `TrainStep`: the draft plus its loss as one module (what FSDP2 wraps); anchor rows
 - distributed.py process groups, FSDP2 `fully_shard`, the torchrun command line
 - checkpoint.py  DCP checkpoints written atomically, `latest` pointer, contract check on resume
-- frozen.py      the target's frozen embed_tokens / lm_head, read straight from safetensors
 - loop.py        `train_step` and the training loop (schedule, clipping, logging, checkpoints)
 - session.py     one process's session: build, resume, loop, final draft and manifest
 - run.py         `run_train(recipe, resume=...)` (the CLI calls this) and `plan_train` (--dry-run)

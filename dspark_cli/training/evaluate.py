@@ -1,7 +1,7 @@
 """Teacher-forced acceptance metrics of a draft on captured sequences, without training it.
 
     from dspark_cli.training.evaluate import evaluate_draft, load_trained_draft
-    model = load_trained_draft("runs/tiny/train", target_dir)       # final/ + the target's embeddings
+    model = load_trained_draft("runs/tiny/train", Target.of(recipe))   # final/ + the target's embeddings
     evaluate_draft(model, sequences, num_anchors=10_000)             # {"tau_greedy": .., "tau_t1": .., ...}
 
 The numbers are the ones training logs (`metrics.summarize`): per-slot accuracy and acceptance, and
@@ -22,18 +22,18 @@ from typing import Any
 import torch
 
 from dspark_cli.training.data import collate, prepare
+from dspark_cli.targets import Target
 from dspark_cli.training.metrics import stats_size, summarize
 from dspark_cli.training.step import LossConfig, TrainStep, local_weight, trainable_slots
-from dspark_cli.training.frozen import load_target_embeddings
 
 
-def load_trained_draft(train_dir: str | Path, target_dir: str | Path) -> Any:
+def load_trained_draft(train_dir: str | Path, target: Target) -> Any:
     """The consolidated draft of a training run (`final/`), with the target's embeddings attached."""
     from dspark_cli.artifacts.draft import build_model, load_draft_dir
 
     loaded = load_draft_dir(train_dir)
     model = build_model(loaded.config, loaded.state_dict)
-    embed, lm_head = load_target_embeddings(target_dir)
+    embed, lm_head = target.embeddings()
     model.set_target_embeddings(embed, lm_head)
     return model
 

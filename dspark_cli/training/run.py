@@ -30,21 +30,20 @@ from typing import Any
 from dspark_cli.contract import Contract
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe import Recipe
-from dspark_cli.targets import mask_token_id, target_directory, target_geometry
+from dspark_cli.targets import Target
 
 log = logging.getLogger(__name__)
 
 
-def build_draft_config(recipe: Recipe, target_dir: Path, layer_ids: list[int]):
-    import json
-
+def build_draft_config(recipe: Recipe, layer_ids: list[int]):
+    """The draft the recipe describes, its geometry defaulting to the target's, reading `layer_ids`."""
     from dspark_cli.draft.build import draft_config_from_recipe
 
-    config = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
+    target = Target.of(recipe)
     draft = recipe.draft.model_dump()
     draft["target_layer_ids"] = layer_ids  # capture's resolution, so the draft reads what was captured
-    draft["mask_token_id"] = mask_token_id(recipe, target_dir)
-    return draft_config_from_recipe(draft, recipe.target.model_dump(), target_config=config)
+    draft["mask_token_id"] = target.mask_token_id(recipe.draft.mask_token_id)
+    return draft_config_from_recipe(draft, recipe.target.model_dump(), target_config=target.snapshot_config())
 
 
 def train_contract(recipe: Recipe, draft_config) -> Contract:
@@ -161,9 +160,8 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         keep_freed_memory()
     stack = contextlib.ExitStack()
     try:
-        target_dir = target_directory(recipe)
-        layer_ids = resolve_layer_ids(recipe, target_geometry(recipe).num_hidden_layers)
-        draft_config = build_draft_config(recipe, target_dir, layer_ids)
+        layer_ids = resolve_layer_ids(recipe, Target.of(recipe).geometry().num_hidden_layers)
+        draft_config = build_draft_config(recipe, layer_ids)
         contract = train_contract(recipe, draft_config)
         out_dir = Path(recipe.stage_dir("train"))
         if env.is_main:  # one run writes a train directory (another's temp files are not a killed run's)
@@ -183,7 +181,7 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         try:
             from dspark_cli.training.session import train_session
 
-            return train_session(recipe, env=env, target_dir=target_dir, draft_config=draft_config,
+            return train_session(recipe, env=env, draft_config=draft_config,
                                  contract=contract, out_dir=out_dir, sequences=sequences, resume=resume,
                                  on_log=on_log, lengths=lengths, data_id=data_id, online=online)
         finally:

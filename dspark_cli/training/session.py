@@ -2,7 +2,7 @@
 
 Called by `run.run_train` once the data source and the contract are known:
 
-    summary = train_session(recipe, env=env, target_dir=..., draft_config=..., contract=..., out_dir=...,
+    summary = train_session(recipe, env=env, draft_config=..., contract=..., out_dir=...,
                             sequences=lambda: captured, resume="auto", on_log=print)
 
 Outputs (rank 0 writes; see the package docstring for the layout): recipe.yaml and metrics.jsonl
@@ -28,6 +28,7 @@ from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
 from dspark_cli.artifacts.files import make_public, sha256_file, write_json_atomic
 from dspark_cli.recipe import Recipe, write_resolved
+from dspark_cli.targets import Target
 from dspark_cli.training.checkpoint import (check_meta, clean_stale, load_checkpoint, resolve_resume,
                                            save_checkpoint)
 from dspark_cli.training.data import StepStream, prepare
@@ -38,15 +39,13 @@ from dspark_cli.training.metrics import format_line, open_sinks
 from dspark_cli.training.plan import plan_run
 from dspark_cli.training.settings import result_settings
 from dspark_cli.training.step import LossConfig, TrainStep
-from dspark_cli.training.frozen import load_target_embeddings
 
 log = logging.getLogger(__name__)
 
 
-def build_step_module(recipe: Recipe, draft_config: Any, target_dir: Path | None, env: DistEnv,
-                      embed_dtype: torch.dtype, *, embeddings: tuple[torch.Tensor, torch.Tensor] | None = None
-                      ) -> TrainStep:
-    """The seeded draft with the target's frozen embed_tokens / lm_head (read from `target_dir`, or
+def build_step_module(recipe: Recipe, draft_config: Any, env: DistEnv, embed_dtype: torch.dtype, *,
+                      embeddings: tuple[torch.Tensor, torch.Tensor] | None = None) -> TrainStep:
+    """The seeded draft with the target's frozen embed_tokens / lm_head (the recipe's target's, or
     `embeddings` given directly, e.g. synthetic ones for benchmarks), its objective, on `env`'s device,
     with the run's fixed batch shapes (`TrainStep.shape_plan`). `embed_dtype` is the compute dtype:
     bf16 also makes FSDP2 gather the parameters in bf16 (`distributed.shard`)."""
@@ -57,7 +56,7 @@ def build_step_module(recipe: Recipe, draft_config: Any, target_dir: Path | None
     torch.manual_seed(train.seed)
     model = DSparkDraftModel(draft_config, attn_impl=recipe.draft.attention)
     model.init_weights(generator=torch.Generator().manual_seed(train.seed))
-    embed, lm_head = embeddings or load_target_embeddings(target_dir, dtype=embed_dtype)
+    embed, lm_head = embeddings or Target.of(recipe).embeddings(embed_dtype)
     model.set_target_embeddings(embed, lm_head)
     loss = LossConfig(ce=train.loss.ce, l1=train.loss.l1, confidence=train.loss.confidence,
                       gamma=train.loss.slot_decay_gamma, weighting=train.loss.slot_weighting,
@@ -117,7 +116,7 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
     return {name: sha256_file(final / name) for name in ("model.safetensors", "config.json")}
 
 
-def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_config: Any, contract: Contract,
+def train_session(recipe: Recipe, *, env: DistEnv, draft_config: Any, contract: Contract,
                   out_dir: Path, sequences: Callable[[], Iterable[Any]], resume: str,
                   on_log: Callable[[dict[str, Any]], None] | None, single_pass: bool = False,
                   lengths: Callable[[], list[int]] | None = None, data_id: str | None = None,
@@ -136,7 +135,7 @@ def train_session(recipe: Recipe, *, env: DistEnv, target_dir: Path, draft_confi
     checkpoint_path = resolve_resume(out_dir, resume)
     settings = result_settings(recipe, data_id)
     barrier(env)
-    module = build_step_module(recipe, draft_config, target_dir, env, dtype)
+    module = build_step_module(recipe, draft_config, env, dtype)
     optimizer = make_optimizer(module, recipe, env)
     start_step, position, tokens_done, meta = 0, {"epoch": 0, "consumed": 0}, 0, {}
     if checkpoint_path is not None:

@@ -45,12 +45,12 @@ def test_features_are_specforge_dspark_records_of_our_layers(captured, tmp_path)
     from transformers import AutoModelForCausalLM
 
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import resolve_target, target_geometry
+    from dspark_cli.targets import Target, resolve_target
 
     data = peers.to_specforge(captured, tmp_path / "features")
     files = sorted((tmp_path / "features").glob("data_*.ckpt"))
     assert len(files) == data["sequences"] > 0
-    layer_ids = resolve_layer_ids(captured, target_geometry(captured).num_hidden_layers)
+    layer_ids = resolve_layer_ids(captured, Target.of(captured).geometry().num_hidden_layers)
     model = AutoModelForCausalLM.from_pretrained(resolve_target("tiny-gqa"), dtype=torch.float32)
     hidden = model.config.hidden_size
     record = torch.load(files[0])
@@ -77,7 +77,7 @@ def test_features_are_specforge_dspark_records_of_our_layers(captured, tmp_path)
 def test_specforge_draft_has_our_tensor_names_and_shapes(captured, tmp_path):
     from dspark_cli.capture.plan import resolve_layer_ids
     from dspark_cli.draft.model import DSparkDraftModel
-    from dspark_cli.targets import resolve_target, target_geometry
+    from dspark_cli.targets import Target
     from dspark_cli.training.run import build_draft_config
 
     peers.specforge_draft_config(captured, tmp_path / "draft.json")
@@ -89,9 +89,8 @@ def test_specforge_draft_has_our_tensor_names_and_shapes(captured, tmp_path):
                           text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
-    target_dir = resolve_target("tiny-gqa")
-    ids = resolve_layer_ids(captured, target_geometry(captured).num_hidden_layers)
-    model = DSparkDraftModel(build_draft_config(captured, target_dir, ids))
+    ids = resolve_layer_ids(captured, Target.of(captured).geometry().num_hidden_layers)
+    model = DSparkDraftModel(build_draft_config(captured, ids))
     ours = {k: list(v.shape) for k, v in model.state_dict().items()}
     assert theirs == ours
 
@@ -190,10 +189,10 @@ def test_features_are_speculators_records_of_our_layers(captured, tmp_path):
 
     from dspark_cli.capture import iter_captured
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import target_geometry
+    from dspark_cli.targets import Target
 
     data = peers.to_speculators(captured, tmp_path / "spec")
-    layer_ids = resolve_layer_ids(captured, target_geometry(captured).num_hidden_layers)
+    layer_ids = resolve_layer_ids(captured, Target.of(captured).geometry().num_hidden_layers)
     assert data["target_layer_ids"] == [k + 1 for k in layer_ids]
     dataset = load_from_disk(str(tmp_path / "spec"))
     seqs = list(iter_captured(captured.stage_dir("capture")))
@@ -222,10 +221,10 @@ def test_features_are_nemo_automodel_cache_of_our_layers(captured, tmp_path):
 
     from dspark_cli.capture import iter_captured
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import resolve_target, target_geometry
+    from dspark_cli.targets import Target, resolve_target
 
     data = peers.to_nemo_automodel(captured, tmp_path / "nemo", shard_size=4)
-    layer_ids = resolve_layer_ids(captured, target_geometry(captured).num_hidden_layers)
+    layer_ids = resolve_layer_ids(captured, Target.of(captured).geometry().num_hidden_layers)
     manifest = json.loads((tmp_path / "nemo" / "manifest.json").read_text())
     assert manifest["complete"] is True and manifest["format_version"] == 1 and manifest["dtype"] == "fp32"
     assert manifest["target_layer_ids"] == layer_ids == data["target_layer_ids"]
@@ -303,11 +302,11 @@ def _peer_check(venv: Path, code: str, *args: str) -> dict:
 def _our_names(captured) -> dict:
     from dspark_cli.capture.plan import resolve_layer_ids
     from dspark_cli.draft.model import DSparkDraftModel
-    from dspark_cli.targets import resolve_target, target_geometry
+    from dspark_cli.targets import Target
     from dspark_cli.training.run import build_draft_config
 
-    ids = resolve_layer_ids(captured, target_geometry(captured).num_hidden_layers)
-    model = DSparkDraftModel(build_draft_config(captured, resolve_target("tiny-gqa"), ids))
+    ids = resolve_layer_ids(captured, Target.of(captured).geometry().num_hidden_layers)
+    model = DSparkDraftModel(build_draft_config(captured, ids))
     return {k: list(v.shape) for k, v in model.state_dict().items()}
 
 

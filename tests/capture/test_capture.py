@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from dspark_cli.capture import contract_for_recipe, iter_captured, plan_capture, run_capture, verify_captured
 from dspark_cli.capture.plan import build_plan
-from dspark_cli.targets import target_geometry
+from dspark_cli.targets import Target
 from dspark_cli.capture.vllm import VLLMCapturer, engine_kwargs, k3_environment, vllm_layout
 from dspark_cli.errors import ContractError, DataError, DsparkError, UsageError
 from dspark_cli.recipe import load_recipe
@@ -60,7 +60,7 @@ def captured(request, tmp_path_factory):
 @pytest.mark.slow  # a real capture per target (the `captured` fixture): ~40 s each loaded
 def test_layers_and_last_state_equal_a_plain_transformers_forward(captured):
     recipe, summary, sequences = captured
-    geometry = target_geometry(recipe)
+    geometry = Target.of(recipe).geometry()
     ids = list(contract_for_recipe(recipe).target_layer_ids)
     depth, hidden = geometry.num_hidden_layers, geometry.hidden_size
     assert ids[-1] == depth - 1 and len(ids) == 5  # the default spread reads the last layer: the hard case
@@ -86,7 +86,7 @@ def test_layers_and_last_state_equal_a_plain_transformers_forward(captured):
 @pytest.mark.slow  # uses the `captured` fixture (a real capture per target)
 def test_shards_are_small_and_exactly_planned(captured):
     recipe, summary, sequences = captured
-    geometry = target_geometry(recipe)
+    geometry = Target.of(recipe).geometry()
     manifest = json.loads((Path(recipe.stage_dir("capture")) / "manifest.json").read_text())
     plan = plan_capture(recipe)
     n, hidden = 5, geometry.hidden_size
@@ -134,7 +134,7 @@ def test_vllm_translation_and_postprocessing_match_hf_capture(captured, tmp_path
     """The translation on a stand-in engine: engine arguments (GPU and CPU), aux ids, and the final norm
     applied to vLLM's pre-norm state (the real engine: tests/capture/test_capture_vllm.py)."""
     recipe, _, sequences = captured
-    geometry = target_geometry(recipe)
+    geometry = Target.of(recipe).geometry()
     ids = list(contract_for_recipe(recipe).target_layer_ids)
     depth = geometry.num_hidden_layers
     layout = vllm_layout(ids, depth)

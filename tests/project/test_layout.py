@@ -319,6 +319,22 @@ def test_shard_tensors_are_named_only_in_capture_shards():
     assert found == []
 
 
+def test_the_target_is_loaded_only_by_target():
+    """Every stage asks `targets.Target` for the target's tokenizer, config, weights and transformers model:
+    the loaders (transformers' Auto classes, the hub cache, its embeddings' safetensors) are called in
+    targets/ alone."""
+    loaders = {"AutoModelForCausalLM", "AutoTokenizer", "AutoConfig", "snapshot_download", "load_embeddings"}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "targets":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = getattr(node, "id", None) or getattr(node, "attr", None)
+            if isinstance(node, (ast.Name, ast.Attribute)) and name in loaders:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {name}")
+    assert found == []
+
+
 TESTS = Path(__file__).resolve().parents[1]
 # The test folders beside the stages' (tests/<stage>/): the shared parts, the whole pipeline, the
 # benchmarks' own code, and the repository's rules (this file, the docs).

@@ -44,13 +44,13 @@ def trained(tmp_path_factory):
 def test_trained_tau_rises_far_above_an_untrained_draft(trained):
     from dspark_cli.draft.model import DSparkDraftModel
     from dspark_cli.training.evaluate import evaluate_draft, load_trained_draft
-    from dspark_cli.training.frozen import load_target_embeddings
+    from dspark_cli.targets import Target
 
     work, target, held_out, _ = trained
-    model = load_trained_draft(work / "run" / "train", target)
+    model = load_trained_draft(work / "run" / "train", Target.named(str(target)))
     untrained = DSparkDraftModel(model.config)
     untrained.init_weights(generator=torch.Generator().manual_seed(0))
-    untrained.set_target_embeddings(*load_target_embeddings(target))
+    untrained.set_target_embeddings(*Target.named(str(target)).embeddings())
     before = evaluate_draft(untrained, held_out, num_anchors=1000)
     after = evaluate_draft(model, held_out, num_anchors=1000)
     print(f"tau greedy {before['tau_greedy']:.2f} -> {after['tau_greedy']:.2f}, "
@@ -63,10 +63,11 @@ def test_trained_tau_rises_far_above_an_untrained_draft(trained):
 
 def test_logged_tau_agrees_with_real_greedy_speculative_decoding(trained):
     from dspark_cli.bench.engine import DSparkDrafter, HFTarget, Sampling, Speculation, SpeculativeEngine
+    from dspark_cli.targets import Target
     from dspark_cli.training.evaluate import evaluate_draft, load_trained_draft
 
     work, target, held_out, _ = trained
-    metric = evaluate_draft(load_trained_draft(work / "run" / "train", target), held_out, num_anchors=1000)
+    metric = evaluate_draft(load_trained_draft(work / "run" / "train", Target.named(str(target))), held_out, num_anchors=1000)
     engine_target = HFTarget.load(str(target), train_fixtures.LAYER_IDS, dtype="float32", device="cpu")
     drafter = DSparkDrafter.from_dir(str(work / "run" / "train"), engine_target)
     engine = SpeculativeEngine(engine_target, drafter, Speculation(4, "greedy", "standard"))

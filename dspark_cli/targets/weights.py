@@ -1,6 +1,7 @@
 """The target's frozen `embed_tokens` and `lm_head`, read from its safetensors without loading the model.
 
-    embed, lm_head = load_target_embeddings("dspark_cli/targets/tiny/tiny-mla")   # [V, H] each
+    embed, lm_head = load_embeddings(Path("dspark_cli/targets/tiny/tiny-mla"))   # [V, H] each
+    embed, lm_head = Target.of(recipe).embeddings()                              # what the stages call
 
 Names tried (first match wins): `model.embed_tokens.weight` / `lm_head.weight`, with the usual
 prefixes of multimodal or wrapped checkpoints (`language_model.`, `model.language_model.`).
@@ -12,10 +13,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from dspark_cli.errors import DataError, UsageError
+from dspark_cli.targets.files import read_target_config
+
+if TYPE_CHECKING:
+    import torch
 
 EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
                "language_model.model.embed_tokens.weight", "embed_tokens.weight")
@@ -46,17 +50,16 @@ def _read(directory: Path, weight_map: dict[str, str], names: tuple[str, ...]) -
     return None
 
 
-def load_target_embeddings(target_dir: str | Path, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def load_embeddings(directory: Path, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(embed_tokens [V, H], lm_head [V, H]) of a local target, cast to `dtype`, frozen."""
-    directory = Path(target_dir)
     weight_map = _weight_map(directory)
     embed = _read(directory, weight_map, EMBED_NAMES)
     if embed is None:
         raise DataError(f"{directory}: no embed_tokens tensor (looked for {EMBED_NAMES[0]} and variants)",
                         "is this a causal LM checkpoint?")
     lm_head = _read(directory, weight_map, LM_HEAD_NAMES)
-    config = json.loads((directory / "config.json").read_text(encoding="utf-8")) if (directory / "config.json").is_file() else {}
     if lm_head is None:
+        config = read_target_config(directory)
         if not config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False)):
             raise DataError(f"{directory}: no lm_head tensor and tie_word_embeddings is not set", "check the checkpoint")
         lm_head = embed
