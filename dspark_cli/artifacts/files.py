@@ -261,7 +261,7 @@ def ensure_writable_dir(directory: str | os.PathLike[str], what: str) -> Path:
 
 LOCK_NAME = ".dspark-lock"
 OWNER_NAME = ".dspark-owner"  # {"kind": ...}: left first thing in a directory a resumable stage claims
-# the launchers' lock in a shared capture directory (training/capture_gate.py): made before the capture
+# the launchers' lock in a shared capture directory (capture/gate.py): made before the capture
 # stage claims the directory, so it is dspark's own bookkeeping, as LOCK_NAME is
 CAPTURE_GATE_LOCK = ".capture-lock"
 LOCKS = frozenset({LOCK_NAME, CAPTURE_GATE_LOCK})

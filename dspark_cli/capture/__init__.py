@@ -12,8 +12,8 @@ Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `captu
 recipe asks for, one shard captured in batches), `hf.py` (transformers hooks),
 `vllm.py` (the vLLM engine: arguments, drain, post-processing; `vllm_connector.py` its CPU connector), `shards.py` (safetensors format, tensor decoding),
 `store.py` (the online stream's key/bytes store: files by default; `mooncake_store.py` the Mooncake
-one), `stream.py` (P producers -> N readers over a store, bounded), `devices.py` (producer / trainer
-device split), `run.py` (orchestration), `sinks.py` (where shards go: the output directory and its
+one), `stream.py` (P producers -> N readers over a store, bounded), `gate.py` (one launcher of a multi-machine
+run captures, the others wait), `run.py` (orchestration), `sinks.py` (where shards go: the output directory and its
 manifest, or a stream producer), `online.py` (producers and their supervisor), `types.py`
 (`CapturedSequence`). The output directory and its manifest are read by `dspark_cli.artifacts.capture`.
 Importing this package does not import torch.
@@ -43,18 +43,13 @@ _EXPORTS = {
     "open_store": "dspark_cli.capture.store",
     "StreamReader": "dspark_cli.capture.stream",
     "StreamProducer": "dspark_cli.capture.stream",
-    "device_split_problems": "dspark_cli.capture.devices",
-    "apply_default_split": "dspark_cli.capture.devices",
-    "visible_gpus": "dspark_cli.capture.devices",
-    "producer_environ": "dspark_cli.capture.devices",
-    "narrow_train_devices": "dspark_cli.capture.devices",
     "CapturedSequence": "dspark_cli.capture.types",
+    "capture_once": "dspark_cli.capture.gate",
 }
 
 if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
     from dspark_cli.artifacts.capture import verify_captured
-    from dspark_cli.capture.devices import (apply_default_split, device_split_problems, narrow_train_devices,
-                                            producer_environ, visible_gpus)
+    from dspark_cli.capture.gate import capture_once
     from dspark_cli.capture.online import Supervisor, produce_stream, stream_location, supervise
     from dspark_cli.capture.plan import build_plan, contract_for_recipe, plan_capture, resolve_layer_ids
     from dspark_cli.capture.run import capture_pending, ensure_capture, run_capture

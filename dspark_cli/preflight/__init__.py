@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dspark_cli.preflight.machine import Machine
+from dspark_cli.machine.facts import Machine
 
 if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe

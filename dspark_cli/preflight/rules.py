@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 
 
 def online_device_split(recipe: Recipe, context: Context) -> list[str]:
-    """Producers and trainers on one node need disjoint devices that fit (capture/devices.py): the lists
+    """Producers and trainers on one node need disjoint devices that fit (machine/devices.py): the lists
     given, or with neither set on a machine with GPUs, the default split (producers first, then ranks)."""
-    from dspark_cli.capture import device_split_problems
+    from dspark_cli.machine.devices import device_split_problems
 
     if recipe.capture.mode != "online" or recipe.capture.external_producers:
         return []

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, IO
 
 from dspark_cli.errors import DsparkError, UsageError
-from dspark_cli.procs import dies_with_parent, group_reaper
+from dspark_cli.machine.procs import dies_with_parent, group_reaper
 
 if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe
@@ -164,7 +164,7 @@ def cpu_arguments(argv: list[str]) -> list[str]:
     reserve and refuses to start when that much is not free, which on a shared machine it never is."""
     import json
 
-    from dspark_cli.procs import cpu_engine_defaults
+    from dspark_cli.machine.procs import cpu_engine_defaults
 
     given = {item.split("=", 1)[0] for item in argv if item.startswith("--")}
     out = list(argv)

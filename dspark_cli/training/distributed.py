@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dspark_cli.training.cpu import under_torchrun
+from dspark_cli.machine.cpu import under_torchrun
 
 LAUNCHED_ENV = "DSPARK_TORCHRUN_CHILD"  # set for the children so they do not launch torchrun again
 

@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Callable
 
 from dspark_cli.recipe.schema import Recipe
-from dspark_cli.training.cpu import bind_threads, under_torchrun
+from dspark_cli.machine.cpu import bind_threads, under_torchrun
 
 
 def is_main_process() -> bool:
@@ -59,10 +59,10 @@ def torchrun_environ(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def resolve_device_split(recipe: Recipe, gpus: int | None = None) -> str | None:
     """Online training with local producers on a machine with GPUs and neither `capture.devices` nor
-    `train.devices` set: put the default split (capture/devices.py `default_split`) on `recipe` in
+    `train.devices` set: put the default split (machine/devices.py `default_split`) on `recipe` in
     place, once, here in the launcher, so every rank and the producers rank 0 starts agree on it.
     `gpus` None counts this machine's (without starting CUDA). Returns the line to print, or None."""
-    from dspark_cli.capture import apply_default_split, visible_gpus
+    from dspark_cli.machine.devices import apply_default_split, visible_gpus
 
     if recipe.capture.mode != "online":
         return None
@@ -98,7 +98,7 @@ def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[
 
     With `train.nnodes > 1` (one launcher per machine, a shared output directory) only the launcher
     that takes the capture directory's lock runs `before`; the others wait for the capture to be
-    complete (training/capture_gate.py).
+    complete (capture/gate.py).
 
     Online with local producers on GPUs and no device lists, the default producer / trainer split is
     resolved first (`resolve_device_split`, announced through `say`) and given to the ranks: set on
@@ -116,7 +116,7 @@ def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[
             before()
         return None
     if before is not None and recipe.train.nnodes > 1 and recipe.capture.mode == "offline":
-        from dspark_cli.training.capture_gate import capture_once
+        from dspark_cli.capture import capture_once
 
         capture_once(recipe, before, say=say or print)  # one machine captures, the others wait for it
     elif before is not None:
@@ -126,7 +126,7 @@ def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[
     if on_launch is not None:
         on_launch(cmd)
     env = torchrun_environ()
-    from dspark_cli.procs import dies_with_parent
+    from dspark_cli.machine.procs import dies_with_parent
 
     bind = dies_with_parent(signal.SIGTERM)  # a killed launcher: torchrun stops its ranks, not train on unwatched
     if on_line is None:

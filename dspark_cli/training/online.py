@@ -182,7 +182,8 @@ class OnlineSource:
     """The stream, the plan and (on rank 0, unless external) the producers' supervisor."""
 
     def __init__(self, recipe: Recipe, *, env: Any, out_dir: Path, contract: Any) -> None:
-        from dspark_cli.capture import StreamReader, build_plan, device_split_problems, open_store, stream_location
+        from dspark_cli.capture import StreamReader, build_plan, open_store, stream_location
+        from dspark_cli.machine.devices import device_split_problems
 
         train, capture = recipe.train, recipe.capture
         self.recipe, self.env, self.out_dir = recipe, env, out_dir
@@ -221,7 +222,7 @@ class OnlineSource:
     def _start_producers(self) -> Any:
         from dspark_cli.capture import Supervisor
         from dspark_cli.recipe import write_resolved
-        from dspark_cli.training.cpu import child_environ
+        from dspark_cli.machine.cpu import child_environ
 
         recipe_file = write_resolved(self.recipe, self.out_dir / "online-producer")
         log.info("starting %d capture producer(s) into %s", self.recipe.capture.workers, self.location)

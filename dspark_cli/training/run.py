@@ -146,7 +146,7 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
     from dspark_cli.training.distributed import init_distributed, shutdown
 
     if recipe.capture.mode == "online" or recipe.train.devices:
-        from dspark_cli.capture import apply_default_split, narrow_train_devices, visible_gpus
+        from dspark_cli.machine.devices import apply_default_split, narrow_train_devices, visible_gpus
 
         # the default split for ranks a user's torchrun started (the launcher has set it otherwise), counted
         # before this process narrows its devices
@@ -155,7 +155,7 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         narrow_train_devices(recipe)  # before CUDA starts: this machine's ranks on train.devices
     env = init_distributed()
     if env.device.type == "cpu":
-        from dspark_cli.training.cpu import keep_freed_memory
+        from dspark_cli.machine.cpu import keep_freed_memory
 
         keep_freed_memory()
     stack = contextlib.ExitStack()

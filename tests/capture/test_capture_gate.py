@@ -17,7 +17,7 @@ import pytest
 from capture_support import capture_recipe
 from dspark_cli.capture import capture_pending, ensure_capture
 from dspark_cli.targets import BUNDLED_TARGETS
-from dspark_cli.training.capture_gate import LOCK, capture_once
+from dspark_cli.capture.gate import LOCK, capture_once
 
 pytestmark = [pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-gqa"] / "config.json").is_file(),
                                  reason="tiny-gqa is not built"),

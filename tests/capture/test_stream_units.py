@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dspark_cli.capture.devices import device_split_problems, narrow_train_devices, producer_environ
+from dspark_cli.machine.devices import device_split_problems, narrow_train_devices, producer_environ
 from dspark_cli.capture.store import FileStore, open_store
 from dspark_cli.capture.stream import (
     CONSUMER_KEY,

@@ -214,7 +214,7 @@ print("RESULT " + json.dumps({{"conversations": summary["conversations"], "child
 def test_one_cpu_engine_runs_its_engine_core_in_process():
     import torch
 
-    from dspark_cli.procs import cpu_engine_environment
+    from dspark_cli.machine.procs import cpu_engine_environment
 
     if torch.cuda.is_available():
         assert cpu_engine_environment(1, 1, {}) == {}  # GPUs: vLLM's own engine-core process

@@ -12,7 +12,7 @@ import glob
 
 import pytest
 
-from dspark_cli.capture.devices import default_split, device_split_problems, narrow_train_devices, producer_environ
+from dspark_cli.machine.devices import default_split, device_split_problems, narrow_train_devices, producer_environ
 from dspark_cli.preflight import Machine, preflight
 from dspark_cli.recipe import load_recipe
 from dspark_cli.training.launch import launch_command, resolve_device_split, torchrun_environ

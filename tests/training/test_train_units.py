@@ -333,7 +333,7 @@ def test_clip_grad_norm_matches_torch():
 def test_keep_freed_memory_is_applied_once_on_glibc():
     import platform
 
-    from dspark_cli.training.cpu import keep_freed_memory
+    from dspark_cli.machine.cpu import keep_freed_memory
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
@@ -342,7 +342,7 @@ def test_keep_freed_memory_is_applied_once_on_glibc():
 
 
 def test_thread_binding_only_for_one_process_on_every_core():
-    from dspark_cli.training.cpu import BOUND_MARK, thread_binding
+    from dspark_cli.machine.cpu import BOUND_MARK, thread_binding
 
     bound = {"OMP_PROC_BIND": "true", BOUND_MARK: "1"}
     assert thread_binding({}, cpus=8) == bound
@@ -364,7 +364,7 @@ def test_the_cli_loads_a_recipe_without_importing_torch():
     import sys
 
     code = ("import sys; from dspark_cli.cli import _load; _load('tiny', ['train.max_steps=3']); "
-            "import dspark_cli.training.cpu; print('torch' in sys.modules)")
+            "import dspark_cli.machine.cpu; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,6 +1,6 @@
 """Which devices the online producers and the trainer ranks use on one machine, and when a split cannot work.
 
-    from dspark_cli.capture.devices import device_split_problems, producer_environ
+    from dspark_cli.machine.devices import device_split_problems, producer_environ
     visible_gpus()                                # GPUs this process may use, counted without starting CUDA
     default_split(recipe, gpus=8)                 # ([0, 1, 2, 3], [4, 5, 6, 7]) when neither list is set
     device_split_problems(recipe, available=8)   # [] or one line per problem (the preflight's rule)

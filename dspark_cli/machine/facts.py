@@ -25,7 +25,7 @@ class Machine:
         `train.devices` (every stage command runs the preflight first)."""
         if self._gpus is not None:
             return self._gpus
-        from dspark_cli.capture import visible_gpus
+        from dspark_cli.machine.devices import visible_gpus
 
         return visible_gpus()
 
