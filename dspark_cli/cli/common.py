@@ -33,13 +33,6 @@ def split_positional(first: str | None, overrides: list[str] | None) -> tuple[st
     return first, rest
 
 
-def recipe_beside(recipe: str | None, directory: str | None) -> str | None:
-    """`recipe` if given, else the resolved recipe.yaml a dspark stage wrote into `directory` (if any)."""
-    if recipe is None and directory is not None and (Path(directory) / "recipe.yaml").is_file():
-        return str(Path(directory) / "recipe.yaml")
-    return recipe
-
-
 def load(recipe: str | None, overrides: list[str] | None, flags: dict[str, Any] | None = None):
     """Load a recipe (types, ranges, unknown keys) and run the rules every stage shares (`preflight/shared.py`),
     once; every problem at once, exit 2. A stage's own rules follow in `preflight_stage`."""
@@ -67,12 +60,13 @@ def preflight_stage(loaded, stages: list[str] | tuple[str, ...], recipe: str | N
     check_preflight(loaded, stages, StageOptions(**options), machine=machine, shared=False, source=recipe)
 
 
-def load_beside(recipe: str | None, directory: str | None, overrides: list[str], flags: dict[str, Any] | None = None):
-    """The user's `recipe`, else the one draft `directory` carries, minus its trust (serving/trust.py);
-    None if neither."""
+def load_beside(recipe: str | None, directory: str | None, overrides: list[str], flags: dict[str, Any] | None = None,
+                *, whole: bool = False):
+    """The user's `recipe`, else the one draft `directory` carries, minus its trust (serving/trust.py; `whole`:
+    a training run's recipe for export, all but its output directories); None if neither."""
     from dspark_cli.serving.trust import load_beside as load_trusted
 
-    return load_trusted(recipe, directory, overrides, lambda path: load(path, overrides, flags))
+    return load_trusted(recipe, directory, overrides, lambda path: load(path, overrides, flags), whole=whole)
 
 
 def check_format(output_format: str) -> None:

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from dspark_cli.cli.common import (DryRunOpt, FormatOpt, OverridesArg, RecipeOpt, check_format, load, preflight_stage,
-                                   recipe_beside, split_positional, tensor_rows)
+from dspark_cli.cli.common import (DryRunOpt, FormatOpt, OverridesArg, RecipeOpt, check_format, load_beside,
+                                   preflight_stage, split_positional, tensor_rows)
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, print_json, print_table, say
 
@@ -46,8 +46,8 @@ def export(
         raise UsageError("export needs a CHECKPOINT, or --recipe with --meta --dry-run, or --check DIR")
     flags = {"export.output_dir": output, "export.format": export_format, "export.dtype": dtype,
              "export.include_embeddings": include_embeddings or None}
-    recipe = recipe_beside(recipe, checkpoint)  # the resolved recipe training wrote
-    loaded = load(recipe, rest, flags) if recipe else None
+    # the user's recipe, else the one training wrote beside the checkpoint, less where outputs go (serving/trust.py)
+    loaded = load_beside(recipe, checkpoint, rest, flags, whole=True)
     if meta:
         if loaded is None or not dry_run:
             raise UsageError("--meta builds the draft from a recipe without weights: use --recipe R --meta --dry-run")

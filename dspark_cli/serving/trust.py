@@ -11,6 +11,11 @@ hub visibility and repo ids, hosts and ports, bench settings -- comes from the u
 `--recipe` go beside the draft (`output_dir` = the draft directory's parent: `runs/NAME/draft` ->
 `runs/NAME/bench`).
 
+`dspark export CHECKPOINT` reads the recipe its training run wrote (`runs/NAME/train/recipe.yaml`) by
+the same rule with one difference: the whole recipe is kept (the exported draft records how it was
+trained), except where outputs go -- `output_dir` is beside the checkpoint and no section's
+`output_dir` is read (`runs/NAME/train` -> `runs/NAME/draft`) -- and the trust fields below.
+
 Fields that run code, hand vLLM extra arguments or send the user's hub tokens somewhere are refused
 outright when the carried recipe sets them (so the user sees that the draft asks for them):
 
@@ -78,9 +83,10 @@ def _carried(dotted: str) -> bool:
     return dotted not in TRUST_FIELDS and any(dotted == c or dotted.startswith(c + ".") for c in CARRIED)
 
 
-def carry(tree: Any, source: str, overrides: list[str]) -> dict[str, Any]:
-    """The part of a carried recipe `tree` that `CARRIED` allows; one-line UsageError if it sets a trust
-    field that the user's own `overrides` (`key=value`) do not."""
+def carry(tree: Any, source: str, overrides: list[str], *, whole: bool = False) -> dict[str, Any]:
+    """The part of a carried recipe `tree` that `CARRIED` allows (`whole`: all of it but its output
+    directories, for a run's own recipe); one-line UsageError if it sets a trust field that the user's own
+    `overrides` (`key=value`) do not."""
     if not isinstance(tree, dict):
         return {}
     leaves = _leaves(tree)
@@ -90,11 +96,11 @@ def carry(tree: Any, source: str, overrides: list[str]) -> dict[str, Any]:
     if borrowed:
         first = borrowed[0].split(":")[0]
         raise UsageError(f"{source} sets {', '.join(borrowed)}: dspark takes these only from your own recipe or "
-                         "overrides, never from a draft directory",
+                         "overrides, never from a draft or run directory",
                          f"pass --recipe YOUR_RECIPE, or repeat it yourself ({first}=...) if you trust this draft")
     kept: dict[str, Any] = {}
     for dotted, value in leaves.items():
-        if _carried(dotted):
+        if (dotted.split(".")[-1] != "output_dir" and dotted not in TRUST_FIELDS) if whole else _carried(dotted):
             node = kept
             *parents, last = dotted.split(".")
             for part in parents:
@@ -103,9 +109,10 @@ def carry(tree: Any, source: str, overrides: list[str]) -> dict[str, Any]:
     return kept
 
 
-def carried_recipe(directory: str | Path, overrides: list[str]) -> str | None:
+def carried_recipe(directory: str | Path, overrides: list[str], *, whole: bool = False) -> str | None:
     """A temp YAML file holding what the recipe in draft `directory` may supply, with `output_dir` beside the
-    draft; None when the directory carries no recipe. The caller removes the file."""
+    draft; None when the directory carries no recipe. `whole` (export of a training run): every field of
+    the run's recipe but its output directories. The caller removes the file."""
     import yaml
 
     from dspark_cli.recipe.loader import parse_yaml
@@ -118,7 +125,7 @@ def carried_recipe(directory: str | Path, overrides: list[str]) -> str | None:
     finally:
         if Path(found).parent != Path(directory):  # the manifest's recipe, written to a temp file
             os.unlink(found)
-    kept = carry(tree, found, overrides)
+    kept = carry(tree, found, overrides, whole=whole)
     kept["output_dir"] = str(Path(directory).resolve().parent)
     handle = tempfile.NamedTemporaryFile("w", prefix=f"dspark-recipe-of-{Path(directory).resolve().name}-",  # noqa: SIM115
                                          suffix=".yaml", delete=False)
@@ -127,13 +134,14 @@ def carried_recipe(directory: str | Path, overrides: list[str]) -> str | None:
     return handle.name
 
 
-def load_beside(recipe: str | None, directory: str | None, overrides: list[str], load: Callable[[str], Any]) -> Any:
+def load_beside(recipe: str | None, directory: str | None, overrides: list[str], load: Callable[[str], Any], *,
+                whole: bool = False) -> Any:
     """`load(recipe)` when the user gave one; else `load` of what the recipe `directory` carries may supply
     (`carried_recipe`; refused when it sets a trust field the user's `overrides` do not); None when there
     is neither."""
     if recipe is not None or directory is None:
         return load(recipe) if recipe is not None else None
-    path = carried_recipe(directory, overrides)
+    path = carried_recipe(directory, overrides, whole=whole)
     if path is None:
         return None
     try:

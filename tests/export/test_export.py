@@ -449,3 +449,47 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
         assert os.listdir(small) == []  # neither the draft nor its temp dir
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def _tiny_run(tmp_path: Path, *overrides: str) -> Path:
+    """`runs/x/train` as `dspark train` leaves it for tiny-gqa: final/, manifest.json and the run's recipe.yaml
+    (`overrides` on the tiny recipe), with an untrained draft."""
+    from bench_support import export_random_draft
+
+    from dspark_cli.recipe import load_recipe, write_resolved
+
+    recipe = load_recipe("tiny", ["target.model=tiny-gqa", "draft.arch=gqa", *overrides])
+    export_random_draft(recipe, tmp_path / "runs" / "x" / "seed")  # writes runs/x/seed-train, a finished run
+    train = tmp_path / "runs" / "x" / "train"
+    (tmp_path / "runs" / "x" / "seed-train").rename(train)
+    write_resolved(recipe, train)
+    return train
+
+
+def test_a_checkpoints_recipe_chooses_what_is_exported_not_where_it_goes(tmp_path, monkeypatch):
+    """`dspark export CHECKPOINT` without --recipe reads the run's recipe.yaml whole (the dtype it asks for, the
+    training settings the draft records) but not where outputs go: its `output_dir` and `export.output_dir`
+    are the checkpoint's author's choice, so the draft goes beside the checkpoint."""
+    monkeypatch.chdir(tmp_path)
+    elsewhere, victim = tmp_path / "elsewhere", tmp_path / "victim"
+    train = _tiny_run(tmp_path, f"output_dir={elsewhere}", f"export.output_dir={victim}", "export.dtype=float32",
+                      "train.lr=0.00123")
+    result = runner.invoke(app, ["export", str(train)])
+    assert result.exit_code == 0, result.output
+    draft = train.parent / "draft"
+    manifest = json.loads((draft / "dspark_manifest.json").read_text())
+    assert manifest["recipe"]["train"]["lr"] == 0.00123 and manifest["recipe"]["export"]["dtype"] == "float32"
+    assert {str(t.dtype) for t in load_file(str(draft / "model.safetensors")).values()} == {"torch.float32"}
+    assert not elsewhere.exists() and not victim.exists()
+
+
+def test_a_checkpoints_recipe_cannot_turn_on_remote_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train = _tiny_run(tmp_path, "target.trust_remote_code=true")
+    refused = runner.invoke(app, ["export", str(train)])
+    assert refused.exit_code == 2, refused.output
+    error, hint = refused.output.strip().splitlines()
+    assert "target.trust_remote_code: True" in error and "never from a draft or run directory" in error, error
+    assert not (train.parent / "draft").exists()
+    mine = runner.invoke(app, ["export", str(train), "target.trust_remote_code=true"])  # the user says so
+    assert mine.exit_code == 0, mine.output
