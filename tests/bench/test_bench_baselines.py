@@ -10,12 +10,9 @@ import json
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_support import TINY_LAYER_IDS, tiny_random_target, write_random_draft
 

@@ -14,15 +14,11 @@ tests/bench/test_bench_verify.py shows this size of test rejects textbook-lossy 
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_support import (  # noqa: E402
+from bench_support import (
     TINY_LAYER_IDS,
     TableDrafter,
     TableLM,
@@ -33,7 +29,7 @@ from bench_support import (  # noqa: E402
     write_random_draft,
 )
 
-from dspark_cli.bench.engine import (  # noqa: E402
+from dspark_cli.bench.engine import (
     DSparkDrafter,
     HFTarget,
     Proposal,
@@ -45,8 +41,6 @@ from dspark_cli.bench.engine import (  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ALPHA = 1e-3
-
-
 
 
 def table_pair(seed: int = 1) -> tuple[TableLM, TableLM]:

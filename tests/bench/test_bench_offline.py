@@ -10,7 +10,6 @@ must write the report and its plots. The trained-draft comparison is tests/bench
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,20 +17,16 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_support import export_random_draft
 
-from bench_support import export_random_draft  # noqa: E402
-
-from dspark_cli.cli import app  # noqa: E402
-from dspark_cli.recipe import load_recipe  # noqa: E402
-from dspark_cli.targets import BUNDLED_TARGETS  # noqa: E402
+from dspark_cli.cli import app
+from dspark_cli.recipe import load_recipe
+from dspark_cli.targets import BUNDLED_TARGETS
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
     pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-mla"] / "config.json").is_file(), reason="tiny targets not built"),
 ]
-
-
 
 
 def _recipe(tmp_path: Path, target: str):

@@ -24,18 +24,15 @@ What must hold:
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import train_fixtures as tf
 
-import train_fixtures as tf  # noqa: E402
-
-from dspark_cli.bench.engine import DSparkDrafter, HFTarget, Sampling, Speculation, SpeculativeEngine  # noqa: E402
-from dspark_cli.bench.stats import TurnStats, summarize  # noqa: E402
+from dspark_cli.bench.engine import DSparkDrafter, HFTarget, Sampling, Speculation, SpeculativeEngine
+from dspark_cli.bench.stats import TurnStats, summarize
 
 pytestmark = pytest.mark.slow  # every test here trains a draft first (minutes on 2 cores)
 

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from capture_support import DATAGEN_OVERRIDES, capture_recipe  # noqa: E402
+from capture_support import DATAGEN_OVERRIDES, capture_recipe
 
 pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
 

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference.dspark_reference import DSparkReference
+from reference.tiny_drafts import tiny_model, tiny_sequence
 
-from reference.dspark_reference import DSparkReference  # noqa: E402
-from reference.tiny_drafts import tiny_model, tiny_sequence  # noqa: E402
-
-from dspark_cli.draft.drafting import ContextCache, draft_block  # noqa: E402
+from dspark_cli.draft.drafting import ContextCache, draft_block
 
 FP32 = dict(rtol=1e-5, atol=1e-5)
 ARCHS = ["mla", "gqa"]

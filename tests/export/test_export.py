@@ -12,17 +12,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference.tiny_drafts import HIDDEN, LAYER_IDS, TARGET_LAYERS, VOCAB, tiny_model, tiny_sequence
 
-from reference.tiny_drafts import HIDDEN, LAYER_IDS, TARGET_LAYERS, VOCAB, tiny_model, tiny_sequence  # noqa: E402
-
-from dspark_cli.cli import app  # noqa: E402
-from dspark_cli.draft.config import vllm_config_dict  # noqa: E402
-from dspark_cli.draft.drafting import ContextCache, draft_block  # noqa: E402
-from dspark_cli.errors import UsageError  # noqa: E402
-from dspark_cli.export.rules import check_against_target, check_draft_dir  # noqa: E402
-from dspark_cli.artifacts.draft import build_model, load_draft_dir  # noqa: E402
-from dspark_cli.export.writer import ExportError, export_draft  # noqa: E402
+from dspark_cli.cli import app
+from dspark_cli.draft.config import vllm_config_dict
+from dspark_cli.draft.drafting import ContextCache, draft_block
+from dspark_cli.errors import UsageError
+from dspark_cli.export.rules import check_against_target, check_draft_dir
+from dspark_cli.artifacts.draft import build_model, load_draft_dir
+from dspark_cli.export.writer import ExportError, export_draft
 
 TARGET = {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_hidden_layers": TARGET_LAYERS}
 runner = CliRunner()

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference.vllm_rosters import simulate_load
 
-from reference.vllm_rosters import simulate_load  # noqa: E402
-
-from dspark_cli.cli import app  # noqa: E402
+from dspark_cli.cli import app
 
 runner = CliRunner()
 

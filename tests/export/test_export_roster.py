@@ -6,19 +6,16 @@ import json
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference.tiny_drafts import tiny_config
+from reference.vllm_rosters import k3_map, qwen3_map, simulate_load
+from test_draft_config import K3_DRAFT, K3_TARGET, QWEN3_8B_DRAFT, QWEN3_8B_TARGET
 
-from reference.tiny_drafts import tiny_config  # noqa: E402
-from reference.vllm_rosters import k3_map, qwen3_map, simulate_load  # noqa: E402
-from test_draft_config import K3_DRAFT, K3_TARGET, QWEN3_8B_DRAFT, QWEN3_8B_TARGET  # noqa: E402
-
-from dspark_cli.draft.build import draft_config_from_recipe  # noqa: E402
-from dspark_cli.draft.config import vllm_config_dict  # noqa: E402
-from dspark_cli.export.roster import build_meta_model, tensor_roster  # noqa: E402
+from dspark_cli.draft.build import draft_config_from_recipe
+from dspark_cli.draft.config import vllm_config_dict
+from dspark_cli.export.roster import build_meta_model, tensor_roster
 
 
 def _load(engine, cfg, roster):

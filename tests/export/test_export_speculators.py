@@ -8,14 +8,11 @@ same draft as the native export; MLA drafts are refused with one line.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from test_export import drafts, edit_config, trained_dir
 

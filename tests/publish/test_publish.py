@@ -23,13 +23,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_support import export_random_draft
+from hub_server import LoopbackHub, LoopbackModelScope
 
-from bench_support import export_random_draft  # noqa: E402
-from hub_server import LoopbackHub, LoopbackModelScope  # noqa: E402
-
-from dspark_cli.cli import app  # noqa: E402
-from dspark_cli.recipe import load_recipe  # noqa: E402
+from dspark_cli.cli import app
+from dspark_cli.recipe import load_recipe
 
 pytestmark = pytest.mark.slow  # a real `dspark publish` process per test against loopback hubs: 20-80 s loaded
 

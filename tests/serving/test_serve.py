@@ -17,14 +17,12 @@ import pytest
 
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_support import export_random_draft
+from procs_support import alive, hold_memory, wait_gone
+from test_publish import resign
 
-from bench_support import export_random_draft  # noqa: E402
-from procs_support import alive, hold_memory, wait_gone  # noqa: E402
-from test_publish import resign  # noqa: E402
-
-from dspark_cli.cli import app  # noqa: E402
-from dspark_cli.recipe import load_recipe  # noqa: E402
+from dspark_cli.cli import app
+from dspark_cli.recipe import load_recipe
 
 runner = CliRunner()
 DSPARK = str(Path(sys.executable).with_name("dspark"))

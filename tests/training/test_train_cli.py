@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import train_fixtures  # noqa: E402
-from procs_support import descendants, hold_lock, wait_gone  # noqa: E402
+import train_fixtures
+from procs_support import descendants, hold_lock, wait_gone
 
 pytestmark = pytest.mark.slow  # every test uses the module's capture and runs `dspark train` (~40 s on 2 quiet cores)
 

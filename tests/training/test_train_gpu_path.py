@@ -13,13 +13,8 @@ runs in tests/training/test_train_runs.py. The GPU-only remainder is listed in d
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train_fixtures
 from reference.tiny_drafts import tiny_model, tiny_sequence

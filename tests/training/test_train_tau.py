@@ -13,15 +13,10 @@ matches decoding; the logged mean differs only in weighting every position alike
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import train_fixtures  # noqa: E402
+import train_fixtures
 
 pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
 
