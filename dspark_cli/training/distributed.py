@@ -165,9 +165,12 @@ def barrier(env: DistEnv) -> None:
         dist.barrier()
 
 
-def shutdown(env: DistEnv) -> None:
-    """Barrier first: destroying the group while a peer is still in a collective hangs it."""
-    if env.owns_group and dist.is_initialized():
+def shutdown(env: DistEnv, *, failed: bool = False) -> None:
+    """Leave the process group. After a finished run, barrier first: destroying the group while a peer is
+    still in a collective hangs it. A rank that failed leaves without one: its peers are in a collective
+    it will never join (a barrier there would wait beside them for the group's timeout, 30 minutes);
+    its exit closes its connections, their collective fails, and torchrun stops the gang."""
+    if env.owns_group and dist.is_initialized() and not failed:
         dist.barrier()
         dist.destroy_process_group()
 

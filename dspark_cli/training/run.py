@@ -159,6 +159,7 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
 
         keep_freed_memory()
     stack = contextlib.ExitStack()
+    failed = True
     try:
         layer_ids = resolve_layer_ids(recipe, Target.of(recipe).geometry().num_hidden_layers)
         draft_config = build_draft_config(recipe, layer_ids)
@@ -181,12 +182,14 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         try:
             from dspark_cli.training.session import train_session
 
-            return train_session(recipe, env=env, draft_config=draft_config,
-                                 contract=contract, out_dir=out_dir, sequences=sequences, resume=resume,
-                                 on_log=on_log, lengths=lengths, data_id=data_id, online=online)
+            summary = train_session(recipe, env=env, draft_config=draft_config,
+                                    contract=contract, out_dir=out_dir, sequences=sequences, resume=resume,
+                                    on_log=on_log, lengths=lengths, data_id=data_id, online=online)
+            failed = False
+            return summary
         finally:
             if online is not None:
                 online.close()
     finally:
         stack.close()
-        shutdown(env)
+        shutdown(env, failed=failed)

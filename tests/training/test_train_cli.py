@@ -163,6 +163,43 @@ def test_a_sigkilled_launcher_takes_torchrun_and_its_ranks_with_it(captured, tmp
     assert left == [], f"torchrun or its ranks {left} outlived the killed launcher"
 
 
+def test_a_rank_that_fails_mid_run_does_not_hang_the_others(captured, tmp_path):
+    """Rank 0 fails between two steps (here: its stdout, where it prints the step lines, is closed under
+    it) while rank 1 is already in the next step's collective. It used to wait in a barrier beside rank 1
+    for gloo's 30-minute timeout, with every process alive; now it leaves at once, rank 1's collective
+    fails, torchrun stops the gang, and `dspark train` exits non-zero."""
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    with open(tmp_path / "stderr", "w+") as stderr:
+        launcher = subprocess.Popen([DSPARK, "train", "tiny", *_overrides(captured), "-o", str(tmp_path / "t"),
+                                     "--nproc", "2", "train.max_steps=1000", "train.epochs=1000.0",
+                                     "train.log_every=1", "train.checkpoint_every=1000"],
+                                    env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        assert launcher.stdout is not None
+        tree: list[int] = []
+        try:
+            for line in launcher.stdout:
+                if line.startswith("step "):
+                    break
+            tree = descendants(launcher.pid)  # torchrun and its two ranks
+            assert len(tree) >= 3, f"not under torchrun: {tree}"
+            launcher.stdout.close()  # the next step line is rank 0's BrokenPipeError
+            started = time.time()
+            code = launcher.wait(timeout=120)
+            ended = time.time() - started
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+            for pid in wait_gone(tree, 10):
+                os.kill(pid, 9)
+        stderr.seek(0)
+        text = stderr.read()
+    assert code != 0, text[-2000:]
+    assert wait_gone(tree, 60) == [], "a rank or torchrun outlived the failed run"
+    print(f"dspark train exited {code} {ended:.0f} s after rank 0 failed")
+
+
 def test_a_second_run_into_a_directory_being_trained_is_refused_and_touches_nothing(captured, tmp_path):
     out = tmp_path / "t"
     (out / "checkpoints" / ".tmp-step-000004").mkdir(parents=True)  # the first run's save in progress
