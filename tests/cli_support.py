@@ -1,10 +1,16 @@
 """What the CLI tests share: a `dspark` run in this process and the shape of a user error.
 
-    from cli_support import assert_user_error, invoke
+    from cli_support import assert_user_error, invoke, invoke_process
     assert_user_error(invoke("validate", "missing.yaml"), "missing.yaml")     # exit 2 by default
+    invoke_process("validate", "bomb.yaml", timeout=60)    # a `dspark` process, for what might hang
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 from typer.testing import CliRunner
 
@@ -16,6 +22,15 @@ runner = CliRunner()
 def invoke(*args: str):
     """`dspark ARGS` through typer's CliRunner, in this process."""
     return runner.invoke(app, list(args))
+
+
+def invoke_process(*args: str, timeout: float):
+    """`dspark ARGS` as a process of its own, killed after `timeout` s (subprocess.TimeoutExpired): for input
+    that might hang the CLI, which in this process would hang the test run. Its result reads as `invoke`'s
+    (`exit_code`, `output`: stdout and stderr)."""
+    done = subprocess.run([str(Path(sys.executable).with_name("dspark")), *args], capture_output=True, text=True,
+                          timeout=timeout)
+    return SimpleNamespace(exit_code=done.returncode, output=done.stdout + done.stderr)
 
 
 def assert_user_error(result, *needles: str, exit_code: int = 2) -> None:
