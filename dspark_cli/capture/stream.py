@@ -148,7 +148,11 @@ class StreamProducer:
         # an entry of a shard the trainers rewound past (released, then needed again) goes: it is captured again
         self.status["shards"] = {name: entry for name, entry in self.status["shards"].items()
                                  if int(name[6:11]) < below or int(name[6:11]) in present}
-        # a shard in the store without its entry (killed between the two writes) is captured again too
+        # a shard in the store without its entry (killed between the two writes) is captured again too;
+        # removed first, so that while it is written again the store never holds two copies of it
+        for index in sorted(i for i in present if i % self.workers == self.worker
+                            and shard_name(i) not in self.status["shards"]):
+            self.store.remove(shard_key(index))
         present = {i for i in present if shard_name(i) in self.status["shards"]}
         self.status.update({"finished": False, "error": None, "max_shards": self.max_shards,
                             "generation": self.generation,

@@ -22,6 +22,7 @@ from dspark_cli.capture.stream import (
     StreamReader,
     StreamRewound,
     read_json,
+    shard_bytes,
     shard_key,
 )
 from dspark_cli.capture.types import CapturedSequence
@@ -138,6 +139,21 @@ def test_a_restarted_producer_skips_what_it_published(tmp_path):
     with pytest.raises(DataError, match="another capture plan"):
         StreamProducer(store, worker=0, workers=3, max_shards=4).open(fingerprint="f", contract=CONTRACT,
                                                                        layout=LAYOUT, num_shards=4)
+
+
+def test_a_shard_published_without_its_entry_is_removed_before_it_is_captured_again(tmp_path):
+    """Killed between the shard's rename and its status write: the restarted producer captures that
+    shard again, so it removes the unlisted copy first; the store never holds the shard twice (old
+    file + the new one's temp file), which would break the max_shards bound. Other producers' shards stay."""
+    store = FileStore(tmp_path / "stream")
+    p0, p1 = _producer(store, 0, max_shards=3), _producer(store, 1, max_shards=3)
+    p0.put(0, [_seq("a/0")])
+    p1.put(1, [_seq("b/0")])
+    store.put(shard_key(2), shard_bytes([_seq("c/0")], layer_ids=LAYOUT["target_layer_ids"],
+                                          hidden_size=LAYOUT["hidden_size"]))  # no entry in p0's status
+    again = StreamProducer(store, worker=0, workers=2, max_shards=3, restarts=1)
+    assert again.open(fingerprint="f", contract=CONTRACT, layout=LAYOUT, num_shards=4) == {0, 1, 3}
+    assert store.keys("shards/") == [shard_key(0), shard_key(1)]
 
 
 def test_a_rewind_has_the_producers_capture_again_what_a_resume_needs(tmp_path):
