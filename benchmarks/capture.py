@@ -73,8 +73,8 @@ def bench_target(target: str, root: Path, prompts: int) -> dict:
         cpu_started = time.process_time()
         summary = run_capture(run, capturer=capturer)
         cpu_s = time.process_time() - cpu_started  # every thread of this process, model load excluded
-        rates.append(summary["tokens_per_second"])
-        cpu_rates.append(summary["captured_tokens"] / cpu_s)
+        rates.append(summary.tokens_per_second)
+        cpu_rates.append(summary.captured_tokens / cpu_s)
     recipe = run
     manifest = json.loads((Path(recipe.stage_dir("capture")) / "manifest.json").read_text())
     n, hidden = len(plan["target_layer_ids"]), plan["hidden_size"]
@@ -106,7 +106,7 @@ def bench_target(target: str, root: Path, prompts: int) -> dict:
         "target": target, "num_hidden_layers": plan["num_hidden_layers"], "hidden_size": hidden,
         "target_layer_ids": plan["target_layer_ids"], "sequences": seqs, "tokens": tokens, "loss_tokens": loss,
         "shards": len(manifest["shards"]), "datagen_seconds": round(datagen_s, 1),
-        "capture_seconds": summary["seconds"], "capture_tokens_per_second": round(statistics.median(rates), 1),
+        "capture_seconds": summary.seconds, "capture_tokens_per_second": round(statistics.median(rates), 1),
         "capture_tokens_per_cpu_second": round(statistics.median(cpu_rates), 1), "repeats": REPEATS,
         "bytes": manifest["bytes"], "planned_tensor_bytes": plan["total_bytes"],
         "bytes_per_token": manifest["bytes_per_token"], "goal_bytes_per_token": goal_bytes_per_token(n, hidden),

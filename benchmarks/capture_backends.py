@@ -58,9 +58,9 @@ def child(args: list[str]) -> None:
     import torch
 
     summary = run_capture(recipe, capturer=capturer)
-    print("RESULT " + json.dumps({"startup_s": round(startup, 1), "tokens_per_second": summary["tokens_per_second"],
-                                  "capture_s": summary["seconds"], "tokens": summary["captured_tokens"],
-                                  "sequences": summary["sequences"], "backend": capturer.describe(),
+    print("RESULT " + json.dumps({"startup_s": round(startup, 1), "tokens_per_second": summary.tokens_per_second,
+                                  "capture_s": summary.seconds, "tokens": summary.captured_tokens,
+                                  "sequences": summary.sequences, "backend": capturer.describe(),
                                   "torch_threads": torch.get_num_threads()}), flush=True)
     if hasattr(capturer, "close"):
         capturer.close()

@@ -44,7 +44,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         summary = run_datagen(recipe("hf", f"{tmp}/hf"))
-        results["hf"] = {"tokens": summary["generated_tokens"], "seconds": round(time.perf_counter() - start, 2)}
+        results["hf"] = {"tokens": summary.generated_tokens, "seconds": round(time.perf_counter() - start, 2)}
 
         from vllm import LLM
 
@@ -55,7 +55,7 @@ def main() -> None:
         startup = time.perf_counter() - start
         start = time.perf_counter()
         summary = run_datagen(recipe("vllm", f"{tmp}/vllm"), llm=llm)
-        results["vllm"] = {"tokens": summary["generated_tokens"], "seconds": round(time.perf_counter() - start, 2),
+        results["vllm"] = {"tokens": summary.generated_tokens, "seconds": round(time.perf_counter() - start, 2),
                            "engine_startup_seconds": round(startup, 1)}
     for name, row in results.items():
         row["tokens_per_second"] = round(row["tokens"] / row["seconds"], 1)

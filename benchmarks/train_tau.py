@@ -106,16 +106,16 @@ def main() -> None:
     keys = ("tau_greedy", "tau_greedy_decode", "tau_t1", "tau_t1_decode", "acc", "acc_slot", "loss")
     result = {
         "command": "python benchmarks/train_tau.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-        "target": args.target, "block_size": config.block_size, "train_sequences": summary["tokens"],
-        "train_steps": summary["steps"], "held_out_sequences": len(held_out), "load_average": os.getloadavg(),
+        "target": args.target, "block_size": config.block_size, "train_sequences": summary.tokens,
+        "train_steps": summary.steps, "held_out_sequences": len(held_out), "load_average": os.getloadavg(),
         "untrained": {k: before[k] for k in keys}, "trained": {k: after[k] for k in keys},
         "speculative_decoding_greedy": real, "wall_s": round(time.time() - started),
-        "train_final_metrics": {k: summary["final_metrics"][k] for k in ("tau_greedy", "tau_t1", "loss", "tokens_per_s")},
+        "train_final_metrics": {k: summary.final_metrics[k] for k in ("tau_greedy", "tau_t1", "loss", "tokens_per_s")},
     }
     out = ROOT / "benchmarks" / "results"
     (out / "train_tau.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Trained vs untrained draft on {args.target}", "", f"Command: `{result['command']}`  ",
-          f"{summary['steps']} steps ({summary['tokens']:,} tokens) of the `tiny` recipe; held-out: "
+          f"{summary.steps} steps ({summary.tokens:,} tokens) of the `tiny` recipe; held-out: "
           f"{len(held_out)} answers to bundled eval prompts; block {config.block_size}.", "",
           "| draft | tau greedy: logged metric | replayed | speculative decoding | tau T=1: logged metric | replayed | slot-0 accuracy |",
           "|---|---|---|---|---|---|---|",

@@ -12,11 +12,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli.errors import DsparkError, NotBuiltError
 from dspark_cli.recipe import Recipe
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.results import (BenchSummary, CaptureSummary, DatagenSummary, ExportSummary,
+                                              PublishSummary, Record, TrainSummary)
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +35,7 @@ LogLine = Callable[[str], None]
 class Stage:
     name: str
     summary: str
-    run: Callable[..., dict[str, Any]]  # run(recipe, progress=None, log_line=None)
+    run: Callable[..., Record | None]  # run(recipe, progress=None, log_line=None): the stage's own result
 
 
 @dataclass
@@ -39,7 +43,7 @@ class StageResult:
     name: str
     status: str  # "done" | "not built" | "skipped" | "failed"
     detail: str = ""
-    outputs: dict[str, Any] = field(default_factory=dict)
+    outputs: Record | None = None  # the stage's result (None: not run, or online capture)
 
 
 @contextmanager
@@ -47,23 +51,24 @@ def _quiet(_stage: str, _unit: str) -> Iterator[Update]:
     yield lambda *args, **kwargs: None
 
 
-def run_datagen(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
+def run_datagen(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> DatagenSummary:
     from dspark_cli.datagen.run import run_datagen as regenerate
 
     with (progress or _quiet)("datagen", "conversations") as update:
         return regenerate(recipe, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
 
 
-def run_capture(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
+def run_capture(recipe: Recipe, progress: ProgressFactory | None = None,
+                log_line: LogLine | None = None) -> CaptureSummary | None:
     if recipe.capture.mode == "online":
-        return {"mode": "online", "detail": "captured while training (bounded stream)"}
+        return None  # captured while training, into the bounded stream
     from dspark_cli.capture import run_capture as capture
 
     with (progress or _quiet)("capture", "sequences") as update:
         return capture(recipe, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
 
 
-def run_train(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
+def run_train(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> TrainSummary:
     """Train as `dspark train` does, through its launcher: here in one process, else under torchrun
     (`train.nproc_per_node x nnodes > 1`; gloo on CPU, NCCL on GPU), whose rank 0 prints the log
     lines (passed to `log_line`); the stage's summary is then read back from the train manifest.
@@ -95,10 +100,12 @@ def run_train(recipe: Recipe, progress: ProgressFactory | None = None, log_line:
                           "from its last checkpoint)")
     from dspark_cli.artifacts.train import read_train_manifest
 
-    return read_train_manifest(Path(recipe.stage_dir("train")))["summary"]
+    from dspark_cli.artifacts.results import TrainSummary
+
+    return TrainSummary.from_dict(read_train_manifest(Path(recipe.stage_dir("train")))["summary"])
 
 
-def _train_here(recipe: Recipe, log_line: LogLine | None) -> dict[str, Any]:
+def _train_here(recipe: Recipe, log_line: LogLine | None) -> TrainSummary:
     from dspark_cli.training.metrics import format_line
     from dspark_cli.training.run import run_train as train
 
@@ -106,14 +113,17 @@ def _train_here(recipe: Recipe, log_line: LogLine | None) -> dict[str, Any]:
     return train(recipe, resume="auto", on_log=on_log)
 
 
-def run_export(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
+def run_export(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> ExportSummary:
+    from dspark_cli.artifacts.results import ExportPlan
     from dspark_cli.export.run import export_checkpoint
 
     # the recipe's export section decides dtype, format and embeddings, and the output directory
-    return export_checkpoint(recipe.stage_dir("train"), recipe=recipe, force=True)
+    summary = export_checkpoint(recipe.stage_dir("train"), recipe=recipe, force=True)
+    assert not isinstance(summary, ExportPlan)  # not a dry run
+    return summary
 
 
-def run_bench(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
+def run_bench(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> BenchSummary:
     from dspark_cli.bench.run import run_bench as bench
 
     with (progress or _quiet)("bench", "turns") as update:
@@ -121,7 +131,8 @@ def run_bench(recipe: Recipe, progress: ProgressFactory | None = None, log_line:
                      on_progress=update)
 
 
-def run_publish(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> dict[str, Any]:
+def run_publish(recipe: Recipe, progress: ProgressFactory | None = None,
+                log_line: LogLine | None = None) -> PublishSummary:
     from dspark_cli.publish import publish_draft
 
     return publish_draft(recipe, recipe.stage_dir("export"))

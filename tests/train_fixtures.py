@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
     import os
 
     if int(os.environ.get("RANK", 0)) == 0:
-        print(json.dumps({"summary": summary}, default=str), flush=True)
+        print(json.dumps({"summary": summary.to_dict()}, default=str), flush=True)
     return 0
 
 

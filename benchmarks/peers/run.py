@@ -184,7 +184,7 @@ def make_data(recipe, work: Path) -> dict:
     else:
         summary = run_datagen(recipe)
     out["datagen"] = {"engine": engine, "seconds": round(time.perf_counter() - started, 1),
-                      "conversations": summary.get("conversations")}
+                      "conversations": summary.conversations}
     started = time.perf_counter()
     run_capture(recipe)
     out["capture"] = {"seconds": round(time.perf_counter() - started, 1)}

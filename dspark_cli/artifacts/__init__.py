@@ -17,6 +17,8 @@
               the DCP files are loaded by `training/` (torch)
 - draft.py    a trained or exported draft: config + weights (`load_draft_dir`), its `dspark_manifest.json`
 - bench.py    a bench report (`bench.json`)
+- results.py  what each stage returns (`DatagenSummary`, `CaptureSummary`, `TrainSummary`, ...): dataclasses
+              the commands read by field, written into manifests and `--format json` by `to_dict()`
 
 Every reader is strict: a missing, unfinished, corrupt or foreign file is one line (`DataError` /
 `UsageError`) naming it and saying which stage to re-run. Writers that need torch (capture shards,

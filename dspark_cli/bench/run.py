@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli import __version__
+from dspark_cli.artifacts.results import BenchSummary
 from dspark_cli.errors import DsparkError, UsageError
 from dspark_cli.recipe import Recipe
 
@@ -31,7 +32,7 @@ Progress = Callable[[int, int, int], None]
 
 
 def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: bool = False,
-              endpoint: str | None = None, on_progress: Progress | None = None) -> dict[str, Any]:
+              endpoint: str | None = None, on_progress: Progress | None = None) -> BenchSummary:
     """Run what was asked (offline engine on `draft_dir`, online against `endpoint`); write the report."""
     endpoint = endpoint or recipe.bench.endpoint
     if not offline and not endpoint:
@@ -78,7 +79,7 @@ def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: b
         write_report(result, out_dir)
     except OSError as exc:
         raise _write_error(exc, out_dir) from None
-    return result
+    return BenchSummary.from_dict(result)
 
 
 def _measure(result: dict[str, Any], recipe: Recipe, out_dir: Path, draft_dir: Any, offline: bool,

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dspark_cli.artifacts.results import ProduceSummary
+
 if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe
 
@@ -80,7 +82,7 @@ def produce_stream(recipe: Recipe, location: str, worker: int, *, restarts: int 
     try:
         while True:
             try:
-                summary = run_capture(recipe, queue=producer, capturer=engine)
+                summary = run_capture(recipe, queue=producer, capturer=engine).to_dict()  # its JSON report
                 producer.wait_until_closed()
             except StreamRewound as exc:
                 rewinds += 1
@@ -189,7 +191,7 @@ class Supervisor:
 
 
 def supervise(recipe_file: str | Path, recipe: Recipe, *, overrides: list[str], only: list[int] | None = None,
-              location: str | None = None) -> dict[str, Any]:
+              location: str | None = None) -> ProduceSummary:
     """Run this machine's producers (all, or `only`) in the foreground until each is done; the summary.
     `location` defaults to the recipe's stream (what the trainers read)."""
     from dspark_cli.errors import DsparkError, UsageError
@@ -203,8 +205,8 @@ def supervise(recipe_file: str | Path, recipe: Recipe, *, overrides: list[str], 
     supervisor.run()
     if supervisor.error:
         raise DsparkError(supervisor.error, "its own error is in the stream's producer status and its log above")
-    return {"stream": location, "producers": len(supervisor.workers), "restarts": supervisor.restarts,
-            "seconds": round(time.time() - started, 1)}
+    return ProduceSummary(stream=location, producers=len(supervisor.workers), restarts=supervisor.restarts,
+                          seconds=round(time.time() - started, 1))
 
 
 def stream_location(recipe: Recipe) -> str:
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = produce_stream(recipe, args[1], int(options["--worker"]), restarts=int(options.get("--restarts", 0)))
         else:
             only = [int(w) for w in options["--only"].split(",")] if "--only" in options else None
-            summary = supervise(args[0], recipe, overrides=overrides, only=only, location=args[1])
+            summary = supervise(args[0], recipe, overrides=overrides, only=only, location=args[1]).to_dict()
     except DsparkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -14,6 +14,7 @@ shards go to a stream producer instead (capture/stream.py).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli.artifacts.files import MANIFEST_NAME
+from dspark_cli.artifacts.results import CaptureSummary
 from dspark_cli.capture.capturer import capture_shard, make_capturer
 from dspark_cli.capture.plan import CapturePlan, build_plan, goal_bytes_per_token
 from dspark_cli.capture.shards import shard_name
@@ -33,7 +35,7 @@ Progress = Callable[[int, int, int], None]  # (sequences done, total, tokens cap
 
 
 def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: Any = None,
-                capturer: Any = None) -> dict[str, Any]:
+                capturer: Any = None) -> CaptureSummary:
     """Capture every planned shard not done yet, offline (stage dir) or into `queue` (an online stream
     producer, `capture.stream.StreamProducer`: open / put / fail / finish)."""
     plan = build_plan(recipe)  # every refusal of the recipe first, before the directory is made
@@ -46,7 +48,7 @@ def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: A
 
 
 def _run_capture(plan: CapturePlan, sink: DirectorySink | StreamSink, on_progress: Progress | None,
-                 capturer: Any) -> dict[str, Any]:
+                 capturer: Any) -> CaptureSummary:
     recipe = plan.recipe
     done = sink.open()
     pending = [s for s in plan.shards if shard_name(s.index) not in done]
@@ -63,7 +65,7 @@ def _run_capture(plan: CapturePlan, sink: DirectorySink | StreamSink, on_progres
 
 
 def _capture_pending(plan: CapturePlan, sink: DirectorySink | StreamSink, done: dict[str, Any],
-                     on_progress: Progress | None, capturer: Any) -> dict[str, Any]:
+                     on_progress: Progress | None, capturer: Any) -> CaptureSummary:
     recipe = plan.recipe
     backend = capturer.describe() if capturer is not None else {"backend": recipe.capture.backend_here(), "resumed": True}
     sink.start(backend, done)
@@ -85,25 +87,25 @@ def _capture_pending(plan: CapturePlan, sink: DirectorySink | StreamSink, done: 
     busy = elapsed - sink.wait_s
     summary = _summary(plan, sink.location, sink.mode, backend, captured, elapsed,
                        round(captured / busy, 1) if captured and busy > 0 else None)
-    summary.update(sink.finish())
+    summary = dataclasses.replace(summary, **sink.finish())
     log.info("capture: %d sequences, %d tokens in %d shards -> %s", plan.num_sequences, plan.num_tokens,
-             len(plan.shards), summary["output_dir"])
+             len(plan.shards), summary.output_dir)
     return summary
 
 
 def _summary(plan: CapturePlan, location: str, mode: str, backend: dict[str, Any], captured: int, elapsed: float,
-             tokens_per_second: float | None, **extra: Any) -> dict[str, Any]:
+             tokens_per_second: float | None) -> CaptureSummary:
     """What a capture run returns (the sink adds its own: bytes on disk, or the stream's peaks)."""
-    return {"output_dir": location, "mode": mode, "backend": backend.get("backend"), **extra,
-            "sequences": plan.num_sequences, "tokens": plan.num_tokens, "loss_tokens": plan.num_loss_tokens,
-            "shards": len(plan.shards), "captured_tokens": captured, "seconds": round(elapsed, 2),
-            "tokens_per_second": tokens_per_second,
-            "goal_bytes_per_token": goal_bytes_per_token(len(plan.layer_ids), plan.geometry.hidden_size),
-            "truncated": plan.truncated, "skipped_no_loss": plan.skipped_no_loss}
+    return CaptureSummary(
+        output_dir=location, mode=mode, backend=backend.get("backend"), sequences=plan.num_sequences,
+        tokens=plan.num_tokens, loss_tokens=plan.num_loss_tokens, shards=len(plan.shards), captured_tokens=captured,
+        seconds=round(elapsed, 2), tokens_per_second=tokens_per_second,
+        goal_bytes_per_token=goal_bytes_per_token(len(plan.layer_ids), plan.geometry.hidden_size),
+        truncated=plan.truncated, skipped_no_loss=plan.skipped_no_loss)
 
 
 def _capture_with_workers(plan: CapturePlan, out_dir: Path, done: dict[str, dict[str, Any]],
-                          on_progress: Progress | None) -> dict[str, Any]:
+                          on_progress: Progress | None) -> CaptureSummary:
     """Offline capture by `capture.workers` processes (capture/workers.py); the same summary."""
     from dspark_cli.capture.workers import capture_with_workers
 
@@ -119,9 +121,10 @@ def _capture_with_workers(plan: CapturePlan, out_dir: Path, done: dict[str, dict
     captured = sum(s.tokens for s in plan.shards if shard_name(s.index) not in done)
     log.info("capture: %d sequences, %d tokens in %d shards by %d workers -> %s", plan.num_sequences,
              plan.num_tokens, len(plan.shards), plan.recipe.capture.workers, out_dir)
-    return {**_summary(plan, str(out_dir), "offline", backend, captured, elapsed,
-                       round(captured / elapsed, 1) if elapsed else None, workers=plan.recipe.capture.workers),
-            "bytes": manifest["bytes"], "bytes_per_token": manifest["bytes_per_token"]}
+    summary = _summary(plan, str(out_dir), "offline", backend, captured, elapsed,
+                       round(captured / elapsed, 1) if elapsed else None)
+    return dataclasses.replace(summary, workers=plan.recipe.capture.workers, bytes=manifest["bytes"],
+                               bytes_per_token=manifest["bytes_per_token"])
 
 
 def capture_pending(recipe: Recipe) -> str | None:
@@ -144,7 +147,7 @@ def capture_pending(recipe: Recipe) -> str | None:
     return f"missing {', '.join(missing)}" if missing else None
 
 
-def ensure_capture(recipe: Recipe, *, on_progress: Progress | None = None) -> dict[str, Any] | None:
+def ensure_capture(recipe: Recipe, *, on_progress: Progress | None = None) -> CaptureSummary | None:
     """The capture stage, when training would need it: run (resume) the offline capture if its output
     is pending; None when there is nothing to do (complete, or capture.mode online)."""
     reason = capture_pending(recipe)

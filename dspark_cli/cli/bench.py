@@ -44,13 +44,13 @@ def bench(
     offline = offline or (draft_dir is not None and loaded.bench.endpoint is None)
     preflight_stage(loaded, ["bench"], recipe)
     if output_format == "json":
-        print_json(run_bench(loaded, draft_dir=draft_dir, offline=offline))
+        print_json(run_bench(loaded, draft_dir=draft_dir, offline=offline).to_dict())
         return
     with progress_bar("bench", unit="turns") as update:
         result = run_bench(loaded, draft_dir=draft_dir, offline=offline, on_progress=update)
-    for title, columns, rows in terminal_tables(result):
+    for title, columns, rows in terminal_tables(result.to_dict()):
         print_table(title, columns, rows)
-    for warning in result["warnings"]:
+    for warning in result.warnings:
         say(f"warning: {warning}", style="yellow")
-    files = result["files"]
+    files = result.files or {}
     say(f"report: {files['markdown']} and {files['json']}, {len(files['plots'])} plot(s)", style="green")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dspark_cli.cli.common import DryRunOpt, OverridesArg, RecipeArg, load, preflight_stage
 from dspark_cli.ui import handle_errors, print_table, say
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.results import DatagenSummary
 
 
 @handle_errors
@@ -29,15 +32,16 @@ def datagen(
         return
     with progress_bar("datagen", unit="conversations") as update:
         summary = run_datagen(loaded, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
-    say(f"datagen: {summary['conversations']} conversations, {summary['generated_tokens']} tokens generated "
-        f"({summary['tokens_per_second']} tokens/s, {summary['engine']}) -> {summary['output_dir']}", style="green")
+    say(f"datagen: {summary.conversations} conversations, {summary.generated_tokens} tokens generated "
+        f"({summary.tokens_per_second} tokens/s, {summary.engine}) -> {summary.output_dir}", style="green")
 
 
-def _render_plan(plan: dict[str, Any]) -> None:
-    rows = [[source, plan["counts"]["read"].get(source, 0), kept] for source, kept in plan["counts"]["kept"].items()]
+def _render_plan(plan: DatagenSummary) -> None:
+    counts = plan.counts
+    rows = [[source, counts.read.get(source, 0), kept] for source, kept in counts.kept.items()]
     print_table("datagen plan (nothing written)", ["source", "read", "kept"], rows)
-    for reason, counts in plan["counts"]["dropped"].items():
-        say(f"dropped ({reason}): {sum(counts.values())}")
-    say(f"{plan['conversations']} conversations, {plan['turns']} assistant turns to generate, "
-        f"{plan['shards']} shards ({plan['already_done']} already done) -> {plan['output_dir']}")
-    say(f"engine: {plan['engine']}")
+    for reason, dropped in counts.dropped.items():
+        say(f"dropped ({reason}): {sum(dropped.values())}")
+    say(f"{plan.conversations} conversations, {plan.turns} assistant turns to generate, "
+        f"{plan.shards} shards ({plan.already_done} already done) -> {plan.output_dir}")
+    say(f"engine: {plan.engine}")

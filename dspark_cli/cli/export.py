@@ -8,6 +8,7 @@ import typer
 
 from dspark_cli.cli.common import (DryRunOpt, FormatOpt, OverridesArg, RecipeOpt, check_format, load_beside,
                                    preflight_stage, split_positional, tensor_rows)
+from dspark_cli.artifacts.results import ExportPlan, ExportSummary
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, print_json, print_table, say
 
@@ -62,21 +63,21 @@ def export(
     _render_export(result, dry_run, output_format)
 
 
-def _render_export(result: dict[str, Any], dry_run: bool, output_format: str) -> None:
+def _render_export(result: ExportPlan | ExportSummary, dry_run: bool, output_format: str) -> None:
     if output_format == "json":
-        print_json(result)
+        print_json(result.to_dict())
         return
-    if dry_run:
-        print_table(f"{result['architecture']} from {result['source']} (dry run, nothing written)",
-                    ["tensor", "shape", "dtype"], tensor_rows(result["tensors"]))
-        say(f"files: {', '.join(result['files'])}; {result['num_tensors']} tensors, {result['num_bytes']:,} bytes")
-        for line in result["findings"]:
+    if isinstance(result, ExportPlan):
+        print_table(f"{result.architecture} from {result.source} (dry run, nothing written)",
+                    ["tensor", "shape", "dtype"], tensor_rows(result.tensors))
+        say(f"files: {', '.join(result.files or [])}; {result.num_tensors} tensors, {result.num_bytes:,} bytes")
+        for line in result.findings or []:
             say(f"finding: {line}", style="red")
         return
-    for line in result["warnings"]:
+    for line in result.warnings:
         say(f"warning: {line}", style="yellow")
-    say(f"exported {result['architecture']} ({result['num_tensors']} tensors, {result['num_bytes']:,} bytes) "
-        f"-> {result['output_dir']}; checked against vLLM 0.33's loader rules", style="green")
+    say(f"exported {result.architecture} ({result.num_tensors} tensors, {result.num_bytes:,} bytes) "
+        f"-> {result.output_dir}; checked against vLLM 0.33's loader rules", style="green")
 
 
 def _render_check(directory: str, findings: list[Any], output_format: str) -> None:
@@ -95,11 +96,11 @@ def _render_check(directory: str, findings: list[Any], output_format: str) -> No
         say(f"{directory}: ok for vLLM 0.33 ({len(findings)} warning(s))", style="green")
 
 
-def _render_meta_plan(plan: dict[str, Any], output_format: str) -> None:
+def _render_meta_plan(plan: ExportPlan, output_format: str) -> None:
     if output_format == "json":
-        print_json(plan)
+        print_json(plan.to_dict())
         return
-    print_table(f"{plan['architecture']}: model.safetensors (dry run, nothing written)", ["tensor", "shape", "dtype"],
-                tensor_rows(plan["tensors"]))
-    say(f"{plan['num_tensors']} tensors, {plan['num_parameters']:,} parameters, {plan['num_bytes'] / 2**30:.2f} GiB; "
+    print_table(f"{plan.architecture}: model.safetensors (dry run, nothing written)", ["tensor", "shape", "dtype"],
+                tensor_rows(plan.tensors))
+    say(f"{plan.num_tensors} tensors, {plan.num_parameters or 0:,} parameters, {plan.num_bytes / 2**30:.2f} GiB; "
         "config.json: `--format json` prints it")

@@ -36,5 +36,5 @@ def produce(
 
     extra = list(overrides or []) + ([f"capture.stream={stream}"] if stream else [])
     summary = supervise(recipe, loaded, overrides=extra, only=workers)
-    say(f"produce: {summary['producers']} producer(s) done in {summary['seconds']} s, restarts "
-        f"{summary['restarts'] or 'none'} -> {summary['stream']}", style="green")
+    say(f"produce: {summary.producers} producer(s) done in {summary.seconds} s, restarts "
+        f"{summary.restarts or 'none'} -> {summary.stream}", style="green")

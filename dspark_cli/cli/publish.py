@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -10,6 +10,9 @@ from dspark_cli.cli.common import (DraftDirArg, FormatOpt, OverridesArg, RecipeO
                                    preflight_stage, split_positional)
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, print_json, print_table, say
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.results import PublishSummary
 
 
 @handle_errors
@@ -47,18 +50,18 @@ def publish(
     preflight_stage(loaded, ["publish"], recipe, dry_run=dry_run)
     result = publish_draft(loaded, draft_dir, dry_run=dry_run)
     if output_format == "json":
-        print_json(result)
+        print_json(result.to_dict())
         return
     _render(result, dry_run)
 
 
-def _render(result: dict[str, Any], dry_run: bool) -> None:
-    visibility = "private" if result["private"] else "public"
-    title = f"{result['repo_id']} ({visibility}) on {', '.join(result['hubs'])}"
+def _render(result: PublishSummary, dry_run: bool) -> None:
+    visibility = "private" if result.private else "public"
+    title = f"{result.repo_id} ({visibility}) on {', '.join(result.hubs)}"
     print_table(title + (" -- dry run, nothing uploaded" if dry_run else ""), ["path in repo", "bytes", "from"],
-                [[f["path"], f"{f['bytes']:,}", f["source"]] for f in result["files"]])
+                [[f.path, f"{f.bytes:,}", f.source] for f in result.files])
     if dry_run:
-        say(f"model card: {result['card']}; the draft passes every static vLLM loader check")
+        say(f"model card: {result.card}; the draft passes every static vLLM loader check")
         return
-    for hub_name, url in result["urls"].items():
+    for hub_name, url in result.urls.items():
         say(f"published to {hub_name}: {url}", style="green")

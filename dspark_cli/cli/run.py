@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dspark_cli.cli.common import OverridesArg, RecipeArg, load, preflight_stage
 from dspark_cli.ui import handle_errors, print_table, say
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.results import Record
 
 
 @handle_errors
@@ -83,24 +86,23 @@ def _serve_dry_run(loaded, results) -> list[list[str]]:
     return [["serve", "dry run", "the vllm serve command (printed above)"]]
 
 
-def _say_results(outputs: dict[str, Any]) -> None:
+def _say_results(outputs: dict[str, Record | None]) -> None:
     """The few numbers a finished run is for: where the draft is and its acceptance length."""
-    if "export" in outputs:
-        say(f"draft: {outputs['export']['output_dir']} ({outputs['export']['architecture']})")
-    bench_result = outputs.get("bench") or {}
-    for run_ in (bench_result.get("offline") or {}).get("runs", []):
-        if run_.get("threshold", 0.0) == 0.0:
-            low, high = run_["tau"].get("ci95") or (None, None)
-            ci = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""  # none from one prompt
-            say(f"tau on {run_['dataset']} at T={run_['temperature']:g}: {run_['tau']['mean']:.2f}{ci} "
-                "tokens per verification step", style="green")
-            extra = [f"{b['name']} {b['tau']['mean']:.2f}" for b in bench_result["offline"].get("baselines", [])
-                     if (b["dataset"], b["temperature"]) == (run_["dataset"], run_["temperature"])
-                     and b["tau"]["mean"] is not None]
-            if run_.get("calibration"):
-                cal = run_["calibration"]
-                extra.append(f"confidence head {cal['verdict']} (ECE {cal['overall']['ece']:.3f})")
-            if extra:
-                say(f"  baselines and head: {', '.join(extra)}")
-    if bench_result.get("files"):
-        say(f"report: {bench_result['files']['markdown']}")
+    from dspark_cli.artifacts.results import BenchSummary, ExportSummary
+
+    export, bench = outputs.get("export"), outputs.get("bench")
+    if isinstance(export, ExportSummary):
+        say(f"draft: {export.output_dir} ({export.architecture})")
+    if not isinstance(bench, BenchSummary):
+        return
+    for line in bench.tau_lines():
+        ci = f" [{line.ci95[0]:.2f}, {line.ci95[1]:.2f}]" if line.ci95 and None not in line.ci95 else ""  # one prompt: none
+        say(f"tau on {line.dataset} at T={line.temperature:g}: {line.tau:.2f}{ci} tokens per verification step",
+            style="green")
+        extra = [f"{name} {tau:.2f}" for name, tau in line.baselines.items()]
+        if line.calibration is not None and line.ece is not None:
+            extra.append(f"confidence head {line.calibration} (ECE {line.ece:.3f})")
+        if extra:
+            say(f"  baselines and head: {', '.join(extra)}")
+    if bench.files:
+        say(f"report: {bench.files['markdown']}")

@@ -3,12 +3,15 @@ under torchrun (or show the plan)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from dspark_cli.cli.common import DryRunOpt, OverridesArg, RecipeArg, load, preflight_stage
 from dspark_cli.ui import handle_errors, print_table, say, stdout
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.results import TrainDryRun, TrainSummary
 
 
 @handle_errors
@@ -61,8 +64,8 @@ def _capture_first(loaded) -> None:
     with progress_bar("capture", unit="sequences") as update:
         summary = ensure_capture(loaded, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
     if summary is not None:
-        say(f"capture: {summary['sequences']} sequences, {summary['tokens']} tokens in {summary['shards']} shards "
-            f"-> {summary['output_dir']}")
+        say(f"capture: {summary.sequences} sequences, {summary.tokens} tokens in {summary.shards} shards "
+            f"-> {summary.output_dir}")
 
 
 def _log_line(record: dict[str, Any]) -> str:
@@ -71,7 +74,7 @@ def _log_line(record: dict[str, Any]) -> str:
     return format_line(record)
 
 
-def _train_with_progress(loaded, resume: str) -> dict[str, Any]:
+def _train_with_progress(loaded, resume: str) -> TrainSummary:
     """run_train with one log line per logged step and a progress bar below them (a terminal only)."""
     from dspark_cli.training.run import run_train
     from dspark_cli.ui import progress_bar
@@ -85,13 +88,12 @@ def _train_with_progress(loaded, resume: str) -> dict[str, Any]:
         return run_train(loaded, resume=resume, on_log=show)
 
 
-def _render_plan(plan: dict[str, Any]) -> None:
-    cap = plan["capture"]
-    disk = f"{cap['total_bytes'] / 2**30:.2f} GiB" if cap.get("total_bytes") else "unknown (run datagen first)"
-    rows = [["steps", plan["num_steps"]], ["tokens per step (all ranks)", plan["tokens_per_step"]],
-            ["sequences per epoch", plan.get("num_sequences")], ["tokens per epoch", plan.get("num_tokens")],
-            ["sequences per step", round(plan.get("sequences_per_step", 0) or 0, 2) or "-"],
-            ["processes", plan["world_size"]], ["anchors per sequence", plan["num_anchors"]],
-            ["block size", plan["block_size"]], [f"capture cache ({cap['mode']}) disk", disk],
-            ["output", plan["output_dir"]]]
-    print_table(f"train plan ({'exact' if plan['exact'] else 'estimated'}; nothing written)", ["", "value"], rows)
+def _render_plan(plan: TrainDryRun) -> None:
+    disk = f"{plan.capture_bytes / 2**30:.2f} GiB" if plan.capture_bytes else "unknown (run datagen first)"
+    rows = [["steps", plan.num_steps], ["tokens per step (all ranks)", plan.tokens_per_step],
+            ["sequences per epoch", plan.num_sequences], ["tokens per epoch", plan.num_tokens],
+            ["sequences per step", round(plan.sequences_per_step or 0, 2) or "-"],
+            ["processes", plan.world_size], ["anchors per sequence", plan.num_anchors],
+            ["block size", plan.block_size], [f"capture cache ({plan.capture_mode}) disk", disk],
+            ["output", plan.output_dir]]
+    print_table(f"train plan ({'exact' if plan.exact else 'estimated'}; nothing written)", ["", "value"], rows)

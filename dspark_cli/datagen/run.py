@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli import __version__
+from dspark_cli.artifacts.results import DatagenSummary, FilterCounts
 from dspark_cli.prompts.conversation import Conversation
 from dspark_cli.datagen.engines import Engine, Sampling, close_engine
 from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations
@@ -224,14 +225,15 @@ def _check_resumable(out_dir: Path, plan: DatagenPlan) -> dict[str, Any]:
 
 
 def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress | None = None,
-                llm: Any = None) -> dict[str, Any]:
+                llm: Any = None) -> DatagenSummary:
     """Plan, then regenerate shard by shard (skipping finished work); return a summary."""
     plan = plan_datagen(recipe)
     shards = plan.shards(recipe.datagen.shard_size)
-    summary = {"output_dir": str(plan.out_dir), "conversations": len(plan.conversations), "turns": plan.num_turns,
-               "shards": len(shards), "counts": plan.report.as_dict(), "engine": engine_label(recipe)}
+    summary = DatagenSummary(output_dir=str(plan.out_dir), conversations=len(plan.conversations),
+                             turns=plan.num_turns, shards=len(shards),
+                             counts=FilterCounts.from_dict(plan.report.as_dict()), engine=engine_label(recipe))
     if dry_run:
-        summary["already_done"] = sum(1 for i in range(len(shards)) if shard_path(plan.out_dir, i).is_file())
+        summary.already_done = sum(1 for i in range(len(shards)) if shard_path(plan.out_dir, i).is_file())
         return summary
     previous = _check_resumable(plan.out_dir, plan)
     with exclusive_output(plan.out_dir, "datagen.output_dir", kind="dspark.datagen"):  # one writer, its own dir
@@ -243,8 +245,8 @@ def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress 
             close_engine(engine)  # its devices are the next stages'
 
 
-def _generate(recipe: Recipe, plan: DatagenPlan, shards: list[Any], summary: dict[str, Any], previous: dict[str, Any],
-              engine: Engine | None, on_progress: Any) -> dict[str, Any]:
+def _generate(recipe: Recipe, plan: DatagenPlan, shards: list[Any], summary: DatagenSummary,
+              previous: dict[str, Any], engine: Engine | None, on_progress: Any) -> DatagenSummary:
     write_resolved(recipe, plan.out_dir)
     if engine is not None:
         engine_info = engine.describe()
@@ -279,7 +281,7 @@ def _generate(recipe: Recipe, plan: DatagenPlan, shards: list[Any], summary: dic
             on_progress(done, len(plan.conversations), tokens)
     write_json_atomic(plan.out_dir / MANIFEST_NAME, _manifest(recipe, plan, engine_info, shard_entries, complete=True))
     elapsed = time.perf_counter() - started
-    summary.update({"generated_tokens": tokens, "seconds": round(elapsed, 2),
-                    "tokens_per_second": round(tokens / elapsed, 1) if elapsed > 0 else None})
+    summary.generated_tokens, summary.seconds = tokens, round(elapsed, 2)
+    summary.tokens_per_second = round(tokens / elapsed, 1) if elapsed > 0 else None
     log.info("datagen: %d conversations in %d shards -> %s", len(plan.conversations), len(shards), plan.out_dir)
     return summary

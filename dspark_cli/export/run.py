@@ -13,13 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.artifacts.results import ExportPlan, ExportSummary
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import Recipe
 
 
 def export_checkpoint(checkpoint: str | Path, *, recipe: Recipe | None = None, output: str | Path | None = None,
                       dtype: str | None = None, fmt: str | None = None, include_embeddings: bool = False,
-                      target: str | None = None, force: bool = False, dry_run: bool = False) -> dict[str, Any]:
+                      target: str | None = None, force: bool = False, dry_run: bool = False) -> ExportPlan | ExportSummary:
     """Export the training output `checkpoint`; return the plan (dry run) or a summary (`writer.export_draft`).
 
     With a `recipe` (the user's, or the resolved one training wrote beside the checkpoint) its `export`
@@ -72,7 +73,7 @@ def planned_config_problems(recipe: Recipe) -> list[str]:
     return [f"draft: the exported config.json would break a vLLM loader rule: {f.line()}" for f in findings]
 
 
-def meta_plan(recipe: Recipe) -> dict[str, Any]:
+def meta_plan(recipe: Recipe) -> ExportPlan:
     """The vLLM config.json and every tensor (name, shape, dtype) of the draft `recipe` describes.
 
     Built on the meta device: no weights and no memory. The target's config is read when it is
@@ -86,4 +87,5 @@ def meta_plan(recipe: Recipe) -> dict[str, Any]:
     config = None
     if Target.of(recipe).config() is not None:
         config = Target.of(recipe).transformers_config()
-    return export_dry_run(recipe.draft.model_dump(), recipe.target.model_dump(), config, recipe.export.dtype)
+    return ExportPlan.from_dict(export_dry_run(recipe.draft.model_dump(), recipe.target.model_dump(), config,
+                                               recipe.export.dtype))

@@ -28,6 +28,7 @@ from dspark_cli.export.rules import FP32_TENSORS, Finding, check_against_target,
 from dspark_cli.artifacts.draft import DRAFT_FILES
 from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
 from dspark_cli.artifacts.draft import LoadedDraft, load_draft_dir
+from dspark_cli.artifacts.results import ExportPlan, ExportSummary
 from dspark_cli.artifacts.files import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
                                  safetensors_os_error, sha256_file, write_json_atomic)
 from dspark_cli.targets import Target
@@ -131,7 +132,7 @@ def _manifest(draft: LoadedDraft, plan: dict[str, Any], recipe: Recipe | None, i
 
 def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recipe: Recipe | None = None,
                  dtype: str = "bfloat16", fmt: str = "vllm", include_embeddings: bool = False, target: str | None = None,
-                 dry_run: bool = False, force: bool = False) -> dict[str, Any]:
+                 dry_run: bool = False, force: bool = False) -> ExportPlan | ExportSummary:
     """Export; return the plan (dry run) or a summary. Raises ExportError listing vLLM loader findings."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
@@ -157,8 +158,7 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     if fmt == "speculators":
         plan = as_speculators(plan, target, target_config)
     if dry_run:
-        plan["findings"] = [f.line() for f in check_against_target(native, target_config or {})]
-        return plan
+        return ExportPlan.from_dict({**plan, "findings": [f.line() for f in check_against_target(native, target_config or {})]})
     if output_dir is None:
         raise UsageError("export needs an output directory", "pass -o DIR (or --recipe for export.output_dir)")
     final = Path(output_dir)
@@ -186,5 +186,5 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {"output_dir": str(final), "architecture": plan["architecture"], "num_tensors": plan["num_tensors"],
-            "num_bytes": plan["num_bytes"], "warnings": [f.line() for f in findings if f.severity != "error"]}
+    return ExportSummary(output_dir=str(final), architecture=plan["architecture"], num_tensors=plan["num_tensors"],
+                         num_bytes=plan["num_bytes"], warnings=[f.line() for f in findings if f.severity != "error"])

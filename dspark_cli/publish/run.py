@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dspark_cli.artifacts.results import PublishedFile, PublishSummary
 from dspark_cli.errors import DataError, DsparkError, UsageError
 from dspark_cli.publish.card import model_card
 from dspark_cli.hubrules import repo_id_problem
@@ -107,7 +108,7 @@ def preflight(recipe: Recipe) -> None:
     _tokens(_destination(recipe)[1])
 
 
-def publish_draft(recipe: Recipe, draft_dir: str | Path | None = None, *, dry_run: bool = False) -> dict[str, Any]:
+def publish_draft(recipe: Recipe, draft_dir: str | Path | None = None, *, dry_run: bool = False) -> PublishSummary:
     """Upload `draft_dir` (default: the recipe's export directory) to every hub in `publish.hubs`."""
     settings = recipe.publish
     repo_id, hubs = _destination(recipe)
@@ -116,14 +117,14 @@ def publish_draft(recipe: Recipe, draft_dir: str | Path | None = None, *, dry_ru
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
     manifest, names = _check_draft(draft_dir, recipe.target.model)
     files, card_source = _gather(recipe, draft_dir, manifest, names, repo_id)
-    table = [{"path": path, "bytes": len(src) if isinstance(src, bytes) else src.stat().st_size,
-              "source": "generated" if isinstance(src, bytes) else str(src)} for path, src in sorted(files.items())]
-    result: dict[str, Any] = {"repo_id": repo_id, "hubs": hubs, "private": settings.private,
-                              "draft_dir": str(draft_dir), "architecture": manifest.get("architecture"),
-                              "card": card_source, "files": table, "dry_run": dry_run, "urls": {}}
+    table = [PublishedFile(path=path, bytes=len(src) if isinstance(src, bytes) else src.stat().st_size,
+                           source="generated" if isinstance(src, bytes) else str(src))
+             for path, src in sorted(files.items())]
+    result = PublishSummary(repo_id=repo_id, hubs=hubs, private=settings.private, draft_dir=str(draft_dir),
+                            architecture=manifest.get("architecture"), card=card_source, files=table, dry_run=dry_run)
     if dry_run:
         readme = files["README.md"]
-        result["card_text"] = readme.decode("utf-8") if isinstance(readme, bytes) else readme.read_text("utf-8")
+        result.card_text = readme.decode("utf-8") if isinstance(readme, bytes) else readme.read_text("utf-8")
         return result
     tokens = _tokens(hubs)  # every token before the first upload
     from dspark_cli.network import use_for_hubs
@@ -133,16 +134,16 @@ def publish_draft(recipe: Recipe, draft_dir: str | Path | None = None, *, dry_ru
     for hub in hubs:
         try:
             if hub == "huggingface":
-                result["urls"][hub] = upload_huggingface(files, repo_id, private=settings.private,
+                result.urls[hub] = upload_huggingface(files, repo_id, private=settings.private,
                                                          endpoint=settings.hf_endpoint, token=tokens[hub],
                                                          message=message)
             else:
-                result["urls"][hub] = upload_modelscope(files, repo_id, private=settings.private,
+                result.urls[hub] = upload_modelscope(files, repo_id, private=settings.private,
                                                         endpoint=settings.modelscope_endpoint, token=tokens[hub],
                                                         message=message, license_id=settings.license, near=draft_dir)
         except DsparkError as exc:
-            if not result["urls"]:
+            if not result.urls:
                 raise
-            done = ", ".join(f"{name} ({url})" for name, url in result["urls"].items())
+            done = ", ".join(f"{name} ({url})" for name, url in result.urls.items())
             raise DsparkError(f"{exc.message}; already published to {done}", exc.hint) from exc
     return result

@@ -24,9 +24,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli.errors import UsageError
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.results import TrainSummary
 
 # tau_greedy / tau_t1 hold sums of L over anchors (see the module docstring)
 SCALARS = ("weight", "ce", "l1", "bce", "conf_err", "slots", "anchors", "tau_greedy", "tau_t1")
@@ -93,14 +96,14 @@ def format_line(record: dict[str, Any]) -> str:
             f"mem {record['memory_gib']:.2f} GiB")
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: TrainSummary) -> str:
     """The run's last line (rank 0, or the one process): steps, tokens, final loss and tau, shapes, where to."""
     from dspark_cli.training.shapes import describe
 
-    final = summary.get("final_metrics") or {}
-    return (f"train: {summary['steps']} steps, {summary['tokens']} tokens, loss {final.get('loss', float('nan')):.4f}, "
+    final = summary.final_metrics or {}
+    return (f"train: {summary.steps} steps, {summary.tokens} tokens, loss {final.get('loss', float('nan')):.4f}, "
             f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1, "
-            f"{describe(summary.get('shapes'))} -> {summary['final']}; next: dspark export {summary['output_dir']}")
+            f"{describe(summary.shapes)} -> {summary.final}; next: dspark export {summary.output_dir}")
 
 
 class JsonlSink:

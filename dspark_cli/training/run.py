@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.artifacts.results import TrainDryRun, TrainSummary
 from dspark_cli.contract import Contract
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe import Recipe
@@ -94,7 +95,7 @@ def _online_source(recipe: Recipe, out_dir: Path, env, contract: Contract):
     return OnlineSource(recipe, env=env, out_dir=out_dir, contract=contract)
 
 
-def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, Any]:
+def plan_train(recipe: Recipe, *, world_size: int | None = None) -> TrainDryRun:
     """The dry-run plan: steps, tokens per step, sequences; exact when the capture exists, else estimated."""
     from dspark_cli.capture import plan_capture
     from dspark_cli.training.plan import plan_run
@@ -102,9 +103,9 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
     capture = plan_capture(recipe)
     train = recipe.train
     world = world_size or train.nproc_per_node * train.nnodes
-    out: dict[str, Any] = {"output_dir": recipe.stage_dir("train"), "world_size": world,
-                           "tokens_per_step": train.tokens_per_step, "num_anchors": train.num_anchors,
-                           "block_size": recipe.draft.block_size, "capture": capture}
+    out = TrainDryRun(output_dir=recipe.stage_dir("train"), world_size=world, tokens_per_step=train.tokens_per_step,
+                      num_anchors=train.num_anchors, block_size=recipe.draft.block_size,
+                      capture_mode=capture["mode"], capture_bytes=capture.get("total_bytes"), exact=False)
     lengths = None
     directory = Path(recipe.stage_dir("capture"))
     if recipe.capture.mode == "online" and capture.get("datagen_ready"):
@@ -115,10 +116,10 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
         plan = plan_online(build_plan(recipe), max_seq_len=train.max_seq_len, tokens_per_step=train.tokens_per_step,
                            world_size=world, seed=train.seed, epochs=train.epochs if keep else 1.0,
                            max_steps=train.max_steps, keep=keep)
-        out.update(num_steps=len(plan.steps), num_sequences=plan.consumed(len(plan.steps)),
-                   num_tokens=sum(i.num_tokens for step in plan.steps for rank in step for i in rank),
-                   stream_shards_needed=plan.required_shards(), exact=True)
-        return out
+        return dataclasses.replace(
+            out, num_steps=len(plan.steps), num_sequences=plan.consumed(len(plan.steps)),
+            num_tokens=sum(i.num_tokens for step in plan.steps for rank in step for i in rank),
+            stream_shards_needed=plan.required_shards(), exact=True)
     if (directory / "manifest.json").is_file():
         from dspark_cli.capture import captured_lengths
 
@@ -127,20 +128,19 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> dict[str, An
         except Exception as exc:  # noqa: BLE001 - an incomplete capture: fall back to the estimate
             log.info("capture not readable yet (%s); estimating", exc)
     if lengths is not None:
-        plan = plan_run(lengths=lengths, tokens_per_step=train.tokens_per_step, epochs=train.epochs,
-                        max_steps=train.max_steps, world_size=world, seed=train.seed)
-        out.update(plan.to_dict(), exact=True)
-    else:
-        tokens, seqs = capture.get("tokens"), capture.get("sequences")
-        steps = train.max_steps
-        if steps is None and tokens:
-            steps = int(train.epochs * tokens // train.tokens_per_step)
-        out.update(num_steps=steps, num_sequences=seqs, num_tokens=tokens, exact=False)
-    return out
+        run = plan_run(lengths=lengths, tokens_per_step=train.tokens_per_step, epochs=train.epochs,
+                       max_steps=train.max_steps, world_size=world, seed=train.seed)
+        return dataclasses.replace(out, num_steps=run.num_steps, num_sequences=run.num_sequences,
+                                   num_tokens=run.num_tokens, sequences_per_step=run.sequences_per_step, exact=True)
+    tokens, seqs = capture.get("tokens"), capture.get("sequences")
+    steps = train.max_steps
+    if steps is None and tokens:
+        steps = int(train.epochs * tokens // train.tokens_per_step)
+    return dataclasses.replace(out, num_steps=steps, num_sequences=seqs, num_tokens=tokens)
 
 
 def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[str, Any]], None] | None = None,
-              sequences: Callable[[], Iterable[Any]] | None = None) -> dict[str, Any]:
+              sequences: Callable[[], Iterable[Any]] | None = None) -> TrainSummary:
     """Train the draft the recipe describes; returns the summary also written to manifest.json (rank 0)."""
     from dspark_cli.capture import resolve_layer_ids
     from dspark_cli.training.distributed import init_distributed, shutdown

@@ -27,6 +27,7 @@ from dspark_cli import __version__
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
 from dspark_cli.artifacts.files import make_public, sha256_file, write_json_atomic
+from dspark_cli.artifacts.results import StreamSummary, TrainSummary
 from dspark_cli.recipe import Recipe, write_resolved
 from dspark_cli.targets import Target
 from dspark_cli.training.checkpoint import (check_meta, clean_stale, load_checkpoint, resolve_resume,
@@ -120,7 +121,7 @@ def train_session(recipe: Recipe, *, env: DistEnv, draft_config: Any, contract: 
                   out_dir: Path, sequences: Callable[[], Iterable[Any]], resume: str,
                   on_log: Callable[[dict[str, Any]], None] | None, single_pass: bool = False,
                   lengths: Callable[[], list[int]] | None = None, data_id: str | None = None,
-                  online: Any = None) -> dict[str, Any]:
+                  online: Any = None) -> TrainSummary:
     """`lengths()`: the prepared sequence lengths without reading hidden states (default: one pass
     over `sequences()`), needed to plan an epochs-based run. `data_id` identifies the data (the
     capture fingerprint): a checkpoint made from other data or settings is refused (settings.py).
@@ -199,21 +200,20 @@ def train_session(recipe: Recipe, *, env: DistEnv, draft_config: Any, contract: 
         if env.is_main:
             sinks.close()
     files = write_final(module, draft_config, out_dir, env)
-    summary = {"output_dir": str(out_dir), "steps": result["step"], "num_steps": num_steps,
-               "resumed_from": str(checkpoint_path) if checkpoint_path else None, "tokens": result["tokens"],
-               "world_size": env.world_size, "final_metrics": result["record"] or meta.get("metrics"),
-               "wall_s": round(time.time() - started, 1), "shapes": result["shapes"],
-               "final": str(out_dir / "final")}
+    summary = TrainSummary(output_dir=str(out_dir), steps=result["step"], num_steps=num_steps,
+                           resumed_from=str(checkpoint_path) if checkpoint_path else None, tokens=result["tokens"],
+                           world_size=env.world_size, final_metrics=result["record"] or meta.get("metrics"),
+                           wall_s=round(time.time() - started, 1), shapes=result["shapes"],
+                           final=str(out_dir / "final"))
     if online is not None:
-        summary["stream"] = online.finish(result["step"])
+        summary.stream = stream = StreamSummary.from_dict(online.finish(result["step"]))
         if env.is_main:
-            log.info("stream %s: peak %d bytes (%d shards at most, bound %d)", summary["stream"]["location"],
-                     summary["stream"]["peak_bytes"], summary["stream"]["peak_shards"],
-                     summary["stream"]["max_shards"])
+            log.info("stream %s: peak %d bytes (%d shards at most, bound %d)", stream.location, stream.peak_bytes,
+                     stream.peak_shards, stream.max_shards)
     if env.is_main:
         write_json_atomic(out_dir / "manifest.json", {
             "kind": "dspark.train", "format_version": 1, "dspark": __version__, "complete": True,
-            "contract": contract.to_dict(), "settings": settings, "summary": summary,
+            "contract": contract.to_dict(), "settings": settings, "summary": summary.to_dict(),
             "recipe": recipe.model_dump(mode="json"),
             "files": {f"final/{name}": digest for name, digest in (files or {}).items()},
         })

@@ -64,7 +64,7 @@ def test_layers_and_last_state_equal_a_plain_transformers_forward(captured):
     ids = list(contract_for_recipe(recipe).target_layer_ids)
     depth, hidden = geometry.num_hidden_layers, geometry.hidden_size
     assert ids[-1] == depth - 1 and len(ids) == 5  # the default spread reads the last layer: the hard case
-    assert summary["shards"] >= 2 and len(sequences) == summary["sequences"] == 6
+    assert summary.shards >= 2 and len(sequences) == summary.sequences == 6
     for seq in sequences[:3]:
         states, raw_last, model = reference_forward(geometry.location, seq.input_ids)
         assert seq.aux_hidden.dtype == seq.last_hidden.dtype == torch.bfloat16
@@ -306,7 +306,7 @@ def test_killed_capture_resumes_without_missing_or_duplicated_shards(tmp_path):
     summary = run_capture(recipe, capturer=inner)
     assert first.stat().st_mtime_ns == first_mtime  # finished work is kept, not redone
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["complete"] and len(manifest["shards"]) == len(plan.shards) == summary["shards"]
+    assert manifest["complete"] and len(manifest["shards"]) == len(plan.shards) == summary.shards
     assert sorted(p.name for p in out.glob("*.safetensors")) == [s["file"] for s in manifest["shards"]]
     assert not list(out.glob(".*.tmp"))
     names = [s.id for s in iter_captured(out)]
@@ -352,7 +352,7 @@ def test_two_workers_write_what_one_process_writes_and_keep_a_killed_workers_sha
                                                "backend": {}, "shards": [kept]})
     mtime = (out / kept["file"]).stat().st_mtime_ns
     summary = run_capture(two)
-    assert summary["workers"] == 2 and summary["shards"] == len(plan.shards)
+    assert summary.workers == 2 and summary.shards == len(plan.shards)
     assert (out / kept["file"]).stat().st_mtime_ns == mtime
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["fingerprint"] == one_manifest["fingerprint"]
@@ -411,4 +411,4 @@ def test_a_second_capture_into_a_directory_being_captured_is_refused(tmp_path):
         holder.kill()
         holder.wait()
     assert sorted(p.name for p in out.iterdir()) == [".dspark-lock"]  # nothing written beside it
-    assert run_capture(recipe)["shards"] >= 1  # the lock went with its holder
+    assert run_capture(recipe).shards >= 1  # the lock went with its holder

@@ -175,7 +175,7 @@ def test_restarted_producer_captures_only_what_it_had_not_published(tmp_path):
     assert "\n" not in str(info.value)
     summary = run_capture(recipe, queue=StreamProducer(store, worker=0, workers=1, max_shards=10, restarts=1),
                           capturer=inner)
-    assert summary["captured_tokens"] < plan.num_tokens  # only the missing shards were captured again
+    assert summary.captured_tokens < plan.num_tokens  # only the missing shards were captured again
     status = read_json(store, producer_key(0))
     assert status["finished"] and status["error"] is None and status["restarts"] == 1
     read = [s.id for i in range(len(plan.shards)) for s in reader.read(i)]

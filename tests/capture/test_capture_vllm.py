@@ -66,7 +66,7 @@ def capture_in_child(recipe, tmp_path: Path) -> dict:
     """run_capture in a `python` child (its own vLLM engine, or its workers'); its summary."""
     path = write_resolved(recipe, tmp_path / "cfg")
     code = ("import json, sys; from dspark_cli.capture import run_capture; from dspark_cli.recipe import load_recipe; "
-            "print('SUMMARY ' + json.dumps(run_capture(load_recipe(sys.argv[1]))))")
+            "print('SUMMARY ' + json.dumps(run_capture(load_recipe(sys.argv[1])).to_dict()))")
     out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
@@ -79,7 +79,7 @@ def test_vllm_capture_equals_hf_capture_per_layer(target, workers, tmp_path):
     run_capture(hf)
     vllm = capture_recipe(target, tmp_path / "vllm", *SAME, "capture.backend=auto", f"capture.workers={workers}")
     summary = capture_in_child(vllm, tmp_path)
-    assert summary["backend"] == "vllm" and summary.get("workers", 1) == workers
+    assert summary["backend"] == "vllm" and (summary["workers"] or 1) == workers
     manifest = json.loads((Path(vllm.stage_dir("capture")) / "manifest.json").read_text())
     backend = manifest["backend"]
     assert backend["backend"] == "vllm" and backend["requested"] == "auto" and backend["dtype"] == "float32"

@@ -45,7 +45,7 @@ def recipe_for(tmp_path: Path, *overrides: str, target: str = "tiny-mla", prompt
 def test_hf_regeneration_is_on_policy_and_masked(tmp_path):
     recipe = recipe_for(tmp_path, "datagen.engine=hf")
     summary = run_datagen(recipe)
-    assert summary["conversations"] == 7 and summary["shards"] == 2 and summary["generated_tokens"] > 0
+    assert summary.conversations == 7 and summary.shards == 2 and summary.generated_tokens > 0
     records = {r["id"]: r for r in iter_records(recipe.stage_dir("datagen"))}
     assert len(records) == 7
     chat = plan_datagen(recipe).chat
@@ -72,7 +72,7 @@ def test_hf_regeneration_is_on_policy_and_masked(tmp_path):
 def test_dry_run_and_bad_input_write_nothing(tmp_path):
     recipe = recipe_for(tmp_path)
     plan = run_datagen(recipe, dry_run=True)
-    assert (plan["conversations"], plan["turns"], plan["shards"]) == (7, 8, 2)
+    assert (plan.conversations, plan.turns, plan.shards) == (7, 8, 2)
     assert not (tmp_path / "run").exists()
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"question": "no schema"}) + "\n")
@@ -195,7 +195,7 @@ threading.Thread(target=watch, daemon=True).start()
 summary = run_datagen(recipe)
 done.set()
 changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
-print("RESULT " + json.dumps({{"conversations": summary["conversations"], "children": sorted(set(children)),
+print("RESULT " + json.dumps({{"conversations": summary.conversations, "children": sorted(set(children)),
                               "changed": {{k: [before.get(k), os.environ.get(k)] for k in changed}}}}))
 """
     root = Path(__file__).resolve().parents[2]

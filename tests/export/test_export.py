@@ -60,7 +60,7 @@ def drafts(model, embed, lm_head, dtype=torch.float32, steps: int = 3):
 def test_round_trip_fp32_is_bitwise(tmp_path, arch):
     train, model, embed, lm_head = trained_dir(tmp_path, arch)
     result = export_draft(train, tmp_path / "draft", dtype="float32")
-    assert result["architecture"] == {"mla": "K3DSparkModel", "gqa": "Qwen3DSparkModel"}[arch]
+    assert result.architecture == {"mla": "K3DSparkModel", "gqa": "Qwen3DSparkModel"}[arch]
     loaded = load_draft_dir(tmp_path / "draft")
     again = build_model(loaded.config, loaded.state_dict)
     for (t1, l1, c1), (t2, l2, c2) in zip(drafts(model, embed, lm_head), drafts(again, embed, lm_head), strict=True):

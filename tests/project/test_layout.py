@@ -353,3 +353,26 @@ def test_test_file_names_are_unique_across_folders():
     # basename would shadow the other file.
     names = [p.name for p in TESTS.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
+
+
+def test_stage_entries_return_the_dataclasses_of_artifacts_results():
+    """What a stage returns to the commands is typed (artifacts/results.py), not a dict read by string keys:
+    each entry's return annotation names only classes defined there (or None)."""
+    results = ast.parse((PACKAGE / "artifacts" / "results.py").read_text(encoding="utf-8"))
+    typed = {node.name for node in results.body if isinstance(node, ast.ClassDef)}
+    entries = {"datagen/run.py": "run_datagen", "capture/run.py": "run_capture", "training/run.py": "run_train",
+               "export/run.py": "export_checkpoint", "bench/run.py": "run_bench", "publish/run.py": "publish_draft",
+               "capture/online.py": "supervise"}
+    entries_also = {"training/run.py": "plan_train", "export/run.py": "meta_plan", "capture/run.py": "ensure_capture"}
+    found = {}
+    for table in (entries, entries_also):
+        for module, name in table.items():
+            tree = ast.parse((PACKAGE / module).read_text(encoding="utf-8"))
+            function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+            found[name] = set(ast.unparse(function.returns).replace(" ", "").split("|")) - {"None"}
+    assert {name: names - typed for name, names in found.items() if names - typed} == {}
+    pipeline = ast.parse((PACKAGE / "pipeline.py").read_text(encoding="utf-8"))
+    for function in (n for n in pipeline.body if isinstance(n, ast.FunctionDef) and n.name.startswith("run_")
+                     and n.name != "run_pipeline"):
+        names = set(ast.unparse(function.returns).replace(" ", "").split("|")) - {"None"}
+        assert names <= typed, (function.name, names)

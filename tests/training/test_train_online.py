@@ -33,10 +33,10 @@ def test_online_max_steps_stops_the_run_and_the_producers(tmp_path):
     consumer = json.loads((stream / "consumer.json").read_text())
     producer = json.loads((stream / "producers" / "0.json").read_text())
     # the plan had more steps; max_steps cut it, the producer was stopped, nothing is left in the stream
-    assert summary["steps"] == summary["num_steps"] == 2 and [r["step"] for r in records] == [1, 2]
+    assert summary.steps == summary.num_steps == 2 and [r["step"] for r in records] == [1, 2]
     assert consumer["finished"] and not producer["error"] and not list(stream.rglob("*.safetensors"))
     assert len(producer["shards"]) < producer["num_shards"]
     train_dir = Path(recipe.stage_dir("train"))
     assert (train_dir / "checkpoints" / "latest").read_text().strip() == "step-000002"
     assert (train_dir / "final" / "model.safetensors").is_file()
-    assert summary["stream"]["peak_shards"] <= 2 and summary["tokens"] == sum(r["tokens"] for r in records)
+    assert summary.stream.peak_shards <= 2 and summary.tokens == sum(r["tokens"] for r in records)

@@ -221,9 +221,9 @@ def test_two_producers_two_ranks_train_every_sample_once_like_offline(datagen, u
 
     ensure_capture(offline)  # capture is its own stage, before training
     reference = run_train(offline, resume="never")
-    online_final, offline_final = summary["final_metrics"], reference["final_metrics"]
+    online_final, offline_final = summary["final_metrics"], reference.final_metrics
     print(f"tau online {online_final['tau_greedy']:.3f} ({summary['num_steps']} steps) offline "
-          f"{offline_final['tau_greedy']:.3f} ({reference['num_steps']} steps); peak {summary['stream']['peak_bytes']} bytes")
+          f"{offline_final['tau_greedy']:.3f} ({reference.num_steps} steps); peak {summary['stream']['peak_bytes']} bytes")
     assert abs(online_final["tau_greedy"] - offline_final["tau_greedy"]) <= TAU_TOLERANCE, (online_final, offline_final)
 
 
@@ -366,10 +366,10 @@ def test_kept_stream_trains_two_epochs_within_its_byte_bound(datagen, tmp_path):
     stream = tmp_path / "run" / "hidden-stream"
     with Watcher(stream) as watch:
         summary = run_train(load_recipe("tiny", overrides), resume="never")
-    ids, rerun = trained_ids(tmp_path / "run" / "train", summary["num_steps"], 2)
+    ids, rerun = trained_ids(tmp_path / "run" / "train", summary.num_steps, 2)
     once = Counter(planned_ids(overrides))
     assert ids == Counter({name: 2 * count for name, count in once.items()}) and rerun == 0
-    assert watch.bytes <= bound and summary["stream"]["peak_bytes"] <= bound
+    assert watch.bytes <= bound and summary.stream.peak_bytes <= bound
     assert not list(stream.rglob("*.safetensors"))
 
 
