@@ -132,9 +132,15 @@ def test_compiled_training_over_static_shapes_gives_the_loss_curve_of_eager(targ
     which would be a compile under static-shape compilation (before length buckets, this compiled
     run made 11 shapes and 3 compiles in 8 steps, going dynamic after the second).
 
-    Same curve: padding is masked out and inductor computes the same math in another rounding order
-    (measured ~1e-8 relative; same tolerance argument as 1 vs 2 processes). The first step runs
-    eagerly under the loop's FLOP counter, every later step through the compiled graph.
+    Same curve: padding is masked out and inductor computes the same math in another rounding order.
+    Given the same parameters a compiled step's gradients equal the eager step's to ~2e-7 relative
+    per parameter (measured, with dspark's C attention kernel inside the compiled graph), but the
+    two runs' parameters part: AdamW's first update is lr * sign(g) elementwise, so an element whose
+    gradient is rounding noise moves by +-lr either way, and later steps inherit that. On an AVX-512
+    host the curves parted by up to 8.5e-6 in loss and 4.5e-4 in grad norm over 12 steps (1e-7 and
+    5e-7 with the torch attention instead of the kernel, by the luck of which elements flip); the
+    bounds below leave room for that, ten times under what a dropped mask or gradient term would move. The first step runs eagerly under
+    the loop's FLOP counter, every later step through the compiled graph.
 
     The compiled run's `torch.compile` takes torch 2.11's keywords only (the GPU image's torch:
     `recompile_limit=` is a TypeError there), so the static-shape compile goes through dspark's
@@ -149,8 +155,8 @@ def test_compiled_training_over_static_shapes_gives_the_loss_curve_of_eager(targ
     assert eager_summary["shapes"]["signatures"] > 2 and eager_summary["shapes"]["compiles"] == 0
     assert [r["step"] for r in compiled] == [r["step"] for r in eager]
     for a, b in zip(eager, compiled):
-        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"], (a, b)
+        assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 2e-3 * a["grad_norm"], (a, b)
     assert any(a["loss"] != b["loss"] for a, b in zip(eager[1:], compiled[1:]))  # it did run compiled code
     manifest = json.loads((tmp_path / "compiled" / "run" / "train" / "manifest.json").read_text())
     assert manifest["summary"]["shapes"] == shapes
