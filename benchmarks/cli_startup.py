@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/cli_startup.py            # prints a table, writes results/cli_startup.json
 
-Goal (issue 2): `dspark --help` <= 0.3 s on the 2-core CI machine, and neither `--help`,
+Goal: `dspark --help` <= 0.3 s on the 2-core CI machine, and neither `--help`,
 `dspark CMD --help` nor shell completion imports torch, transformers, vllm, datasets or a hub client.
 Each command runs `--repeat` times in a fresh process; the median wall time is reported.
 """

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/train_speed.py            # ~4 min on 2 cores; writes results/train_speed.{json,md}
     .venv/bin/python benchmarks/train_speed.py --quick    # fewer steps, one vocabulary, for a smoke run
 
-Setup (issue 7): a random tiny Qwen3 target (hidden 64, 4 layers, 4 heads / 2 KV heads of 16,
+Setup: a random tiny Qwen3 target (hidden 64, 4 layers, 4 heads / 2 KV heads of 16,
 MLP 128), a GQA draft of 2 layers copying that geometry, block 7, Markov rank 32, confidence head;
 128-token sequences (16 prompt + 112 response tokens), 32 anchors each, 512 tokens per step (4
 sequences), fp32, the default DSpark loss. The draft reads the capture default of 4 target layers.

@@ -1,4 +1,4 @@
-"""`dspark bench --endpoint URL` against servers that are not what they claim (issue 36 cases 5, 6, 7).
+"""`dspark bench --endpoint URL` against servers that are not what they claim.
 
     .venv/bin/python -m pytest tests/bench/test_bench_endpoint.py -q
 

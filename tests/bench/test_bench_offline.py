@@ -129,7 +129,7 @@ def test_cli_refuses_nothing_to_do_and_missing_dirs(tmp_path):
     assert result.exit_code == 2 and "nothing to benchmark" in result.output
 
 
-# --- issue 22: the draft is checked before anything runs (cases 4, 8), the report dir before the work (9) ----
+# --- the draft is checked before anything runs, the report dir before the work -------------------------
 
 FAST = ["bench.num_prompts=1", "bench.max_tokens=8", "bench.temperatures=[0.0]", "bench.confidence_thresholds=[0.0]"]
 
@@ -209,7 +209,7 @@ def test_bench_checks_its_report_directory_before_the_work(tmp_path):
     assert "tau" not in result.output  # refused before the benchmark ran
 
 
-# --- issue 36 case 1: a draft's recipe decides no destination: no endpoint, no output directory ------------
+# --- a draft's recipe decides no destination: no endpoint, no output directory ---------------------------
 
 
 @pytest.mark.slow  # in the fast lane at load 7: 23 s

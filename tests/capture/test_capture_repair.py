@@ -1,4 +1,4 @@
-"""A damaged capture shard's error names a repair that works (issue 22, case 7): real `dspark train` runs.
+"""A damaged capture shard's error names a repair that works: real `dspark train` runs.
 
     .venv/bin/python -m pytest tests/capture/test_capture_repair.py -q        # ~1 min on 2 cores
 

@@ -180,7 +180,7 @@ def test_the_installed_console_script_runs():
 
 
 def test_list_items_take_overrides_by_index():
-    # issue 22 case 13: `datagen.sources[0].max_samples=N` used to be refused with a misleading did-you-mean
+    # `datagen.sources[0].max_samples=N` used to be refused with a misleading did-you-mean
     import json
 
     result = invoke("validate", "tiny", "datagen.sources[0].max_samples=8", "bench.temperatures[1]=0.5",

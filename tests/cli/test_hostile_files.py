@@ -1,4 +1,4 @@
-"""Hostile and careless inputs, part B of issue 36: every case is a CLI run (typer's CliRunner) that
+"""Hostile and careless inputs: every case is a CLI run (typer's CliRunner) that
 ends in one `error:` line and one `hint:` line, exit 2, with nothing lost or half-written.
 
 Cases: conversations lost to repeated ids or same-named sources (3), directories that are not ours

@@ -1,6 +1,6 @@
 """Errors a user can cause -- broken inputs and OS errors -- are one line and a hint, never "internal error".
 
-Each test is a real CLI run (typer's CliRunner) of a case from the bad-input matrix of issue 22:
+Each test is a real CLI run (typer's CliRunner) of a case from a bad-input matrix:
 corrupt or missing target files, an output path that is a file / read-only / on a full disk, a binary
 prompts file, `init -o DIR --force`, a safetensors header claiming 1e12 bytes.
 """

@@ -157,7 +157,7 @@ CONFIG_RULES = [
     ("mla", {"confidence_head_with_markov": None}, "confidence_head_with_markov: missing"),
     ("gqa", {"sample_from_anchor": False}, "sample_from_anchor: false selects the DFlash 1+N layout"),
     ("gqa", {"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}, "eagle_aux_hidden_state_layer_ids: vLLM reads it"),
-    # issue 18: layer ids and mask ids where vLLM reads them, first key wins, every disagreeing one flagged
+    # layer ids and mask ids where vLLM reads them, first key wins, every disagreeing one flagged
     ("gqa", {"dflash_config": {"target_layer_ids": [1, 2, 3]}},
      "target_layer_ids: [0, 2, 5] disagrees with dflash_config.target_layer_ids [1, 2, 3], which vLLM reads first"),
     ("mla", {"dspark_target_layer_ids": [0, 1, 2]},
@@ -283,7 +283,7 @@ def test_tiny_target_drafts_export_and_load_in_vllms_config_loader(tmp_path, tar
     assert list(config.target_layer_ids) == [0, 1, 2, 4, 5] and config.mask_token_id == 5  # <|mask|>
 
 
-# --- outputs are owned (issue 22 case 1), stale temp dirs (case 11), integrity (case 8) -----------------
+# --- outputs are owned, stale temp dirs, integrity --------------------------------------------------------
 
 
 def test_force_never_replaces_what_export_did_not_write(tmp_path, monkeypatch):
@@ -390,7 +390,7 @@ def test_check_refuses_a_draft_of_another_target(tmp_path):
     assert result.exit_code == 1 and "the draft was trained for target 'tiny-mla'" in result.output, result.output
 
 
-# --- issue 18: metadata no engine has to guess -----------------------------------------------------------------
+# --- metadata no engine has to guess ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("arch", ["mla", "gqa"])
@@ -412,7 +412,7 @@ def test_agreeing_duplicate_keys_are_not_flagged(tmp_path):
 
 
 def test_force_never_deletes_a_file_put_beside_an_earlier_draft(tmp_path):
-    """Issue 36 case 4: `export --force` over an earlier draft deleted the user's README.md without a word."""
+    """`export --force` over an earlier draft deleted the user's README.md without a word."""
     train, *_ = trained_dir(tmp_path, "gqa")
     draft = tmp_path / "draft"
     assert runner.invoke(app, ["export", str(train), "-o", str(draft)]).exit_code == 0
@@ -426,7 +426,7 @@ def test_force_never_deletes_a_file_put_beside_an_earlier_draft(tmp_path):
 
 
 def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
-    """Issue 36: safetensors' write error on a full disk is a SafetensorError (not an OSError), so `dspark
+    """Safetensors' write error on a full disk is a SafetensorError (not an OSError), so `dspark
     export` printed an internal error; it must read as the full disk it is, with no temp dir left behind."""
     import os
     import shutil

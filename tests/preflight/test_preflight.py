@@ -53,7 +53,7 @@ def passes(here: Path, *args: str, stage: list[str] = ()) -> None:
     assert result.exit_code == 0, result.output
 
 
-# --- case 1 of issue 16, as the online path stands: the Kimi-K3 shape (online, 8 processes) -----------------
+# --- the Kimi-K3 shape as the online path stands (online, 8 processes) --------------------------------------
 # Online training now runs on several ranks and plans its steps from the data (no train.max_steps needed);
 # the stream releases a shard once it is trained on, so its bound no longer depends on the checkpoint
 # interval; what it still refuses from the recipe is a producer / trainer device split that cannot work.

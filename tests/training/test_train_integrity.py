@@ -1,4 +1,4 @@
-"""What a training directory may hold and what a rerun may do (issue 22, cases 3-6): `dspark train` runs.
+"""What a training directory may hold and what a rerun may do : `dspark train` runs.
 
     .venv/bin/python -m pytest tests/training/test_train_integrity.py -q        # ~2 min on 2 cores
 
@@ -287,7 +287,7 @@ def _resign_meta(ckpt: Path, **changes) -> None:
 
 
 def test_a_resigned_meta_claiming_step_1e12_is_not_trusted(work):
-    """Issue 36 case 10: checksums prove the files are as written; a re-signed meta.json is as written too."""
+    """Checksums prove the files are as written; a re-signed meta.json is as written too."""
     ckpt = _ckpt(work)
     _resign_meta(ckpt, step=10**12)
     err = _one_line_error(_train(work))
