@@ -24,13 +24,23 @@ def invoke(*args: str):
     return runner.invoke(app, list(args))
 
 
+# runs its arguments as a child and writes the child's peak RSS (KiB, Linux) as the last line of stderr
+_PEAK = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
+         "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+         "sys.exit(code)")
+
+
 def invoke_process(*args: str, timeout: float):
     """`dspark ARGS` as a process of its own, killed after `timeout` s (subprocess.TimeoutExpired): for input
     that might hang the CLI, which in this process would hang the test run. Its result reads as `invoke`'s
-    (`exit_code`, `output`: stdout and stderr)."""
-    done = subprocess.run([str(Path(sys.executable).with_name("dspark")), *args], capture_output=True, text=True,
-                          timeout=timeout)
-    return SimpleNamespace(exit_code=done.returncode, output=done.stdout + done.stderr)
+    (`exit_code`, `output`: stdout and stderr), plus `peak_rss_mib`, the process's peak memory."""
+    done = subprocess.run([sys.executable, "-c", _PEAK, str(Path(sys.executable).with_name("dspark")), *args],
+                          capture_output=True, text=True, timeout=timeout)
+    lines, kib = done.stderr.splitlines(), 0
+    if lines and lines[-1].startswith("peak_rss_kib "):
+        kib = int(lines.pop().split()[1])
+    return SimpleNamespace(exit_code=done.returncode, output=done.stdout + "".join(f"{line}\n" for line in lines),
+                           peak_rss_mib=kib / 1024)
 
 
 def assert_user_error(result, *needles: str, exit_code: int = 2) -> None:
