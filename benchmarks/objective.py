@@ -16,8 +16,6 @@ Groups:
 - `settings`: the tiny recipe as shipped, then one setting at a time that dspark and SpecForge do not
   share (AdamW betas, the cosine floor) and two the comparison suggested (the learning rate, the CE / L1
   split).
-- `ce_mix`: the tiny recipe's CE against the target's distribution, against half of it against the next
-  token (the peers' CE; datagen answers greedily, so the next token is the target's top-1).
 - `warmup`: the budget's 5% warmup against NeMo AutoModel's, which never warms up for fewer than 20
   steps (the one schedule setting it does not take from the budget).
 """
@@ -55,19 +53,13 @@ GROUPS = {  # name -> [(row name, recipe overrides)]; gains read against each gr
         ("lr 6e-3 (2x)", {"train.lr": "6.0e-3"}),
         ("0.3 CE + 0.7 L1", {"train.loss.ce": "0.3", "train.loss.l1": "0.7"}),
     ],
-    "ce_mix": [
-        ("the tiny recipe: CE against the target's distribution", {}),
-        ("half the CE against the next token (the target's greedy token here)",
-         {"train.loss.ce_target": "mix", "train.loss.ce_mix": "0.5"}),
-    ],
     "warmup": [
         ("the tiny recipe, warmup 5% (8 of 160 steps)", {}),
         ("warmup 20 steps (NeMo AutoModel's floor)", {"train.warmup_steps": "20"}),
     ],
 }
 TITLES = {"objective": "The training objective's options", "settings": "Training settings, one at a time",
-          "warmup": "Warmup length (NeMo AutoModel floors it at 20 steps)",
-          "ce_mix": "The CE's target: the distribution, or half of it the next token"}
+          "warmup": "Warmup length (NeMo AutoModel floors it at 20 steps)"}
 
 
 def markdown(result: dict) -> str:

@@ -245,13 +245,10 @@ class LossWeights(Section):
     """The published DSpark objective; every weight configurable."""
 
     ce: float = Field(0.1, ge=0.0, description="Cross-entropy against the next token (see ce_target).")
-    ce_target: Literal["label", "target", "mix"] = Field(
+    ce_target: Literal["label", "target"] = Field(
         "label", description="label: the CE is against the next token (the published objective). target: "
         "against the target's whole distribution at that position, -sum_v q_v log p_v (distillation; its "
-        "floor is the target's entropy, not 0). mix: `ce_mix` of it against the distribution, the rest "
-        "against the next token.")
-    ce_mix: float = Field(0.5, ge=0.0, le=1.0, description="With ce_target: mix, the share of the CE taken "
-                          "against the target's distribution (the rest against the next token).")
+        "floor is the target's entropy, not 0).")
     l1: float = Field(0.9, ge=0.0, description="L1 between draft and target distributions.")
     confidence: float = Field(1.0, ge=0.0, description="BCE of the confidence head vs clamp(1 - L1/2, 0, 1).")
     slot_decay_gamma: float = Field(4.0, gt=0.0, description="Slot k is weighted by exp(-k / gamma).")

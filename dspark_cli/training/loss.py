@@ -57,27 +57,22 @@ def target_table(target_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int)
     return out
 
 
-def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool, soft_ce: float = 0.0):
+def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool, soft_ce: bool = False):
     """The row-wise pass as torch operations, what `kernels.vocab.VocabKernel.rows` does in one kernel:
     fills stats [c, 4] (CE, L1, draft top-1 == label, draft top-1 == target top-1) from logits z and
     target probabilities q (overwritten), and with `grads` returns d/dz of w_ce*CE + w_l1*L1 divided
-    by out_scale (see `_VocabLoss.forward`). `soft_ce` is the share of the CE taken against the target
-    distribution: CE = -(soft_ce * sum_v q_v log p_v + (1 - soft_ce) * log p_label), its gradient
-    p - (soft_ce * q + (1 - soft_ce) * onehot(label))."""
+    by out_scale (see `_VocabLoss.forward`). With `soft_ce` the CE is -sum_v q_v log p_v (its
+    gradient p - q instead of p - onehot(label))."""
     # (amax, not max: on CPU the reductions that return indices are ~15x slower)
     z_max = z.amax(dim=-1, keepdim=True)
     z_label, z_top = z.gather(1, labels[:, None]), z.gather(1, top[:, None])
     p = torch.softmax(z, dim=-1)
     # log-sum-exp from the softmax itself: max_v p_v = exp(z_max - lse) >= 1 / V never underflows
     lse = z_max - p.amax(dim=-1, keepdim=True).log()
-    soft = float(soft_ce)
-    reference = z_label if soft == 0.0 else (q * z).sum(dim=-1, keepdim=True)
-    if 0.0 < soft < 1.0:
-        reference = soft * reference + (1.0 - soft) * z_label
-    stats[:, 0] = (lse - reference).squeeze(1)
+    stats[:, 0] = (lse - ((q * z).sum(dim=-1, keepdim=True) if soft_ce else z_label)).squeeze(1)
     stats[:, 2] = z_label.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == label
     stats[:, 3] = z_top.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == target top-1
-    q_soft = q.clone() if grads and soft > 0.0 else None
+    q_soft = q.clone() if grads and soft_ce else None
     diff = torch.sub(p, q, out=q)  # p - q, in the buffer q was gathered into
     stats[:, 1] = diff.abs().sum(dim=-1)  # L1 (6x faster than linalg.vector_norm(ord=1) on CPU)
     if not grads:
@@ -92,9 +87,9 @@ def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *,
         p_sign.mul_(w_l1[:, None])
     g = p_sign.addcmul_(p, row_scale)
     if q_soft is not None:
-        g.sub_(q_soft.mul_((soft * w_ce / out_scale)[:, None]))
-    if soft < 1.0:
-        g[torch.arange(g.shape[0], device=g.device), labels] -= (1.0 - soft) * w_ce / out_scale
+        g.sub_(q_soft.mul_((w_ce / out_scale)[:, None]))
+    else:
+        g[torch.arange(g.shape[0], device=g.device), labels] -= w_ce / out_scale
     return g
 
 
@@ -169,14 +164,13 @@ class _VocabLoss(torch.autograd.Function):
 def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torch.Tensor, lm_head: torch.Tensor,
                target_hidden: torch.Tensor, target_index: torch.Tensor, labels: torch.Tensor,
                w_ce: torch.Tensor, w_l1: torch.Tensor, *, chunk: int | None = None, use_kernel: bool = True,
-               soft_ce: float = 0.0):
+               soft_ce: bool = False):
     """Fused CE + L1 over S slots. Returns (sum_s w_ce*CE + w_l1*L1, stats [S, NUM_SLOT_STATS]).
 
     hidden [S, H] and markov_embed [S, r] (differentiable), markov_w2 [V, r] (a parameter),
     lm_head [V, H] (frozen), target_hidden [U, H] distinct target states and target_index [S]
     (slot -> row of target_hidden), labels [S], per-slot weights w_ce, w_l1 [S] (fp32).
     `use_kernel=False` keeps to torch operations where the fused CPU kernel would run (tests).
-    `soft_ce`: the share of the CE taken against the target's distribution (0: the next token only).
     """
     device = hidden.device.type
     compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
@@ -189,11 +183,11 @@ def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torc
 
 
 def reference_loss_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-                         soft_ce: float = 0.0):
+                         soft_ce: bool = False):
     """Unfused per-slot (CE, L1) with plain autograd: the independent check of `vocab_loss`."""
     dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for a high-precision check
     logp = logits.to(dtype).log_softmax(-1)
     q = target_logits.to(dtype).softmax(-1)
-    ce = -float(soft_ce) * (q * logp).sum(-1) - (1.0 - float(soft_ce)) * logp.gather(-1, labels[..., None]).squeeze(-1)
+    ce = -(q * logp).sum(-1) if soft_ce else -logp.gather(-1, labels[..., None]).squeeze(-1)
     l1 = (logp.exp() - q).abs().sum(-1)
     return ce, l1

@@ -61,7 +61,7 @@ def build_step_module(recipe: Recipe, draft_config: Any, env: DistEnv, embed_dty
     model.set_target_embeddings(embed, lm_head)
     loss = LossConfig(ce=train.loss.ce, l1=train.loss.l1, confidence=train.loss.confidence,
                       gamma=train.loss.slot_decay_gamma, weighting=train.loss.slot_weighting,
-                      ce_target=train.loss.ce_target, ce_mix=train.loss.ce_mix)
+                      ce_target=train.loss.ce_target)
     step = TrainStep(model, loss, compile=train.compile, shapes=shape_plan(train, draft_config.block_size, env.device))
     return shard(step.to(env.device), env, param_dtype=embed_dtype)
 

@@ -36,13 +36,7 @@ class LossConfig:
     confidence: float = 1.0
     gamma: float = 4.0
     weighting: str = "decay"  # or "expected_length" (recipe train.loss.slot_weighting)
-    ce_target: str = "label"  # or "target": CE against the target's distribution, or "mix" (train.loss.ce_target)
-    ce_mix: float = 0.5  # with "mix": the share against the distribution (train.loss.ce_mix)
-
-    @property
-    def soft_ce(self) -> float:
-        """The share of the CE taken against the target's distribution (0: all against the next token)."""
-        return {"label": 0.0, "target": 1.0}.get(self.ce_target, self.ce_mix)
+    ce_target: str = "label"  # or "target": CE against the target's distribution (train.loss.ce_target)
 
 
 def label_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -222,7 +216,7 @@ class TrainStep(nn.Module):
             w_vocab = share * per_block_ratio(w, share, flat // n, bsz * num_anchors)
         loss, per_slot = vocab_loss(hidden, markov, draft.markov_head.markov_w2.weight, draft.target_lm_head,
                                     target_hidden, target_index, labels, cfg.ce * w_vocab, cfg.l1 * w_vocab,
-                                    soft_ce=cfg.soft_ce)
+                                    soft_ce=cfg.ce_target == "target")
         accept_t1 = (1.0 - per_slot[:, 1] / 2).clamp(0.0, 1.0)
         bce = None
         if logit is not None:

@@ -43,8 +43,7 @@ def _kernel_or_skip(use_kernel: bool):
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["cpu-kernel", "torch"])
 @pytest.mark.parametrize("as_table,l1_weights,soft_ce", [
     (True, "positive", False), (False, "positive", False), (True, "some zero", False), (True, "zero", False),
-    (True, "positive", True), (False, "positive", True), (True, "some zero", True),
-    (True, "positive", 0.3), (False, "positive", 0.3), (True, "some zero", 0.3)])
+    (True, "positive", True), (False, "positive", True), (True, "some zero", True)])
 def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weights, soft_ce, use_kernel):
     """Both implementations (the fused CPU kernel runs for fp32 tables on CPU) against float64
     autograd on every [slots, vocab] tensor; vocab 97 is no multiple of the SIMD width."""

@@ -6,12 +6,11 @@
    with grads, z becomes d/dz of w_ce*CE + w_l1*L1 divided by out_scale[i]:
    a * copysign(p, p - q) + p * (w_ce - w_l1 * sum_v copysign(p, p - q)_v) / out_scale - onehot * w_ce / out_scale,
    a = 1 when by_l1 (out_scale = w_l1) and w_l1 otherwise.
-   soft (0..1) is the share of the CE taken against q instead of the label: stats[i][0] =
-   -(soft * sum_v q_v log p_v + (1 - soft) * log p_label), and its gradient's - onehot * w_ce / out_scale
-   becomes - (soft * q + (1 - soft) * onehot) * w_ce / out_scale. */
+   With soft_ce the CE is against q instead of the label: stats[i][0] = -sum_v q_v log p_v, and its
+   gradient's - onehot * w_ce / out_scale becomes - q * w_ce / out_scale. */
 void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const int64_t *rows,
                        const int64_t *labels, const int64_t *top, const float *w_ce, const float *w_l1,
-                       const float *out_scale, int by_l1, float soft, int grads, float *stats, int threads) {
+                       const float *out_scale, int by_l1, int soft_ce, int grads, float *stats, int threads) {
     const int64_t body = V - V % W;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < c; i++) {
@@ -21,7 +20,7 @@ void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const
         float m = row_max(zr, V);
         float z_label = zr[labels[i]], z_top = zr[top[rows[i]]];
         float qz = 0.0f;  /* sum_v q_v z_v, for the soft CE */
-        if (soft > 0.0f) {
+        if (soft_ce) {
             vf qzv = vsplat(0.0f);
             for (v = 0; v < body; v += W) qzv += vload(qr + v) * vload(zr + v);
             qz = hsum(qzv);
@@ -46,15 +45,15 @@ void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const
             centre += ps;
             zr[v] = ps;
         }
-        stats[4 * i + 0] = m + logf(s) - (soft * qz + (1.0f - soft) * z_label);  /* sum_v q_v = 1 */
+        stats[4 * i + 0] = m + logf(s) - (soft_ce ? qz : z_label);  /* sum_v q_v = 1 */
         stats[4 * i + 1] = l1;
         stats[4 * i + 2] = z_label >= m ? 1.0f : 0.0f;
         stats[4 * i + 3] = z_top >= m ? 1.0f : 0.0f;
         if (grads) {
             float row_scale = (w_ce[i] - w_l1[i] * centre) / out_scale[i];
             float a = by_l1 ? 1.0f : w_l1[i];
-            if (soft > 0.0f) {
-                float k = soft * w_ce[i] / out_scale[i];
+            if (soft_ce) {
+                float k = w_ce[i] / out_scale[i];
                 for (v = 0; v < body; v += W) {
                     vf ps = vload(zr + v);
                     vstore(zr + v, ps * a + vabs(ps) * row_scale - vload(qr + v) * k);
@@ -63,8 +62,8 @@ void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const
             } else {
                 for (v = 0; v < body; v += W) { vf ps = vload(zr + v); vstore(zr + v, ps * a + vabs(ps) * row_scale); }
                 for (; v < V; v++) { float ps = zr[v]; zr[v] = ps * a + fabsf(ps) * row_scale; }
+                zr[labels[i]] -= w_ce[i] / out_scale[i];
             }
-            if (soft < 1.0f) zr[labels[i]] -= (1.0f - soft) * w_ce[i] / out_scale[i];
         }
     }
 }
