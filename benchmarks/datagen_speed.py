@@ -49,9 +49,11 @@ def main() -> None:
         from vllm import LLM
 
         start = time.perf_counter()
-        extra = {"compilation_config": {"custom_ops": ["-rotary_embedding"]}} if args.target == "tiny-mla" else {}
-        llm = LLM(model=str(resolve_target(args.target)), dtype="float32", max_model_len=1024,
-                  kv_cache_memory_bytes=256 * 2**20, enforce_eager=True, seed=0, **extra)
+        from dspark_cli.machine.procs import cpu_engine_defaults
+
+        path = str(resolve_target(args.target))
+        llm = LLM(model=path, dtype="float32", max_model_len=1024, seed=0,
+                  **cpu_engine_defaults(model_path=path, dtype="float32"))
         startup = time.perf_counter() - start
         start = time.perf_counter()
         summary = run_datagen(recipe("vllm", f"{tmp}/vllm"), llm=llm)

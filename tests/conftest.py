@@ -55,7 +55,12 @@ def tiny_vllm_engine(name: str):
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             from vllm import LLM
 
-            _tiny_engines[name] = LLM(model=str(resolve_target(name)), **TINY_VLLM_KWARGS, **TINY_VLLM_EXTRA[name])
+            from dspark_cli.machine.procs import cpu_mla_backend
+
+            path = str(resolve_target(name))
+            # an MLA target in float32 on a CPU with AMX tiles: the backend that takes float32 weights
+            _tiny_engines[name] = LLM(model=path, **TINY_VLLM_KWARGS, **TINY_VLLM_EXTRA[name],
+                                      **cpu_mla_backend(path, TINY_VLLM_KWARGS["dtype"]))
     return _tiny_engines[name]
 
 

@@ -107,7 +107,7 @@ def engine_kwargs(recipe: Recipe, model_path: str, layout: VLLMLayout, storage_d
         "kv_transfer_config": transfer,
     }
     if on_cpu:
-        kwargs.update(cpu_engine_defaults())
+        kwargs.update(cpu_engine_defaults(model_path=model_path, dtype=kwargs["dtype"]))
     return kwargs
 
 

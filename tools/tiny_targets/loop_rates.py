@@ -23,8 +23,10 @@ VLLM_EXTRA = {"DeepseekV3ForCausalLM": dict(compilation_config={"custom_ops": ["
 
 
 def engine_kwargs(path: str | Path) -> dict:
+    from dspark_cli.machine.procs import cpu_mla_backend
+
     arch = json.loads((Path(path) / "config.json").read_text())["architectures"][0]
-    return {**VLLM_KWARGS, **VLLM_EXTRA.get(arch, {})}
+    return {**VLLM_KWARGS, **VLLM_EXTRA.get(arch, {}), **cpu_mla_backend(str(path), VLLM_KWARGS["dtype"])}
 
 
 def vllm_greedy(llm, tokenizer, pairs, max_tokens: int) -> list[list[int]]:
