@@ -280,13 +280,12 @@ def section_pipeline(smoke: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"stages": stages, "settings": dict(zip(("prompts", "datagen_max_tokens", "train_steps",
                                                                     "bench_prompts"), sizes))}
     for result in results:
-        if result.name == "train" and result.status == "done":
-            final = result.outputs.get("final_metrics") or {}
+        if result.name == "train" and result.status == "done":  # a TrainSummary (dspark_cli/artifacts/results.py)
+            final = result.outputs.final_metrics or {}
             out["train"] = {k: final.get(k) for k in ("loss", "tau_greedy", "tau_t1", "tokens_per_s", "memory_gib")}
-        if result.name == "bench" and result.status == "done":
-            out["tau"] = [{"dataset": r["dataset"], "temperature": r["temperature"], "tau": r["tau"]["mean"],
-                           "ci95": r["tau"]["ci95"]}
-                          for r in (result.outputs.get("offline") or {}).get("runs", []) if r.get("threshold", 0) == 0]
+        if result.name == "bench" and result.status == "done":  # a BenchSummary
+            out["tau"] = [{"dataset": line.dataset, "temperature": line.temperature, "tau": line.tau, "ci95": line.ci95}
+                          for line in result.outputs.tau_lines()]
     out["status"] = "ok" if all(r.status == "done" for r in results) else "FAIL: a stage did not finish"
     return out
 
@@ -463,8 +462,8 @@ def fsdp_worker(workdir: Path, steps: int, resume: str, length: int, crash_after
 
     summary = run_train(recipe, resume=resume, sequences=lambda: iter(data), on_log=on_log)
     if int(os.environ.get("RANK", 0)) == 0:
-        print("RESULT " + json.dumps({"losses": losses, "resumed_from": summary["resumed_from"],
-                                      "steps": summary["steps"], "world_size": summary["world_size"]}), flush=True)
+        print("RESULT " + json.dumps({"losses": losses, "resumed_from": summary.resumed_from,
+                                      "steps": summary.steps, "world_size": summary.world_size}), flush=True)
 
 
 _children: list[subprocess.Popen] = []  # torchrun launchers running now (see _stop_children)

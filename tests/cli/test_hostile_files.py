@@ -166,6 +166,9 @@ def test_a_draft_of_a_billion_layers_is_refused_before_a_model_is_built(tmp_path
     assert_user_error(result, "draft.num_layers", "less than or equal to 64")
     result = invoke("export", "--recipe", "kimi-k3", "draft.num_layers=1000000000", "--meta", "--dry-run")
     assert_user_error(result, "draft.num_layers")
+    result = invoke("bench", "--recipe", "tiny", f"output_dir={tmp_path / 'run'}", "draft.num_layers=1000000000",
+                    "--offline")
+    assert_user_error(result, "draft.num_layers")
 
 
 def test_a_draft_config_claiming_a_million_layers(tmp_path):
