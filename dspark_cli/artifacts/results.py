@@ -80,7 +80,7 @@ class CaptureSummary(Record):
 
     output_dir: str  # the capture directory, or the stream's location
     mode: str  # "offline" | "online"
-    backend: str | None  # "vllm" | "hf" | None (every shard was there already)
+    backend: str | None  # "vllm" | "hf": what captured (or would have, when every shard was there)
     sequences: int
     tokens: int
     loss_tokens: int
