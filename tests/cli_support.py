@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,12 +36,18 @@ def invoke_process(*args: str, timeout: float):
     """`dspark ARGS` as a process of its own, killed after `timeout` s (subprocess.TimeoutExpired): for input
     that might hang the CLI, which in this process would hang the test run. Its result reads as `invoke`'s
     (`exit_code`, `output`: stdout and stderr), plus `peak_rss_mib`, the process's peak memory."""
-    done = subprocess.run([sys.executable, "-c", _PEAK, str(Path(sys.executable).with_name("dspark")), *args],
-                          capture_output=True, text=True, timeout=timeout)
-    lines, kib = done.stderr.splitlines(), 0
+    proc = subprocess.Popen([sys.executable, "-c", _PEAK, str(Path(sys.executable).with_name("dspark")), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the wrapper and the dspark process under it
+        proc.communicate()
+        raise
+    lines, kib = stderr.splitlines(), 0
     if lines and lines[-1].startswith("peak_rss_kib "):
         kib = int(lines.pop().split()[1])
-    return SimpleNamespace(exit_code=done.returncode, output=done.stdout + "".join(f"{line}\n" for line in lines),
+    return SimpleNamespace(exit_code=proc.returncode, output=stdout + "".join(f"{line}\n" for line in lines),
                            peak_rss_mib=kib / 1024)
 
 
