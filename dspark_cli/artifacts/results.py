@@ -14,6 +14,8 @@ the dictionaries that format defines. Import-light: no torch.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,24 +31,19 @@ class Record:
 
     @classmethod
     def from_dict(cls: type[R], data: dict[str, Any]) -> R:
-        values = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in data:
-                continue
-            value = data[f.name]
-            nested = _record_type(f.type)
-            values[f.name] = nested.from_dict(value) if nested is not None and isinstance(value, dict) else value
-        return cls(**values)
+        hints = typing.get_type_hints(cls)
+        return cls(**{f.name: _revive(hints[f.name], data[f.name]) for f in dataclasses.fields(cls) if f.name in data})
 
 
-def _record_type(annotation: Any) -> type[Record] | None:
-    """The Record class a field holds (`StreamSummary | None` -> StreamSummary), if any."""
-    names = str(annotation).replace(" ", "").split("|")
-    for name in names:
-        found = RECORDS.get(name)
-        if found is not None:
-            return found
-    return None
+def _revive(hint: Any, value: Any) -> Any:
+    """`value` (from JSON) as the field type `hint` says: a Record from its dict, a list of them, else as is."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    for option in typing.get_args(hint) if union else (hint,):  # `StreamSummary | None` -> StreamSummary
+        if isinstance(option, type) and issubclass(option, Record) and isinstance(value, dict):
+            return option.from_dict(value)
+        if typing.get_origin(option) is list and isinstance(value, list):
+            return [_revive(typing.get_args(option)[0], item) for item in value]
+    return value
 
 
 @dataclass
@@ -264,12 +261,3 @@ class PublishSummary(Record):
     dry_run: bool
     urls: dict[str, str] = field(default_factory=dict)  # hub -> the repo's URL (after upload)
     card_text: str | None = None  # dry run: the model card
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PublishSummary:
-        summary = super().from_dict(data)
-        summary.files = [PublishedFile.from_dict(f) if isinstance(f, dict) else f for f in summary.files]
-        return summary
-
-
-RECORDS: dict[str, type[Record]] = {cls.__name__: cls for cls in (FilterCounts, StreamSummary, PublishedFile)}
