@@ -71,7 +71,9 @@ UNMATCHED = [
      "trainable, SpecForge's also needs loss_mask[a] (so it never anchors on the last prompt token), "
      "and the RNG streams differ"),
     ("grad clipping", "both clip the global norm to 1.0 (SpecForge's default is 0.5; set to 1.0)"),
-    ("seed / init", "the same seed number, different RNGs and init code: draws differ"),
+    ("seed / init", "the same seed number, different RNGs and init code: draws differ; with the tiny recipe's "
+     "train.init: target dspark's final norm starts as the target's and its fc as the identity onto the "
+     "deepest captured layer (docs/train.md, Initialisation), the peers' from their own N(0, 0.02) draw"),
     ("precision", "both fp32 on CPU; SpecForge keeps fp32 master weights beside an fp32 model"),
 ]
 
@@ -676,7 +678,9 @@ def markdown_all(result: dict) -> str:
           f"{r['warmup_steps']}, AdamW {'/'.join(f'{b:g}' for b in r['betas'])}, 32 anchors per sequence, block 7, "
           f"Markov rank 64, loss {loss['ce']:g} CE + {loss['l1']:g} L1 + {loss['confidence']:g} confidence, slot "
           f"decay gamma {loss['slot_decay_gamma']:g}; dspark: the tiny recipe otherwise (CE against the "
-          f"{loss.get('ce_target', 'label')}, {loss.get('slot_weighting', 'decay').replace('_', '-')} slot weights).", "",
+          f"{loss.get('ce_target', 'label')}, {loss.get('slot_weighting', 'decay').replace('_', '-')} slot weights"
+          + ("; the draft started from the target's final norm and deepest captured layer, train.init: target"
+             if r.get("init") == "target" else "") + ").", "",
           *_tau_table(rows)]
     md += ["", "## training (this script, this machine, alternating runs)", "",
            "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | peak RSS MiB | final loss "
@@ -876,7 +880,8 @@ def main() -> None:
         "target": TARGET, "steps": steps,
         "recipe": {"lr": recipe.train.lr, "betas": recipe.train.betas, "warmup_steps": recipe.train.warmup_steps,
                    "overrides": extra,
-                   "tokens_per_step": recipe.train.tokens_per_step, "loss": recipe.train.loss.model_dump()},
+                   "tokens_per_step": recipe.train.tokens_per_step, "loss": recipe.train.loss.model_dump(),
+                   "init": recipe.train.init},
         "data": data, "specforge_batch_size": batch, "timings": timings, "training": training, "tokens_per_s": speeds,
         "speed_ratio": speeds["dspark"] / best_speed[0], "fastest_peer": best_speed[1], "tau": tau,
         "same_time": same_time, "peers": [PEER_NAMES[p] for p in chosen], "formats": formats,

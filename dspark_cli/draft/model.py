@@ -239,6 +239,21 @@ class DSparkDraftModel(nn.Module):
                 module.weight.fill_(1.0)
 
 
+    @torch.no_grad()
+    def init_from_target(self, final_norm: torch.Tensor | None) -> None:
+        """`train.init: target`, after `init_weights`: the final norm takes the target's final norm gain
+        `final_norm` [H] (None: left as it is) and the context projection becomes the identity onto the
+        deepest captured layer (the last H columns: the layers are concatenated in id order), zero elsewhere,
+        so the draft's context starts as the context norm of the target's deepest captured state."""
+        proj_name, _, final_name = self._names
+        if final_norm is not None:
+            getattr(self, final_name).weight.copy_(final_norm.reshape(-1))
+        proj = getattr(self, proj_name).weight  # [H, L * H]: hidden_size is the target's (config.py)
+        size = self.config.hidden_size
+        proj.zero_()
+        proj[:, -size:].copy_(torch.eye(size, dtype=proj.dtype, device=proj.device))
+
+
 def meta_model(config: DSparkDraftConfig, **kwargs) -> DSparkDraftModel:
     """The draft on the meta device (names and shapes, no memory), its modules' initialisers skipped:
     they compute nothing on meta, but the first one imports all of torch._dynamo (torch's meta

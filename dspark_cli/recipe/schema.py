@@ -305,6 +305,11 @@ class TrainSection(Section):
     )
     wandb_project: str | None = Field(None, description="Weights & Biases project (sink `wandb`).")
     seed: int = Field(0, description="Seed for anchors, data order and initialisation.")
+    init: Literal["normal", "target"] = Field(
+        "normal", description="How a fresh draft starts. normal: every projection N(0, 0.02), norms 1. target: "
+        "the same, then the final norm takes the target's final norm gain and the context projection starts "
+        "as the identity onto the deepest captured layer (the draft first reads the target's deepest state "
+        "and hands the target's lm_head a state scaled as the target's own).")
     output_dir: OutputPath | None = Field(None, description="Checkpoints and metrics; default `<output_dir>/train`.")
 
 

@@ -244,6 +244,14 @@ class Target:
 
         return load_embeddings(self.directory(), dtype or torch.float32)
 
+    def final_norm(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The gain of the target's final RMSNorm [H], cast to `dtype` (float32 by default)."""
+        import torch
+
+        from dspark_cli.targets.weights import load_final_norm
+
+        return load_final_norm(self.directory(), dtype or torch.float32)
+
     def causal_lm(self, *, dtype: str = "auto", device: str | None = None) -> tuple[Any, str]:
         """The target as a transformers causal LM, moved to `device`, and that device: the one place a stage
         loads the target with transformers (capture's hf backend, datagen's hf engine, bench's reference

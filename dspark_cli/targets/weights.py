@@ -1,4 +1,5 @@
-"""The target's frozen `embed_tokens` and `lm_head`, read from its safetensors without loading the model.
+"""The target's frozen `embed_tokens` and `lm_head` (and its final norm's gain, for `train.init: target`),
+read from its safetensors without loading the model.
 
     embed, lm_head = load_embeddings(Path("dspark_cli/targets/tiny/tiny-mla"))   # [V, H] each
     embed, lm_head = Target.of(recipe).embeddings()                              # what the stages call
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
                "language_model.model.embed_tokens.weight", "embed_tokens.weight")
 LM_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
+FINAL_NORM_NAMES = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight")
 
 
 def _weight_map(directory: Path) -> dict[str, str]:
@@ -64,3 +66,12 @@ def load_embeddings(directory: Path, dtype: torch.dtype) -> tuple[torch.Tensor, 
             raise DataError(f"{directory}: no lm_head tensor and tie_word_embeddings is not set", "check the checkpoint")
         lm_head = embed
     return embed.to(dtype).requires_grad_(False), lm_head.to(dtype).requires_grad_(False)
+
+
+def load_final_norm(directory: Path, dtype: torch.dtype) -> torch.Tensor:
+    """The gain of the target's final RMSNorm [H] (`model.norm.weight` and variants), cast to `dtype`."""
+    norm = _read(directory, _weight_map(directory), FINAL_NORM_NAMES)
+    if norm is None:
+        raise DataError(f"{directory}: no final norm tensor (looked for {FINAL_NORM_NAMES[0]} and variants)",
+                        "set train.init: normal, or check the checkpoint")
+    return norm.to(dtype)

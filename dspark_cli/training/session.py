@@ -59,6 +59,8 @@ def build_step_module(recipe: Recipe, draft_config: Any, env: DistEnv, embed_dty
     model.init_weights(generator=torch.Generator().manual_seed(train.seed))
     embed, lm_head = embeddings or Target.of(recipe).embeddings(embed_dtype)
     model.set_target_embeddings(embed, lm_head)
+    if train.init == "target":  # synthetic `embeddings` come without a target: its norm is then left at 1
+        model.init_from_target(None if embeddings else Target.of(recipe).final_norm())
     loss = LossConfig(ce=train.loss.ce, l1=train.loss.l1, confidence=train.loss.confidence,
                       gamma=train.loss.slot_decay_gamma, weighting=train.loss.slot_weighting,
                       ce_target=train.loss.ce_target)

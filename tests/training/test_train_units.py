@@ -540,3 +540,44 @@ def test_fsdp2_under_bf16_gathers_bf16_parameters_and_keeps_fp32_masters(tmp_pat
     finally:
         if owned:
             dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("arch", ["mla", "gqa"])
+def test_init_target_reads_the_deepest_captured_state_and_the_targets_final_norm(arch):
+    """`train.init: target`: the final norm is the target's final norm gain, read here independently
+    from its safetensors, and the context projection hands on the deepest captured layer's state
+    unchanged (the layers are concatenated in id order); `normal` leaves both as drawn."""
+    from safetensors import safe_open
+
+    from dspark_cli.capture.plan import resolve_layer_ids
+    from dspark_cli.draft.model import MODULE_NAMES, DSparkDraftModel
+    from dspark_cli.recipe import load_recipe
+    from dspark_cli.targets import Target
+    from dspark_cli.training.run import build_draft_config
+
+    recipe = load_recipe("tiny", [f"target.model=tiny-{arch}", f"draft.arch={arch}"])
+    assert recipe.train.init == "target"  # the tiny recipe starts from the target
+    target = Target.of(recipe)
+    config = build_draft_config(recipe, resolve_layer_ids(recipe, target.snapshot_config()["num_hidden_layers"]))
+    proj_name, _, final_name = MODULE_NAMES[arch]
+    with safe_open(str(target.directory() / "model.safetensors"), framework="pt") as f:
+        target_norm = f.get_tensor("model.norm.weight").float()
+    assert not torch.allclose(target_norm, torch.ones_like(target_norm))  # a trained gain, not the default
+
+    drafts = {}
+    for init in ("normal", "target"):
+        model = DSparkDraftModel(config)
+        model.init_weights(generator=torch.Generator().manual_seed(0))
+        if init == "target":
+            model.init_from_target(target.final_norm())
+        drafts[init] = model
+    hidden, layers = config.hidden_size, len(config.target_layer_ids)
+    aux = torch.randn(5, layers * hidden, generator=torch.Generator().manual_seed(1))
+    proj = getattr(drafts["target"], proj_name)
+    assert torch.equal(proj(aux), aux[:, -hidden:])
+    assert torch.equal(getattr(drafts["target"], final_name).weight, target_norm)
+    assert torch.equal(getattr(drafts["normal"], final_name).weight, torch.ones(hidden))
+    assert not torch.allclose(getattr(drafts["normal"], proj_name)(aux), aux[:, -hidden:], atol=0.5)
+    # everything else is the same draw
+    rest = [k for k in drafts["normal"].state_dict() if not k.startswith((proj_name + ".", final_name + "."))]
+    assert rest and all(torch.equal(drafts["normal"].state_dict()[k], drafts["target"].state_dict()[k]) for k in rest)
