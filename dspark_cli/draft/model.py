@@ -238,7 +238,6 @@ class DSparkDraftModel(nn.Module):
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
 
-
     @torch.no_grad()
     def init_from_target(self, final_norm: torch.Tensor | None) -> None:
         """`train.init: target`, after `init_weights`: the final norm takes the target's final norm gain
