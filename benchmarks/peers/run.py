@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -64,7 +65,7 @@ UNMATCHED = [
      "weighted by their share of the expected accepted length (the tiny recipe's train.loss.ce_target: target, "
      "slot_weighting: expected_length; docs/train.md, Objective); SpecForge's CE is against the next token, "
      "slots weighted exp(-k / gamma) (no knob). benchmarks/results/objective.md isolates what each option gives"),
-    ("cosine floor", "dspark decays to 0.1 x lr (train.min_lr_ratio); SpecForge's cosine goes to 0 (no knob)"),
+    ("cosine floor", "dspark decays to {floor:g} x lr (train.min_lr_ratio); SpecForge's cosine goes to 0 (no knob)"),
     ("AdamW betas", "dspark 0.9/0.95 (train.betas); SpecForge uses torch's default 0.9/0.999 (no knob)"),
     ("warmup", "the same number of linear-warmup steps (SpecForge: training.warmup_ratio = warmup steps / steps)"),
     ("anchors", "both draw up to 32 per sequence without replacement; dspark's anchor a needs label a+1 "
@@ -78,12 +79,21 @@ UNMATCHED = [
 ]
 
 
-def unmatched(loss: dict, betas: list[float] | None = None) -> list[tuple[str, str]]:
-    """UNMATCHED for a run whose dspark loss was `loss` and AdamW betas `betas` (None: an older record, 0.9/0.95):
-    the objective row only if it left the published one, the betas row only if they are not SpecForge's."""
+def unmatched(loss: dict, betas: list[float] | None = None, floor: float = 0.1) -> list[tuple[str, str]]:
+    """UNMATCHED for a run whose dspark loss was `loss`, AdamW betas `betas` (None: an older record, 0.9/0.95)
+    and cosine floor `floor` (train.min_lr_ratio): the objective row only if it left the published one, the
+    betas row only if they are not SpecForge's, the floor row only if it is not 0."""
     ours = loss.get("ce_target", "label") != "label" or loss.get("slot_weighting", "decay") != "decay"
     same_betas = list(betas or [0.9, 0.95]) == SPECFORGE_BETAS
-    return [u for u in UNMATCHED if (u[0] != "objective" or ours) and (u[0] != "AdamW betas" or not same_betas)]
+    return [(k, v.format(floor=floor) if k == "cosine floor" else v) for k, v in UNMATCHED
+            if (k != "objective" or ours) and (k != "AdamW betas" or not same_betas) and (k != "cosine floor" or floor)]
+
+
+def cosine_cycles(floor: float) -> float:
+    """speculators' cosine (transformers' get_cosine_schedule_with_warmup) has no floor, only a number of
+    cycles c: after warmup lr = 0.5 (1 + cos(2 pi c progress)) x peak. c = acos(2 floor - 1) / 2 pi ends
+    it at floor x peak, as dspark's ends (c = 0.5 for a floor of 0, its default)."""
+    return math.acos(2 * floor - 1) / (2 * math.pi)
 
 
 def record(name: str, result: dict, text: str) -> None:
@@ -423,7 +433,7 @@ def train_speculators(work: Path, run: int, steps: int, data: dict, anchors: int
            "--num-layers", str(geometry["num_hidden_layers"]), "--gamma", str(t.loss.slot_decay_gamma),
            "--ce", str(t.loss.ce), "--tv", str(2 * t.loss.l1), "--confidence", str(t.loss.confidence),
            "--seed", str(t.seed), "--mask-token-id", str(ids["mask_token_id"]),
-           "--weight-decay", str(t.weight_decay)]
+           "--weight-decay", str(t.weight_decay), "--cosine-cycles", f"{cosine_cycles(t.min_lr_ratio):.6f}"]
     log = work / f"speculators-train-{run}.log"
     wall = sh(cmd, log, env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": ""})
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.strip()]
@@ -616,7 +626,7 @@ UNMATCHED_PEERS = {
         ("objective", "--loss-fn {ce: 0.5, tv: 1.0}: its CE is against the target's argmax (a hard label), its "
          "tv is half the L1 distance (so tv 1.0 = L1 0.5), slots weighted exp(-k / gamma), confidence BCE "
          "against 1 - TV; no soft-target CE or expected-length weighting"),
-        ("cosine floor", "its cosine goes to 0 (no knob); dspark's to 0.1 x lr"),
+        ("cosine floor", "see unmatched_peer"),
         ("AdamW betas", "torch's default 0.9/0.999 (no knob), as the tiny recipe"),
         ("data", "it holds out a validation split (--train-data-ratio must be < 1): 1% of the sequences are "
          "not trained on, and it runs a validation pass and a bfloat16 checkpoint every epoch"),
@@ -638,6 +648,18 @@ UNMATCHED_PEERS = {
         ("precision", "fp32 (its CPU compute dtype); caches fp32"),
     ],
 }
+
+
+def unmatched_peer(peer: str, recipe: dict) -> list[tuple[str, str]]:
+    """UNMATCHED_PEERS[peer] for a record whose dspark recipe was `recipe` (its cosine floor, and the cycles
+    speculators was given: absent in records before it was given any, when its cosine went to 0)."""
+    floor, cycles = recipe.get("min_lr_ratio", 0.1), recipe.get("speculators_cosine_cycles")
+    text = (f"its cosine has no floor (no knob); it was given num_cosine_cycles = acos(2 x {floor:g} - 1) / 2 pi "
+            f"= {cycles:.3f} (--scheduler-num-cosine-cycles), so it too ends at {floor:g} x lr, along "
+            "0.5 (1 + cos(2 pi c p)) where dspark's follows floor + (1 - floor) 0.5 (1 + cos(pi p)) (p: the "
+            "share of the decay done)" if cycles is not None
+            else f"its cosine goes to 0 (no knob); dspark's to {floor:g} x lr")
+    return [(k, text if (peer, k) == (SPECULATORS, "cosine floor") else v) for k, v in UNMATCHED_PEERS[peer]]
 
 
 def _sharing(result: dict) -> str:
@@ -664,7 +686,8 @@ def markdown_all(result: dict) -> str:
           + ".", "",
           f"Data: one capture of `{TARGET}` ({d['sequences']} regenerated answers to bundled training prompts, "
           f"{d['tokens']:,} tokens, {d['loss_tokens']:,} trained), converted to each peer's offline format. "
-          f"Budget: {result['steps']} steps of <= {r['tokens_per_step']:,} tokens, lr {r['lr']} cosine, warmup "
+          f"Budget: {result['steps']} steps of <= {r['tokens_per_step']:,} tokens, lr {r['lr']} cosine to "
+          f"{r.get('min_lr_ratio', 0.1):g} x lr, warmup "
           f"{r['warmup_steps']}, AdamW {'/'.join(f'{b:g}' for b in r['betas'])}, 32 anchors per sequence, block 7, "
           f"Markov rank 64, loss {loss['ce']:g} CE + {loss['l1']:g} L1 + {loss['confidence']:g} confidence, slot "
           f"decay gamma {loss['slot_decay_gamma']:g}; dspark: the tiny recipe otherwise (CE against the "
@@ -702,7 +725,7 @@ def markdown_all(result: dict) -> str:
            "## settings that could not be matched", "", f"{SPECFORGE}:", ""]
     md += [f"- {k}: {v}" for k, v in result["unmatched"]]
     for peer in peers[1:]:
-        md += ["", f"{peer}:", ""] + [f"- {k}: {v}" for k, v in UNMATCHED_PEERS[peer]]
+        md += ["", f"{peer}:", ""] + [f"- {k}: {v}" for k, v in unmatched_peer(peer, r)]
     md += ["", "How each peer runs on CPU (installed by `benchmarks/peers/setup_*.sh`, each in its own venv, "
            "torch 2.13.0 CPU):", "",
            f"- {SPECFORGE}: config changes only (`fsdp_sharding: NO_SHARD`, `attention_backend: sdpa`, "
@@ -772,6 +795,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="train.seed for both trainers (default: the recipe's); recorded as peers-seedN.*")
     parser.add_argument("--eval-prompts", type=int, default=40)
+    parser.add_argument("--min-lr-ratio", type=float, default=None,
+                        help="the cosine floor, x lr (default: the tiny recipe's train.min_lr_ratio); dspark and "
+                        "NeMo AutoModel take it, speculators' cosine is set to end there, SpecForge's goes to 0")
     parser.add_argument("--prompts", type=int, default=None, help="training prompts (default: the tiny recipe's)")
     parser.add_argument("--work", default=None, help="working directory (default: a new temp dir)")
     parser.add_argument("--no-same-time", action="store_true",
@@ -797,7 +823,8 @@ def main() -> None:
         out = ROOT / "benchmarks" / "results"
         stem = name + (f"-seed{args.seed}" if args.seed is not None else "")
         result = json.loads((out / f"{stem}.json").read_text())
-        result["unmatched"] = unmatched(result["recipe"].get("loss", {}), result["recipe"].get("betas"))
+        result["unmatched"] = unmatched(result["recipe"].get("loss", {}), result["recipe"].get("betas"),
+                                        result["recipe"].get("min_lr_ratio", 0.1))
         record(stem, result, markdown(result) if name == "peers" else markdown_all(result))
         return
     started = time.time()
@@ -817,6 +844,8 @@ def main() -> None:
         base_extra.append(f"train.tokens_per_step={args.tokens_per_step}")
     if args.seed is not None:  # dspark reads it from its overrides, SpecForge from the same recipe (--seed)
         base_extra.append(f"train.seed={args.seed}")
+    if args.min_lr_ratio is not None:  # dspark's, NeMo AutoModel's; speculators' cosine ends there too
+        base_extra.append(f"train.min_lr_ratio={args.min_lr_ratio}")
     recipe_warmup_share = recipe.train.warmup_steps / recipe.train.max_steps
 
     def with_steps(n: int) -> list[str]:  # the recipe's warmup share of n steps
@@ -871,13 +900,14 @@ def main() -> None:
         "recipe": {"lr": recipe.train.lr, "betas": recipe.train.betas, "warmup_steps": recipe.train.warmup_steps,
                    "overrides": extra,
                    "tokens_per_step": recipe.train.tokens_per_step, "loss": recipe.train.loss.model_dump(),
-                   "init": recipe.train.init},
+                   "init": recipe.train.init, "min_lr_ratio": recipe.train.min_lr_ratio,
+                   "speculators_cosine_cycles": round(cosine_cycles(recipe.train.min_lr_ratio), 6)},
         "data": data, "specforge_batch_size": batch, "timings": timings, "training": training, "tokens_per_s": speeds,
         "speed_ratio": speeds["dspark"] / best_speed[0], "fastest_peer": best_speed[1], "tau": tau,
         "same_time": same_time, "peers": [PEER_NAMES[p] for p in chosen], "formats": formats,
         "peak_mib": {trainer: max((r.get("peak_mib") or 0) for r in training if r["trainer"] == trainer)
                      for trainer in speeds},
-        "unmatched": unmatched(recipe.train.loss.model_dump(), recipe.train.betas),
+        "unmatched": unmatched(recipe.train.loss.model_dump(), recipe.train.betas, recipe.train.min_lr_ratio),
         "load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "load_during": sampler.summary() if not args.score_only else None,
         "wall_s": round(time.time() - started), "work": str(work),

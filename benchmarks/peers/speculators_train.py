@@ -7,7 +7,8 @@
 (`speculators.train.cli.main(TrainConfig.resolve(argv))`, what `speculators train` runs) with:
 - config only: `--draft-attn-impl sdpa` (flex attention is for GPUs), `--hidden-states-dtype float32`,
   `--num-workers 0`, `--loss-implementation eager` (its fused losses need Triton: "RuntimeError: Fused
-  losses require Triton"), `--optimizer adamw` (its default is Muon), `--scheduler-type cosine`,
+  losses require Triton"), `--optimizer adamw` (its default is Muon), `--scheduler-type cosine` (with `--cosine-cycles`
+  as its `--scheduler-num-cosine-cycles`: run.py's choice ends the cosine at dspark's floor),
   `--on-missing raise` (never ask a vLLM server for missing features).
 - a runtime patch of two names, no file edited (`--no-cpu-patch` shows the error without it): its Trainer
   moves the model and every batch to `get_local_rank()` (the integer 0, an accelerator index), so on a
@@ -45,7 +46,7 @@ def main() -> None:
                                 ("markov-rank", int, 64), ("num-layers", int, 2), ("gamma", float, 4.0),
                                 ("ce", float, 0.5), ("tv", float, 1.0), ("confidence", float, 1.0),
                                 ("seed", int, 0), ("mask-token-id", int, 0), ("train-ratio", float, 0.99),
-                                ("weight-decay", float, 0.0)):
+                                ("weight-decay", float, 0.0), ("cosine-cycles", float, 0.5)):
         parser.add_argument(f"--{name}", type=kind, default=default)
     parser.add_argument("--no-cpu-patch", action="store_true")
     args = parser.parse_args()
@@ -116,7 +117,8 @@ def main() -> None:
         "--draft-attn-impl", "sdpa", "--num-workers", "0", "--on-missing", "raise", "--loss-implementation", "eager",
         "--optimizer", "adamw", "--lr", str(args.lr), "--weight-decay", str(args.weight_decay),
         "--scheduler-type", "cosine", "--scheduler-warmup-steps", str(args.warmup_steps),
-        "--scheduler-total-steps", str(args.steps), "--max-steps", str(args.steps), "--epochs", "100000",
+        "--scheduler-total-steps", str(args.steps), "--scheduler-num-cosine-cycles", str(args.cosine_cycles),
+        "--max-steps", str(args.steps), "--epochs", "100000",
         "--loss-fn", json.dumps({"ce": args.ce, "tv": args.tv}), "--confidence-head-alpha", str(args.confidence),
         "--dflash-decay-gamma", str(args.gamma), "--per-position-loss-weight", "fixed-exp-decay",
         "--seed", str(args.seed), "--no-resume-from-checkpoint", "--log-freq", "1",

@@ -10,6 +10,7 @@ pin the two conversions it rests on. The mapping test needs SpecForge's venv
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -155,6 +156,24 @@ def test_the_unmatched_list_names_only_what_differs_in_the_run():
     assert {"objective", "AdamW betas"}.isdisjoint(names(peers.unmatched(published, [0.9, 0.999])))
     assert {"objective", "AdamW betas"} <= names(peers.unmatched({"ce_target": "target"}, [0.9, 0.95]))
     assert "AdamW betas" in names(peers.unmatched(published))  # an older record without betas: 0.9/0.95
+    floors = {name: text for name, text in peers.unmatched(published, [0.9, 0.999], 0.5)}
+    assert floors["cosine floor"].startswith("dspark decays to 0.5 x lr")
+    assert "cosine floor" not in names(peers.unmatched(published, [0.9, 0.999], 0.0))  # both go to 0
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.1, 0.5, 1.0])
+def test_speculators_cosine_is_given_cycles_that_end_at_the_floor(floor):
+    """speculators has no floor, only transformers' cosine with a number of cycles c: written out here,
+    lr / peak = 0.5 (1 + cos(2 pi c p)), it must start at 1 and end (p = 1) at dspark's floor, falling
+    all the way."""
+    c = peers.cosine_cycles(floor)
+    curve = [0.5 * (1 + math.cos(2 * math.pi * c * p / 100)) for p in range(101)]
+    assert curve[0] == pytest.approx(1.0) and curve[-1] == pytest.approx(floor, abs=1e-12)
+    assert all(a >= b - 1e-12 for a, b in zip(curve, curve[1:]))
+    text = dict(peers.unmatched_peer(peers.SPECULATORS, {"min_lr_ratio": floor, "speculators_cosine_cycles": c}))
+    assert f"ends at {floor:g} x lr" in text["cosine floor"]
+    older = dict(peers.unmatched_peer(peers.SPECULATORS, {}))  # a record from before: its cosine went to 0
+    assert older["cosine floor"] == "its cosine goes to 0 (no knob); dspark's to 0.1 x lr"
 
 
 def _target_states(recipe, input_ids):
