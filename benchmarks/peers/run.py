@@ -626,7 +626,7 @@ UNMATCHED_PEERS = {
         ("objective", "--loss-fn {ce: 0.5, tv: 1.0}: its CE is against the target's argmax (a hard label), its "
          "tv is half the L1 distance (so tv 1.0 = L1 0.5), slots weighted exp(-k / gamma), confidence BCE "
          "against 1 - TV; no soft-target CE or expected-length weighting"),
-        ("cosine floor", "see unmatched_peer"),
+        ("cosine floor", "its cosine goes to 0 (no knob); dspark's to 0.1 x lr"),  # records before it got cycles
         ("AdamW betas", "torch's default 0.9/0.999 (no knob), as the tiny recipe"),
         ("data", "it holds out a validation split (--train-data-ratio must be < 1): 1% of the sequences are "
          "not trained on, and it runs a validation pass and a bfloat16 checkpoint every epoch"),
@@ -651,15 +651,16 @@ UNMATCHED_PEERS = {
 
 
 def unmatched_peer(peer: str, recipe: dict) -> list[tuple[str, str]]:
-    """UNMATCHED_PEERS[peer] for a record whose dspark recipe was `recipe` (its cosine floor, and the cycles
-    speculators was given: absent in records before it was given any, when its cosine went to 0)."""
+    """UNMATCHED_PEERS[peer] for a record whose dspark recipe was `recipe`: speculators' floor row says which
+    cycles it was given (records from before it was given any keep the table's row)."""
     floor, cycles = recipe.get("min_lr_ratio", 0.1), recipe.get("speculators_cosine_cycles")
+    if peer != SPECULATORS or cycles is None:
+        return UNMATCHED_PEERS[peer]
     text = (f"its cosine has no floor (no knob); it was given num_cosine_cycles = acos(2 x {floor:g} - 1) / 2 pi "
             f"= {cycles:.3f} (--scheduler-num-cosine-cycles), so it too ends at {floor:g} x lr, along "
             "0.5 (1 + cos(2 pi c p)) where dspark's follows floor + (1 - floor) 0.5 (1 + cos(pi p)) (p: the "
-            "share of the decay done)" if cycles is not None
-            else f"its cosine goes to 0 (no knob); dspark's to {floor:g} x lr")
-    return [(k, text if (peer, k) == (SPECULATORS, "cosine floor") else v) for k, v in UNMATCHED_PEERS[peer]]
+            "share of the decay done)")
+    return [(k, text if k == "cosine floor" else v) for k, v in UNMATCHED_PEERS[peer]]
 
 
 def _sharing(result: dict) -> str:
