@@ -4,7 +4,8 @@ Per trainable slot k of a block (docs/concepts.md, Training objective; weights f
 
     w_k  = exp(-k / gamma)
     CE   = -log softmax(z)[label]                   z = lm_head(h) + markov_w2(markov_w1[prev])
-           (train.loss.ce_target=target: -sum_v q_v log softmax(z)_v, CE against the target's distribution)
+           (train.loss.ce_target=target: -sum_v q_v log softmax(z)_v, CE against the target's distribution;
+            train.loss.ce_argmax=a: against (1 - a) onehot(label) or (1 - a) q, plus a onehot(argmax q))
     L1   = sum_v |softmax(z)_v - q_v|               q = softmax(target lm_head(last_hidden[a+k]))
     BCE  = bce(sigmoid(conf), clamp(1 - L1/2, 0, 1))     (the target is detached)
     loss = sum_slots w_k (ce * CE + l1 * L1 + confidence * BCE) / sum_slots w_k
@@ -15,7 +16,7 @@ the slot's draft, which is why it is the confidence head's target and the T=1 ac
 Why fused: the [slots, vocab] tensors dominate a DSpark step (the backbone is small). `vocab_loss`
 walks the slots in chunks that stay in cache and, in the same pass, computes the logits, both
 losses, the metrics and the gradient w.r.t. the logits in closed form
-(CE: p - onehot; L1: p * (s - sum_v p_v s_v) with s = sign(p - q)), then turns it into the
+(CE: p - y for its target y; L1: p * (s - sum_v p_v s_v) with s = sign(p - q)), then turns it into the
 gradients of the hidden states, the Markov embeddings and markov_w2 with three matmuls. Nothing of
 size [slots, vocab] is kept for backward, and the frozen lm_head gets no gradient. The target's
 distribution is computed once per distinct (row, position) rather than once per slot (blocks of
@@ -57,22 +58,35 @@ def target_table(target_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int)
     return out
 
 
-def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool, soft_ce: bool = False):
+def ce_shares(ce_target: str, ce_argmax: float) -> tuple[float, float]:
+    """The CE target's weights (on q, on onehot(argmax q)); the rest, 1 - both, is on onehot(label)."""
+    if not 0.0 <= ce_argmax <= 1.0:
+        raise ValueError(f"ce_argmax must be in [0, 1], got {ce_argmax}")
+    return (1.0 - ce_argmax if ce_target == "target" else 0.0), ce_argmax
+
+
+def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool,
+                shares: tuple[float, float] = (0.0, 0.0)):
     """The row-wise pass as torch operations, what `kernels.vocab.VocabKernel.rows` does in one kernel:
     fills stats [c, 4] (CE, L1, draft top-1 == label, draft top-1 == target top-1) from logits z and
     target probabilities q (overwritten), and with `grads` returns d/dz of w_ce*CE + w_l1*L1 divided
-    by out_scale (see `_VocabLoss.forward`). With `soft_ce` the CE is -sum_v q_v log p_v (its
-    gradient p - q instead of p - onehot(label))."""
+    by out_scale (see `_VocabLoss.forward`). The CE is against y = share_q q + share_top onehot(top)
+    + (1 - share_q - share_top) onehot(label) (`shares` = (share_q, share_top); its gradient p - y)."""
+    share_q, share_top = shares
+    share_label = 1.0 - share_q - share_top
     # (amax, not max: on CPU the reductions that return indices are ~15x slower)
     z_max = z.amax(dim=-1, keepdim=True)
     z_label, z_top = z.gather(1, labels[:, None]), z.gather(1, top[:, None])
     p = torch.softmax(z, dim=-1)
     # log-sum-exp from the softmax itself: max_v p_v = exp(z_max - lse) >= 1 / V never underflows
     lse = z_max - p.amax(dim=-1, keepdim=True).log()
-    stats[:, 0] = (lse - ((q * z).sum(dim=-1, keepdim=True) if soft_ce else z_label)).squeeze(1)
+    y_z = share_top * z_top + share_label * z_label  # sum_v y_v z_v (sum_v y_v = 1)
+    if share_q:
+        y_z = y_z + share_q * (q * z).sum(dim=-1, keepdim=True)
+    stats[:, 0] = (lse - y_z).squeeze(1)
     stats[:, 2] = z_label.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == label
     stats[:, 3] = z_top.squeeze(1).ge(z_max.squeeze(1)).float()  # draft top-1 == target top-1
-    q_soft = q.clone() if grads and soft_ce else None
+    q_soft = q.clone() if grads and share_q else None
     diff = torch.sub(p, q, out=q)  # p - q, in the buffer q was gathered into
     stats[:, 1] = diff.abs().sum(dim=-1)  # L1 (6x faster than linalg.vector_norm(ord=1) on CPU)
     if not grads:
@@ -86,17 +100,21 @@ def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *,
     if not by_l1:  # some L1 weight is 0: the plain form, g = w_l1 * p s + p * row_scale
         p_sign.mul_(w_l1[:, None])
     g = p_sign.addcmul_(p, row_scale)
+    k = w_ce / out_scale
     if q_soft is not None:
-        g.sub_(q_soft.mul_((w_ce / out_scale)[:, None]))
-    else:
-        g[torch.arange(g.shape[0], device=g.device), labels] -= w_ce / out_scale
+        g.sub_(q_soft.mul_((share_q * k)[:, None]))
+    rows = torch.arange(g.shape[0], device=g.device)
+    if share_top:
+        g.index_put_((rows, top), -share_top * k, accumulate=True)
+    if share_label:
+        g.index_put_((rows, labels), -share_label * k, accumulate=True)
     return g
 
 
 class _VocabLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, markov_embed, markov_w2, lm_head, target, target_index, target_is_table,
-                labels, w_ce, w_l1, chunk, compute_dtype, use_kernel, soft_ce):
+                labels, w_ce, w_l1, chunk, compute_dtype, use_kernel, shares):
         grads_wanted = any(ctx.needs_input_grad[:3])
         num_slots = hidden.shape[0]
         device = hidden.device
@@ -131,7 +149,7 @@ class _VocabLoss(torch.autograd.Function):
             weights = (w_ce[s:e], w_l1[s:e], out_scale[s:e])
             if kernel is not None:  # z becomes the gradient in place
                 kernel.rows(z, target, rows, lab, target_top, *weights, by_l1, stats[s:e], grads=grads_wanted,
-                            soft_ce=soft_ce)
+                            shares=shares)
                 g = z
             else:
                 if target_is_table:
@@ -139,7 +157,7 @@ class _VocabLoss(torch.autograd.Function):
                 else:
                     q = torch.softmax(F.linear(target[rows].to(compute_dtype), lm).float(), -1)
                     top = q.argmax(dim=-1)
-                g = _rows_torch(z, q, top, lab, *weights, by_l1, stats[s:e], grads=grads_wanted, soft_ce=soft_ce)
+                g = _rows_torch(z, q, top, lab, *weights, by_l1, stats[s:e], grads=grads_wanted, shares=shares)
             loss += (w_ce[s:e] * stats[s:e, 0]).sum() + (w_l1[s:e] * stats[s:e, 1]).sum()
             if grads_wanted:
                 g = g.to(compute_dtype)
@@ -164,14 +182,17 @@ class _VocabLoss(torch.autograd.Function):
 def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torch.Tensor, lm_head: torch.Tensor,
                target_hidden: torch.Tensor, target_index: torch.Tensor, labels: torch.Tensor,
                w_ce: torch.Tensor, w_l1: torch.Tensor, *, chunk: int | None = None, use_kernel: bool = True,
-               soft_ce: bool = False):
+               ce_target: str = "label", ce_argmax: float = 0.0):
     """Fused CE + L1 over S slots. Returns (sum_s w_ce*CE + w_l1*L1, stats [S, NUM_SLOT_STATS]).
 
     hidden [S, H] and markov_embed [S, r] (differentiable), markov_w2 [V, r] (a parameter),
     lm_head [V, H] (frozen), target_hidden [U, H] distinct target states and target_index [S]
     (slot -> row of target_hidden), labels [S], per-slot weights w_ce, w_l1 [S] (fp32).
+    The CE is against the label (`ce_target="label"`) or the target's distribution (`"target"`), with
+    the share `ce_argmax` moved onto the target's top-1 token (`ce_shares`).
     `use_kernel=False` keeps to torch operations where the fused CPU kernel would run (tests).
     """
+    shares = ce_shares(ce_target, ce_argmax)
     device = hidden.device.type
     compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     chunk = chunk or chunk_rows(lm_head.shape[0], hidden.device)
@@ -179,15 +200,19 @@ def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torc
     with torch.autocast(device, enabled=False):  # dtypes are managed here: matmuls in `compute`, softmax in fp32
         target = target_table(target_hidden, lm_head.to(compute), chunk) if as_table else target_hidden
         return _VocabLoss.apply(hidden, markov_embed, markov_w2, lm_head, target, target_index, as_table,
-                                labels, w_ce.float(), w_l1.float(), chunk, compute, use_kernel, soft_ce)
+                                labels, w_ce.float(), w_l1.float(), chunk, compute, use_kernel, shares)
 
 
 def reference_loss_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-                         soft_ce: bool = False):
-    """Unfused per-slot (CE, L1) with plain autograd: the independent check of `vocab_loss`."""
+                         ce_target: str = "label", ce_argmax: float = 0.0):
+    """Unfused per-slot (CE, L1) with plain autograd: the independent check of `vocab_loss`. The CE's
+    target distribution is written out: (1 - ce_argmax) * (q or onehot(label)) + ce_argmax * onehot(argmax q)."""
     dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for a high-precision check
     logp = logits.to(dtype).log_softmax(-1)
     q = target_logits.to(dtype).softmax(-1)
-    ce = -(q * logp).sum(-1) if soft_ce else -logp.gather(-1, labels[..., None]).squeeze(-1)
+    vocab = logits.shape[-1]
+    base = q if ce_target == "target" else F.one_hot(labels, vocab).to(dtype)
+    y = (1 - ce_argmax) * base + ce_argmax * F.one_hot(q.argmax(-1), vocab).to(dtype)
+    ce = -(y * logp).sum(-1)
     l1 = (logp.exp() - q).abs().sum(-1)
     return ce, l1

@@ -15,6 +15,7 @@ undoes FSDP2's gradient averaging, which makes N ranks compute the gradient 1 ra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,13 @@ class LossConfig:
     gamma: float = 4.0
     weighting: str = "decay"  # or "expected_length" (recipe train.loss.slot_weighting)
     ce_target: str = "label"  # or "target": CE against the target's distribution (train.loss.ce_target)
+    ce_argmax: float = 0.0  # share of the CE's target on the target's top-1 token (train.loss.ce_argmax)
+
+    @classmethod
+    def of(cls, loss: Any) -> LossConfig:
+        """From the recipe's `train.loss` section."""
+        return cls(ce=loss.ce, l1=loss.l1, confidence=loss.confidence, gamma=loss.slot_decay_gamma,
+                   weighting=loss.slot_weighting, ce_target=loss.ce_target, ce_argmax=loss.ce_argmax)
 
 
 def label_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -216,7 +224,7 @@ class TrainStep(nn.Module):
             w_vocab = share * per_block_ratio(w, share, flat // n, bsz * num_anchors)
         loss, per_slot = vocab_loss(hidden, markov, draft.markov_head.markov_w2.weight, draft.target_lm_head,
                                     target_hidden, target_index, labels, cfg.ce * w_vocab, cfg.l1 * w_vocab,
-                                    soft_ce=cfg.ce_target == "target")
+                                    ce_target=cfg.ce_target, ce_argmax=cfg.ce_argmax)
         accept_t1 = (1.0 - per_slot[:, 1] / 2).clamp(0.0, 1.0)
         bce = None
         if logit is not None:

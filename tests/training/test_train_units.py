@@ -41,24 +41,28 @@ def _kernel_or_skip(use_kernel: bool):
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["cpu-kernel", "torch"])
-@pytest.mark.parametrize("as_table,l1_weights,soft_ce", [
-    (True, "positive", False), (False, "positive", False), (True, "some zero", False), (True, "zero", False),
-    (True, "positive", True), (False, "positive", True), (True, "some zero", True)])
-def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weights, soft_ce, use_kernel):
+@pytest.mark.parametrize("as_table,l1_weights,ce_target,ce_argmax", [
+    (True, "positive", "label", 0.0), (False, "positive", "label", 0.0), (True, "some zero", "label", 0.0),
+    (True, "zero", "label", 0.0), (True, "positive", "target", 0.0), (False, "positive", "target", 0.0),
+    (True, "some zero", "target", 0.0), (True, "positive", "target", 0.3), (False, "positive", "target", 0.3),
+    (True, "zero", "target", 1.0), (True, "positive", "label", 0.6)])
+def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weights, ce_target, ce_argmax, use_kernel):
     """Both implementations (the fused CPU kernel runs for fp32 tables on CPU) against float64
-    autograd on every [slots, vocab] tensor; vocab 97 is no multiple of the SIMD width."""
+    autograd on every [slots, vocab] tensor; vocab 97 is no multiple of the SIMD width. The reference
+    writes the CE's target distribution out (label, target distribution, a share on its argmax)."""
     _kernel_or_skip(use_kernel)
     monkeypatch.setattr(loss_mod, "TABLE_BYTES", 1 << 30 if as_table else 0)
     h, e, w2, lm, target, index, labels, w_ce, w_l1 = _loss_inputs()
     if l1_weights != "positive":  # the gradient takes another form unless every L1 weight is > 0
         w_l1 = w_l1 * (torch.arange(len(w_l1)) % 3 != 0) if l1_weights == "some zero" else w_l1 * 0
     loss, stats = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, chunk=16,
-                                      use_kernel=use_kernel, soft_ce=soft_ce)  # 5 chunks
+                                      use_kernel=use_kernel, ce_target=ce_target, ce_argmax=ce_argmax)  # 5 chunks
     grads = torch.autograd.grad(loss, (h, e, w2))
     # reference: float64, every [slots, vocab] tensor materialised, autograd end to end
     h64, e64, w64 = (t.detach().double().requires_grad_() for t in (h, e, w2))
     logits = h64 @ lm.double().T + e64 @ w64.T
-    ce, l1 = loss_mod.reference_loss_terms(logits, target[index].double() @ lm.double().T, labels, soft_ce=soft_ce)
+    ce, l1 = loss_mod.reference_loss_terms(logits, target[index].double() @ lm.double().T, labels,
+                                           ce_target=ce_target, ce_argmax=ce_argmax)
     ref = (w_ce.double() * ce).sum() + (w_l1.double() * l1).sum()
     ref_grads = torch.autograd.grad(ref, (h64, e64, w64))
     torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-5, atol=1e-5)
@@ -581,3 +585,17 @@ def test_init_target_reads_the_deepest_captured_state_and_the_targets_final_norm
     # everything else is the same draw
     rest = [k for k in drafts["normal"].state_dict() if not k.startswith((proj_name + ".", final_name + "."))]
     assert rest and all(torch.equal(drafts["normal"].state_dict()[k], drafts["target"].state_dict()[k]) for k in rest)
+
+
+def test_every_recipe_loss_weight_reaches_the_step():
+    """Each `train.loss` field, set away from its default, shows in the step's LossConfig: a new
+    objective option cannot be read from the recipe and then dropped on the way to the loss."""
+    from dspark_cli.recipe.schema import LossWeights
+
+    changed = {"ce": 0.7, "ce_target": "target", "ce_argmax": 0.25, "l1": 0.3, "confidence": 0.5,
+               "slot_decay_gamma": 2.0, "slot_weighting": "expected_length"}
+    assert set(changed) == set(LossWeights.model_fields)
+    assert all(changed[k] != f.default for k, f in LossWeights.model_fields.items())
+    got = LossConfig.of(LossWeights(**changed))
+    assert got == LossConfig(ce=0.7, l1=0.3, confidence=0.5, gamma=2.0, weighting="expected_length",
+                             ce_target="target", ce_argmax=0.25)
