@@ -1,7 +1,7 @@
 """The vocabulary loss's row-wise passes as one CPU kernel (`csrc/vocab.c`; built as `kernels/__init__.py` says).
 
     kernel = vocab_kernel()            # None where the kernels cannot be built (see `kernels.library`)
-    kernel.rows(z, table, rows, labels, top, w_ce, w_l1, out_scale, by_l1, stats, grads=True, shares=(0.0, 0.0))
+    kernel.rows(z, table, rows, labels, top, w_ce, w_l1, out_scale, by_l1, stats, grads=True, shares=(0, 0, 1))
     kernel.argmax(table)               # [U] int64, the row-wise top-1
 
 Why: on CPU the vocabulary loss of the tiny training setup spent a large share of a step in
@@ -33,7 +33,7 @@ class VocabKernel:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._rows = lib.dspark_vocab_rows
         self._rows.argtypes = [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_float, ctypes.c_float,
-                               ctypes.c_int, _P, ctypes.c_int]
+                               ctypes.c_float, ctypes.c_int, _P, ctypes.c_int]
         self._rows.restype = None
         self._argmax = lib.dspark_row_argmax
         self._argmax.argtypes = [_I64, _I64, _P, _P, ctypes.c_int]
@@ -47,9 +47,9 @@ class VocabKernel:
                 raise ValueError(f"{name}: need a contiguous CPU {want} tensor, got {t.dtype} on {t.device}")
 
     def rows(self, z, table, rows, labels, top, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool,
-             shares: tuple[float, float] = (0.0, 0.0)) -> None:
+             shares: tuple[float, float, float] = (0.0, 0.0, 1.0)) -> None:
         """In place: z [c, V] logits -> gradient (with `grads`), stats [c, 4]; see csrc/vocab.c. `shares`:
-        the CE target's weights on q and on the target's top-1, the rest on the label."""
+        the CE target's weights on q, on the target's top-1 and on the label (`loss.ce_shares`)."""
         self._check(z=z, table=table, rows=rows, labels=labels, top=top, w_ce=w_ce, w_l1=w_l1,
                     out_scale=out_scale, stats=stats)
         c, vocab = z.shape
@@ -58,8 +58,8 @@ class VocabKernel:
         if c and not (0 <= int(labels.min()) and int(labels.max()) < vocab):  # the C code indexes with them
             raise IndexError(f"vocab kernel: a label is outside the vocabulary of {vocab}")
         self._rows(c, vocab, z.data_ptr(), table.data_ptr(), rows.data_ptr(), labels.data_ptr(), top.data_ptr(),
-                   w_ce.data_ptr(), w_l1.data_ptr(), out_scale.data_ptr(), int(by_l1), float(shares[0]),
-                   float(shares[1]), int(grads), stats.data_ptr(), torch.get_num_threads())
+                   w_ce.data_ptr(), w_l1.data_ptr(), out_scale.data_ptr(), int(by_l1), *map(float, shares),
+                   int(grads), stats.data_ptr(), torch.get_num_threads())
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         self._check(x=x)

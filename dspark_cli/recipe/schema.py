@@ -252,8 +252,8 @@ class LossWeights(Section):
     ce_argmax: float = Field(
         0.0, ge=0.0, le=1.0, description="Share of the CE's target moved onto the target's top-1 token: the CE is "
         "against (1 - ce_argmax) x (the label, or the target's distribution) + ce_argmax x onehot(argmax). 1: the "
-        "target's greedy token only; more of it lifts T=0 acceptance (greedy decoding accepts a draft token "
-        "exactly when it is that top-1).")
+        "target's greedy token only (speculators' objective). More of it lifts T=0 acceptance (greedy decoding "
+        "accepts a draft token exactly when it is that top-1) and costs T=1 acceptance (docs/train.md, Objective).")
     l1: float = Field(0.9, ge=0.0, description="L1 between draft and target distributions.")
     confidence: float = Field(1.0, ge=0.0, description="BCE of the confidence head vs clamp(1 - L1/2, 0, 1).")
     slot_decay_gamma: float = Field(4.0, gt=0.0, description="Slot k is weighted by exp(-k / gamma).")

@@ -58,29 +58,29 @@ def target_table(target_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int)
     return out
 
 
-def ce_shares(ce_target: str, ce_argmax: float) -> tuple[float, float]:
-    """The CE target's weights (on q, on onehot(argmax q)); the rest, 1 - both, is on onehot(label)."""
+def ce_shares(ce_target: str, ce_argmax: float) -> tuple[float, float, float]:
+    """The CE target's weights on q, on onehot(argmax q) and on onehot(label) (they sum to 1)."""
     if not 0.0 <= ce_argmax <= 1.0:
         raise ValueError(f"ce_argmax must be in [0, 1], got {ce_argmax}")
-    return (1.0 - ce_argmax if ce_target == "target" else 0.0), ce_argmax
+    rest = 1.0 - ce_argmax
+    return (rest, ce_argmax, 0.0) if ce_target == "target" else (0.0, ce_argmax, rest)
 
 
 def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool,
-                shares: tuple[float, float] = (0.0, 0.0)):
+                shares: tuple[float, float, float] = (0.0, 0.0, 1.0)):
     """The row-wise pass as torch operations, what `kernels.vocab.VocabKernel.rows` does in one kernel:
     fills stats [c, 4] (CE, L1, draft top-1 == label, draft top-1 == target top-1) from logits z and
     target probabilities q (overwritten), and with `grads` returns d/dz of w_ce*CE + w_l1*L1 divided
     by out_scale (see `_VocabLoss.forward`). The CE is against y = share_q q + share_top onehot(top)
-    + (1 - share_q - share_top) onehot(label) (`shares` = (share_q, share_top); its gradient p - y)."""
-    share_q, share_top = shares
-    share_label = 1.0 - share_q - share_top
+    + share_label onehot(label) (`shares`, from `ce_shares`; its gradient p - y)."""
+    share_q, share_top, share_label = shares
     # (amax, not max: on CPU the reductions that return indices are ~15x slower)
     z_max = z.amax(dim=-1, keepdim=True)
     z_label, z_top = z.gather(1, labels[:, None]), z.gather(1, top[:, None])
     p = torch.softmax(z, dim=-1)
     # log-sum-exp from the softmax itself: max_v p_v = exp(z_max - lse) >= 1 / V never underflows
     lse = z_max - p.amax(dim=-1, keepdim=True).log()
-    y_z = share_top * z_top + share_label * z_label  # sum_v y_v z_v (sum_v y_v = 1)
+    y_z = share_top * z_top + share_label * z_label  # sum_v y_v z_v
     if share_q:
         y_z = y_z + share_q * (q * z).sum(dim=-1, keepdim=True)
     stats[:, 0] = (lse - y_z).squeeze(1)

@@ -61,7 +61,8 @@ def build_step_module(recipe: Recipe, draft_config: Any, env: DistEnv, embed_dty
     model.set_target_embeddings(embed, lm_head)
     if train.init == "target":  # synthetic `embeddings` come without a target: its norm is then left at 1
         model.init_from_target(None if embeddings else Target.of(recipe).final_norm())
-    step = TrainStep(model, LossConfig.of(train.loss), compile=train.compile, shapes=shape_plan(train, draft_config.block_size, env.device))
+    step = TrainStep(model, LossConfig.of(train.loss), compile=train.compile,
+                     shapes=shape_plan(train, draft_config.block_size, env.device))
     return shard(step.to(env.device), env, param_dtype=embed_dtype)
 
 

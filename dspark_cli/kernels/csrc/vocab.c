@@ -6,13 +6,13 @@
    with grads, z becomes d/dz of w_ce*CE + w_l1*L1 divided by out_scale[i]:
    a * copysign(p, p - q) + p * (w_ce - w_l1 * sum_v copysign(p, p - q)_v) / out_scale - onehot * w_ce / out_scale,
    a = 1 when by_l1 (out_scale = w_l1) and w_l1 otherwise.
-   The CE is against the mixture y = share_q * q + share_top * onehot(top[rows[i]]) + (1 - share_q -
-   share_top) * onehot(label): stats[i][0] = -sum_v y_v log p_v, and its gradient's
+   The CE is against the mixture y = share_q * q + share_top * onehot(top[rows[i]]) + share_label *
+   onehot(label) (the shares sum to 1): stats[i][0] = -sum_v y_v log p_v, and its gradient's
    - onehot * w_ce / out_scale becomes - y * w_ce / out_scale. */
 void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const int64_t *rows,
                        const int64_t *labels, const int64_t *top, const float *w_ce, const float *w_l1,
-                       const float *out_scale, int by_l1, float share_q, float share_top, int grads, float *stats,
-                       int threads) {
+                       const float *out_scale, int by_l1, float share_q, float share_top, float share_label, int grads,
+                       float *stats, int threads) {
     const int64_t body = V - V % W;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < c; i++) {
@@ -21,7 +21,6 @@ void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const
         int64_t v;
         float m = row_max(zr, V);
         const int64_t t = top[rows[i]];
-        const float share_label = 1.0f - share_q - share_top;
         float z_label = zr[labels[i]], z_top = zr[t];
         float qz = 0.0f;  /* sum_v q_v z_v, for the CE against q */
         if (share_q != 0.0f) {
@@ -49,7 +48,6 @@ void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const
             centre += ps;
             zr[v] = ps;
         }
-        /* sum_v y_v = 1 */
         stats[4 * i + 0] = m + logf(s) - (share_q * qz + share_top * z_top + share_label * z_label);
         stats[4 * i + 1] = l1;
         stats[4 * i + 2] = z_label >= m ? 1.0f : 0.0f;
@@ -69,8 +67,8 @@ void dspark_vocab_rows(int64_t c, int64_t V, float *z, const float *table, const
                 for (v = 0; v < body; v += W) { vf ps = vload(zr + v); vstore(zr + v, ps * a + vabs(ps) * row_scale); }
                 for (; v < V; v++) { float ps = zr[v]; zr[v] = ps * a + fabsf(ps) * row_scale; }
             }
-            zr[t] -= k * share_top;
-            zr[labels[i]] -= k * share_label;
+            if (share_top != 0.0f) zr[t] -= k * share_top;
+            if (share_label != 0.0f) zr[labels[i]] -= k * share_label;
         }
     }
 }
