@@ -120,6 +120,21 @@ def test_two_fsdp2_processes_match_one_under_the_tiny_recipes_objective(target_r
     assert all(abs(a["loss"] - b["loss"]) > 1e-3 for a, b in zip(one, published, strict=True))
 
 
+def test_a_ce_share_on_the_targets_argmax_trains_alike_on_two_fsdp2_processes(target_root, tmp_path):
+    """`train.loss.ce_argmax` on top of the tiny recipe's objective: 2 processes give 1 process's loss
+    curve, and the share changes the curve (it reaches the loss)."""
+    objective = ("train.loss.ce=0.5", "train.loss.l1=0.5", "train.loss.ce_target=target",
+                 "train.loss.slot_weighting=expected_length")
+    share = (*objective, "train.loss.ce_argmax=0.25")
+    one, _ = _run(_workdir(target_root, tmp_path, "one"), *STEPS, *share, "--vary")
+    two, summary = _run(_workdir(target_root, tmp_path, "two"), *STEPS, *share, "--vary", nproc=2)
+    without, _ = _run(_workdir(target_root, tmp_path, "without"), *STEPS, *objective, "--vary")
+    assert summary["world_size"] == 2
+    for a, b in zip(one, two, strict=True):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+    assert all(abs(a["loss"] - b["loss"]) > 1e-3 for a, b in zip(one, without, strict=True))
+
+
 def test_compiled_training_over_static_shapes_gives_the_loss_curve_of_eager(target_root, tmp_path):
     """A whole compiled run on mixed lengths (`--vary`: 22..64 tokens) with static shapes
     (`train.length_buckets=[16,32]`, plus max_seq_len 64), against an eager run padding each
