@@ -77,6 +77,25 @@ def _check_draft(recipe: Recipe) -> list[str]:
     return problems
 
 
+def draft_top_modules(arch: str, confidence_head: bool) -> list[str]:
+    """The draft's top-level modules, as `DSparkDraftModel` names them (tests/training keep the two in step)."""
+    proj, norm, final = ("context_proj", "context_norm", "final_norm") if arch == "mla" else ("fc", "hidden_norm", "norm")
+    return [proj, norm, "layers", final, "markov_head"] + (["confidence_head"] if confidence_head else [])
+
+
+def _check_lr_scale(recipe: Recipe) -> list[str]:
+    """`train.lr_scale` names under the draft's top-level modules (the full names are checked on the model)."""
+    if not recipe.train.lr_scale:
+        return []
+    arch = Target.of(recipe).draft_arch(recipe.draft.arch)
+    top = draft_top_modules(arch, recipe.draft.confidence_head)
+    unknown = [k for k in recipe.train.lr_scale if k.split(".")[0] not in top]
+    if not unknown:
+        return []
+    return [f"train.lr_scale: {', '.join(unknown)} is not a module of this {arch} draft; "
+            f"name one of {', '.join(top)} (or one under it, dotted, e.g. layers.0.mlp)"]
+
+
 def _check_stages(recipe: Recipe) -> list[str]:
     problems = []
     datagen, serve, train = recipe.datagen, recipe.serve, recipe.train
@@ -94,6 +113,7 @@ def _check_stages(recipe: Recipe) -> list[str]:
     if train.loss.slot_weighting == "expected_length" and not recipe.draft.confidence_head:
         problems.append("train.loss.slot_weighting: expected_length reads the confidence head's estimates; "
                         "set draft.confidence_head: true or use slot_weighting: decay")
+    problems += _check_lr_scale(recipe)
     if serve.attention_backend and "MLA" in serve.attention_backend.upper() and Target.of(recipe).draft_arch(recipe.draft.arch) == "gqa":
         problems.append(f"serve.attention_backend: {serve.attention_backend} is for MLA drafts, this draft is gqa")
     if train.nnodes > 1 and not train.rdzv_endpoint:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 
 def _plain_path(path: str) -> str:
@@ -266,6 +266,24 @@ class LossWeights(Section):
 class TrainSection(Section):
     """`dspark train`: FSDP2 training of the draft."""
 
+    @field_validator("lr_scale", mode="before")
+    @classmethod
+    def _dotted_lr_scale(cls, value: object) -> object:
+        """`train.lr_scale.layers.0=2` on the command line nests ({layers: {0: 2}}): flatten to dotted names."""
+        if not isinstance(value, dict):
+            return value
+        flat: dict[object, object] = {}
+
+        def walk(prefix: str, node: object) -> None:
+            if isinstance(node, dict):
+                for key, sub in node.items():
+                    walk(f"{prefix}.{key}" if prefix else str(key), sub)
+            else:
+                flat[prefix] = node
+
+        walk("", value)
+        return flat
+
     num_anchors: int = Field(512, gt=0, description="Anchors sampled per sequence among loss-masked positions.")
     max_seq_len: int = Field(4096, gt=0, description="Longest training sequence (tokens).")
     tokens_per_step: int = Field(65536, gt=0, description="Tokens per optimiser step (all ranks; packing).")
@@ -273,6 +291,13 @@ class TrainSection(Section):
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimiser steps.")
     lr: float = Field(6e-4, gt=0.0, description="Peak learning rate (AdamW).")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Cosine schedule floor, as a fraction of `lr`.")
+    lr_scale: dict[str, Annotated[float, Field(gt=0.0)]] = Field(
+        default_factory=dict, description="Learning-rate multipliers by draft module, `{module: factor}`: the "
+        "parameters under that module follow the schedule at factor x `lr` (the most specific name wins), the "
+        "rest at `lr`. A name is a module of the draft, dotted: `markov_head`, `confidence_head`, `layers`, "
+        "`layers.0.mlp`, `fc` / `hidden_norm` / `norm` (gqa), `context_proj` / `context_norm` / `final_norm` (mla). "
+        "`{markov_head: 5.0}` (the tiny recipe): the Markov head's two factors start small, so their product grows slowly at "
+        "the backbone's rate (docs/train.md, Learning rates).")
     warmup_steps: int = Field(100, ge=0, description="Linear warmup steps.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2, description="AdamW betas.")

@@ -132,7 +132,7 @@ def train_step(env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Opt
     oks = [trainable_slots(b, cfg.block_size) for b in batches]
     weight = all_reduce_sum(sum(local_weight(ok, cfg.loss.gamma) for ok in oks), env)
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)  # train.lr_scale (session.lr_groups)
     autocast = torch.autocast(env.device.type, dtype=cfg.autocast_dtype) if cfg.autocast_dtype else nullcontext()
 
     def forward_backward():

@@ -25,7 +25,7 @@ import torch
 
 from dspark_cli import __version__
 from dspark_cli.contract import Contract
-from dspark_cli.errors import DataError
+from dspark_cli.errors import DataError, UsageError
 from dspark_cli.artifacts.files import make_public, sha256_file, write_json_atomic
 from dspark_cli.artifacts.results import StreamSummary, TrainSummary
 from dspark_cli.recipe import Recipe, write_resolved
@@ -66,9 +66,33 @@ def build_step_module(recipe: Recipe, draft_config: Any, env: DistEnv, embed_dty
     return shard(step.to(env.device), env, param_dtype=embed_dtype)
 
 
+def lr_groups(module: torch.nn.Module, scales: dict[str, float]) -> list[dict[str, Any]]:
+    """AdamW parameter groups for `train.lr_scale`: one per multiplier, in the order the parameters come,
+    each with its `lr_scale` (the loop sets a group's lr to lr_scale x the schedule's). A parameter takes
+    the multiplier of the most specific module name above it, else 1. A name that is not a module of the
+    draft is a UsageError naming the draft's top-level modules."""
+    draft = getattr(module, "draft", module)
+    modules = {name for name, _ in draft.named_modules() if name}
+    unknown = sorted(k for k in scales if k not in modules)
+    if unknown:
+        top = ", ".join(name for name, _ in draft.named_children())
+        raise UsageError(f"train.lr_scale: {', '.join(unknown)} is not a module of the draft",
+                         f"name one of its modules, dotted: {top} (or deeper, e.g. layers.0.mlp)")
+    groups: dict[float, list[torch.nn.Parameter]] = {}
+    for name, param in draft.named_parameters():
+        if not param.requires_grad:
+            continue
+        above = [k for k in scales if name.startswith(k + ".")]
+        scale = scales[max(above, key=len)] if above else 1.0
+        groups.setdefault(scale, []).append(param)
+    return [{"params": params, "lr_scale": scale} for scale, params in groups.items()]
+
+
 def make_optimizer(module: torch.nn.Module, recipe: Recipe, env: DistEnv) -> torch.optim.Optimizer:
     train = recipe.train
-    params = [p for p in module.parameters() if p.requires_grad]
+    params: list[Any] = [p for p in module.parameters() if p.requires_grad]
+    if train.lr_scale:
+        params = lr_groups(module, train.lr_scale)
     # fused: one kernel per parameter instead of a dozen foreach passes, which on FSDP2's DTensor
     # parameters are a dozen DTensor dispatches (benchmarks/train_speed.py). The same implementation
     # for 1 and N processes.

@@ -135,6 +135,38 @@ def test_a_ce_share_on_the_targets_argmax_trains_alike_on_two_fsdp2_processes(ta
     assert all(abs(a["loss"] - b["loss"]) > 1e-3 for a, b in zip(one, without, strict=True))
 
 
+def test_lr_scale_trains_alike_on_two_fsdp2_processes_and_resumes_bit_for_bit(one_process, target_root, tmp_path):
+    """`train.lr_scale` (AdamW parameter groups over FSDP2's sharded parameters): 2 processes give
+    1 process's loss curve, a run killed after its step-4 checkpoint resumes to the uninterrupted
+    run's weights exactly (the groups' multipliers come back with the optimizer state), and the
+    multipliers change the curve against the same run without them."""
+    from safetensors.torch import load_file
+
+    scales = ("train.lr_scale={markov_head: 3.0, layers.0: 0.5}",)
+    one, _ = _run(_workdir(target_root, tmp_path, "one"), *STEPS, *scales)
+    two, summary = _run(_workdir(target_root, tmp_path, "two"), *STEPS, *scales, nproc=2)
+    assert summary["world_size"] == 2
+    for a, b in zip(one, two, strict=True):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+    _, without, _ = one_process
+    assert all(abs(a["loss"] - b["loss"]) > 1e-4 for a, b in zip(one[1:], without[1:], strict=True))
+
+    work = _workdir(target_root, tmp_path, "killed")
+    proc = subprocess.Popen([sys.executable, WORKER, str(work), *STEPS, *scales], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=_env(), cwd=ROOT)
+    for line in proc.stdout:
+        if line.startswith("{") and json.loads(line).get("step") == 7:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    records, summary = _run(work, *STEPS, *scales, "--resume=auto")
+    assert summary["resumed_from"].endswith("step-000004") and [r["step"] for r in records] == list(range(5, 13))
+    resumed = load_file(str(work / "run" / "train" / "final" / "model.safetensors"))
+    whole = load_file(str(tmp_path / "one" / "run" / "train" / "final" / "model.safetensors"))
+    assert sorted(resumed) == sorted(whole)
+    assert [n for n in whole if not torch.equal(resumed[n], whole[n])] == []
+
+
 def test_compiled_training_over_static_shapes_gives_the_loss_curve_of_eager(target_root, tmp_path):
     """A whole compiled run on mixed lengths (`--vary`: 22..64 tokens) with static shapes
     (`train.length_buckets=[16,32]`, plus max_seq_len 64), against an eager run padding each

@@ -599,3 +599,66 @@ def test_every_recipe_loss_weight_reaches_the_step():
     got = LossConfig.of(LossWeights(**changed))
     assert got == LossConfig(ce=0.7, l1=0.3, confidence=0.5, gamma=2.0, weighting="expected_length",
                              ce_target="target", ce_argmax=0.25)
+
+
+@pytest.mark.parametrize("arch", ["mla", "gqa"])
+@pytest.mark.parametrize("confidence", [True, False])
+def test_preflight_knows_the_drafts_top_level_modules(arch, confidence):
+    """`train.lr_scale` names are checked at validate time against a list kept without torch; it must
+    be the model's own."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from reference.tiny_drafts import tiny_model
+
+    from dspark_cli.preflight.shared import draft_top_modules
+
+    model, _, _ = tiny_model(arch, confidence=confidence)
+    assert draft_top_modules(arch, confidence) == [name for name, _ in model.named_children()]
+
+
+def test_lr_scale_trains_each_module_at_its_multiple_of_the_schedule():
+    """`train.lr_scale` through the real loop step: after one AdamW step from a fresh state every
+    parameter moved by lr x its multiplier x g / (|g| + eps) (Adam's first update, bias-corrected,
+    written out here), with g its clipped gradient, and the multiplier that of the most specific name."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from reference.tiny_drafts import tiny_model
+
+    from dspark_cli.errors import UsageError
+    from dspark_cli.training.data import Step
+    from dspark_cli.training.distributed import DistEnv
+    from dspark_cli.training.loop import train_step
+    from dspark_cli.training.session import lr_groups, make_optimizer
+    from dspark_cli.training.step import TrainStep
+
+    model, _, _ = tiny_model("gqa", attn_impl="sdpa")
+    step = TrainStep(model, LossConfig())
+    scales = {"markov_head": 3.0, "layers.0": 0.5, "layers.0.mlp": 2.0}
+    expected = {name: 3.0 if name.startswith("markov_head.") else 2.0 if name.startswith("layers.0.mlp.")
+                else 0.5 if name.startswith("layers.0.") else 1.0 for name, _ in model.named_parameters()}
+    assert sorted(set(expected.values())) == [0.5, 1.0, 2.0, 3.0]
+    recipe = SimpleNamespace(train=SimpleNamespace(lr=2e-3, betas=[0.9, 0.999], weight_decay=0.0, lr_scale=scales))
+    env = DistEnv(0, 1, 0, torch.device("cpu"))
+    optimizer = make_optimizer(step, recipe, env)
+    by_param = {id(p): g["lr_scale"] for g in optimizer.param_groups for p in g["params"]}
+    assert {n: by_param[id(p)] for n, p in model.named_parameters()} == expected
+
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = LoopConfig(num_steps=10, lr=2e-3, min_lr_ratio=0.1, warmup_steps=0, grad_clip=0.5, log_every=1,
+                     checkpoint_every=10, block_size=4, loss=LossConfig(), data_dtype=torch.float32,
+                     autocast_dtype=None)
+    result = train_step(env, step, optimizer, Step(_draft_examples([23, 40], num_anchors=10), {}), cfg, lr=1.5e-3)
+    assert float(result.grad_norm) > 0.5  # the update follows the clipped gradients
+    assert sorted(g["lr"] for g in optimizer.param_groups) == pytest.approx([7.5e-4, 1.5e-3, 3e-3, 4.5e-3])
+    for name, param in model.named_parameters():
+        g = param.grad
+        want = before[name] - 1.5e-3 * expected[name] * g / (g.abs() + 1e-8)
+        assert torch.allclose(param.detach(), want, rtol=0, atol=1e-7), name
+
+    with pytest.raises(UsageError, match=r"train.lr_scale: markov is not a module of the draft"):
+        lr_groups(step, {"markov": 2.0})
+    assert len(lr_groups(step, {"markov_head.markov_w2": 2.0})) == 2  # a module deeper down
