@@ -184,8 +184,9 @@ def table(_args) -> None:
                          f"{r['load_before'][0]}-{r['load_after'][0]} |")
     lines += ["", "## Whole demo (`dspark run`)", "",
               "| run | overrides | wall s | stage ends (s after datagen) | tokens (loss) | steps | tau T=0 [95% CI] | "
-              "tau T=1 [95% CI] | tiny-requests T=0 / T=1 | all 200 prompts: T=0 / T=1 | load |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "tau T=1 [95% CI] | tiny-requests T=0 / T=1 | all 200 prompts: T=0 / T=1 | tiny-requests, all 60: "
+              "T=0 / T=1 | load |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["kind"] == "demo":
             ends = ", ".join(f"{k} {v}" for k, v in r["stage_end_s"].items())
@@ -193,6 +194,7 @@ def table(_args) -> None:
                          f"({r['loss_tokens']}) | {r['steps']} | {_tau(r, 'T=0')} | {_tau(r, 'T=1')} | "
                          f"{_tau(r, 'tiny-requests T=0')} / {_tau(r, 'tiny-requests T=1')} | "
                          f"{_tau(r, 'T=0', 'bench_200')} / {_tau(r, 'T=1', 'bench_200')} | "
+                         f"{_tau(r, 'tiny-requests T=0', 'bench_200')} / {_tau(r, 'tiny-requests T=1', 'bench_200')} | "
                          f"{r['load_before'][0]}-{r['load_after'][0]} |")
     notes = ROOT / "benchmarks" / "results" / "demo_tau.notes.md"
     if notes.is_file():

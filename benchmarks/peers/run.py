@@ -76,17 +76,25 @@ UNMATCHED = [
      "train.init: target dspark's final norm starts as the target's and its fc as the identity onto the "
      "deepest captured layer (docs/train.md, Initialisation), the peers' from their own N(0, 0.02) draw"),
     ("precision", "both fp32 on CPU; SpecForge keeps fp32 master weights beside an fp32 model"),
+    ("learning rate per module", "dspark trains {scaled} (the tiny recipe's train.lr_scale; docs/train.md, Learning "
+     "rates, and results/markov-lr-trials.md), the rest at lr; every peer trains all its parameters at lr (none "
+     "has a per-module knob)"),
 ]
 
 
-def unmatched(loss: dict, betas: list[float] | None = None, floor: float = 0.1) -> list[tuple[str, str]]:
-    """UNMATCHED for a run whose dspark loss was `loss`, AdamW betas `betas` (None: an older record, 0.9/0.95)
-    and cosine floor `floor` (train.min_lr_ratio): the objective row only if it left the published one, the
-    betas row only if they are not SpecForge's, the floor row only if it is not 0."""
+def unmatched(loss: dict, betas: list[float] | None = None, floor: float = 0.1,
+              lr_scale: dict[str, float] | None = None) -> list[tuple[str, str]]:
+    """UNMATCHED for a run whose dspark loss was `loss`, AdamW betas `betas` (None: an older record, 0.9/0.95),
+    cosine floor `floor` (train.min_lr_ratio) and per-module multipliers `lr_scale` (train.lr_scale): the
+    objective row only if it left the published one, the betas row only if they are not SpecForge's, the floor
+    row only if it is not 0, the per-module row only with multipliers."""
     ours = loss.get("ce_target", "label") != "label" or loss.get("slot_weighting", "decay") != "decay"
     same_betas = list(betas or [0.9, 0.95]) == SPECFORGE_BETAS
-    return [(k, v.format(floor=floor) if k == "cosine floor" else v) for k, v in UNMATCHED
-            if (k != "objective" or ours) and (k != "AdamW betas" or not same_betas) and (k != "cosine floor" or floor)]
+    scaled = ", ".join(f"its {name} at {x:g} x lr" for name, x in (lr_scale or {}).items())
+    fill = {"cosine floor": {"floor": floor}, "learning rate per module": {"scaled": scaled}}
+    return [(k, v.format(**fill[k]) if k in fill else v) for k, v in UNMATCHED
+            if (k != "objective" or ours) and (k != "AdamW betas" or not same_betas) and (k != "cosine floor" or floor)
+            and (k != "learning rate per module" or scaled)]
 
 
 def cosine_cycles(floor: float) -> float:
@@ -694,7 +702,9 @@ def markdown_all(result: dict) -> str:
           f"decay gamma {loss['slot_decay_gamma']:g}; dspark: the tiny recipe otherwise (CE against the "
           f"{loss.get('ce_target', 'label')}, {loss.get('slot_weighting', 'decay').replace('_', '-')} slot weights"
           + ("; the draft started from the target's final norm and deepest captured layer, train.init: target"
-             if r.get("init") == "target" else "") + ").", "",
+             if r.get("init") == "target" else "")
+          + "".join(f"; its {k} at {x:g} x lr (train.lr_scale)" for k, x in (r.get("lr_scale") or {}).items())
+          + ").", "",
           *_tau_table(rows)]
     md += ["", "## training (this script, this machine, alternating runs)", "",
            "| trainer | run | steps | tokens/step | steady tokens/s | process wall s | peak RSS MiB | final loss "
@@ -825,7 +835,7 @@ def main() -> None:
         stem = name + (f"-seed{args.seed}" if args.seed is not None else "")
         result = json.loads((out / f"{stem}.json").read_text())
         result["unmatched"] = unmatched(result["recipe"].get("loss", {}), result["recipe"].get("betas"),
-                                        result["recipe"].get("min_lr_ratio", 0.1))
+                                        result["recipe"].get("min_lr_ratio", 0.1), result["recipe"].get("lr_scale"))
         record(stem, result, markdown(result) if name == "peers" else markdown_all(result))
         return
     started = time.time()
@@ -902,13 +912,15 @@ def main() -> None:
                    "overrides": extra,
                    "tokens_per_step": recipe.train.tokens_per_step, "loss": recipe.train.loss.model_dump(),
                    "init": recipe.train.init, "min_lr_ratio": recipe.train.min_lr_ratio,
+                   "lr_scale": recipe.train.lr_scale,
                    "speculators_cosine_cycles": round(cosine_cycles(recipe.train.min_lr_ratio), 6)},
         "data": data, "specforge_batch_size": batch, "timings": timings, "training": training, "tokens_per_s": speeds,
         "speed_ratio": speeds["dspark"] / best_speed[0], "fastest_peer": best_speed[1], "tau": tau,
         "same_time": same_time, "peers": [PEER_NAMES[p] for p in chosen], "formats": formats,
         "peak_mib": {trainer: max((r.get("peak_mib") or 0) for r in training if r["trainer"] == trainer)
                      for trainer in speeds},
-        "unmatched": unmatched(recipe.train.loss.model_dump(), recipe.train.betas, recipe.train.min_lr_ratio),
+        "unmatched": unmatched(recipe.train.loss.model_dump(), recipe.train.betas, recipe.train.min_lr_ratio,
+                               recipe.train.lr_scale),
         "load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "load_during": sampler.summary() if not args.score_only else None,
         "wall_s": round(time.time() - started), "work": str(work),

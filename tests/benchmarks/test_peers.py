@@ -159,6 +159,9 @@ def test_the_unmatched_list_names_only_what_differs_in_the_run():
     floors = {name: text for name, text in peers.unmatched(published, [0.9, 0.999], 0.5)}
     assert floors["cosine floor"].startswith("dspark decays to 0.5 x lr")
     assert "cosine floor" not in names(peers.unmatched(published, [0.9, 0.999], 0.0))  # both go to 0
+    assert "learning rate per module" not in names(peers.unmatched(published, [0.9, 0.999], 0.5, {}))
+    scaled = dict(peers.unmatched(published, [0.9, 0.999], 0.5, {"markov_head": 5.0}))
+    assert scaled["learning rate per module"].startswith("dspark trains its markov_head at 5 x lr")
 
 
 @pytest.mark.parametrize("floor", [0.0, 0.1, 0.5, 1.0])
