@@ -87,12 +87,13 @@ def _check_lr_scale(recipe: Recipe) -> list[str]:
     """`train.lr_scale` names under the draft's top-level modules (the full names are checked on the model)."""
     if not recipe.train.lr_scale:
         return []
-    arch = Target.of(recipe).draft_arch(recipe.draft.arch)
-    top = draft_top_modules(arch, recipe.draft.confidence_head)
+    arch = Target.of(recipe).draft_arch(recipe.draft.arch)  # None: the target's type is not known here
+    top = list(dict.fromkeys(name for a in ([arch] if arch else ["gqa", "mla"])
+                             for name in draft_top_modules(a, recipe.draft.confidence_head)))
     unknown = [k for k in recipe.train.lr_scale if k.split(".")[0] not in top]
     if not unknown:
         return []
-    return [f"train.lr_scale: {', '.join(unknown)} is not a module of this {arch} draft; "
+    return [f"train.lr_scale: {', '.join(unknown)} is not a module of this {arch or 'gqa or mla'} draft; "
             f"name one of {', '.join(top)} (or one under it, dotted, e.g. layers.0.mlp)"]
 
 

@@ -110,6 +110,10 @@ def test_run_refuses_every_stage_it_will_run_before_the_first_starts(here):
      "bench.confidence_thresholds: thresholds above 0 need draft.confidence_head"),
     (["draft.confidence_head=false", "bench.confidence_thresholds=[0.0]"],
      "train.loss.slot_weighting: expected_length reads the confidence head's estimates"),
+    (["train.lr_scale={markov: 3.0}"], ("train.lr_scale: markov is not a module of this mla draft; name one of "
+                                         "context_proj, context_norm, layers, final_norm, markov_head, confidence_head")),
+    (["draft.arch=gqa", "target.model=tiny-gqa", "train.lr_scale={context_proj: 2.0, fc.x: 2.0}"],
+     "train.lr_scale: context_proj is not a module of this gqa draft; name one of fc, hidden_norm, layers, norm"),
 ])
 def test_recipe_rules(here, overrides, line):
     assert refused(here, *overrides).startswith(f"error: {line}")
