@@ -269,7 +269,9 @@ class TrainSection(Section):
     @field_validator("lr_scale", mode="before")
     @classmethod
     def _dotted_lr_scale(cls, value: object) -> object:
-        """`train.lr_scale.layers.0=2` on the command line nests ({layers: {0: 2}}): flatten to dotted names."""
+        """`train.lr_scale.markov_head.markov_w2=2` on the command line nests ({markov_head: {markov_w2: 2}}):
+        flatten to dotted names. (A numeric segment such as `layers.0` only fits the YAML form,
+        `train.lr_scale={layers.0: 2}`: override keys are names.)"""
         if not isinstance(value, dict):
             return value
         flat: dict[object, object] = {}

@@ -85,6 +85,8 @@ def lr_groups(module: torch.nn.Module, scales: dict[str, float]) -> list[dict[st
         above = [k for k in scales if name.startswith(k + ".")]
         scale = scales[max(above, key=len)] if above else 1.0
         groups.setdefault(scale, []).append(param)
+    if sum(map(len, groups.values())) != sum(1 for p in module.parameters() if p.requires_grad):
+        raise AssertionError("lr_groups: the module trains parameters outside its draft")
     return [{"params": params, "lr_scale": scale} for scale, params in groups.items()]
 
 
