@@ -70,7 +70,11 @@ def make_sequences(target_dir: Path, num: int = 16, seed: int = 0, vary: bool = 
 # decay); the tiny recipe's own 0.5 / 0.5 with the target-distribution CE and expected-length weights is for
 # its demo. With 0.5 CE the bench test's draft learns the cyclic target outright (engine tau 5.0 on
 # every step, a zero-width interval), which leaves nothing to compare the training estimate with.
-PAPER_LOSS = ["train.loss.ce=0.1", "train.loss.l1=0.9", "train.loss.ce_target=label", "train.loss.slot_weighting=decay"]
+PAPER_LOSS = ["train.loss.ce=0.1", "train.loss.l1=0.9", "train.loss.ce_target=label", "train.loss.slot_weighting=decay",
+              # every module at lr, as published: the tiny recipe's Markov head at 5x is tuned for its own runs, and
+              # the numerics tests' tolerances were measured at one rate (a 5x head moved the compiled-vs-eager
+              # gradient norm 2.2e-3 relative at step 11, past their 2e-3)
+              "train.lr_scale={}"]
 
 
 def tiny_recipe(workdir: Path, overrides: list[str] | None = None):
