@@ -7,6 +7,7 @@ Importing this package is free: torch and transformers load only with the submod
 - build.py     `draft_config_from_recipe`, `draft_config_from_target`, `draft_config_from_values`
 - model.py     `DSparkDraftModel`: vLLM checkpoint names, many-anchor training forward
 - drafting.py  `ContextCache` + `draft_block`: one block per request from cached context K/V
+- names.py     the module names per arch, torch-free (preflight checks `train.lr_scale` with them)
 - mla.py, gqa.py, heads.py, layers.py, attention.py: the pieces
 
 Numerics are checked against tests/reference/dspark_reference.py, a slow explicit

@@ -37,12 +37,8 @@ from dspark_cli.draft.gqa import GQAAttention
 from dspark_cli.draft.heads import ConfidenceHead, MarkovHead
 from dspark_cli.draft.layers import GatedMLP, RMSNorm, add_rms_norm, rope_cos_sin
 from dspark_cli.draft.mla import MLAAttention
+from dspark_cli.draft.names import MODULE_NAMES
 
-# (context projection, context norm, final norm) in each engine's checkpoint naming.
-MODULE_NAMES = {
-    "mla": ("context_proj", "context_norm", "final_norm"),
-    "gqa": ("fc", "hidden_norm", "norm"),
-}
 
 KV = tuple[torch.Tensor, torch.Tensor]
 RopeTable = tuple[torch.Tensor, torch.Tensor]  # cos, sin [positions, rope_dim / 2]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dspark_cli.draft.names import top_modules
 from dspark_cli.errors import DsparkError
 from dspark_cli.preflight.paths import output_dirs_creatable
 from dspark_cli.targets import Target
@@ -77,19 +78,13 @@ def _check_draft(recipe: Recipe) -> list[str]:
     return problems
 
 
-def draft_top_modules(arch: str, confidence_head: bool) -> list[str]:
-    """The draft's top-level modules, as `DSparkDraftModel` names them (tests/training keep the two in step)."""
-    proj, norm, final = ("context_proj", "context_norm", "final_norm") if arch == "mla" else ("fc", "hidden_norm", "norm")
-    return [proj, norm, "layers", final, "markov_head"] + (["confidence_head"] if confidence_head else [])
-
-
 def _check_lr_scale(recipe: Recipe) -> list[str]:
     """`train.lr_scale` names under the draft's top-level modules (the full names are checked on the model)."""
     if not recipe.train.lr_scale:
         return []
     arch = Target.of(recipe).draft_arch(recipe.draft.arch)  # None: the target's type is not known here
     top = list(dict.fromkeys(name for a in ([arch] if arch else ["gqa", "mla"])
-                             for name in draft_top_modules(a, recipe.draft.confidence_head)))
+                             for name in top_modules(a, recipe.draft.confidence_head)))
     unknown = [k for k in recipe.train.lr_scale if k.split(".")[0] not in top]
     if not unknown:
         return []

@@ -42,7 +42,7 @@ ALLOWED: dict[str, set[str]] = {
     "publish": {"errors", "lazy", "hubrules", "recipe", "artifacts", "export", "serving", "network"},
     # the one preflight of every stage: recipe rules, this machine, output paths (what serve / publish refuse)
     "preflight": {"errors", "lazy", "hubrules", "recipe", "targets", "artifacts", "prompts", "machine", "datagen", "capture",
-                  "export", "serving", "publish"},
+                  "export", "serving", "publish", "draft"},
     "pipeline": {"errors", "recipe", "artifacts", "datagen", "capture", "training", "export", "bench", "publish"},
     "cli": {"errors", "recipe", "targets", "ui", "pipeline", "datagen", "capture", "training", "export", "bench",
             "serving", "publish", "artifacts", "prompts", "draft", "kernels", "contract", "preflight"},

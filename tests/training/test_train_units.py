@@ -604,18 +604,18 @@ def test_every_recipe_loss_weight_reaches_the_step():
 @pytest.mark.parametrize("arch", ["mla", "gqa"])
 @pytest.mark.parametrize("confidence", [True, False])
 def test_preflight_knows_the_drafts_top_level_modules(arch, confidence):
-    """`train.lr_scale` names are checked at validate time against a list kept without torch; it must
-    be the model's own."""
+    """`train.lr_scale` names are checked at validate time against a list kept without torch
+    (`draft.names`); it must be the model's own."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from reference.tiny_drafts import tiny_model
 
-    from dspark_cli.preflight.shared import draft_top_modules
+    from dspark_cli.draft.names import top_modules
 
     model, _, _ = tiny_model(arch, confidence=confidence)
-    assert draft_top_modules(arch, confidence) == [name for name, _ in model.named_children()]
+    assert top_modules(arch, confidence) == [name for name, _ in model.named_children()]
 
 
 def test_lr_scale_trains_each_module_at_its_multiple_of_the_schedule():
