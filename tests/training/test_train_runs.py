@@ -46,6 +46,22 @@ def _run(workdir: Path, *args: str, nproc: int = 1) -> tuple[list[dict], dict]:
     return [x for x in lines if "step" in x], next(x["summary"] for x in lines if "summary" in x)
 
 
+def _kill_at_step(work: Path, *args: str, step: int = 7) -> int | None:
+    """Run the worker on `work` and SIGKILL it once it logs `step`; the step it was killed at (None: it
+    finished first) -- its return code is then -SIGKILL."""
+    proc = subprocess.Popen([sys.executable, WORKER, str(work), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=_env(), cwd=ROOT)
+    killed_at = None
+    for line in proc.stdout:
+        if line.startswith("{") and json.loads(line).get("step") == step:
+            proc.send_signal(signal.SIGKILL)
+            killed_at = step
+            break
+    proc.wait(timeout=60)
+    assert killed_at is None or proc.returncode == -signal.SIGKILL
+    return killed_at
+
+
 @pytest.fixture(scope="module")
 def target_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("train-target")
@@ -152,13 +168,7 @@ def test_lr_scale_trains_alike_on_two_fsdp2_processes_and_resumes_bit_for_bit(on
     assert all(abs(a["loss"] - b["loss"]) > 1e-4 for a, b in zip(one[1:], without[1:], strict=True))
 
     work = _workdir(target_root, tmp_path, "killed")
-    proc = subprocess.Popen([sys.executable, WORKER, str(work), *STEPS, *scales], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=_env(), cwd=ROOT)
-    for line in proc.stdout:
-        if line.startswith("{") and json.loads(line).get("step") == 7:
-            proc.send_signal(signal.SIGKILL)
-            break
-    proc.wait(timeout=60)
+    assert _kill_at_step(work, *STEPS, *scales) == 7
     records, summary = _run(work, *STEPS, *scales, "--resume=auto")
     assert summary["resumed_from"].endswith("step-000004") and [r["step"] for r in records] == list(range(5, 13))
     resumed = load_file(str(work / "run" / "train" / "final" / "model.safetensors"))
@@ -223,16 +233,8 @@ def test_bf16_with_fsdp2_mixed_precision_trains_on_two_processes(target_root, tm
 def test_sigkill_then_resume_auto_finishes_with_the_uninterrupted_loss(one_process, target_root, tmp_path):
     _, uninterrupted, _ = one_process
     work = _workdir(target_root, tmp_path, "killed")
-    cmd = [sys.executable, WORKER, str(work), *STEPS]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env(), cwd=ROOT)
-    killed_after = None
-    for line in proc.stdout:
-        if line.startswith("{") and json.loads(line).get("step") == 7:  # checkpoint at 4 done, 8 not yet
-            proc.send_signal(signal.SIGKILL)
-            killed_after = 7
-            break
-    proc.wait(timeout=60)
-    assert killed_after == 7 and proc.returncode == -signal.SIGKILL
+    killed_after = _kill_at_step(work, *STEPS)  # at 7: checkpoint at 4 done, 8 not yet
+    assert killed_after == 7
     ckpts = work / "run" / "train" / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step-000004"
     assert not (work / "run" / "train" / "final").exists()
