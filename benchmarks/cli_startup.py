@@ -53,8 +53,14 @@ def main() -> None:
     completion = dict(os.environ, _DSPARK_COMPLETE="complete_bash", COMP_WORDS="dspark tr", COMP_CWORD="1")
     rows = {
         "dspark --help": (wall([dspark, "--help"], repeat=args.repeat), heavy_modules(["--help"])),
-        "dspark train --help": (wall([dspark, "train", "--help"], repeat=args.repeat), heavy_modules(["train", "--help"])),
-        "completion (dspark tr<TAB>)": (wall([dspark], env=completion, repeat=args.repeat), heavy_modules([], completion)),
+        "dspark train --help": (
+            wall([dspark, "train", "--help"], repeat=args.repeat),
+            heavy_modules(["train", "--help"]),
+        ),
+        "completion (dspark tr<TAB>)": (
+            wall([dspark], env=completion, repeat=args.repeat),
+            heavy_modules([], completion),
+        ),
         "python -c 'import torch'": (wall([sys.executable, "-c", "import torch"], repeat=args.repeat), "torch"),
         "python -c 'pass'": (wall([sys.executable, "-c", "pass"], repeat=args.repeat), ""),
     }

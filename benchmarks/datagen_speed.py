@@ -34,11 +34,18 @@ def main() -> None:
     from dspark_cli.targets import resolve_target
 
     def recipe(engine: str, out: str):
-        return load_recipe("tiny", [
-            f"target.model={args.target}", f"output_dir={out}", f"datagen.engine={engine}",
-            f"datagen.sources=[{{path: tiny-prompts, max_samples: {args.prompts}}}]", "datagen.temperature=0.0",
-            f"datagen.max_tokens={args.max_tokens}", f"datagen.batch_size={args.batch_size}",
-        ])
+        return load_recipe(
+            "tiny",
+            [
+                f"target.model={args.target}",
+                f"output_dir={out}",
+                f"datagen.engine={engine}",
+                f"datagen.sources=[{{path: tiny-prompts, max_samples: {args.prompts}}}]",
+                "datagen.temperature=0.0",
+                f"datagen.max_tokens={args.max_tokens}",
+                f"datagen.batch_size={args.batch_size}",
+            ],
+        )
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,21 +59,34 @@ def main() -> None:
         from dspark_cli.machine.procs import cpu_engine_defaults
 
         path = str(resolve_target(args.target))
-        llm = LLM(model=path, dtype="float32", max_model_len=1024, seed=0,
-                  **cpu_engine_defaults(model_path=path, dtype="float32"))
+        llm = LLM(
+            model=path,
+            dtype="float32",
+            max_model_len=1024,
+            seed=0,
+            **cpu_engine_defaults(model_path=path, dtype="float32"),
+        )
         startup = time.perf_counter() - start
         start = time.perf_counter()
         summary = run_datagen(recipe("vllm", f"{tmp}/vllm"), llm=llm)
-        results["vllm"] = {"tokens": summary.generated_tokens, "seconds": round(time.perf_counter() - start, 2),
-                           "engine_startup_seconds": round(startup, 1)}
+        results["vllm"] = {
+            "tokens": summary.generated_tokens,
+            "seconds": round(time.perf_counter() - start, 2),
+            "engine_startup_seconds": round(startup, 1),
+        }
     for name, row in results.items():
         row["tokens_per_second"] = round(row["tokens"] / row["seconds"], 1)
         print(f"{name:5} {row['tokens']} tokens in {row['seconds']} s = {row['tokens_per_second']} tokens/s")
     out = Path(__file__).parent / "results" / "datagen_speed.json"
     record = json.loads(out.read_text()) if out.is_file() else {}
-    record[args.target] = {"machine": f"{platform.machine()}, {os.cpu_count()} cpus", "load_avg_1m": os.getloadavg()[0],
-                           "prompts": args.prompts, "max_tokens": args.max_tokens, "batch_size": args.batch_size,
-                           "engines": results}
+    record[args.target] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "load_avg_1m": os.getloadavg()[0],
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "batch_size": args.batch_size,
+        "engines": results,
+    }
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}")
 

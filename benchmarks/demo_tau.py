@@ -36,7 +36,9 @@ def _timed(argv: list[str], log: Path) -> float:
     with log.open("a") as out:
         out.write("$ " + " ".join(argv) + "\n")
         out.flush()
-        done = subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"})
+        done = subprocess.run(
+            argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"}
+        )
     if done.returncode != 0:
         sys.exit(f"failed ({done.returncode}): {' '.join(argv)}; see {log}")
     return round(time.perf_counter() - started, 1)
@@ -57,10 +59,13 @@ def _bench_numbers(bench_dir: Path) -> dict:
     for run in runs:
         if run.get("threshold", 0.0) == 0.0:
             prefix = "" if run["dataset"] == first else f"{run['dataset']} "
-            out[f"{prefix}T={run['temperature']:g}"] = {"tau": round(run["tau"]["mean"], 3),
-                                                 "ci95": [round(x, 3) for x in run["tau"]["ci95"]],
-                                                 "turns": run["num_turns"], "steps": run["num_steps"],
-                                                 "output_tokens": run["output_tokens"]}
+            out[f"{prefix}T={run['temperature']:g}"] = {
+                "tau": round(run["tau"]["mean"], 3),
+                "ci95": [round(x, 3) for x in run["tau"]["ci95"]],
+                "turns": run["num_turns"],
+                "steps": run["num_steps"],
+                "output_tokens": run["output_tokens"],
+            }
     return out
 
 
@@ -72,19 +77,32 @@ def data(args) -> None:
     load0 = os.getloadavg()
     datagen_cmd = [DSPARK, "datagen", RECIPE, *overrides]
     datagen_s = _timed(datagen_cmd, log)
-    capture_code = ("import sys; from dspark_cli.pipeline import run_capture; from dspark_cli.recipe import load_recipe; "
-                    f"run_capture(load_recipe({RECIPE!r}, sys.argv[1:]))")
+    capture_code = (
+        "import sys; from dspark_cli.pipeline import run_capture; from dspark_cli.recipe import load_recipe; "
+        f"run_capture(load_recipe({RECIPE!r}, sys.argv[1:]))"
+    )
     capture_cmd = [sys.executable, "-c", capture_code, *overrides]
     capture_s = _timed(capture_cmd, log)
     data_manifest = json.loads((base / "data" / "manifest.json").read_text())
     hidden = json.loads((base / "hidden" / "manifest.json").read_text())
     generated = sum(s["tokens"] for s in data_manifest["shards"])
-    _record({"name": f"data-{args.name}", "kind": "data", "overrides": args.overrides,
-             "commands": [" ".join(datagen_cmd), "pipeline.run_capture(recipe, overrides)"],
-             "engine": data_manifest["engine"], "conversations": data_manifest["num_conversations"],
-             "sample_tokens": generated, "capture_tokens": hidden["num_tokens"],
-             "loss_tokens": hidden["num_loss_tokens"], "datagen_s": datagen_s, "capture_s": capture_s,
-             "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()]})
+    _record(
+        {
+            "name": f"data-{args.name}",
+            "kind": "data",
+            "overrides": args.overrides,
+            "commands": [" ".join(datagen_cmd), "pipeline.run_capture(recipe, overrides)"],
+            "engine": data_manifest["engine"],
+            "conversations": data_manifest["num_conversations"],
+            "sample_tokens": generated,
+            "capture_tokens": hidden["num_tokens"],
+            "loss_tokens": hidden["num_loss_tokens"],
+            "datagen_s": datagen_s,
+            "capture_s": capture_s,
+            "load_before": [round(x, 2) for x in load0],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+        }
+    )
     print(json.dumps(json.loads(RESULTS.read_text())[-1], indent=1))
 
 
@@ -94,23 +112,58 @@ def train(args) -> None:
     exp.mkdir(parents=True, exist_ok=True)
     log = exp / "log.txt"
     common = [f"output_dir={base}", f"train.output_dir={exp / 'train'}", *args.overrides]
-    bench = ["bench.temperatures=[0.0, 1.0]" if args.t1 else "bench.temperatures=[0.0]", "bench.confidence_thresholds=[0.0]"]
+    bench = [
+        "bench.temperatures=[0.0, 1.0]" if args.t1 else "bench.temperatures=[0.0]",
+        "bench.confidence_thresholds=[0.0]",
+    ]
     load0 = os.getloadavg()
     train_cmd = [DSPARK, "train", RECIPE, *common]
     train_s = _timed(train_cmd, log)
-    export_cmd = [DSPARK, "export", str(exp / "train" / "final"), "--recipe", RECIPE, *common, "-o", str(exp / "draft"), "--force"]
+    export_cmd = [
+        DSPARK,
+        "export",
+        str(exp / "train" / "final"),
+        "--recipe",
+        RECIPE,
+        *common,
+        "-o",
+        str(exp / "draft"),
+        "--force",
+    ]
     export_s = _timed(export_cmd, log)
-    bench_cmd = [DSPARK, "bench", str(exp / "draft"), "--recipe", RECIPE, *common, f"bench.output_dir={exp / 'bench'}",
-                 *bench, "--offline"]
+    bench_cmd = [
+        DSPARK,
+        "bench",
+        str(exp / "draft"),
+        "--recipe",
+        RECIPE,
+        *common,
+        f"bench.output_dir={exp / 'bench'}",
+        *bench,
+        "--offline",
+    ]
     bench_s = _timed(bench_cmd, log)
     summary = json.loads((exp / "train" / "manifest.json").read_text())["summary"]
     final = summary.get("final_metrics", {})
-    _record({"name": args.name, "kind": "train", "data": f"data-{args.data}", "overrides": args.overrides,
-             "commands": [" ".join(c) for c in (train_cmd, export_cmd, bench_cmd)],
-             "train_s": train_s, "export_s": export_s, "bench_s": bench_s, "steps": summary["steps"],
-             "train_tokens": summary["tokens"], "train_tau_greedy": round(final.get("tau_greedy", 0), 3),
-             "tokens_per_s_last": round(final.get("tokens_per_s", 0)), "bench": _bench_numbers(exp / "bench"),
-             "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()]})
+    _record(
+        {
+            "name": args.name,
+            "kind": "train",
+            "data": f"data-{args.data}",
+            "overrides": args.overrides,
+            "commands": [" ".join(c) for c in (train_cmd, export_cmd, bench_cmd)],
+            "train_s": train_s,
+            "export_s": export_s,
+            "bench_s": bench_s,
+            "steps": summary["steps"],
+            "train_tokens": summary["tokens"],
+            "train_tau_greedy": round(final.get("tau_greedy", 0), 3),
+            "tokens_per_s_last": round(final.get("tokens_per_s", 0)),
+            "bench": _bench_numbers(exp / "bench"),
+            "load_before": [round(x, 2) for x in load0],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+        }
+    )
     print(json.dumps(json.loads(RESULTS.read_text())[-1], indent=1))
 
 
@@ -124,15 +177,35 @@ def demo(args) -> None:
     data_manifest = json.loads((out / "data" / "manifest.json").read_text())
     hidden = json.loads((out / "hidden" / "manifest.json").read_text())
     summary = json.loads((out / "train" / "manifest.json").read_text())["summary"]
-    mtime = {k: (out / p).stat().st_mtime for k, p in {
-        "datagen": "data/manifest.json", "capture": "hidden/manifest.json", "train": "train/manifest.json",
-        "export": "draft/dspark_manifest.json", "bench": "bench/bench.json"}.items()}
-    _record({"name": f"demo-{args.name}", "kind": "demo", "overrides": args.overrides, "commands": [" ".join(cmd)],
-             "wall_s": wall, "stage_end_s": {k: round(v - mtime["datagen"], 1) for k, v in mtime.items()},
-             "engine": data_manifest["engine"], "conversations": data_manifest["num_conversations"],
-             "capture_tokens": hidden["num_tokens"], "loss_tokens": hidden["num_loss_tokens"],
-             "steps": summary["steps"], "train_tokens": summary["tokens"], "bench": _bench_numbers(out / "bench"),
-             "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()]})
+    mtime = {
+        k: (out / p).stat().st_mtime
+        for k, p in {
+            "datagen": "data/manifest.json",
+            "capture": "hidden/manifest.json",
+            "train": "train/manifest.json",
+            "export": "draft/dspark_manifest.json",
+            "bench": "bench/bench.json",
+        }.items()
+    }
+    _record(
+        {
+            "name": f"demo-{args.name}",
+            "kind": "demo",
+            "overrides": args.overrides,
+            "commands": [" ".join(cmd)],
+            "wall_s": wall,
+            "stage_end_s": {k: round(v - mtime["datagen"], 1) for k, v in mtime.items()},
+            "engine": data_manifest["engine"],
+            "conversations": data_manifest["num_conversations"],
+            "capture_tokens": hidden["num_tokens"],
+            "loss_tokens": hidden["num_loss_tokens"],
+            "steps": summary["steps"],
+            "train_tokens": summary["tokens"],
+            "bench": _bench_numbers(out / "bench"),
+            "load_before": [round(x, 2) for x in load0],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+        }
+    )
     print(json.dumps(json.loads(RESULTS.read_text())[-1], indent=1))
 
 
@@ -146,9 +219,19 @@ def rebench(args) -> None:
     draft = args.work / (f"{args.name}/draft" if entry["kind"] == "demo" else f"exp-{args.name}/draft")
     data = args.work / (args.name if entry["kind"] == "demo" else entry["data"])
     out = draft.parent / f"bench{args.prompts}"
-    cmd = [DSPARK, "bench", str(draft), "--recipe", RECIPE, f"output_dir={data}", f"bench.output_dir={out}",
-           "bench.temperatures=[0.0, 1.0]" if args.t1 else "bench.temperatures=[0.0]",
-           "bench.confidence_thresholds=[0.0]", f"bench.num_prompts={args.prompts}", "--offline"]
+    cmd = [
+        DSPARK,
+        "bench",
+        str(draft),
+        "--recipe",
+        RECIPE,
+        f"output_dir={data}",
+        f"bench.output_dir={out}",
+        "bench.temperatures=[0.0, 1.0]" if args.t1 else "bench.temperatures=[0.0]",
+        "bench.confidence_thresholds=[0.0]",
+        f"bench.num_prompts={args.prompts}",
+        "--offline",
+    ]
     seconds = _timed(cmd, draft.parent / f"rebench{args.prompts}.log")
     entry[f"bench_{args.prompts}"] = {**_bench_numbers(out), "seconds": seconds, "command": " ".join(cmd)}
     _record(entry)
@@ -162,40 +245,60 @@ def _tau(entry: dict, key: str, bench: str = "bench") -> str:
 
 def table(_args) -> None:
     rows = json.loads(RESULTS.read_text())
-    lines = ["# Demo draft: held-out tau per setting (tiny-mla, bench.datasets: [tiny-eval])", "",
-             "Command: `python benchmarks/demo_tau.py ...` (see the module docstring); every row's exact commands are "
-             "in demo_tau.json.", "", "## Data (datagen + capture)", "",
-             "| data | overrides | engine | conversations | tokens (loss) | datagen s | capture s | load |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Demo draft: held-out tau per setting (tiny-mla, bench.datasets: [tiny-eval])",
+        "",
+        "Command: `python benchmarks/demo_tau.py ...` (see the module docstring); every row's exact commands are "
+        "in demo_tau.json.",
+        "",
+        "## Data (datagen + capture)",
+        "",
+        "| data | overrides | engine | conversations | tokens (loss) | datagen s | capture s | load |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r["kind"] == "data":
-            lines.append(f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['engine']['engine']} | {r['conversations']} | "
-                         f"{r['capture_tokens']} ({r['loss_tokens']}) | {r['datagen_s']} | {r['capture_s']} | "
-                         f"{r['load_before'][0]}-{r['load_after'][0]} |")
-    lines += ["", "## Training runs on one capture (train + export + bench)", "",
-              "| run | data | overrides | steps | tokens | train s | tau T=0 [95% CI] | tau T=1 | T=0, all 200 prompts "
-              "| train-log tau | load |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['engine']['engine']} | {r['conversations']} | "
+                f"{r['capture_tokens']} ({r['loss_tokens']}) | {r['datagen_s']} | {r['capture_s']} | "
+                f"{r['load_before'][0]}-{r['load_after'][0]} |"
+            )
+    lines += [
+        "",
+        "## Training runs on one capture (train + export + bench)",
+        "",
+        "| run | data | overrides | steps | tokens | train s | tau T=0 [95% CI] | tau T=1 | T=0, all 200 prompts "
+        "| train-log tau | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r["kind"] == "train":
-            lines.append(f"| {r['name']} | {r['data']} | {' '.join(r['overrides']) or '-'} | {r['steps']} | {r['train_tokens']} | "
-                         f"{r['train_s']} | {_tau(r, 'T=0')} | {_tau(r, 'T=1')} | {_tau(r, 'T=0', 'bench_200')} | "
-                         f"{r['train_tau_greedy']} | "
-                         f"{r['load_before'][0]}-{r['load_after'][0]} |")
-    lines += ["", "## Whole demo (`dspark run`)", "",
-              "| run | overrides | wall s | stage ends (s after datagen) | tokens (loss) | steps | tau T=0 [95% CI] | "
-              "tau T=1 [95% CI] | tiny-requests T=0 / T=1 | all 200 prompts: T=0 / T=1 | tiny-requests, all 60: "
-              "T=0 / T=1 | load |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {r['name']} | {r['data']} | {' '.join(r['overrides']) or '-'} | {r['steps']} | {r['train_tokens']} | "
+                f"{r['train_s']} | {_tau(r, 'T=0')} | {_tau(r, 'T=1')} | {_tau(r, 'T=0', 'bench_200')} | "
+                f"{r['train_tau_greedy']} | "
+                f"{r['load_before'][0]}-{r['load_after'][0]} |"
+            )
+    lines += [
+        "",
+        "## Whole demo (`dspark run`)",
+        "",
+        "| run | overrides | wall s | stage ends (s after datagen) | tokens (loss) | steps | tau T=0 [95% CI] | "
+        "tau T=1 [95% CI] | tiny-requests T=0 / T=1 | all 200 prompts: T=0 / T=1 | tiny-requests, all 60: "
+        "T=0 / T=1 | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r["kind"] == "demo":
             ends = ", ".join(f"{k} {v}" for k, v in r["stage_end_s"].items())
-            lines.append(f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['wall_s']} | {ends} | {r['capture_tokens']} "
-                         f"({r['loss_tokens']}) | {r['steps']} | {_tau(r, 'T=0')} | {_tau(r, 'T=1')} | "
-                         f"{_tau(r, 'tiny-requests T=0')} / {_tau(r, 'tiny-requests T=1')} | "
-                         f"{_tau(r, 'T=0', 'bench_200')} / {_tau(r, 'T=1', 'bench_200')} | "
-                         f"{_tau(r, 'tiny-requests T=0', 'bench_200')} / {_tau(r, 'tiny-requests T=1', 'bench_200')} | "
-                         f"{r['load_before'][0]}-{r['load_after'][0]} |")
+            lines.append(
+                f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['wall_s']} | {ends} | {r['capture_tokens']} "
+                f"({r['loss_tokens']}) | {r['steps']} | {_tau(r, 'T=0')} | {_tau(r, 'T=1')} | "
+                f"{_tau(r, 'tiny-requests T=0')} / {_tau(r, 'tiny-requests T=1')} | "
+                f"{_tau(r, 'T=0', 'bench_200')} / {_tau(r, 'T=1', 'bench_200')} | "
+                f"{_tau(r, 'tiny-requests T=0', 'bench_200')} / {_tau(r, 'tiny-requests T=1', 'bench_200')} | "
+                f"{r['load_before'][0]}-{r['load_after'][0]} |"
+            )
     notes = ROOT / "benchmarks" / "results" / "demo_tau.notes.md"
     if notes.is_file():
         lines += ["", notes.read_text().rstrip()]

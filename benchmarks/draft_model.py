@@ -43,17 +43,26 @@ HIDDEN, VOCAB, SEQ, ANCHORS, BATCH, BLOCK = 256, 4096, 128, 32, 4, 7
 # (batch, seq_len, anchors): the issue's shape, and a long one where attention weighs more
 TRAIN_SHAPES = [(BATCH, SEQ, ANCHORS), (1, 1024, 128)]
 GEOMETRY = {
-    "mla": dict(num_attention_heads=4, q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32,
-                qk_rope_head_dim=32, v_head_dim=32),
+    "mla": dict(
+        num_attention_heads=4, q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32
+    ),
     "gqa": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=64),
 }
 
 
 def build(arch: str, impl: str) -> DSparkDraftModel:
     cfg = draft_config_from_values(
-        arch=arch, target_hidden_size=HIDDEN, vocab_size=VOCAB, num_layers=2, block_size=BLOCK,
-        target_layer_ids=[1, 3, 5], target_num_hidden_layers=6, markov_rank=64,
-        mask_token_id=VOCAB - 1, intermediate_size=2 * HIDDEN, **GEOMETRY[arch],
+        arch=arch,
+        target_hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        num_layers=2,
+        block_size=BLOCK,
+        target_layer_ids=[1, 3, 5],
+        target_num_hidden_layers=6,
+        markov_rank=64,
+        mask_token_id=VOCAB - 1,
+        intermediate_size=2 * HIDDEN,
+        **GEOMETRY[arch],
     )
     torch.manual_seed(0)
     model = DSparkDraftModel(cfg, attn_impl=impl)
@@ -66,8 +75,7 @@ def batch(bsz: int = BATCH, seq_len: int = SEQ, num_anchors: int = ANCHORS):
     gen = torch.Generator().manual_seed(1)
     aux = torch.randn(bsz, seq_len, 3 * HIDDEN, generator=gen)
     ids = torch.randint(0, VOCAB - 1, (bsz, seq_len), generator=gen)
-    anchors = torch.stack([torch.randperm(seq_len - 1, generator=gen)[:num_anchors].sort().values
-                           for _ in range(bsz)])
+    anchors = torch.stack([torch.randperm(seq_len - 1, generator=gen)[:num_anchors].sort().values for _ in range(bsz)])
     return aux, ids, anchors
 
 
@@ -102,10 +110,18 @@ def bench_training(arch: str, impl: str, repeat: int, backward: bool, shape: tup
                 model(aux, ids, anchors)
 
     seconds, first = timed(step, repeat, warmup=2)
-    return {"arch": arch, "attn_impl": impl, "backward": backward, "batch": bsz,
-            "seq_len": seq_len, "anchors": num_anchors, "seconds": seconds,
-            "first_call_seconds": first, "seq_tokens_per_s": bsz * seq_len / seconds,
-            "block_slots_per_s": bsz * num_anchors * BLOCK / seconds}
+    return {
+        "arch": arch,
+        "attn_impl": impl,
+        "backward": backward,
+        "batch": bsz,
+        "seq_len": seq_len,
+        "anchors": num_anchors,
+        "seconds": seconds,
+        "first_call_seconds": first,
+        "seq_tokens_per_s": bsz * seq_len / seconds,
+        "block_slots_per_s": bsz * num_anchors * BLOCK / seconds,
+    }
 
 
 def bench_drafting(arch: str, impl: str, repeat: int, num_requests: int) -> dict:
@@ -115,8 +131,7 @@ def bench_drafting(arch: str, impl: str, repeat: int, num_requests: int) -> dict
     slots = [cache.add_request() for _ in range(num_requests)]
     cache.extend({s: aux[s % BATCH, :SEQ] for s in slots})
     anchors = ids[torch.arange(num_requests) % BATCH, -1]
-    seconds, first = timed(lambda: draft_block(model, cache, slots, anchors, attn_impl=impl),
-                           repeat, warmup=3)
+    seconds, first = timed(lambda: draft_block(model, cache, slots, anchors, attn_impl=impl), repeat, warmup=3)
 
     def append_and_roll_back():  # one verification step: 8 new rows per request
         cache.extend({s: aux[s % BATCH, :8] for s in slots})
@@ -124,9 +139,16 @@ def bench_drafting(arch: str, impl: str, repeat: int, num_requests: int) -> dict
             cache.truncate(s, SEQ)
 
     append, _ = timed(append_and_roll_back, repeat, warmup=2)
-    return {"arch": arch, "attn_impl": impl, "requests": num_requests, "context": SEQ,
-            "block": BLOCK, "draft_block_ms": 1e3 * seconds, "first_call_ms": 1e3 * first,
-            "append_8_rows_ms": 1e3 * append}
+    return {
+        "arch": arch,
+        "attn_impl": impl,
+        "requests": num_requests,
+        "context": SEQ,
+        "block": BLOCK,
+        "draft_block_ms": 1e3 * seconds,
+        "first_call_ms": 1e3 * first,
+        "append_8_rows_ms": 1e3 * append,
+    }
 
 
 def markdown(result: dict) -> str:
@@ -142,29 +164,39 @@ def markdown(result: dict) -> str:
         "",
         "B x T / A: sequences x tokens / anchors per sequence; block slots = B * A * 7.",
         "",
-        "| arch | B x T / A | attn | backward | ms / batch | seq tokens/s | block slots/s | "
-        "first call ms |",
+        "| arch | B x T / A | attn | backward | ms / batch | seq tokens/s | block slots/s | first call ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["training"]:
-        lines.append(f"| {r['arch']} | {r['batch']} x {r['seq_len']} / {r['anchors']} | "
-                     f"{r['attn_impl']} | {r['backward']} | "
-                     f"{1e3 * r['seconds']:.1f} | {r['seq_tokens_per_s']:.0f} | "
-                     f"{r['block_slots_per_s']:.0f} | {1e3 * r['first_call_seconds']:.0f} |")
-    lines += ["", "## Drafting one block (greedy, 128 cached context positions)", "",
-              "| arch | attn | requests | ms / block | append 8 rows ms | first call ms |",
-              "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['arch']} | {r['batch']} x {r['seq_len']} / {r['anchors']} | "
+            f"{r['attn_impl']} | {r['backward']} | "
+            f"{1e3 * r['seconds']:.1f} | {r['seq_tokens_per_s']:.0f} | "
+            f"{r['block_slots_per_s']:.0f} | {1e3 * r['first_call_seconds']:.0f} |"
+        )
+    lines += [
+        "",
+        "## Drafting one block (greedy, 128 cached context positions)",
+        "",
+        "| arch | attn | requests | ms / block | append 8 rows ms | first call ms |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in result["drafting"]:
-        lines.append(f"| {r['arch']} | {r['attn_impl']} | {r['requests']} | "
-                     f"{r['draft_block_ms']:.2f} | {r['append_8_rows_ms']:.2f} | "
-                     f"{r['first_call_ms']:.0f} |")
-    lines += ["", "Notes: a shared 2-core machine (other engineers' jobs ran alongside; see the load "
-              "average), 1 thread; expect +-15% between runs. `first call` includes flex's compile. "
-              "The training step's cost is dominated by the lm_head / Markov projections over "
-              "B*A*7 slots x 4096 vocab, so attention implementations differ little here; on GPU "
-              "the default (`auto`) is flex, which skips masked tiles. Drafting one block costs "
-              "~3-4 ms at B=1, mostly per-op overhead of 2 layers + 7 sequential Markov steps; "
-              "appending a verification step's 8 rows to the context cache costs < 1 ms."]
+        lines.append(
+            f"| {r['arch']} | {r['attn_impl']} | {r['requests']} | "
+            f"{r['draft_block_ms']:.2f} | {r['append_8_rows_ms']:.2f} | "
+            f"{r['first_call_ms']:.0f} |"
+        )
+    lines += [
+        "",
+        "Notes: a shared 2-core machine (other engineers' jobs ran alongside; see the load "
+        "average), 1 thread; expect +-15% between runs. `first call` includes flex's compile. "
+        "The training step's cost is dominated by the lm_head / Markov projections over "
+        "B*A*7 slots x 4096 vocab, so attention implementations differ little here; on GPU "
+        "the default (`auto`) is flex, which skips masked tiles. Drafting one block costs "
+        "~3-4 ms at B=1, mostly per-op overhead of 2 layers + 7 sequential Markov steps; "
+        "appending a verification step's 8 rows to the context cache costs < 1 ms.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -184,9 +216,11 @@ def main() -> None:
     result = {
         "command": " ".join(["python", "benchmarks/draft_model.py", *sys.argv[1:]]),
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
-        "torch": torch.__version__, "threads": args.threads,
+        "torch": torch.__version__,
+        "threads": args.threads,
         "load_before": [round(x, 2) for x in os.getloadavg()],
-        "training": [], "drafting": [],
+        "training": [],
+        "drafting": [],
     }
     for arch in ("mla", "gqa"):
         for shape in TRAIN_SHAPES[:1] if args.quick else TRAIN_SHAPES:

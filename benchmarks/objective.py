@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import os
+import platform
 import sys
 import tempfile
 import time
@@ -40,11 +40,18 @@ import run as peers  # noqa: E402  (benchmarks/peers/run.py)
 GROUPS = {  # name -> [(row name, recipe overrides)]; gains read against each group's first row
     "objective": [
         ("published: CE vs label, exp decay", {"train.loss.ce_target": "label", "train.loss.slot_weighting": "decay"}),
-        ("CE vs label, expected-length weights",
-         {"train.loss.ce_target": "label", "train.loss.slot_weighting": "expected_length"}),
-        ("CE vs target distribution, exp decay", {"train.loss.ce_target": "target", "train.loss.slot_weighting": "decay"}),
-        ("CE vs target distribution, expected-length weights",
-         {"train.loss.ce_target": "target", "train.loss.slot_weighting": "expected_length"}),
+        (
+            "CE vs label, expected-length weights",
+            {"train.loss.ce_target": "label", "train.loss.slot_weighting": "expected_length"},
+        ),
+        (
+            "CE vs target distribution, exp decay",
+            {"train.loss.ce_target": "target", "train.loss.slot_weighting": "decay"},
+        ),
+        (
+            "CE vs target distribution, expected-length weights",
+            {"train.loss.ce_target": "target", "train.loss.slot_weighting": "expected_length"},
+        ),
     ],
     "settings": [
         ("the tiny recipe", {}),
@@ -58,21 +65,28 @@ GROUPS = {  # name -> [(row name, recipe overrides)]; gains read against each gr
         ("warmup 20 steps (NeMo AutoModel's floor)", {"train.warmup_steps": "20"}),
     ],
 }
-TITLES = {"objective": "The training objective's options", "settings": "Training settings, one at a time",
-          "warmup": "Warmup length (NeMo AutoModel floors it at 20 steps)"}
+TITLES = {
+    "objective": "The training objective's options",
+    "settings": "Training settings, one at a time",
+    "warmup": "Warmup length (NeMo AutoModel floors it at 20 steps)",
+}
 
 
 def markdown(result: dict) -> str:
     group = result.get("group", "objective")
-    md = [f"# {TITLES[group]}: same data, same budget, one engine", "",
-          f"Command: `{result['command']}` ({result['date']}, {result['machine']}); {result['wall_s'] / 60:.1f} min.",
-          "",
-          f"Data: the peers benchmark's capture of `tiny-gqa` ({result['data']}). Budget: {result['steps']} steps "
-          "of the tiny recipe (`target.model=tiny-gqa draft.arch=gqa`), its loss weights "
-          f"({result['loss']}), seed {result.get('seed', 0)}; each row changes only the keys it names. tau: `dspark bench DRAFT --offline`, "
-          f"{result['eval_prompts']} tiny-eval prompts.", "",
-          "| variant | changes | tau T=0 [95% CI] | tau T=1 [95% CI] | train s |",
-          "|---|---|---|---|---|"]
+    md = [
+        f"# {TITLES[group]}: same data, same budget, one engine",
+        "",
+        f"Command: `{result['command']}` ({result['date']}, {result['machine']}); {result['wall_s'] / 60:.1f} min.",
+        "",
+        f"Data: the peers benchmark's capture of `tiny-gqa` ({result['data']}). Budget: {result['steps']} steps "
+        "of the tiny recipe (`target.model=tiny-gqa draft.arch=gqa`), its loss weights "
+        f"({result['loss']}), seed {result.get('seed', 0)}; each row changes only the keys it names. tau: `dspark bench DRAFT --offline`, "
+        f"{result['eval_prompts']} tiny-eval prompts.",
+        "",
+        "| variant | changes | tau T=0 [95% CI] | tau T=1 [95% CI] | train s |",
+        "|---|---|---|---|---|",
+    ]
     base = result["rows"][0]
     for r in result["rows"]:
         cells = []
@@ -90,8 +104,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--group", choices=sorted(GROUPS), default="objective")
     parser.add_argument("--steps", type=int, default=160)
-    parser.add_argument("--seed", type=int, default=None,
-                        help="train.seed for every row (default: the recipe's); recorded as GROUP-seedN.*")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="train.seed for every row (default: the recipe's); recorded as GROUP-seedN.*",
+    )
     parser.add_argument("--eval-prompts", type=int, default=200)
     parser.add_argument("--rows", default=None, help="only these rows of the group, e.g. 0,1 (default: all)")
     parser.add_argument("--work", default=None, help="working directory (default: a new temp dir)")
@@ -116,22 +134,39 @@ def main() -> None:
         draft = work / f"draft-{tag}"
         peers.export(Path(run["dir"]), draft, work / f"export-{tag}.log")
         tau = peers.bench(work, name, draft, args.eval_prompts, slug=tag)
-        rows.append({"name": name, "overrides": overrides, "train_wall_s": run["wall_s"],
-                     "final_loss": run["final_loss"],
-                     "tau": {str(r["temperature"]): {"tau": r["tau"], "ci95": r["ci95"], "turns": r["turns"]}
-                             for r in tau}})
+        rows.append(
+            {
+                "name": name,
+                "overrides": overrides,
+                "train_wall_s": run["wall_s"],
+                "final_loss": run["final_loss"],
+                "tau": {str(r["temperature"]): {"tau": r["tau"], "ci95": r["ci95"], "turns": r["turns"]} for r in tau},
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     result = {
-        "command": "python benchmarks/objective.py" + "".join(
-            f" --{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-            if k in ("group", "steps", "seed", "rows", "eval_prompts") and v != parser.get_default(k)),
+        "command": "python benchmarks/objective.py"
+        + "".join(
+            f" --{k.replace('_', '-')} {v}"
+            for k, v in vars(args).items()
+            if k in ("group", "steps", "seed", "rows", "eval_prompts") and v != parser.get_default(k)
+        ),
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        "group": args.group, "steps": args.steps, "seed": recipe.train.seed, "eval_prompts": args.eval_prompts, "timings": timings,
+        "group": args.group,
+        "steps": args.steps,
+        "seed": recipe.train.seed,
+        "eval_prompts": args.eval_prompts,
+        "timings": timings,
         "data": f"{timings['datagen']['conversations']} regenerated answers",
-        "loss": ", ".join(f"{k} {v}" for k, v in recipe.train.loss.model_dump().items()
-                          if k in ("ce", "l1", "confidence", "slot_decay_gamma")),
-        "rows": rows, "wall_s": round(time.time() - started), "work": str(work),
+        "loss": ", ".join(
+            f"{k} {v}"
+            for k, v in recipe.train.loss.model_dump().items()
+            if k in ("ce", "l1", "confidence", "slot_decay_gamma")
+        ),
+        "rows": rows,
+        "wall_s": round(time.time() - started),
+        "work": str(work),
     }
     text = markdown(result)
     print(text)

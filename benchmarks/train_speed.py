@@ -55,8 +55,16 @@ def make_target(directory: Path, vocab: int) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).save_pretrained(directory)
     return directory
@@ -74,20 +82,43 @@ def sequences(vocab: int, num: int, features: int):
         mask[PROMPT:] = True
         last = torch.randn(SEQ, HIDDEN, generator=gen).bfloat16()
         last[~mask] = 0
-        out.append(CapturedSequence(f"s/{i}", torch.randint(0, vocab - 1, (SEQ,), generator=gen), mask,
-                                    torch.randn(SEQ, features, generator=gen).bfloat16(), last))
+        out.append(
+            CapturedSequence(
+                f"s/{i}",
+                torch.randint(0, vocab - 1, (SEQ,), generator=gen),
+                mask,
+                torch.randn(SEQ, features, generator=gen).bfloat16(),
+                last,
+            )
+        )
     return out
 
 
 def recipe_for(target: Path, out: Path, steps: int, vocab: int, compile: bool = False):
     from dspark_cli.recipe import load_recipe
 
-    return load_recipe("tiny", [
-        f"target.model={target}", "target.dtype=float32", f"output_dir={out}", "draft.arch=gqa",
-        "draft.num_layers=2", "draft.block_size=7", "draft.markov_rank=32", f"draft.mask_token_id={vocab - 1}",
-        f"train.num_anchors={ANCHORS}", f"train.max_seq_len={SEQ}", f"train.tokens_per_step={SEQ * SEQS_PER_STEP}",
-        f"train.max_steps={steps}", "train.log_every=10", f"train.checkpoint_every={steps}", "train.precision=fp32",
-        "train.warmup_steps=5", f"train.compile={str(compile).lower()}"])
+    return load_recipe(
+        "tiny",
+        [
+            f"target.model={target}",
+            "target.dtype=float32",
+            f"output_dir={out}",
+            "draft.arch=gqa",
+            "draft.num_layers=2",
+            "draft.block_size=7",
+            "draft.markov_rank=32",
+            f"draft.mask_token_id={vocab - 1}",
+            f"train.num_anchors={ANCHORS}",
+            f"train.max_seq_len={SEQ}",
+            f"train.tokens_per_step={SEQ * SEQS_PER_STEP}",
+            f"train.max_steps={steps}",
+            "train.log_every=10",
+            f"train.checkpoint_every={steps}",
+            "train.precision=fp32",
+            "train.warmup_steps=5",
+            f"train.compile={str(compile).lower()}",
+        ],
+    )
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -114,10 +145,25 @@ def worker(args: argparse.Namespace) -> None:
 
 def run_ours(target: Path, vocab: int, steps: int, threads: int, nproc: int, compile: bool = False) -> dict:
     out = Path(tempfile.mkdtemp(prefix="dspark-train-speed-"))
-    cmd = [__file__, "--worker", "--target", str(target), "--out", str(out), "--vocab", str(vocab),
-           "--steps", str(steps), "--threads", str(threads)] + (["--compile"] if compile else [])
-    cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *cmd]
-           if nproc > 1 else [sys.executable, *cmd])
+    cmd = [
+        __file__,
+        "--worker",
+        "--target",
+        str(target),
+        "--out",
+        str(out),
+        "--vocab",
+        str(vocab),
+        "--steps",
+        str(steps),
+        "--threads",
+        str(threads),
+    ] + (["--compile"] if compile else [])
+    cmd = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *cmd]
+        if nproc > 1
+        else [sys.executable, *cmd]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True, cwd=ROOT)
     records = json.loads([line for line in done.stdout.splitlines() if line.startswith("[")][-1])[1:]
@@ -135,8 +181,8 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
     import torch.nn.functional as F
 
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import Target
     from dspark_cli.draft.model import DSparkDraftModel
+    from dspark_cli.targets import Target
     from dspark_cli.training.data import StepStream
     from dspark_cli.training.distributed import DistEnv
     from dspark_cli.training.loop import LoopConfig, train_step
@@ -153,12 +199,31 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
     env = DistEnv(0, 1, 0, torch.device("cpu"))
     module = build_step_module(recipe, config, env, torch.float32)
     optimizer = make_optimizer(module, recipe, env)
-    cfg = LoopConfig(num_steps=steps, lr=1e-3, min_lr_ratio=0.1, warmup_steps=5, grad_clip=1.0, log_every=10,
-                     checkpoint_every=steps, block_size=7, loss=module.loss_config, data_dtype=torch.float32,
-                     autocast_dtype=None)
+    cfg = LoopConfig(
+        num_steps=steps,
+        lr=1e-3,
+        min_lr_ratio=0.1,
+        warmup_steps=5,
+        grad_clip=1.0,
+        log_every=10,
+        checkpoint_every=steps,
+        block_size=7,
+        loss=module.loss_config,
+        data_dtype=torch.float32,
+        autocast_dtype=None,
+    )
     data = sequences(vocab, SEQS_PER_STEP * 16, HIDDEN * len(layer_ids))
-    stream = iter(StepStream(lambda: iter(data), seed=0, num_anchors=ANCHORS, max_seq_len=SEQ,
-                             tokens_per_step=SEQ * SEQS_PER_STEP, world_size=1, epochs=None))
+    stream = iter(
+        StepStream(
+            lambda: iter(data),
+            seed=0,
+            num_anchors=ANCHORS,
+            max_seq_len=SEQ,
+            tokens_per_step=SEQ * SEQS_PER_STEP,
+            world_size=1,
+            epochs=None,
+        )
+    )
 
     naive_model = DSparkDraftModel(config)
     naive_model.init_weights()
@@ -287,43 +352,62 @@ def matmul_peak(threads: int) -> float:
 def peers_line() -> str:
     """The comparison with the peers: the recorded side-by-side run of benchmarks/peers/run.py, if any."""
     if not PEERS_RESULT.is_file():
-        return ("Peers: no recorded side-by-side run yet (`python benchmarks/peers/run.py` writes "
-                "results/peers.json); goal: >= 1.5x the fastest peer's tokens/s in that run.")
+        return (
+            "Peers: no recorded side-by-side run yet (`python benchmarks/peers/run.py` writes "
+            "results/peers.json); goal: >= 1.5x the fastest peer's tokens/s in that run."
+        )
     peers = json.loads(PEERS_RESULT.read_text())
     speeds = peers["tokens_per_s"]
     ours = speeds["dspark"]
     best_name, best = max(((k, v) for k, v in speeds.items() if k != "dspark"), key=lambda kv: kv[1])
     ratio = ours / best
-    return (f"Peers, measured side by side on this machine (results/peers.json, {peers['date']}, `{peers['command']}`, "
-            f"the {peers['target']} capture, alternating runs, load average {peers['load_average_start']}): "
-            + ", ".join(f"{k} {v:,.0f} tokens/s" for k, v in speeds.items())
-            + f". Goal >= 1.5x the fastest peer ({best_name}): dspark is {ratio:.2f}x -- "
-            + ("met." if ratio >= 1.5 else "not met.") + " That run's setup is not this table's (real tiny target, "
-            "vocab 4096, chat-length sequences): compare its rows with each other.")
+    return (
+        f"Peers, measured side by side on this machine (results/peers.json, {peers['date']}, `{peers['command']}`, "
+        f"the {peers['target']} capture, alternating runs, load average {peers['load_average_start']}): "
+        + ", ".join(f"{k} {v:,.0f} tokens/s" for k, v in speeds.items())
+        + f". Goal >= 1.5x the fastest peer ({best_name}): dspark is {ratio:.2f}x -- "
+        + ("met." if ratio >= 1.5 else "not met.")
+        + " That run's setup is not this table's (real tiny target, "
+        "vocab 4096, chat-length sequences): compare its rows with each other."
+    )
 
 
 def markdown(result: dict) -> str:
-    lines = ["# `dspark train` speed on the issue's tiny setup", "",
-             f"Command: `{result['command']}`  ",
-             f"Machine: {result['machine']}, torch {result['torch']}; load average before/after "
-             f"{result['load_before']} / {result['load_after']}.  ",
-             f"Theoretical fp32 peak {result['theoretical_peak_gflops']:.0f} GFLOP/s (2 cores x {CLOCK_GHZ} GHz x "
-             f"{FLOPS_PER_CYCLE}); measured 2048^3 matmul: {result['matmul_gflops']['1']:.0f} GFLOP/s (1 thread), "
-             f"{result['matmul_gflops']['2']:.0f} (2 threads).", "",
-             "| vocab | trainer | measured | processes x threads | tokens/s (median) | repeats (tokens/s) | vs naive | model FLOPs/token | MFU (matmul peak) | MFU (theoretical) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# `dspark train` speed on the issue's tiny setup",
+        "",
+        f"Command: `{result['command']}`  ",
+        f"Machine: {result['machine']}, torch {result['torch']}; load average before/after "
+        f"{result['load_before']} / {result['load_after']}.  ",
+        f"Theoretical fp32 peak {result['theoretical_peak_gflops']:.0f} GFLOP/s (2 cores x {CLOCK_GHZ} GHz x "
+        f"{FLOPS_PER_CYCLE}); measured 2048^3 matmul: {result['matmul_gflops']['1']:.0f} GFLOP/s (1 thread), "
+        f"{result['matmul_gflops']['2']:.0f} (2 threads).",
+        "",
+        "| vocab | trainer | measured | processes x threads | tokens/s (median) | repeats (tokens/s) | vs naive | model FLOPs/token | MFU (matmul peak) | MFU (theoretical) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in result["rows"]:
         samples = ", ".join(f"{x / 1000:.1f}k" for x in row["samples"])
-        lines.append(f"| {row['vocab']} | {row['trainer']} | {row['measured']} | {row['procs']} x {row['threads']} | {row['tokens_per_s']:,} | "
-                     f"{samples} | {row['speedup_vs_naive']:.2f}x | {row['flops_per_token'] / 1e6:.2f} M | {row['mfu_matmul']:.1%} | "
-                     f"{row['mfu_theoretical']:.1%} |")
+        lines.append(
+            f"| {row['vocab']} | {row['trainer']} | {row['measured']} | {row['procs']} x {row['threads']} | {row['tokens_per_s']:,} | "
+            f"{samples} | {row['speedup_vs_naive']:.2f}x | {row['flops_per_token'] / 1e6:.2f} M | {row['mfu_matmul']:.1%} | "
+            f"{row['mfu_theoretical']:.1%} |"
+        )
     ours = [r for r in result["rows"] if r["trainer"] == "dspark"]
-    best = {v: max((r for r in ours if r["vocab"] == v), key=lambda r: r["tokens_per_s"])
-            for v in sorted({r["vocab"] for r in ours})}
-    lines += ["", "Best dspark row per vocabulary: " + ", ".join(
-        f"{r['tokens_per_s']:,} tokens/s at {v} ({r['measured']}, {r['procs']} x {r['threads']})" for v, r in best.items())
+    best = {
+        v: max((r for r in ours if r["vocab"] == v), key=lambda r: r["tokens_per_s"])
+        for v in sorted({r["vocab"] for r in ours})
+    }
+    lines += [
+        "",
+        "Best dspark row per vocabulary: "
+        + ", ".join(
+            f"{r['tokens_per_s']:,} tokens/s at {v} ({r['measured']}, {r['procs']} x {r['threads']})"
+            for v, r in best.items()
+        )
         + ". The like-for-like comparison with the textbook objective is the `vs naive` column (same model, same "
-        "machine, same moment)."]
+        "machine, same moment).",
+    ]
     lines += ["", peers_line()]
     lines += ["", result["notes"]]
     return "\n".join(lines) + "\n"
@@ -348,33 +432,51 @@ def main() -> None:
     vocabs = [1024] if args.quick else [1024, 4096]
     steps = 30 if args.quick else 60
     repeats = 1 if args.quick else 3
-    result = {"command": "python benchmarks/train_speed.py" + (" --quick" if args.quick else ""),
-              "machine": f"{platform.machine()} {os.cpu_count()} cores ({platform.processor() or 'x86_64'})",
-              "torch": torch.__version__, "load_before": [round(x, 2) for x in os.getloadavg()],
-              "theoretical_peak_gflops": (os.cpu_count() or 1) * CLOCK_GHZ * FLOPS_PER_CYCLE,
-              "matmul_gflops": {str(t): matmul_peak(t) / 1e9 for t in (1, 2)}, "repeats": repeats, "rows": []}
+    result = {
+        "command": "python benchmarks/train_speed.py" + (" --quick" if args.quick else ""),
+        "machine": f"{platform.machine()} {os.cpu_count()} cores ({platform.processor() or 'x86_64'})",
+        "torch": torch.__version__,
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "theoretical_peak_gflops": (os.cpu_count() or 1) * CLOCK_GHZ * FLOPS_PER_CYCLE,
+        "matmul_gflops": {str(t): matmul_peak(t) / 1e9 for t in (1, 2)},
+        "repeats": repeats,
+        "rows": [],
+    }
     for vocab in vocabs:
         target = make_target(Path(tempfile.mkdtemp(prefix="dspark-speed-target-")), vocab)
         step_rates = interleaved(target, vocab, steps)
         runs = {(name, 1, 1, "train_step, interleaved"): [{"tokens_per_s": rate}] for name, rate in step_rates.items()}
         # (processes, threads each, train.compile)
-        layouts = ([(1, 1, False), (1, 1, True)] if args.quick else
-                   [(1, 1, False), (1, 2, False), (2, 1, False), (1, 1, True), (1, 2, True), (2, 1, True)])
+        layouts = (
+            [(1, 1, False), (1, 1, True)]
+            if args.quick
+            else [(1, 1, False), (1, 2, False), (2, 1, False), (1, 1, True), (1, 2, True), (2, 1, True)]
+        )
         for _ in range(repeats):  # interleaved, so drifting load hits all alike
             for procs, threads, compiled in layouts:
                 how = "run_train end to end" + (", train.compile" if compiled else "")
                 runs.setdefault(("dspark", procs, threads, how), []).append(
-                    run_ours(target, vocab, steps, threads, procs, compiled))
+                    run_ours(target, vocab, steps, threads, procs, compiled)
+                )
         flops = statistics.median(r["flops_per_token"] for r in runs[("dspark", 1, 1, "run_train end to end")])
         base = step_rates["naive"]
         for (name, procs, threads, how), samples in runs.items():
             rate = statistics.median(r["tokens_per_s"] for r in samples)
-            result["rows"].append({
-                "vocab": vocab, "trainer": name, "measured": how, "procs": procs, "threads": threads,
-                "tokens_per_s": round(rate), "samples": [r["tokens_per_s"] for r in samples], "flops_per_token": flops,
-                "speedup_vs_naive": rate / base,
-                "mfu_matmul": flops * rate / (result["matmul_gflops"][str(procs * threads)] * 1e9),
-                "mfu_theoretical": flops * rate / (procs * threads * CLOCK_GHZ * FLOPS_PER_CYCLE * 1e9)})
+            result["rows"].append(
+                {
+                    "vocab": vocab,
+                    "trainer": name,
+                    "measured": how,
+                    "procs": procs,
+                    "threads": threads,
+                    "tokens_per_s": round(rate),
+                    "samples": [r["tokens_per_s"] for r in samples],
+                    "flops_per_token": flops,
+                    "speedup_vs_naive": rate / base,
+                    "mfu_matmul": flops * rate / (result["matmul_gflops"][str(procs * threads)] * 1e9),
+                    "mfu_theoretical": flops * rate / (procs * threads * CLOCK_GHZ * FLOPS_PER_CYCLE * 1e9),
+                }
+            )
             print(json.dumps(result["rows"][-1]), flush=True)
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     result["notes"] = (
@@ -387,7 +489,8 @@ def main() -> None:
         "FSDP2 on gloo, one thread per process; `vs naive` compares every row with the 1-core naive "
         "trainer, so rows using 2 cores include the second core. On a shared machine intra-op threads "
         "collapse when another job holds a core (~500 tokens/s seen, OpenMP threads wait for each other); "
-        "compare rows of one run.\n\n" + DIAGNOSIS)
+        "compare rows of one run.\n\n" + DIAGNOSIS
+    )
     out = ROOT / "benchmarks" / "results"
     (out / "train_speed.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "train_speed.md").write_text(markdown(result))

@@ -29,11 +29,21 @@ ROOT = Path(__file__).resolve().parents[1]
 def recipe_for(target: str, out: Path, source: str, prompts: int, steps: int, max_tokens: int, tokens_per_step: int):
     from dspark_cli.recipe import load_recipe
 
-    return load_recipe("tiny", [
-        f"target.model={target}", f"output_dir={out}", f"draft.arch={'mla' if target.endswith('mla') else 'gqa'}",
-        f"datagen.sources=[{{path: {source}, max_samples: {prompts}}}]", f"datagen.max_tokens={max_tokens}",
-        "datagen.exclude_eval=[]", f"train.max_steps={steps}", f"train.tokens_per_step={tokens_per_step}",
-        "train.log_every=25", "train.checkpoint_every=1000"])
+    return load_recipe(
+        "tiny",
+        [
+            f"target.model={target}",
+            f"output_dir={out}",
+            f"draft.arch={'mla' if target.endswith('mla') else 'gqa'}",
+            f"datagen.sources=[{{path: {source}, max_samples: {prompts}}}]",
+            f"datagen.max_tokens={max_tokens}",
+            "datagen.exclude_eval=[]",
+            f"train.max_steps={steps}",
+            f"train.tokens_per_step={tokens_per_step}",
+            "train.log_every=25",
+            "train.checkpoint_every=1000",
+        ],
+    )
 
 
 def captured(recipe) -> list:
@@ -57,8 +67,9 @@ def speculative_tau(target_dir: Path, layer_ids: list[int], train_dir: Path, seq
     for seq in sequences:
         first = int(seq.loss_mask.float().argmax())  # the first response token
         response = seq.input_ids[first:].tolist()
-        out = engine.generate(seq.input_ids[:first].tolist(),
-                              Sampling(temperature=0.0, max_tokens=len(response), stop_ids=stop_ids))
+        out = engine.generate(
+            seq.input_ids[:first].tolist(), Sampling(temperature=0.0, max_tokens=len(response), stop_ids=stop_ids)
+        )
         accepted += sum(out.accepted)
         steps += out.num_steps
         same += out.token_ids == response[: len(out.token_ids)]
@@ -78,18 +89,19 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from dspark_cli.capture.plan import resolve_layer_ids
-    from dspark_cli.targets import Target
     from dspark_cli.draft.model import DSparkDraftModel
-    from dspark_cli.targets import resolve_target
+    from dspark_cli.targets import Target, resolve_target
     from dspark_cli.training.evaluate import evaluate_draft, load_trained_draft
     from dspark_cli.training.run import build_draft_config, run_train
 
     work = Path(tempfile.mkdtemp(prefix="dspark-train-tau-"))
     started = time.time()
-    recipe = recipe_for(args.target, work / "train", "tiny-prompts", args.prompts, args.steps, args.max_tokens,
-                        args.tokens_per_step)
-    held = recipe_for(args.target, work / "eval", "tiny-eval", args.eval_prompts, args.steps, args.max_tokens,
-                      args.tokens_per_step)
+    recipe = recipe_for(
+        args.target, work / "train", "tiny-prompts", args.prompts, args.steps, args.max_tokens, args.tokens_per_step
+    )
+    held = recipe_for(
+        args.target, work / "eval", "tiny-eval", args.eval_prompts, args.steps, args.max_tokens, args.tokens_per_step
+    )
     captured(recipe)
     held_out = captured(held)
     target_dir = resolve_target(args.target)
@@ -105,29 +117,42 @@ def main() -> None:
     real = speculative_tau(target_dir, layer_ids, train_dir, held_out, config.block_size)
     keys = ("tau_greedy", "tau_greedy_decode", "tau_t1", "tau_t1_decode", "acc", "acc_slot", "loss")
     result = {
-        "command": "python benchmarks/train_tau.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-        "target": args.target, "block_size": config.block_size, "train_sequences": summary.tokens,
-        "train_steps": summary.steps, "held_out_sequences": len(held_out), "load_average": os.getloadavg(),
-        "untrained": {k: before[k] for k in keys}, "trained": {k: after[k] for k in keys},
-        "speculative_decoding_greedy": real, "wall_s": round(time.time() - started),
+        "command": "python benchmarks/train_tau.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+        "target": args.target,
+        "block_size": config.block_size,
+        "train_sequences": summary.tokens,
+        "train_steps": summary.steps,
+        "held_out_sequences": len(held_out),
+        "load_average": os.getloadavg(),
+        "untrained": {k: before[k] for k in keys},
+        "trained": {k: after[k] for k in keys},
+        "speculative_decoding_greedy": real,
+        "wall_s": round(time.time() - started),
         "train_final_metrics": {k: summary.final_metrics[k] for k in ("tau_greedy", "tau_t1", "loss", "tokens_per_s")},
     }
     out = ROOT / "benchmarks" / "results"
     (out / "train_tau.json").write_text(json.dumps(result, indent=2) + "\n")
-    md = [f"# Trained vs untrained draft on {args.target}", "", f"Command: `{result['command']}`  ",
-          f"{summary.steps} steps ({summary.tokens:,} tokens) of the `tiny` recipe; held-out: "
-          f"{len(held_out)} answers to bundled eval prompts; block {config.block_size}.", "",
-          "| draft | tau greedy: logged metric | replayed | speculative decoding | tau T=1: logged metric | replayed | slot-0 accuracy |",
-          "|---|---|---|---|---|---|---|",
-          f"| untrained | {before['tau_greedy']:.2f} | {before['tau_greedy_decode']:.2f} | - | {before['tau_t1']:.2f} | "
-          f"{before['tau_t1_decode']:.2f} | {before['acc_slot'][0]:.3f} |",
-          f"| trained | {after['tau_greedy']:.2f} | {after['tau_greedy_decode']:.2f} | {real['tau']:.2f} ({real['steps']} steps) | "
-          f"{after['tau_t1']:.2f} | {after['tau_t1_decode']:.2f} | {after['acc_slot'][0]:.3f} |", "",
-          "Logged metric: the teacher-forced mean acceptance length over anchors (what training logs; here every "
-          "held-out position is an anchor). Replayed: decoding replayed on those acceptances (`evaluate_draft`). "
-          "Speculative decoding: the reference engine (dspark_cli/bench/engine.py), greedy drafting and "
-          "verification, the same prompts, stopping at the end token. The held-out answers are greedy, so the "
-          "T=1 columns are teacher-forced acceptance probabilities on greedy text, not a T=1 decoding run."]
+    md = [
+        f"# Trained vs untrained draft on {args.target}",
+        "",
+        f"Command: `{result['command']}`  ",
+        f"{summary.steps} steps ({summary.tokens:,} tokens) of the `tiny` recipe; held-out: "
+        f"{len(held_out)} answers to bundled eval prompts; block {config.block_size}.",
+        "",
+        "| draft | tau greedy: logged metric | replayed | speculative decoding | tau T=1: logged metric | replayed | slot-0 accuracy |",
+        "|---|---|---|---|---|---|---|",
+        f"| untrained | {before['tau_greedy']:.2f} | {before['tau_greedy_decode']:.2f} | - | {before['tau_t1']:.2f} | "
+        f"{before['tau_t1_decode']:.2f} | {before['acc_slot'][0]:.3f} |",
+        f"| trained | {after['tau_greedy']:.2f} | {after['tau_greedy_decode']:.2f} | {real['tau']:.2f} ({real['steps']} steps) | "
+        f"{after['tau_t1']:.2f} | {after['tau_t1_decode']:.2f} | {after['acc_slot'][0]:.3f} |",
+        "",
+        "Logged metric: the teacher-forced mean acceptance length over anchors (what training logs; here every "
+        "held-out position is an anchor). Replayed: decoding replayed on those acceptances (`evaluate_draft`). "
+        "Speculative decoding: the reference engine (dspark_cli/bench/engine.py), greedy drafting and "
+        "verification, the same prompts, stopping at the end token. The held-out answers are greedy, so the "
+        "T=1 columns are teacher-forced acceptance probabilities on greedy text, not a T=1 decoding run.",
+    ]
     (out / "train_tau.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

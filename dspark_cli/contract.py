@@ -32,8 +32,10 @@ def spread_layer_ids(num_target_layers: int, count: int) -> list[int]:
     (one id: the middle layer; a very shallow target: its whole depth).
     Qwen3-8B (36 layers, 5 ids): [1, 9, 17, 25, 33]; Llama-3.1-8B (32): [1, 8, 15, 22, 29]."""
     if not 1 <= count <= num_target_layers:
-        raise ContractError(f"draft.target_layer_ids: cannot pick {count} distinct layers "
-                            f"of a {num_target_layers}-layer target", "list the ids explicitly")
+        raise ContractError(
+            f"draft.target_layer_ids: cannot pick {count} distinct layers of a {num_target_layers}-layer target",
+            "list the ids explicitly",
+        )
     if count == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3

@@ -88,8 +88,10 @@ def os_error(exc: OSError) -> DsparkError:
         return (UsageError if usage else DsparkError)(message + where, hint)
     text = (exc.strerror or str(exc)).strip().splitlines()
     first = text[0] if text else type(exc).__name__
-    return DsparkError(f"{first}{where}" if path is not None and str(path) not in first else first,
-                       "check the path, the network or the device, and run again")
+    return DsparkError(
+        f"{first}{where}" if path is not None and str(path) not in first else first,
+        "check the path, the network or the device, and run again",
+    )
 
 
 def debug_enabled() -> bool:
@@ -97,7 +99,9 @@ def debug_enabled() -> bool:
     return os.environ.get("DSPARK_DEBUG", "") not in ("", "0", "false", "False")
 
 
-_OUT_OF_MEMORY_HINT = "a file may claim an impossible size, or this needs a machine with more memory; DSPARK_DEBUG=1 shows where"
+_OUT_OF_MEMORY_HINT = (
+    "a file may claim an impossible size, or this needs a machine with more memory; DSPARK_DEBUG=1 shows where"
+)
 
 
 def user_error(exc: BaseException) -> DsparkError | None:

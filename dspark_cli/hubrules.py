@@ -33,8 +33,10 @@ def repo_id_problem(repo_id: str) -> str | None:
         if len(part) > 96:
             return f"its {what} is {len(part)} characters long; the hubs allow at most 96"
         if not _REPO_PART.match(part):
-            return (f"its {what} {part!r} may hold only letters, digits, '_', '-' and '.', and may not start "
-                    "or end with '-' or '.'")
+            return (
+                f"its {what} {part!r} may hold only letters, digits, '_', '-' and '.', and may not start "
+                "or end with '-' or '.'"
+            )
     if "--" in repo_id or ".." in repo_id:
         return f"{repo_id!r} contains '--' or '..', which the hubs refuse"
     if repo_id.endswith(".git"):
@@ -48,8 +50,10 @@ _SECRET_SHAPES = (
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 ***"),  # an Authorization header value
     (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), "hf_***"),  # a Hugging Face token (hf_ + 34 characters) anywhere
     (re.compile(r"(?i)([?&](?:token|access_token|api_key|apikey)=)[^&\s'\"]+"), r"\1***"),  # in a URL
-    (re.compile(r"(?i)((?:token|api_key|apikey|authorization)[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9._~+/=-]{8,}"),
-     r"\1***"),  # "token": "...", api_key=... in an echoed request
+    (
+        re.compile(r"(?i)((?:token|api_key|apikey|authorization)[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9._~+/=-]{8,}"),
+        r"\1***",
+    ),  # "token": "...", api_key=... in an echoed request
 )
 
 

@@ -51,12 +51,15 @@ def read_limited(response: Any, limit: int, what: str) -> bytes:
     announced (Content-Length) or turns out longer."""
     length = response.headers.get("Content-Length")
     if too_large(length, limit):
-        raise DataError(f"{what}: the server announces {int(length):,} bytes, more than the {limit:,} dspark reads",
-                        "is this the server you meant?")
+        raise DataError(
+            f"{what}: the server announces {int(length):,} bytes, more than the {limit:,} dspark reads",
+            "is this the server you meant?",
+        )
     data = response.read(limit + 1)
     if len(data) > limit:
-        raise DataError(f"{what}: the answer is longer than the {limit:,} bytes dspark reads",
-                        "is this the server you meant?")
+        raise DataError(
+            f"{what}: the answer is longer than the {limit:,} bytes dspark reads", "is this the server you meant?"
+        )
     return data
 
 
@@ -68,13 +71,18 @@ def _hub_response_check(response: Any) -> None:
     if response.is_redirect:
         location = request.url.join(response.headers.get("Location", ""))
         if (location.scheme, location.host, location.port) != (request.url.scheme, request.url.host, request.url.port):
-            raise httpx2.RemoteProtocolError(f"{request.url.host} redirected {request.method} {request.url.path} to "
-                                             f"another host ({location.host}); dspark does not follow it",
-                                             request=request)
+            raise httpx2.RemoteProtocolError(
+                f"{request.url.host} redirected {request.method} {request.url.path} to "
+                f"another host ({location.host}); dspark does not follow it",
+                request=request,
+            )
     if too_large(response.headers.get("Content-Length"), MAX_JSON_BYTES) and request.method != "GET":
-        raise httpx2.RemoteProtocolError(f"{request.url.host} announced a {response.headers['Content-Length']}-byte "
-                                         "answer; dspark reads at most "
-                                         f"{MAX_JSON_BYTES:,}", request=request)
+        raise httpx2.RemoteProtocolError(
+            f"{request.url.host} announced a {response.headers['Content-Length']}-byte "
+            "answer; dspark reads at most "
+            f"{MAX_JSON_BYTES:,}",
+            request=request,
+        )
 
 
 @contextlib.contextmanager
@@ -91,9 +99,11 @@ def requests_stay_on_host() -> Iterator[None]:
         if target:
             asked, going = urlsplit(response.url), urlsplit(urljoin(response.url, target))
             if (going.scheme, going.netloc) != (asked.scheme, asked.netloc):
-                raise requests.exceptions.InvalidURL(f"{asked.netloc} redirected {response.request.method} "
-                                                     f"{asked.path} to another host ({going.netloc}); dspark does "
-                                                     "not follow it")
+                raise requests.exceptions.InvalidURL(
+                    f"{asked.netloc} redirected {response.request.method} "
+                    f"{asked.path} to another host ({going.netloc}); dspark does "
+                    "not follow it"
+                )
         return target
 
     requests.Session.get_redirect_target = checked
@@ -112,14 +122,17 @@ def use_for_hubs() -> None:
     try:
         from huggingface_hub.utils._http import default_client_factory
     except ImportError:  # another huggingface_hub layout: its hooks are lost, the limits still apply
+
         def default_client_factory() -> httpx2.Client:
             return httpx2.Client(follow_redirects=True)
 
     def factory() -> httpx2.Client:
         client = default_client_factory()
         client.timeout = httpx2.Timeout(timeout_s(), connect=CONNECT_TIMEOUT_S)
-        client.event_hooks = {**client.event_hooks,
-                              "response": [*client.event_hooks.get("response", []), _hub_response_check]}
+        client.event_hooks = {
+            **client.event_hooks,
+            "response": [*client.event_hooks.get("response", []), _hub_response_check],
+        }
         return client
 
     set_client_factory(factory)

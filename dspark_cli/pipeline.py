@@ -19,8 +19,15 @@ from dspark_cli.errors import DsparkError, NotBuiltError
 from dspark_cli.recipe import Recipe
 
 if TYPE_CHECKING:
-    from dspark_cli.artifacts.results import (BenchSummary, CaptureSummary, DatagenSummary, ExportSummary,
-                                              PublishSummary, Record, TrainSummary)
+    from dspark_cli.artifacts.results import (
+        BenchSummary,
+        CaptureSummary,
+        DatagenSummary,
+        ExportSummary,
+        PublishSummary,
+        Record,
+        TrainSummary,
+    )
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +58,18 @@ def _quiet(_stage: str, _unit: str) -> Iterator[Update]:
     yield lambda *args, **kwargs: None
 
 
-def run_datagen(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> DatagenSummary:
+def run_datagen(
+    recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None
+) -> DatagenSummary:
     from dspark_cli.datagen.run import run_datagen as regenerate
 
     with (progress or _quiet)("datagen", "conversations") as update:
         return regenerate(recipe, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
 
 
-def run_capture(recipe: Recipe, progress: ProgressFactory | None = None,
-                log_line: LogLine | None = None) -> CaptureSummary | None:
+def run_capture(
+    recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None
+) -> CaptureSummary | None:
     if recipe.capture.mode == "online":
         return None  # captured while training, into the bounded stream
     from dspark_cli.capture import run_capture as capture
@@ -88,19 +98,26 @@ def run_train(recipe: Recipe, progress: ProgressFactory | None = None, log_line:
     with tempfile.TemporaryDirectory(prefix="dspark-launch-") as tmp:
         recipe_file = write_resolved(recipe, tmp)  # what every rank loads: this recipe, overrides applied
         code = relaunch_under_torchrun(
-            recipe, recipe_arg=str(recipe_file), overrides=[], resume="auto", before=capture_first, say=say,
-            on_launch=lambda cmd: say(f"launching {recipe.train.nproc_per_node} x {recipe.train.nnodes} "
-                                      f"processes: {' '.join(cmd[1:5])} ..."),
-            on_line=lambda line: say(line.removeprefix("train: ")))
+            recipe,
+            recipe_arg=str(recipe_file),
+            overrides=[],
+            resume="auto",
+            before=capture_first,
+            say=say,
+            on_launch=lambda cmd: say(
+                f"launching {recipe.train.nproc_per_node} x {recipe.train.nnodes} processes: {' '.join(cmd[1:5])} ..."
+            ),
+            on_line=lambda line: say(line.removeprefix("train: ")),
+        )
     if code is None:
         return _train_here(recipe, log_line)
     if code != 0:
-        raise DsparkError(f"training under torchrun failed (exit code {code})",
-                          "the ranks' error is printed above; fix it and run again (training resumes "
-                          "from its last checkpoint)")
-    from dspark_cli.artifacts.train import read_train_manifest
-
+        raise DsparkError(
+            f"training under torchrun failed (exit code {code})",
+            "the ranks' error is printed above; fix it and run again (training resumes from its last checkpoint)",
+        )
     from dspark_cli.artifacts.results import TrainSummary
+    from dspark_cli.artifacts.train import read_train_manifest
 
     return TrainSummary.from_dict(read_train_manifest(Path(recipe.stage_dir("train")))["summary"])
 
@@ -113,7 +130,9 @@ def _train_here(recipe: Recipe, log_line: LogLine | None) -> TrainSummary:
     return train(recipe, resume="auto", on_log=on_log)
 
 
-def run_export(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> ExportSummary:
+def run_export(
+    recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None
+) -> ExportSummary:
     from dspark_cli.artifacts.results import ExportPlan
     from dspark_cli.export.run import export_checkpoint
 
@@ -127,12 +146,18 @@ def run_bench(recipe: Recipe, progress: ProgressFactory | None = None, log_line:
     from dspark_cli.bench.run import run_bench as bench
 
     with (progress or _quiet)("bench", "turns") as update:
-        return bench(recipe, draft_dir=recipe.stage_dir("export"), offline=True, endpoint=recipe.bench.endpoint,
-                     on_progress=update)
+        return bench(
+            recipe,
+            draft_dir=recipe.stage_dir("export"),
+            offline=True,
+            endpoint=recipe.bench.endpoint,
+            on_progress=update,
+        )
 
 
-def run_publish(recipe: Recipe, progress: ProgressFactory | None = None,
-                log_line: LogLine | None = None) -> PublishSummary:
+def run_publish(
+    recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None
+) -> PublishSummary:
     from dspark_cli.publish import publish_draft
 
     return publish_draft(recipe, recipe.stage_dir("export"))

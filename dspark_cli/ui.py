@@ -71,7 +71,9 @@ def handle_errors(func: F) -> F:
             if debug_enabled():
                 raise
             stderr.print(Text("internal error: ", style="bold red") + Text(_clean(f"{type(exc).__name__}: {exc}")))
-            stderr.print(Text("hint: ", style="yellow") + Text("rerun with DSPARK_DEBUG=1 for the traceback and report it"))
+            stderr.print(
+                Text("hint: ", style="yellow") + Text("rerun with DSPARK_DEBUG=1 for the traceback and report it")
+            )
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
@@ -98,8 +100,8 @@ def say(message: str, style: str | None = None) -> None:
 class progress_bar:  # noqa: N801 - used as a context manager like a function
     """A rich progress bar on a TTY (items/s and tokens/s); plain log lines otherwise.
 
-        with progress_bar("datagen", unit="conversations") as update:
-            update(done, total, tokens=n)
+    with progress_bar("datagen", unit="conversations") as update:
+        update(done, total, tokens=n)
     """
 
     def __init__(self, description: str, unit: str) -> None:
@@ -116,8 +118,14 @@ class progress_bar:  # noqa: N801 - used as a context manager like a function
         self._start = time.perf_counter()
         if stdout.is_terminal:
             self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
-                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=stdout, transient=False,
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn(self.unit),
+                TextColumn("{task.fields[rate]}"),
+                TimeElapsedColumn(),
+                console=stdout,
+                transient=False,
             )
             self._progress.__enter__()
             self._task = self._progress.add_task(self.description, total=None, rate="")

@@ -2,7 +2,7 @@
 # dspark's two set-up commands (see README):
 #
 #   bash scripts/dev.sh demo    # create .venv if needed, install everything, run the tiny pipeline
-#   bash scripts/dev.sh test    # create .venv if needed, ruff check, the whole test suite + docs build
+#   bash scripts/dev.sh test    # create .venv if needed, ruff check + format check, the whole test suite + docs build
 #   bash scripts/dev.sh test -m "not slow"   # the inner loop: ruff check + the fast lane (under 3 minutes)
 #
 # Offline against the package registries only: torch==2.13.0 comes first (pip takes the local
@@ -68,6 +68,7 @@ case "${1:-}" in
         shift
         export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false NO_MKDOCS_2_WARNING=1
         "$VENV/bin/ruff" check dspark_cli tests benchmarks tools
+        "$VENV/bin/ruff" format --check --quiet dspark_cli tests benchmarks tools
         "$VENV/bin/python" -m pytest -q --durations=20 "$@"
         "$VENV/bin/mkdocs" build --strict --quiet --site-dir "${TMPDIR:-/tmp}/dspark-site"
         ;;

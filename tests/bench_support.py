@@ -19,7 +19,9 @@ def chi_square_pvalue(observed: torch.Tensor, expected: torch.Tensor) -> tuple[f
     assert observed[~keep].sum() == 0, "a sequence the target can never produce was emitted"
     stat = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
     df = int(keep.sum()) - 1
-    p = torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64))
+    p = torch.special.gammaincc(
+        torch.tensor(df / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)
+    )
     return stat, df, float(p)
 
 
@@ -117,10 +119,20 @@ def tiny_random_target(seed: int = 0):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=TINY_VOCAB, hidden_size=TINY_HIDDEN, intermediate_size=128,
-                         num_hidden_layers=TINY_LAYERS, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=TINY_VOCAB - 2,
-                         bos_token_id=TINY_VOCAB - 2, pad_token_id=0)
+    config = Qwen3Config(
+        vocab_size=TINY_VOCAB,
+        hidden_size=TINY_HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=TINY_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=TINY_VOCAB - 2,
+        bos_token_id=TINY_VOCAB - 2,
+        pad_token_id=0,
+    )
     model = Qwen3ForCausalLM(config).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(25.0)
@@ -136,10 +148,21 @@ def write_random_draft(directory: Path, *, block_size: int = 4, seed: int = 0, c
     from dspark_cli.draft.model import DSparkDraftModel
 
     cfg = draft_config_from_values(
-        arch="gqa", target_hidden_size=TINY_HIDDEN, vocab_size=TINY_VOCAB, num_layers=1, block_size=block_size,
-        target_layer_ids=TINY_LAYER_IDS, target_num_hidden_layers=TINY_LAYERS, markov_rank=8,
-        mask_token_id=TINY_VOCAB - 1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=128, rope_theta=10000.0)
+        arch="gqa",
+        target_hidden_size=TINY_HIDDEN,
+        vocab_size=TINY_VOCAB,
+        num_layers=1,
+        block_size=block_size,
+        target_layer_ids=TINY_LAYER_IDS,
+        target_num_hidden_layers=TINY_LAYERS,
+        markov_rank=8,
+        mask_token_id=TINY_VOCAB - 1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        rope_theta=10000.0,
+    )
     model = DSparkDraftModel(cfg)
     model.init_weights(std=0.05, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
@@ -157,10 +180,10 @@ def export_random_draft(recipe, directory: Path, *, seed: int = 0) -> Path:
     from safetensors.torch import save_file
 
     from dspark_cli.capture.plan import contract_for_recipe, resolve_layer_ids
-    from dspark_cli.targets import Target
     from dspark_cli.draft.config import vllm_config_dict
     from dspark_cli.draft.model import DSparkDraftModel
     from dspark_cli.export.writer import export_draft
+    from dspark_cli.targets import Target
     from dspark_cli.training.run import build_draft_config
 
     config = build_draft_config(recipe, resolve_layer_ids(recipe, Target.of(recipe).geometry().num_hidden_layers))
@@ -170,10 +193,19 @@ def export_random_draft(recipe, directory: Path, *, seed: int = 0) -> Path:
     (train / "final").mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(train / "final" / "model.safetensors"))
     (train / "final" / "config.json").write_text(json.dumps(vllm_config_dict(config, "float32")), encoding="utf-8")
-    contract = dataclasses.replace(contract_for_recipe(recipe), mask_token_id=config.mask_token_id,
-                                   block_size=config.block_size)
-    (train / "manifest.json").write_text(json.dumps({"kind": "dspark.train", "complete": True,
-                                                     "contract": contract.to_dict(),
-                                                     "recipe": recipe.model_dump(mode="json")}), encoding="utf-8")
+    contract = dataclasses.replace(
+        contract_for_recipe(recipe), mask_token_id=config.mask_token_id, block_size=config.block_size
+    )
+    (train / "manifest.json").write_text(
+        json.dumps(
+            {
+                "kind": "dspark.train",
+                "complete": True,
+                "contract": contract.to_dict(),
+                "recipe": recipe.model_dump(mode="json"),
+            }
+        ),
+        encoding="utf-8",
+    )
     export_draft(train, directory, recipe=recipe, dtype="float32", force=True)
     return directory

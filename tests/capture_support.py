@@ -1,7 +1,7 @@
 """Shared by the capture tests: one real datagen run per bundled tiny target per session, and recipes on it.
 
-    from capture_support import capture_recipe
-    recipe = capture_recipe("tiny-mla", tmp_path, "capture.batch_size=3")
+from capture_support import capture_recipe
+recipe = capture_recipe("tiny-mla", tmp_path, "capture.batch_size=3")
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ from dspark_cli.recipe import Recipe, load_recipe
 
 _DATAGEN: dict[str, Path] = {}  # target -> finished datagen dir, made once per session
 # hf capture unless a test asks for vllm: the independent reference, and no vLLM engine in the pytest process
-DATAGEN_OVERRIDES = ("datagen.engine=hf", "capture.backend=hf", "datagen.sources=[{path: tiny-prompts, max_samples: 6}]",
-                     "datagen.max_tokens=24", "datagen.temperature=0.0", "datagen.batch_size=6", "datagen.shard_size=4")
+DATAGEN_OVERRIDES = (
+    "datagen.engine=hf",
+    "capture.backend=hf",
+    "datagen.sources=[{path: tiny-prompts, max_samples: 6}]",
+    "datagen.max_tokens=24",
+    "datagen.temperature=0.0",
+    "datagen.batch_size=6",
+    "datagen.shard_size=4",
+)
 
 
 def _recipe(target: str, root: Path, *overrides: str) -> Recipe:

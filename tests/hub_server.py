@@ -93,8 +93,9 @@ class LoopbackServer:
     """A hub's state (repos, LFS objects by sha256, the request log) behind a threaded HTTP server on a free
     loopback port; a subclass's `_handler()` returns the request handler class that speaks its protocol."""
 
-    def __init__(self, token: str, *, echo_auth: bool = False, stall: bool = False,
-                 redirect_to: str | None = None) -> None:
+    def __init__(
+        self, token: str, *, echo_auth: bool = False, stall: bool = False, redirect_to: str | None = None
+    ) -> None:
         self.token = token
         self.echo_auth = echo_auth  # a careless server: every error body repeats the request's Authorization header
         self.stall, self.redirect_to = stall, redirect_to  # see JSONHandler._detoured
@@ -184,8 +185,9 @@ class LoopbackHub(LoopbackServer):
                 repo_id = f"{payload['organization']}/{payload['name']}"
                 with hub._lock:
                     if repo_id in hub.repos:
-                        return self._send(409, {"error": "You already created this model repo",
-                                                "url": f"{hub.url}/{repo_id}"})
+                        return self._send(
+                            409, {"error": "You already created this model repo", "url": f"{hub.url}/{repo_id}"}
+                        )
                     visibility = payload.get("visibility") or ("private" if payload.get("private") else "public")
                     hub.repos[repo_id] = Repo(private=visibility == "private")
                 return self._send(200, {"url": f"{hub.url}/{repo_id}", "name": repo_id})
@@ -204,14 +206,28 @@ class LoopbackHub(LoopbackServer):
                 return self._send(200, {"warnings": []})
 
             def _preupload(self, payload: dict[str, Any]) -> None:
-                files = [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular",
-                          "shouldIgnore": False, "oid": None} for f in payload["files"]]
+                files = [
+                    {
+                        "path": f["path"],
+                        "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular",
+                        "shouldIgnore": False,
+                        "oid": None,
+                    }
+                    for f in payload["files"]
+                ]
                 return self._send(200, {"files": files, "commitOid": "0" * 40})
 
             def _lfs_batch(self, payload: dict[str, Any]) -> None:
-                objects = [{"oid": o["oid"], "size": o["size"], "authenticated": True,
-                            "actions": {"upload": {"href": f"{hub.url}/lfs-upload/{o['oid']}"}}}
-                           for o in payload["objects"] if o["oid"] not in hub.objects]
+                objects = [
+                    {
+                        "oid": o["oid"],
+                        "size": o["size"],
+                        "authenticated": True,
+                        "actions": {"upload": {"href": f"{hub.url}/lfs-upload/{o['oid']}"}},
+                    }
+                    for o in payload["objects"]
+                    if o["oid"] not in hub.objects
+                ]
                 return self._send(200, {"transfer": "basic", "objects": objects})
 
             def _commit(self, repo_id: str, body: bytes) -> None:
@@ -238,8 +254,9 @@ class LoopbackHub(LoopbackServer):
                     repo.files.update(staged)
                     repo.commits.append(message)
                     oid = hashlib.sha1(body).hexdigest()
-                return self._send(200, {"commitUrl": f"{hub.url}/{repo_id}/commit/{oid}", "commitOid": oid,
-                                        "pullRequestUrl": None})
+                return self._send(
+                    200, {"commitUrl": f"{hub.url}/{repo_id}/commit/{oid}", "commitOid": oid, "pullRequestUrl": None}
+                )
 
         return Handler
 
@@ -269,8 +286,16 @@ class LoopbackModelScope(LoopbackServer):
         class Handler(JSONHandler):
             def _send(self, status: int, code: int = 200, data: Any = None, message: str = "ok") -> None:
                 message = self._echo(message) if status >= 400 else message
-                self._reply(status, {"Code": code, "Success": code == 200, "Data": data if data is not None else {},
-                                     "Message": message, "RequestId": "loopback"})
+                self._reply(
+                    status,
+                    {
+                        "Code": code,
+                        "Success": code == 200,
+                        "Data": data if data is not None else {},
+                        "Message": message,
+                        "RequestId": "loopback",
+                    },
+                )
 
             def _deny(self) -> None:
                 self._send(401, 401, message="token is invalid or expired")
@@ -298,9 +323,15 @@ class LoopbackModelScope(LoopbackServer):
                     if repo_id not in hub.repos:
                         return self._send(404, 404, message=f"model {repo_id} not found")
                     if parts[7:] == ["info", "lfs", "objects", "batch"]:
-                        objects = [{"oid": o["oid"], "size": o["size"],
-                                    "actions": {"upload": {"href": f"{hub.url}/lfs-put/{o['oid']}"}}}
-                                   for o in body["objects"] if o["oid"] not in hub.objects]
+                        objects = [
+                            {
+                                "oid": o["oid"],
+                                "size": o["size"],
+                                "actions": {"upload": {"href": f"{hub.url}/lfs-put/{o['oid']}"}},
+                            }
+                            for o in body["objects"]
+                            if o["oid"] not in hub.objects
+                        ]
                         return self._send(200, data={"objects": objects})
                     if parts[7] == "commit":
                         return self._commit(repo_id, body)

@@ -23,8 +23,10 @@ import pytest
 def mooncake_missing() -> str | None:
     """Why the Mooncake client cannot run here, or None."""
     if importlib.util.find_spec("mooncake") is None:
-        return ("mooncake-transfer-engine-non-cuda is not installed (`scripts/dev.sh test` installs the "
-                "`mooncake` extra where it can: pip install -e '.[mooncake]')")
+        return (
+            "mooncake-transfer-engine-non-cuda is not installed (`scripts/dev.sh test` installs the "
+            "`mooncake` extra where it can: pip install -e '.[mooncake]')"
+        )
     try:
         importlib.import_module("mooncake.store")
     except ImportError as exc:
@@ -48,8 +50,18 @@ def mooncake_master(log_path: Path) -> Iterator[str]:
     binary = Path(importlib.util.find_spec("mooncake").submodule_search_locations[0]) / "mooncake_master"
     rpc, admin = free_port(), free_port()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(binary), f"-rpc_port={rpc}", "-rpc_address=127.0.0.1", f"-metrics_port={admin}",
-                                 "-metrics_host=127.0.0.1", "-rpc_thread_num=2"], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                str(binary),
+                f"-rpc_port={rpc}",
+                "-rpc_address=127.0.0.1",
+                f"-metrics_port={admin}",
+                "-metrics_host=127.0.0.1",
+                "-rpc_thread_num=2",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -1,6 +1,6 @@
 """Processes as /proc shows them (Linux), for the tests that kill a parent and check what it started.
 
-    from procs_support import children, descendants, running, cmdline, hold_lock, hold_memory
+from procs_support import children, descendants, running, cmdline, hold_lock, hold_memory
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ def cmdline(pid: int) -> str:
 
 def hold_lock(directory: Path) -> subprocess.Popen:
     """Another dspark process writing `directory`: it holds the directory's lock until killed."""
-    code = ("import sys, time; from dspark_cli.artifacts.files import exclusive_output\n"
-            "with exclusive_output(sys.argv[1], 'x'):\n    print('held', flush=True); time.sleep(600)")
+    code = (
+        "import sys, time; from dspark_cli.artifacts.files import exclusive_output\n"
+        "with exclusive_output(sys.argv[1], 'x'):\n    print('held', flush=True); time.sleep(600)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     return holder
@@ -61,9 +63,7 @@ def hold_lock(directory: Path) -> subprocess.Popen:
 def hold_memory(gib: int) -> tuple[subprocess.Popen, int]:
     """Another process holding `gib` GiB of RAM, every page touched (so it is resident, not just reserved),
     until killed; with its resident size in bytes, read from /proc once it is ready."""
-    code = ("import sys, time\n"
-            f"block = b'\\x01' * ({gib} << 30)\n"
-            "print('held', flush=True); time.sleep(3600)")
+    code = f"import sys, time\nblock = b'\\x01' * ({gib} << 30)\nprint('held', flush=True); time.sleep(3600)"
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     status = Path(f"/proc/{holder.pid}/status").read_text()

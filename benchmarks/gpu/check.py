@@ -54,8 +54,12 @@ BUDGET = {"throughput": 0.45, "numerics": 0.25, "pipeline": 0.25, "fsdp": 0.2}
 # bf16 (8-bit mantissa, unit roundoff 2^-8 = 3.9e-3) is judged against the error bf16 autocast makes
 # on the CPU on the same batch and weights: CUDA's bf16 kernels may round differently but not worse
 # than a few times that; the floors keep a near-zero CPU error from making the bound meaningless.
-TOLERANCE = {"fp32_rel": 1e-3, "bf16_factor": 4.0, "bf16_floor": {"logits": 2e-2, "loss": 1e-2, "grad": 5e-2},
-             "grad_cos_min_bf16": 0.99}
+TOLERANCE = {
+    "fp32_rel": 1e-3,
+    "bf16_factor": 4.0,
+    "bf16_floor": {"logits": 2e-2, "loss": 1e-2, "grad": 5e-2},
+    "grad_cos_min_bf16": 0.99,
+}
 
 
 def log(message: str) -> None:
@@ -76,6 +80,7 @@ def has_cuda() -> bool:
 # --------------------------------------------------------------------------------------------------
 # 1. numerics
 # --------------------------------------------------------------------------------------------------
+
 
 def _tiny_setup(arch: str, overrides: tuple[str, ...] = ()):
     """(recipe, target_dir, draft_config) of the tiny recipe on the bundled target of `arch`."""
@@ -104,11 +109,16 @@ def _synthetic_examples(config, num: int, lengths: list[int], num_anchors: int, 
     for i in range(num):
         length = lengths[i % len(lengths)]
         mask = torch.zeros(length, dtype=torch.bool)
-        mask[length // 8:] = True
+        mask[length // 8 :] = True
         last = torch.randn(length, config.target_hidden_size, generator=gen).bfloat16()
         last[~mask] = 0
-        seq = CapturedSequence(f"s/{i}", torch.randint(0, config.vocab_size - 1, (length,), generator=gen), mask,
-                               torch.randn(length, features, generator=gen).bfloat16(), last)
+        seq = CapturedSequence(
+            f"s/{i}",
+            torch.randint(0, config.vocab_size - 1, (length,), generator=gen),
+            mask,
+            torch.randn(length, features, generator=gen).bfloat16(),
+            last,
+        )
         out.append(prepare(seq, epoch=0, index=i, seed=seed, num_anchors=num_anchors, max_seq_len=length))
     return out
 
@@ -123,8 +133,7 @@ def _forward_backward(arch: str, examples, device: str, dtype, attn: str, compil
     from dspark_cli.training.session import build_step_module
     from dspark_cli.training.step import local_weight, trainable_slots
 
-    recipe, target_dir, config = _tiny_setup(arch, (f"draft.attention={attn}",
-                                                    f"train.compile={str(compile).lower()}"))
+    recipe, target_dir, config = _tiny_setup(arch, (f"draft.attention={attn}", f"train.compile={str(compile).lower()}"))
     step = build_step_module(recipe, config, DistEnv(0, 1, 0, torch.device(device)), dtype)
     model, loss_cfg = step.draft, recipe.train.loss
     batch = collate(examples, dtype).to(torch.device(device))
@@ -155,13 +164,17 @@ def _flex_forward_cpu(arch: str, examples, logits_ref) -> dict[str, Any]:
     batch = collate(examples, torch.float32)
     try:
         with torch.no_grad():
-            out = step.draft(batch.aux, batch.input_ids, batch.anchors, seq_lens=batch.seq_lens,
-                             anchor_mask=batch.anchor_mask)
+            out = step.draft(
+                batch.aux, batch.input_ids, batch.anchors, seq_lens=batch.seq_lens, anchor_mask=batch.anchor_mask
+            )
     except Exception as exc:  # noqa: BLE001 - a failing row is a result
         return {"status": f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
     rel = float((out.logits[out.valid].float() - logits_ref).abs().max() / logits_ref.abs().max())
-    return {"logits_rel": rel, "bound": TOLERANCE["fp32_rel"],
-            "status": "ok" if rel <= TOLERANCE["fp32_rel"] else "FAIL ['logits']"}
+    return {
+        "logits_rel": rel,
+        "bound": TOLERANCE["fp32_rel"],
+        "status": "ok" if rel <= TOLERANCE["fp32_rel"] else "FAIL ['logits']",
+    }
 
 
 def _compare(ref, got) -> dict[str, float]:
@@ -171,12 +184,18 @@ def _compare(ref, got) -> dict[str, float]:
     logits, loss, grads = got
     flat_ref = torch.cat([grads_ref[n].flatten() for n in sorted(grads_ref)])
     flat = torch.cat([grads[n].flatten() for n in sorted(grads_ref)])
-    cos = min(float(torch.nn.functional.cosine_similarity(grads[n].flatten(), grads_ref[n].flatten(), dim=0))
-              for n in grads_ref if grads_ref[n].norm() > 0)
-    return {"logits_rel": float((logits - logits_ref).abs().max() / logits_ref.abs().max()),
-            "loss_rel": abs(loss - loss_ref) / abs(loss_ref),
-            "grad_rel": float((flat - flat_ref).norm() / flat_ref.norm()),
-            "grad_cos_min": cos, "loss": loss}
+    cos = min(
+        float(torch.nn.functional.cosine_similarity(grads[n].flatten(), grads_ref[n].flatten(), dim=0))
+        for n in grads_ref
+        if grads_ref[n].norm() > 0
+    )
+    return {
+        "logits_rel": float((logits - logits_ref).abs().max() / logits_ref.abs().max()),
+        "loss_rel": abs(loss - loss_ref) / abs(loss_ref),
+        "grad_rel": float((flat - flat_ref).norm() / flat_ref.norm()),
+        "grad_cos_min": cos,
+        "loss": loss,
+    }
 
 
 def section_numerics(smoke: bool) -> dict[str, Any]:
@@ -193,21 +212,22 @@ def section_numerics(smoke: bool) -> dict[str, Any]:
         started = time.perf_counter()
         ref = _forward_backward(arch, examples, "cpu", torch.float32, "auto", False)
         rows: dict[str, Any] = {"fp32_cpu": {"loss": ref[1]}}
-        bf16_cpu = _compare(ref, _forward_backward(arch, examples, "cpu", torch.bfloat16,
-                                                   "sdpa", False))
+        bf16_cpu = _compare(ref, _forward_backward(arch, examples, "cpu", torch.bfloat16, "sdpa", False))
         rows["bf16_cpu"] = bf16_cpu
         rows["fp32_cpu_flex_forward"] = _flex_forward_cpu(arch, examples, ref[0])
         if rows["fp32_cpu_flex_forward"]["status"] != "ok":
             failures.append(f"{arch}/fp32_cpu_flex_forward: {rows['fp32_cpu_flex_forward']['status']}")
-        variants = [("fp32_cuda_flex", torch.float32, False), ("bf16_cuda_flex", torch.bfloat16, False),
-                    ("bf16_cuda_flex_compiled", torch.bfloat16, True)]
+        variants = [
+            ("fp32_cuda_flex", torch.float32, False),
+            ("bf16_cuda_flex", torch.bfloat16, False),
+            ("bf16_cuda_flex_compiled", torch.bfloat16, True),
+        ]
         for name, dtype, compiled in variants:
             if not cuda:
                 rows[name] = {"status": "skipped: no CUDA device"}
                 continue
             try:
-                row = _compare(ref, _forward_backward(arch, examples, "cuda", dtype, "flex",
-                                                      compiled))
+                row = _compare(ref, _forward_backward(arch, examples, "cuda", dtype, "flex", compiled))
             except Exception as exc:  # noqa: BLE001 - a failing variant is a result, the others still run
                 rows[name] = {"status": f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
                 failures.append(f"{arch}/{name}: {type(exc).__name__}")
@@ -215,8 +235,10 @@ def section_numerics(smoke: bool) -> dict[str, Any]:
             if dtype == torch.float32:
                 bounds = {k: TOLERANCE["fp32_rel"] for k in ("logits", "loss", "grad")}
             else:
-                bounds = {k: max(TOLERANCE["bf16_factor"] * bf16_cpu[f"{k}_rel"], TOLERANCE["bf16_floor"][k])
-                          for k in ("logits", "loss", "grad")}
+                bounds = {
+                    k: max(TOLERANCE["bf16_factor"] * bf16_cpu[f"{k}_rel"], TOLERANCE["bf16_floor"][k])
+                    for k in ("logits", "loss", "grad")
+                }
             bad = [k for k in bounds if row[f"{k}_rel"] > bounds[k]]
             if dtype == torch.bfloat16 and row["grad_cos_min"] < TOLERANCE["grad_cos_min_bf16"]:
                 bad.append("grad_cos_min")
@@ -237,6 +259,7 @@ def section_numerics(smoke: bool) -> dict[str, Any]:
 # 2. pipeline
 # --------------------------------------------------------------------------------------------------
 
+
 def section_pipeline(smoke: bool) -> dict[str, Any]:
     import yaml
 
@@ -244,15 +267,15 @@ def section_pipeline(smoke: bool) -> dict[str, Any]:
         log("pipeline: no CUDA device: skipped")
         return {"status": "skipped: no CUDA device"}
     from dspark_cli.pipeline import run_pipeline
-    from dspark_cli.recipe import load_recipe
     from dspark_cli.preflight.shared import shared_problems
+    from dspark_cli.recipe import load_recipe
 
     raw = yaml.safe_load((ROOT / "templates/recipes/tiny.yaml").read_text())
     work = Path(tempfile.mkdtemp(prefix="dspark-gpu-pipeline-"))
     raw["output_dir"] = str(work / "run")
     raw["train"]["precision"] = "auto"  # bf16 on CUDA
     raw["datagen"]["engine"] = "hf"  # the recipe's `auto` would take vLLM where installed; this stage checks hf on CUDA
-    sizes = ((4, 16, 2, 1) if smoke else (200, 256, 200, 10))  # prompts, datagen tokens, steps, bench prompts
+    sizes = (4, 16, 2, 1) if smoke else (200, 256, 200, 10)  # prompts, datagen tokens, steps, bench prompts
     raw["datagen"]["sources"][0]["max_samples"], raw["datagen"]["max_tokens"] = sizes[0], sizes[1]
     raw["train"]["max_steps"], raw["bench"]["num_prompts"] = sizes[2], sizes[3]
     raw["train"]["checkpoint_every"] = max(sizes[2] // 2, 1)
@@ -277,15 +300,19 @@ def section_pipeline(smoke: bool) -> dict[str, Any]:
         log(f"pipeline: {result.name} {result.status} in {stages[result.name]['seconds']} s")
 
     results = run_pipeline(recipe, on_stage=on_stage)
-    out: dict[str, Any] = {"stages": stages, "settings": dict(zip(("prompts", "datagen_max_tokens", "train_steps",
-                                                                    "bench_prompts"), sizes))}
+    out: dict[str, Any] = {
+        "stages": stages,
+        "settings": dict(zip(("prompts", "datagen_max_tokens", "train_steps", "bench_prompts"), sizes)),
+    }
     for result in results:
         if result.name == "train" and result.status == "done":  # a TrainSummary (dspark_cli/artifacts/results.py)
             final = result.outputs.final_metrics or {}
             out["train"] = {k: final.get(k) for k in ("loss", "tau_greedy", "tau_t1", "tokens_per_s", "memory_gib")}
         if result.name == "bench" and result.status == "done":  # a BenchSummary
-            out["tau"] = [{"dataset": line.dataset, "temperature": line.temperature, "tau": line.tau, "ci95": line.ci95}
-                          for line in result.outputs.tau_lines()]
+            out["tau"] = [
+                {"dataset": line.dataset, "temperature": line.temperature, "tau": line.tau, "ci95": line.ci95}
+                for line in result.outputs.tau_lines()
+            ]
     out["status"] = "ok" if all(r.status == "done" for r in results) else "FAIL: a stage did not finish"
     return out
 
@@ -293,6 +320,7 @@ def section_pipeline(smoke: bool) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # 3. throughput
 # --------------------------------------------------------------------------------------------------
+
 
 def matmul_peak(device) -> float:
     """Measured bf16 matmul FLOP/s (8192^3 on CUDA, the mean of 10 after 3 warm-ups)."""
@@ -346,18 +374,30 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
     started = time.perf_counter()
     bf16 = device.type == "cuda"
     emb_dtype = torch.bfloat16 if bf16 else torch.float32
-    embeddings = (torch.randn(config.vocab_size, config.target_hidden_size, dtype=emb_dtype),
-                  torch.randn(config.vocab_size, config.target_hidden_size, dtype=emb_dtype) * 0.02)
+    embeddings = (
+        torch.randn(config.vocab_size, config.target_hidden_size, dtype=emb_dtype),
+        torch.randn(config.vocab_size, config.target_hidden_size, dtype=emb_dtype) * 0.02,
+    )
     env = DistEnv(0, 1, 0, device)
     module = build_step_module(recipe, config, env, emb_dtype, embeddings=embeddings)
     optimizer = make_optimizer(module, recipe, env)
     build_s = time.perf_counter() - started
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     examples = _synthetic_examples(config, num=len(lengths), lengths=lengths, num_anchors=num_anchors)
-    cfg = LoopConfig(num_steps=num_steps, lr=train.lr, min_lr_ratio=train.min_lr_ratio, warmup_steps=0,
-                     grad_clip=train.grad_clip, log_every=10, checkpoint_every=num_steps, block_size=config.block_size,
-                     loss=module.loss_config, data_dtype=emb_dtype, autocast_dtype=torch.bfloat16 if bf16 else None,
-                     shapes=module.shape_plan)  # the trainer's static shapes (train.length_buckets) on this device
+    cfg = LoopConfig(
+        num_steps=num_steps,
+        lr=train.lr,
+        min_lr_ratio=train.min_lr_ratio,
+        warmup_steps=0,
+        grad_clip=train.grad_clip,
+        log_every=10,
+        checkpoint_every=num_steps,
+        block_size=config.block_size,
+        loss=module.loss_config,
+        data_dtype=emb_dtype,
+        autocast_dtype=torch.bfloat16 if bf16 else None,
+        shapes=module.shape_plan,
+    )  # the trainer's static shapes (train.length_buckets) on this device
     from dspark_cli.training.shapes import CompileCounter
 
     compiles = CompileCounter()
@@ -369,8 +409,9 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        result = train_step(env, module, optimizer, Step([example], {"epoch": 0, "consumed": i}), cfg, train.lr,
-                            count=i == 0)
+        result = train_step(
+            env, module, optimizer, Step([example], {"epoch": 0, "consumed": i}), cfg, train.lr, count=i == 0
+        )
         loss_value = float(result.stats[0]) if result.stats.numel() else float("nan")
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -387,17 +428,28 @@ def _throughput_one(template: str, smoke: bool, device, peak: float) -> dict[str
     steady = times[warmup:]
     tokens_per_s = tokens / sum(steady)
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return {"draft": f"{config.arch}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-                     f"vocab {config.vocab_size}", "trainable_parameters": trainable, "build_s": round(build_s, 1),
-            "steps": num_steps, "lengths": lengths, "num_anchors": num_anchors,
-            "first_step_s": round(times[0], 2), "step_s_median": round(sorted(steady)[len(steady) // 2], 4),
-            "tokens_per_s": round(tokens_per_s, 1), "flops_per_token": flops_per_token,
-            "mfu": round(flops_per_token * tokens_per_s / peak, 4) if flops_per_token else None,
-            "warmup_steps": warmup, "peak_memory_gib": round(memory, 2) if memory is not None else None,
-            "first_step_peak_memory_gib": round(first_memory, 2) if first_memory is not None else None,
-            "distinct_shapes": len(shapes), "compiles": compiles.read()["compiles"],
-            "length_buckets": list(module.shape_plan.lengths) if module.shape_plan else None,
-            "last_loss_stat": loss_value, "status": "ok"}
+    return {
+        "draft": f"{config.arch}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"vocab {config.vocab_size}",
+        "trainable_parameters": trainable,
+        "build_s": round(build_s, 1),
+        "steps": num_steps,
+        "lengths": lengths,
+        "num_anchors": num_anchors,
+        "first_step_s": round(times[0], 2),
+        "step_s_median": round(sorted(steady)[len(steady) // 2], 4),
+        "tokens_per_s": round(tokens_per_s, 1),
+        "flops_per_token": flops_per_token,
+        "mfu": round(flops_per_token * tokens_per_s / peak, 4) if flops_per_token else None,
+        "warmup_steps": warmup,
+        "peak_memory_gib": round(memory, 2) if memory is not None else None,
+        "first_step_peak_memory_gib": round(first_memory, 2) if first_memory is not None else None,
+        "distinct_shapes": len(shapes),
+        "compiles": compiles.read()["compiles"],
+        "length_buckets": list(module.shape_plan.lengths) if module.shape_plan else None,
+        "last_loss_stat": loss_value,
+        "status": "ok",
+    }
 
 
 def section_throughput(smoke: bool, only: str | None = None) -> dict[str, Any]:
@@ -409,7 +461,7 @@ def section_throughput(smoke: bool, only: str | None = None) -> dict[str, Any]:
     device = torch.device("cuda" if has_cuda() else "cpu")
     peak = matmul_peak(device)
     out: dict[str, Any] = {"matmul_peak_tflops": round(peak / 1e12, 1), "drafts": {}}
-    for template in ([only] if only else THROUGHPUT_TEMPLATES):
+    for template in [only] if only else THROUGHPUT_TEMPLATES:
         try:
             out["drafts"][template] = _throughput_one(template, smoke, device, peak)
         except Exception as exc:  # noqa: BLE001 - out of memory or a kernel error is the result for this draft
@@ -430,29 +482,47 @@ def section_throughput(smoke: bool, only: str | None = None) -> dict[str, Any]:
 # 4. fsdp
 # --------------------------------------------------------------------------------------------------
 
+
 def fsdp_worker(workdir: Path, steps: int, resume: str, length: int, crash_after: int | None) -> None:
     """One torchrun rank: the tiny GQA draft trained by `run_train` on synthetic captured states;
     with `crash_after`, the process dies (os._exit, no clean-up) once that step is logged."""
+    import torch
+
     from dspark_cli.capture.types import CapturedSequence
     from dspark_cli.recipe import load_recipe
     from dspark_cli.training.run import run_train
 
-    import torch
-
-    recipe = load_recipe("tiny", ["target.model=tiny-gqa", "draft.arch=gqa", f"output_dir={workdir}",
-                                  f"train.max_steps={steps}", f"train.checkpoint_every={max(steps // 3, 1)}",
-                                  "train.log_every=1", "train.warmup_steps=2", f"train.tokens_per_step={8 * length}",
-                                  f"train.max_seq_len={length}", "train.num_anchors=8"])
+    recipe = load_recipe(
+        "tiny",
+        [
+            "target.model=tiny-gqa",
+            "draft.arch=gqa",
+            f"output_dir={workdir}",
+            f"train.max_steps={steps}",
+            f"train.checkpoint_every={max(steps // 3, 1)}",
+            "train.log_every=1",
+            "train.warmup_steps=2",
+            f"train.tokens_per_step={8 * length}",
+            f"train.max_seq_len={length}",
+            "train.num_anchors=8",
+        ],
+    )
     _, _, config = _tiny_setup("gqa")
     gen = torch.Generator().manual_seed(1)
     features = config.target_hidden_size * len(config.target_layer_ids)
     data = []
     for i in range(64):
         mask = torch.ones(length, dtype=torch.bool)
-        mask[:length // 8] = False
-        data.append(CapturedSequence(f"s/{i}", torch.randint(0, config.vocab_size - 1, (length,), generator=gen), mask,
-                                     torch.randn(length, features, generator=gen).bfloat16(),
-                                     torch.randn(length, config.target_hidden_size, generator=gen).bfloat16()))
+        mask[: length // 8] = False
+        data.append(
+            CapturedSequence(
+                f"s/{i}",
+                torch.randint(0, config.vocab_size - 1, (length,), generator=gen),
+                mask,
+                torch.randn(length, features, generator=gen).bfloat16(),
+                torch.randn(length, config.target_hidden_size, generator=gen).bfloat16(),
+            )
+        )
     losses = {}
 
     def on_log(record: dict[str, Any]) -> None:
@@ -462,8 +532,18 @@ def fsdp_worker(workdir: Path, steps: int, resume: str, length: int, crash_after
 
     summary = run_train(recipe, resume=resume, sequences=lambda: iter(data), on_log=on_log)
     if int(os.environ.get("RANK", 0)) == 0:
-        print("RESULT " + json.dumps({"losses": losses, "resumed_from": summary.resumed_from,
-                                      "steps": summary.steps, "world_size": summary.world_size}), flush=True)
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "losses": losses,
+                    "resumed_from": summary.resumed_from,
+                    "steps": summary.steps,
+                    "world_size": summary.world_size,
+                }
+            ),
+            flush=True,
+        )
 
 
 _children: list[subprocess.Popen] = []  # torchrun launchers running now (see _stop_children)
@@ -487,10 +567,25 @@ def _stop_children(signum, frame) -> None:
     os._exit(128 + signum)
 
 
-def _torchrun(workdir: Path, steps: int, resume: str, length: int, timeout: float,
-              crash_after: int | None = None) -> dict[str, Any] | None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", __file__,
-           "--fsdp-worker", str(workdir), "--steps", str(steps), "--resume", resume, "--length", str(length)]
+def _torchrun(
+    workdir: Path, steps: int, resume: str, length: int, timeout: float, crash_after: int | None = None
+) -> dict[str, Any] | None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=1",
+        __file__,
+        "--fsdp-worker",
+        str(workdir),
+        "--steps",
+        str(steps),
+        "--resume",
+        resume,
+        "--length",
+        str(length),
+    ]
     cmd += ["--crash-after", str(crash_after)] if crash_after else []
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     _children.append(child)
@@ -505,7 +600,7 @@ def _torchrun(workdir: Path, steps: int, resume: str, length: int, timeout: floa
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"torchrun exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def section_fsdp(smoke: bool, deadline: float) -> dict[str, Any]:
@@ -528,20 +623,28 @@ def section_fsdp(smoke: bool, deadline: float) -> dict[str, Any]:
     # kernels) and up to the non-determinism of bf16 atomics-based CUDA kernels (flex's backward) on a GPU
     tolerance = 1e-2 if has_cuda() else 1e-5
     ok = bool(resumed["resumed_from"]) and resumed["steps"] == steps and tail and max(diffs) < tolerance
-    return {"backend": "nccl" if has_cuda() else "gloo", "world_size": straight["world_size"],
-            "steps": steps, "crashed_after_step": saved + 1, "resumed_from": resumed["resumed_from"],
-            "max_rel_loss_diff_after_resume": max(diffs) if diffs else None, "tolerance": tolerance, "seconds": round(time.perf_counter() - started, 1),
-            "status": "ok" if ok else "FAIL: the resumed run differs from the straight run"}
+    return {
+        "backend": "nccl" if has_cuda() else "gloo",
+        "world_size": straight["world_size"],
+        "steps": steps,
+        "crashed_after_step": saved + 1,
+        "resumed_from": resumed["resumed_from"],
+        "max_rel_loss_diff_after_resume": max(diffs) if diffs else None,
+        "tolerance": tolerance,
+        "seconds": round(time.perf_counter() - started, 1),
+        "status": "ok" if ok else "FAIL: the resumed run differs from the straight run",
+    }
 
 
 # --------------------------------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------------------------------
 
+
 def result_line(stdout: str, prefix: str) -> dict[str, Any]:
     """The last `prefix` JSON line a section printed ({} if none)."""
     lines = [line for line in stdout.splitlines() if line.startswith(prefix)]
-    return json.loads(lines[-1][len(prefix):]) if lines else {}
+    return json.loads(lines[-1][len(prefix) :]) if lines else {}
 
 
 def run_section(name: str, smoke: bool, deadline: float) -> dict[str, Any]:
@@ -562,8 +665,14 @@ def environment() -> dict[str, Any]:
 
     import dspark_cli
 
-    info = {"dspark_cli": str(Path(dspark_cli.__file__).parent), "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+    info = {
+        "dspark_cli": str(Path(dspark_cli.__file__).parent),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    }
     try:
         import triton
 
@@ -576,11 +685,18 @@ def environment() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_check.json"))
-    parser.add_argument("--time-limit", type=float, default=540.0,
-                        help="seconds for the whole check (540 leaves a 600 s device call time to install)")
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=540.0,
+        help="seconds for the whole check (540 leaves a 600 s device call time to install)",
+    )
     parser.add_argument("--smoke", action="store_true", help="run every section at toy sizes on the CPU")
-    parser.add_argument("--sections", default=",".join(SECTIONS),
-                        help=f"comma-separated, run in this order whatever the order given: {','.join(SECTIONS)}")
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated, run in this order whatever the order given: {','.join(SECTIONS)}",
+    )
     parser.add_argument("--section", help=argparse.SUPPRESS)  # internal: run one section, print RESULT
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--fsdp-worker", help=argparse.SUPPRESS)
@@ -599,9 +715,13 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     deadline = started + args.time_limit
-    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                               "time_limit_s": args.time_limit, "smoke": args.smoke, "environment": environment(),
-                               "sections": {}}
+    results: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "time_limit_s": args.time_limit,
+        "smoke": args.smoke,
+        "environment": environment(),
+        "sections": {},
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     wanted = [s for s in args.sections.split(",") if s]
@@ -614,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
             results["sections"][name] = {"status": "not asked for"}
             continue
         left = deadline - time.time()
-        later = sum(BUDGET[s] for s in SECTIONS[SECTIONS.index(name) + 1:] if s in wanted) / total_share
+        later = sum(BUDGET[s] for s in SECTIONS[SECTIONS.index(name) + 1 :] if s in wanted) / total_share
         # a section may overrun its share by half, as long as half of every later section's share is left
         allowed = min(left - later * args.time_limit * 0.5, BUDGET[name] / total_share * args.time_limit * 1.5)
         if left < 10 or allowed < 5:
@@ -623,18 +743,24 @@ def main(argv: list[str] | None = None) -> int:
             continue
         log(f"{name}: starting ({allowed:.0f} s allowed)")
         t0 = time.time()
-        cmd = [sys.executable, __file__, "--section", name, "--deadline", str(t0 + allowed)] + (["--smoke"] if args.smoke else [])
+        cmd = [sys.executable, __file__, "--section", name, "--deadline", str(t0 + allowed)] + (
+            ["--smoke"] if args.smoke else []
+        )
         # its own process group: at the time limit the section and everything it started (torchrun
         # and its ranks) are killed together
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
+        )
         try:
             stdout, stderr = proc.communicate(timeout=allowed)
             if result_line(stdout, "RESULT "):
                 section = result_line(stdout, "RESULT ")
             else:
-                section = {**result_line(stdout, "PARTIAL "), "status": f"error: exit {proc.returncode}",
-                           "stderr_tail": stderr.strip().splitlines()[-5:]}
+                section = {
+                    **result_line(stdout, "PARTIAL "),
+                    "status": f"error: exit {proc.returncode}",
+                    "stderr_tail": stderr.strip().splitlines()[-5:],
+                }
         except subprocess.TimeoutExpired:
             proc.terminate()  # the section passes it on to what it started (see _stop_children)
             try:
@@ -642,8 +768,11 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 stdout, stderr = proc.communicate()
-            section = {**result_line(stdout, "PARTIAL "), "status": f"timed out after {allowed:.0f} s",
-                       "stderr_tail": stderr.strip().splitlines()[-5:]}
+            section = {
+                **result_line(stdout, "PARTIAL "),
+                "status": f"timed out after {allowed:.0f} s",
+                "stderr_tail": stderr.strip().splitlines()[-5:],
+            }
         sys.stderr.write(stderr[-4000:])
         section["wall_s"] = round(time.time() - t0, 1)
         results["sections"][name] = section

@@ -39,18 +39,37 @@ def write_config(args: argparse.Namespace, out: Path) -> Path:
 
     config = {
         "recipe_args": {
-            "target_model_name_or_path": args.target, "cached_target_path": args.cache,
-            "seq_length": args.seq_length, "micro_batch_size": args.batch_size, "num_epochs": args.epochs,
-            "output_dir": str(out / "run"), "draft_num_hidden_layers": args.num_layers,
-            "target_layer_ids": [int(x) for x in args.layer_ids.split(",")], "block_size": args.block_size,
-            "num_anchors": args.num_anchors, "mask_token_id": args.mask_token_id, "markov_rank": args.markov_rank,
-            "markov_head_type": "vanilla", "confidence_head_alpha": args.confidence,
-            "confidence_head_with_markov": True, "ce_loss_alpha": args.ce, "l1_loss_alpha": args.l1,
-            "loss_decay_gamma": args.gamma, "max_grad_norm": args.grad_clip, "log_every_steps": 1,
-            "shuffle_seed": args.seed, "num_workers": 0, "attention_backend": "flex_attention",
+            "target_model_name_or_path": args.target,
+            "cached_target_path": args.cache,
+            "seq_length": args.seq_length,
+            "micro_batch_size": args.batch_size,
+            "num_epochs": args.epochs,
+            "output_dir": str(out / "run"),
+            "draft_num_hidden_layers": args.num_layers,
+            "target_layer_ids": [int(x) for x in args.layer_ids.split(",")],
+            "block_size": args.block_size,
+            "num_anchors": args.num_anchors,
+            "mask_token_id": args.mask_token_id,
+            "markov_rank": args.markov_rank,
+            "markov_head_type": "vanilla",
+            "confidence_head_alpha": args.confidence,
+            "confidence_head_with_markov": True,
+            "ce_loss_alpha": args.ce,
+            "l1_loss_alpha": args.l1,
+            "loss_decay_gamma": args.gamma,
+            "max_grad_norm": args.grad_clip,
+            "log_every_steps": 1,
+            "shuffle_seed": args.seed,
+            "num_workers": 0,
+            "attention_backend": "flex_attention",
         },
-        "optimizer": {"lr": args.lr, "betas": [args.beta1, args.beta2], "weight_decay": args.weight_decay,
-                      "warmup_ratio": args.warmup_ratio, "min_lr_ratio": args.min_lr_ratio},
+        "optimizer": {
+            "lr": args.lr,
+            "betas": [args.beta1, args.beta2],
+            "weight_decay": args.weight_decay,
+            "warmup_ratio": args.warmup_ratio,
+            "min_lr_ratio": args.min_lr_ratio,
+        },
         "dist_env": {"backend": "gloo"},
     }
     path = out / "run.yaml"
@@ -62,14 +81,29 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for name in ("cache", "target", "out", "layer-ids"):
         parser.add_argument(f"--{name}", required=True)
-    for name, kind, default in (("epochs", int, 1), ("batch-size", int, 1), ("seq-length", int, 512),
-                                ("lr", float, 3e-3), ("beta1", float, 0.9), ("beta2", float, 0.999),
-                                ("weight-decay", float, 0.0), ("warmup-ratio", float, 0.05),
-                                ("min-lr-ratio", float, 0.1), ("grad-clip", float, 1.0), ("num-anchors", int, 32),
-                                ("block-size", int, 7), ("markov-rank", int, 64), ("num-layers", int, 2),
-                                ("gamma", float, 4.0), ("ce", float, 0.5), ("l1", float, 0.5),
-                                ("confidence", float, 1.0), ("seed", int, 0), ("mask-token-id", int, 0),
-                                ("max-steps", int, 0)):
+    for name, kind, default in (
+        ("epochs", int, 1),
+        ("batch-size", int, 1),
+        ("seq-length", int, 512),
+        ("lr", float, 3e-3),
+        ("beta1", float, 0.9),
+        ("beta2", float, 0.999),
+        ("weight-decay", float, 0.0),
+        ("warmup-ratio", float, 0.05),
+        ("min-lr-ratio", float, 0.1),
+        ("grad-clip", float, 1.0),
+        ("num-anchors", int, 32),
+        ("block-size", int, 7),
+        ("markov-rank", int, 64),
+        ("num-layers", int, 2),
+        ("gamma", float, 4.0),
+        ("ce", float, 0.5),
+        ("l1", float, 0.5),
+        ("confidence", float, 1.0),
+        ("seed", int, 0),
+        ("mask-token-id", int, 0),
+        ("max-steps", int, 0),
+    ):
         parser.add_argument(f"--{name}", type=kind, default=default)
     parser.add_argument("--no-cpu-patch", action="store_true")
     args = parser.parse_args()
@@ -117,7 +151,8 @@ def main() -> None:
         warmup = _resolve_warmup_steps(args.warmup_ratio, args.max_steps)
         recipe.untrack_state("lr_scheduler")  # its setattr refuses to replace a tracked state object
         recipe.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            recipe.optimizer, make_warmup_cosine_schedule(warmup, args.max_steps, args.min_lr_ratio))
+            recipe.optimizer, make_warmup_cosine_schedule(warmup, args.max_steps, args.min_lr_ratio)
+        )
         recipe.total_optim_steps = args.max_steps
 
     def budgeted_step(*a, **k):
@@ -134,8 +169,11 @@ def main() -> None:
         recipe.runtime.global_step += 1  # the step that raised was taken (its scheduler step was not needed)
     wall = time.time() - started
     log.close()
-    metrics = [json.loads(line) for line in (out / "run" / "dspark_train_metrics.jsonl").read_text().splitlines()
-               if line.strip()]
+    metrics = [
+        json.loads(line)
+        for line in (out / "run" / "dspark_train_metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     losses = {int(m["step"]): m.get("loss") for m in metrics if "step" in m}
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.strip()]
     (out / "log.jsonl").write_text("".join(json.dumps({**r, "loss": losses.get(r["step"])}) + "\n" for r in records))
@@ -143,10 +181,19 @@ def main() -> None:
     tensors = {k: v.detach().float().contiguous() for k, v in draft.state_dict().items()}
     save_file(tensors, str(out / "draft.safetensors"))
     (out / "config.json").write_text(draft.config.to_json_string())
-    (out / "summary.json").write_text(json.dumps({
-        "wall_s": wall, "global_step": recipe.runtime.global_step,
-        "nemo_automodel": __import__("importlib.metadata").metadata.version("nemo_automodel"),
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "pid": os.getpid()}, indent=2))
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "global_step": recipe.runtime.global_step,
+                "nemo_automodel": __import__("importlib.metadata").metadata.version("nemo_automodel"),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "pid": os.getpid(),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

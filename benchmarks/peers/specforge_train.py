@@ -28,17 +28,32 @@ def write_config(args: argparse.Namespace, out: Path) -> Path:
     import yaml
 
     config = {
-        "model": {"target_model_path": args.target, "draft_model_config": args.draft_config,
-                  "torch_dtype": "float32", "mask_token_id": args.mask_token_id},
-        "data": {"hidden_states_path": args.features, "max_length": args.max_length,
-                 "dataloader_num_workers": 0},
+        "model": {
+            "target_model_path": args.target,
+            "draft_model_config": args.draft_config,
+            "torch_dtype": "float32",
+            "mask_token_id": args.mask_token_id,
+        },
+        "data": {"hidden_states_path": args.features, "max_length": args.max_length, "dataloader_num_workers": 0},
         "training": {
-            "strategy": "dspark", "max_steps": args.steps, "total_steps": args.steps, "num_epochs": 100000,
-            "batch_size": args.batch_size, "fsdp_sharding": "NO_SHARD", "attention_backend": "sdpa",
-            "learning_rate": args.lr, "lr_scheduler": "cosine", "warmup_ratio": args.warmup_steps / args.steps,
-            "max_grad_norm": args.grad_clip, "num_anchors": args.num_anchors, "loss_decay_gamma": args.gamma,
-            "dspark_ce_loss_alpha": args.ce, "dspark_l1_loss_alpha": args.l1,
-            "dspark_confidence_head_alpha": args.confidence, "log_interval": 1, "save_interval": 0,
+            "strategy": "dspark",
+            "max_steps": args.steps,
+            "total_steps": args.steps,
+            "num_epochs": 100000,
+            "batch_size": args.batch_size,
+            "fsdp_sharding": "NO_SHARD",
+            "attention_backend": "sdpa",
+            "learning_rate": args.lr,
+            "lr_scheduler": "cosine",
+            "warmup_ratio": args.warmup_steps / args.steps,
+            "max_grad_norm": args.grad_clip,
+            "num_anchors": args.num_anchors,
+            "loss_decay_gamma": args.gamma,
+            "dspark_ce_loss_alpha": args.ce,
+            "dspark_l1_loss_alpha": args.l1,
+            "dspark_confidence_head_alpha": args.confidence,
+            "log_interval": 1,
+            "save_interval": 0,
             "seed": args.seed,
         },
         "output_dir": str(out / "checkpoints"),
@@ -77,11 +92,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for name in ("features", "target", "draft-config", "out"):
         parser.add_argument(f"--{name}", required=True)
-    for name, kind, default in (("steps", int, 300), ("batch-size", int, 1), ("lr", float, 1e-3),
-                                ("warmup-steps", int, 20), ("grad-clip", float, 1.0), ("num-anchors", int, 32),
-                                ("gamma", float, 4.0), ("ce", float, 0.1), ("l1", float, 0.9),
-                                ("confidence", float, 1.0), ("seed", int, 0), ("max-length", int, 512),
-                                ("mask-token-id", int, 0), ("threads", int, 0)):
+    for name, kind, default in (
+        ("steps", int, 300),
+        ("batch-size", int, 1),
+        ("lr", float, 1e-3),
+        ("warmup-steps", int, 20),
+        ("grad-clip", float, 1.0),
+        ("num-anchors", int, 32),
+        ("gamma", float, 4.0),
+        ("ce", float, 0.1),
+        ("l1", float, 0.9),
+        ("confidence", float, 1.0),
+        ("seed", int, 0),
+        ("max-length", int, 512),
+        ("mask-token-id", int, 0),
+        ("threads", int, 0),
+    ):
         parser.add_argument(f"--{name}", type=kind, default=default)
     args = parser.parse_args()
     out = Path(args.out)
@@ -105,11 +131,22 @@ def main() -> None:
 
     tensors = {k: v.detach().float().contiguous() for k, v in state["draft_state_dict"].items()}
     save_file(tensors, str(out / "draft.safetensors"))
-    (out / "summary.json").write_text(json.dumps({
-        "wall_s": wall, "global_step": state["global_step"], "checkpoint": str(checkpoints[-1]),
-        "batch_size": state["batch_size"], "dataset_size": state["dataset_size"],
-        "specforge": __import__("importlib.metadata").metadata.version("specforge"),
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "pid": os.getpid()}, indent=2))
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "global_step": state["global_step"],
+                "checkpoint": str(checkpoints[-1]),
+                "batch_size": state["batch_size"],
+                "dataset_size": state["dataset_size"],
+                "specforge": __import__("importlib.metadata").metadata.version("specforge"),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "pid": os.getpid(),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

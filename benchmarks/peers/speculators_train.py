@@ -41,12 +41,25 @@ def main() -> None:
     for name in ("data", "target", "out"):
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--layer-ids", required=True, help="comma-separated, speculators' convention")
-    for name, kind, default in (("steps", int, 160), ("total-seq-len", int, 2048), ("max-anchors", int, 1024),
-                                ("lr", float, 3e-3), ("warmup-steps", int, 8), ("block-size", int, 7),
-                                ("markov-rank", int, 64), ("num-layers", int, 2), ("gamma", float, 4.0),
-                                ("ce", float, 0.5), ("tv", float, 1.0), ("confidence", float, 1.0),
-                                ("seed", int, 0), ("mask-token-id", int, 0), ("train-ratio", float, 0.99),
-                                ("weight-decay", float, 0.0), ("cosine-cycles", float, 0.5)):
+    for name, kind, default in (
+        ("steps", int, 160),
+        ("total-seq-len", int, 2048),
+        ("max-anchors", int, 1024),
+        ("lr", float, 3e-3),
+        ("warmup-steps", int, 8),
+        ("block-size", int, 7),
+        ("markov-rank", int, 64),
+        ("num-layers", int, 2),
+        ("gamma", float, 4.0),
+        ("ce", float, 0.5),
+        ("tv", float, 1.0),
+        ("confidence", float, 1.0),
+        ("seed", int, 0),
+        ("mask-token-id", int, 0),
+        ("train-ratio", float, 0.99),
+        ("weight-decay", float, 0.0),
+        ("cosine-cycles", float, 0.5),
+    ):
         parser.add_argument(f"--{name}", type=kind, default=default)
     parser.add_argument("--no-cpu-patch", action="store_true")
     args = parser.parse_args()
@@ -79,8 +92,17 @@ def main() -> None:
 
         def emit(self, record: logging.LogRecord) -> None:
             if isinstance(record.msg, dict) and "train" in record.msg:
-                log.write(json.dumps({"step": record.msg["global_step"] + 1, "time": time.time(),
-                                      "tokens": last_tokens[0], "loss": record.msg["train"].get("loss")}) + "\n")
+                log.write(
+                    json.dumps(
+                        {
+                            "step": record.msg["global_step"] + 1,
+                            "time": time.time(),
+                            "tokens": last_tokens[0],
+                            "loss": record.msg["train"].get("loss"),
+                        }
+                    )
+                    + "\n"
+                )
                 log.flush()
 
     run_training, train_epoch = trainer_mod.Trainer.run_training, trainer_mod.Trainer.train_epoch
@@ -107,21 +129,75 @@ def main() -> None:
     trainer_mod.Trainer.run_training = keep_trainer
     trainer_mod.Trainer.train_epoch = stop_at_max_steps
     argv = [
-        "--speculator-type", "dspark", "--verifier-name-or-path", args.target, "--data-path", args.data,
-        "--save-path", str(out / "checkpoints"), "--log-dir", str(out / "logs"),
-        "--num-layers", str(args.num_layers), "--draft-arch", "qwen3",
-        "--target-layer-ids", *args.layer_ids.split(","), "--mask-token-id", str(args.mask_token_id),
-        "--block-size", str(args.block_size), "--markov-rank", str(args.markov_rank),
-        "--max-anchors", str(args.max_anchors), "--total-seq-len", str(args.total_seq_len),
-        "--train-data-ratio", str(args.train_ratio), "--hidden-states-dtype", "float32",
-        "--draft-attn-impl", "sdpa", "--num-workers", "0", "--on-missing", "raise", "--loss-implementation", "eager",
-        "--optimizer", "adamw", "--lr", str(args.lr), "--weight-decay", str(args.weight_decay),
-        "--scheduler-type", "cosine", "--scheduler-warmup-steps", str(args.warmup_steps),
-        "--scheduler-total-steps", str(args.steps), "--scheduler-num-cosine-cycles", str(args.cosine_cycles),
-        "--max-steps", str(args.steps), "--epochs", "100000",
-        "--loss-fn", json.dumps({"ce": args.ce, "tv": args.tv}), "--confidence-head-alpha", str(args.confidence),
-        "--dflash-decay-gamma", str(args.gamma), "--per-position-loss-weight", "fixed-exp-decay",
-        "--seed", str(args.seed), "--no-resume-from-checkpoint", "--log-freq", "1",
+        "--speculator-type",
+        "dspark",
+        "--verifier-name-or-path",
+        args.target,
+        "--data-path",
+        args.data,
+        "--save-path",
+        str(out / "checkpoints"),
+        "--log-dir",
+        str(out / "logs"),
+        "--num-layers",
+        str(args.num_layers),
+        "--draft-arch",
+        "qwen3",
+        "--target-layer-ids",
+        *args.layer_ids.split(","),
+        "--mask-token-id",
+        str(args.mask_token_id),
+        "--block-size",
+        str(args.block_size),
+        "--markov-rank",
+        str(args.markov_rank),
+        "--max-anchors",
+        str(args.max_anchors),
+        "--total-seq-len",
+        str(args.total_seq_len),
+        "--train-data-ratio",
+        str(args.train_ratio),
+        "--hidden-states-dtype",
+        "float32",
+        "--draft-attn-impl",
+        "sdpa",
+        "--num-workers",
+        "0",
+        "--on-missing",
+        "raise",
+        "--loss-implementation",
+        "eager",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        str(args.lr),
+        "--weight-decay",
+        str(args.weight_decay),
+        "--scheduler-type",
+        "cosine",
+        "--scheduler-warmup-steps",
+        str(args.warmup_steps),
+        "--scheduler-total-steps",
+        str(args.steps),
+        "--scheduler-num-cosine-cycles",
+        str(args.cosine_cycles),
+        "--max-steps",
+        str(args.steps),
+        "--epochs",
+        "100000",
+        "--loss-fn",
+        json.dumps({"ce": args.ce, "tv": args.tv}),
+        "--confidence-head-alpha",
+        str(args.confidence),
+        "--dflash-decay-gamma",
+        str(args.gamma),
+        "--per-position-loss-weight",
+        "fixed-exp-decay",
+        "--seed",
+        str(args.seed),
+        "--no-resume-from-checkpoint",
+        "--log-freq",
+        "1",
     ]
     (out / "argv.json").write_text(json.dumps(argv))
     started = time.time()
@@ -133,10 +209,19 @@ def main() -> None:
     tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items() if k not in skip}
     save_file(tensors, str(out / "draft.safetensors"))
     (out / "config.json").write_text(model.config.to_json_string())
-    (out / "summary.json").write_text(json.dumps({
-        "wall_s": wall, "global_step": state["trainer"].global_step,
-        "speculators": __import__("importlib.metadata").metadata.version("speculators"),
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "pid": os.getpid()}, indent=2))
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "global_step": state["trainer"].global_step,
+                "speculators": __import__("importlib.metadata").metadata.version("speculators"),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "pid": os.getpid(),
+            },
+            indent=2,
+        )
+    )
     log.close()
     sys.exit(0)
 

@@ -33,11 +33,14 @@ def check_capture_manifest(directory: Path, manifest: dict[str, Any], expect: Co
     """Refuse a manifest that is not a finished capture or was made under another contract (one line)."""
     if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
         kind = manifest.get("kind") if isinstance(manifest, dict) else None
-        raise DataError(f"{directory}: not a dspark capture output (kind {kind!r})",
-                        "point to the capture output directory (default <output_dir>/hidden)")
+        raise DataError(
+            f"{directory}: not a dspark capture output (kind {kind!r})",
+            "point to the capture output directory (default <output_dir>/hidden)",
+        )
     if not manifest.get("complete"):
-        raise DataError(f"{directory}: capture did not finish",
-                        "re-run `dspark train` (capture resumes where it stopped)")
+        raise DataError(
+            f"{directory}: capture did not finish", "re-run `dspark train` (capture resumes where it stopped)"
+        )
     if expect is not None:
         expect.check_against(manifest["contract"], str(directory))
 
@@ -68,8 +71,9 @@ def finished_capture(directory: str | os.PathLike[str]) -> dict[str, Any] | None
 def verify_shard_file(path: Path, entry: dict[str, Any], hint: str = RECAPTURE) -> None:
     """One-line DataError unless `path` exists with the size and sha256 its manifest `entry` records."""
     if not path.is_file():
-        raise DataError(f"{path}: missing", "re-run `dspark train` (capture rewrites missing shards)"
-                        if hint == RECAPTURE else hint)
+        raise DataError(
+            f"{path}: missing", "re-run `dspark train` (capture rewrites missing shards)" if hint == RECAPTURE else hint
+        )
     size = path.stat().st_size
     if size != entry["bytes"]:
         raise DataError(f"{path}: truncated or altered ({size} bytes, the manifest says {entry['bytes']})", hint)

@@ -32,8 +32,10 @@ def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:
     """The draft's dspark_manifest.json; one-line UsageError when absent, DataError when unreadable."""
     path = Path(draft_dir) / DRAFT_MANIFEST
     if not path.is_file():
-        raise UsageError(f"{draft_dir} is not a dspark draft directory (no {DRAFT_MANIFEST})",
-                         "export one first: dspark export runs/NAME/train -o DIR")
+        raise UsageError(
+            f"{draft_dir} is not a dspark draft directory (no {DRAFT_MANIFEST})",
+            "export one first: dspark export runs/NAME/train -o DIR",
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as exc:
@@ -60,20 +62,35 @@ def draft_config_from_vllm_dict(data: dict[str, Any]) -> Any:
         try:
             data = from_speculators(data)
         except ValueError as exc:
-            raise UsageError(f"config.json: not a speculators config vLLM reads ({exc})",
-                             "export the draft again") from None
+            raise UsageError(
+                f"config.json: not a speculators config vLLM reads ({exc})", "export the draft again"
+            ) from None
     architectures = data.get("architectures") or []
     if "K3DSparkModel" in architectures:
         arch = "mla"
     elif "Qwen3DSparkModel" in architectures:
         arch = "gqa"
     else:
-        raise UsageError(f"config.json architectures {architectures} is not a DSpark draft",
-                         "expected K3DSparkModel (MLA) or Qwen3DSparkModel (GQA)")
+        raise UsageError(
+            f"config.json architectures {architectures} is not a DSpark draft",
+            "expected K3DSparkModel (MLA) or Qwen3DSparkModel (GQA)",
+        )
     keep = dict(data)
-    for key in ("architectures", "model_type", "torch_dtype", "dtype", "n_routed_experts", "n_shared_experts",
-                "num_experts_per_tok", "attention_bias", "use_sliding_window", "sliding_window", "layer_types",
-                "transformers_version", "rope_theta"):
+    for key in (
+        "architectures",
+        "model_type",
+        "torch_dtype",
+        "dtype",
+        "n_routed_experts",
+        "n_shared_experts",
+        "num_experts_per_tok",
+        "attention_bias",
+        "use_sliding_window",
+        "sliding_window",
+        "layer_types",
+        "transformers_version",
+        "rope_theta",
+    ):
         keep.pop(key, None)
     if arch == "mla":
         keep.pop("num_key_value_heads", None)
@@ -99,8 +116,10 @@ def _resolve(path: Path) -> tuple[Path, dict[str, Any]]:
         beside = next((d for d in (path, path.parent) if manifest_kind(d) == KIND), None)
         return path, read_train_manifest(beside) if beside is not None else {}
     if (path / "checkpoints").is_dir():
-        raise UsageError(f"{path} has checkpoints but no consolidated final/ draft (training did not finish)",
-                         "finish it with `dspark train --resume auto`, then export")
+        raise UsageError(
+            f"{path} has checkpoints but no consolidated final/ draft (training did not finish)",
+            "finish it with `dspark train --resume auto`, then export",
+        )
     raise UsageError(f"{path}: no {WEIGHTS} here or in final/", "pass a training output dir or a draft dir")
 
 

@@ -74,15 +74,19 @@ def safetensors_os_error(exc: Exception, path: str | os.PathLike[str]) -> OSErro
     if match:
         code = int(match.group(1))
         return OSError(code, os.strerror(code), os.fspath(path))
-    return OSError(f"cannot write {os.fspath(path)}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
+    return OSError(
+        f"cannot write {os.fspath(path)}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+    )
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The manifest of an artifact directory; one-line DataError when missing or unreadable."""
     path = Path(directory) / MANIFEST_NAME
     if not path.is_file():
-        raise DataError(f"{directory}: no {MANIFEST_NAME}; not a dspark artifact (or an unfinished one)",
-                        "re-run the stage that makes it")
+        raise DataError(
+            f"{directory}: no {MANIFEST_NAME}; not a dspark artifact (or an unfinished one)",
+            "re-run the stage that makes it",
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -92,8 +96,9 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def resumable_manifest(out_dir: Path, *, kind: str, fingerprint: str, shard_glob: str, section: str,
-                       changed: str) -> dict[str, Any]:
+def resumable_manifest(
+    out_dir: Path, *, kind: str, fingerprint: str, shard_glob: str, section: str, changed: str
+) -> dict[str, Any]:
     """The manifest a previous run of the same plan left in a resumable stage's `out_dir` ({} if none).
 
     One-line errors for a directory holding shards but no manifest, or the output of another plan
@@ -102,16 +107,21 @@ def resumable_manifest(out_dir: Path, *, kind: str, fingerprint: str, shard_glob
     path = Path(out_dir) / MANIFEST_NAME
     if not path.is_file():
         if any(Path(out_dir).glob(shard_glob)):
-            raise DataError(f"{out_dir} has shards but no manifest", f"use a new {section}.output_dir or delete this one")
+            raise DataError(
+                f"{out_dir} has shards but no manifest", f"use a new {section}.output_dir or delete this one"
+            )
         return {}
     previous = read_manifest(out_dir)
     if previous.get("kind") != kind or previous.get("fingerprint") != fingerprint:
-        raise UsageError(f"{out_dir} holds {section} output of a different plan ({changed} changed)",
-                         f"use a new {section}.output_dir, or delete it to start over")
+        raise UsageError(
+            f"{out_dir} holds {section} output of a different plan ({changed} changed)",
+            f"use a new {section}.output_dir, or delete it to start over",
+        )
     return previous
 
 
 # -- outputs are owned: a stage replaces only a directory it made -------------------------------------------
+
 
 def manifest_kind(directory: Path, manifest_name: str = MANIFEST_NAME) -> str | None:
     """The `kind` recorded in `directory`'s manifest, or None (no manifest, unreadable, not an object)."""
@@ -126,9 +136,16 @@ def _contains(outer: Path, inner: Path) -> bool:
     return outer == inner or outer in inner.parents
 
 
-def claim_output_dir(out: str | os.PathLike[str], *, kind: str, what: str, force: bool,
-                     manifest_name: str = MANIFEST_NAME, inputs: tuple[str | os.PathLike[str], ...] = (),
-                     own: tuple[str, ...] | None = None) -> bool:
+def claim_output_dir(
+    out: str | os.PathLike[str],
+    *,
+    kind: str,
+    what: str,
+    force: bool,
+    manifest_name: str = MANIFEST_NAME,
+    inputs: tuple[str | os.PathLike[str], ...] = (),
+    own: tuple[str, ...] | None = None,
+) -> bool:
     """May a stage that makes `kind` output write `out`? True: it exists and will be replaced; False: it is new.
 
     A stage only ever replaces a directory it recognises as its own output (`kind` in its manifest) or
@@ -140,32 +157,43 @@ def claim_output_dir(out: str | os.PathLike[str], *, kind: str, what: str, force
     where = out.resolve()
     cwd = Path.cwd().resolve()
     if _contains(where, cwd):
-        raise UsageError(f"refusing to write {what} to {out}: it is the current directory or one of its parents",
-                         "pass -o a new directory")
+        raise UsageError(
+            f"refusing to write {what} to {out}: it is the current directory or one of its parents",
+            "pass -o a new directory",
+        )
     for source in inputs:
         if _contains(where, Path(source).resolve()):
-            raise UsageError(f"refusing to write {what} to {out}: it is (or holds) this stage's input {source}",
-                             "pass -o a new directory")
+            raise UsageError(
+                f"refusing to write {what} to {out}: it is (or holds) this stage's input {source}",
+                "pass -o a new directory",
+            )
     if not out.exists() and not out.is_symlink():
         return False
     if out.is_symlink() or not out.is_dir():
-        raise UsageError(f"{out} exists and is not a directory{' (a symlink)' if out.is_symlink() else ''}; "
-                         f"refusing to replace it", "pass -o a new directory")
+        raise UsageError(
+            f"{out} exists and is not a directory{' (a symlink)' if out.is_symlink() else ''}; refusing to replace it",
+            "pass -o a new directory",
+        )
     if manifest_kind(out, manifest_name) == kind:
         if not force:
-            raise UsageError(f"{out} already exists (an earlier {what})", "pass --force to replace it, or -o another directory")
+            raise UsageError(
+                f"{out} already exists (an earlier {what})", "pass --force to replace it, or -o another directory"
+            )
         others = sorted({p.name for p in out.iterdir()} - {manifest_name, *own}) if own is not None else []
         if others:
             shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-            raise UsageError(f"refusing to replace {out}: besides the earlier {what} it holds {shown}, which "
-                             f"--force would delete", f"move {'them' if len(others) > 1 else 'it'} out of {out}, "
-                             "or pass -o another directory")
+            raise UsageError(
+                f"refusing to replace {out}: besides the earlier {what} it holds {shown}, which --force would delete",
+                f"move {'them' if len(others) > 1 else 'it'} out of {out}, or pass -o another directory",
+            )
         return True
     if not any(out.iterdir()):
         return True  # empty: nothing to lose
-    raise UsageError(f"{out} already exists and is not an earlier {what} (no {manifest_name} of kind {kind}); "
-                     f"refusing to replace it{' even with --force' if force else ''}",
-                     f"pass -o a new directory (--force only replaces an earlier {what})")
+    raise UsageError(
+        f"{out} already exists and is not an earlier {what} (no {manifest_name} of kind {kind}); "
+        f"refusing to replace it{' even with --force' if force else ''}",
+        f"pass -o a new directory (--force only replaces an earlier {what})",
+    )
 
 
 # -- temporary directories: named by their owner, so the next run can clean those of killed runs -----------
@@ -254,8 +282,10 @@ def ensure_writable_dir(directory: str | os.PathLike[str], what: str) -> Path:
         os.unlink(probe)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise UsageError(f"cannot write {what} to {directory}: {reason}",
-                         "choose a writable directory (or fix its permissions) before running") from None
+        raise UsageError(
+            f"cannot write {what} to {directory}: {reason}",
+            "choose a writable directory (or fix its permissions) before running",
+        ) from None
     return directory
 
 
@@ -267,8 +297,7 @@ CAPTURE_GATE_LOCK = ".capture-lock"
 LOCKS = frozenset({LOCK_NAME, CAPTURE_GATE_LOCK})
 
 
-def ownership_problem(out: str | os.PathLike[str], kind: str, field: str,
-                      shard_glob: str | None = None) -> str | None:
+def ownership_problem(out: str | os.PathLike[str], kind: str, field: str, shard_glob: str | None = None) -> str | None:
     """Why a resumable stage (datagen, capture, train) making `kind` output may not write `out`; None when it may.
 
     It may write a directory that does not exist, an empty one, or one that is already its own: a manifest of
@@ -282,8 +311,10 @@ def ownership_problem(out: str | os.PathLike[str], kind: str, field: str,
         return f"{field}: {out} exists and is not a directory; pass -o a new directory"
     made = manifest_kind(out)
     if (out / MANIFEST_NAME).is_file() and made != kind:
-        return (f"{field}: {out} holds {made or 'an unreadable manifest'}, not {kind.removeprefix('dspark.')} output; "
-                f"set {field} to a new directory")
+        return (
+            f"{field}: {out} holds {made or 'an unreadable manifest'}, not {kind.removeprefix('dspark.')} output; "
+            f"set {field} to a new directory"
+        )
     if made == kind or manifest_kind(out, OWNER_NAME) == kind:
         return None
     try:
@@ -294,8 +325,10 @@ def ownership_problem(out: str | os.PathLike[str], kind: str, field: str,
         return f"{field}: {out} has shards but no manifest; use a new {field} or delete this one"
     if not names - LOCKS or (names & LOCKS and OWNER_NAME not in names):
         return None  # empty but for dspark's locks, or an older dspark's killed run
-    return (f"{field}: {out} already exists and is not dspark {kind.removeprefix('dspark.')} output (no manifest.json "
-            f"or {OWNER_NAME} of kind {kind}); refusing to write into it: pass -o a new (or empty) directory")
+    return (
+        f"{field}: {out} already exists and is not dspark {kind.removeprefix('dspark.')} output (no manifest.json "
+        f"or {OWNER_NAME} of kind {kind}); refusing to write into it: pass -o a new (or empty) directory"
+    )
 
 
 @contextlib.contextmanager
@@ -319,8 +352,10 @@ def exclusive_output(out: str | os.PathLike[str], field: str, kind: str | None =
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
-            raise UsageError(f"{field}: {out} is being written by another dspark process ({holder})",
-                             f"wait for it to finish, or set {field} to another directory") from None
+            raise UsageError(
+                f"{field}: {out} is being written by another dspark process ({holder})",
+                f"wait for it to finish, or set {field} to another directory",
+            ) from None
         except OSError as exc:
             if exc.errno not in (errno.ENOLCK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise

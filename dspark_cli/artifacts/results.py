@@ -220,8 +220,11 @@ class BenchSummary(Record):
     files: dict[str, Any] | None = None  # markdown, json, plots
 
     def to_dict(self) -> dict[str, Any]:  # bench.json has no keys for what was not run
-        return {k: v for k, v in super().to_dict().items()
-                if v is not None or k not in ("offline", "online", "reference", "files")}
+        return {
+            k: v
+            for k, v in super().to_dict().items()
+            if v is not None or k not in ("offline", "online", "reference", "files")
+        }
 
     def tau_lines(self) -> list[TauLine]:
         """tau per (dataset, temperature) of the offline runs at threshold 0, with its baselines."""
@@ -231,12 +234,23 @@ class BenchSummary(Record):
             if run.get("threshold", 0.0) != 0.0:
                 continue
             key = (run["dataset"], run["temperature"])
-            baselines = {b["name"]: b["tau"]["mean"] for b in offline.get("baselines", [])
-                         if (b["dataset"], b["temperature"]) == key and b["tau"]["mean"] is not None}
+            baselines = {
+                b["name"]: b["tau"]["mean"]
+                for b in offline.get("baselines", [])
+                if (b["dataset"], b["temperature"]) == key and b["tau"]["mean"] is not None
+            }
             calibration = run.get("calibration") or {}
-            lines.append(TauLine(run["dataset"], run["temperature"], run["tau"]["mean"], run["tau"].get("ci95"),
-                                 baselines, calibration.get("verdict"),
-                                 (calibration.get("overall") or {}).get("ece")))
+            lines.append(
+                TauLine(
+                    run["dataset"],
+                    run["temperature"],
+                    run["tau"]["mean"],
+                    run["tau"].get("ci95"),
+                    baselines,
+                    calibration.get("verdict"),
+                    (calibration.get("overall") or {}).get("ece"),
+                )
+            )
         return lines
 
 

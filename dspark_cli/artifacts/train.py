@@ -39,18 +39,22 @@ def read_train_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     missing (training did not finish), corrupt, or the manifest of another kind of output."""
     directory = Path(directory)
     if not (directory / MANIFEST_NAME).is_file():
-        raise DataError(f"{directory}: no {MANIFEST_NAME} (training did not finish)",
-                        "finish it with `dspark train --resume auto`")
+        raise DataError(
+            f"{directory}: no {MANIFEST_NAME} (training did not finish)", "finish it with `dspark train --resume auto`"
+        )
     manifest = read_manifest(directory)
     if manifest.get("kind") != KIND:
-        raise DataError(f"{directory}/manifest.json is not the manifest of a dspark training run "
-                        f"(kind {manifest.get('kind')!r})", "pass the directory `dspark train` wrote (runs/NAME/train)")
+        raise DataError(
+            f"{directory}/manifest.json is not the manifest of a dspark training run (kind {manifest.get('kind')!r})",
+            "pass the directory `dspark train` wrote (runs/NAME/train)",
+        )
     if not manifest.get("complete"):
         raise DataError(f"{directory}: training did not finish", "finish it with `dspark train --resume auto`")
     return manifest
 
 
 # -- checkpoints ---------------------------------------------------------------------------------------
+
 
 def is_complete_checkpoint(path: Path) -> bool:
     """Renamed into place (what `latest` may name); whether its files are intact is what the checksums say."""
@@ -79,8 +83,10 @@ def read_checkpoint_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def checkpoint_hint(path: Path) -> str:
     """What to do about a damaged checkpoint at `path`."""
-    return (f"resume from an earlier checkpoint (--resume {path.parent}/step-NNNNNN), or start over in a new "
-            "directory with -o DIR")
+    return (
+        f"resume from an earlier checkpoint (--resume {path.parent}/step-NNNNNN), or start over in a new "
+        "directory with -o DIR"
+    )
 
 
 def read_checksums(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
@@ -89,8 +95,11 @@ def read_checksums(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     path = Path(path)
     file = path / CHECKSUMS
     if not file.is_file():
-        raise DataError(f"{path}: checkpoint has no {CHECKSUMS} (written by an older dspark, by hand, or not "
-                        "finished), so it cannot be checked; refusing to load it", checkpoint_hint(path))
+        raise DataError(
+            f"{path}: checkpoint has no {CHECKSUMS} (written by an older dspark, by hand, or not "
+            "finished), so it cannot be checked; refusing to load it",
+            checkpoint_hint(path),
+        )
     try:
         data = json.loads(file.read_text(encoding="utf-8"))
         files = data["files"]

@@ -77,8 +77,13 @@ class CostModel:
     estimate: bool
 
     def describe(self) -> dict[str, Any]:
-        return {"label": self.label, "estimate": self.estimate, "cudagraph_limit": self.cudagraph_limit,
-                "draft_curve": [list(p) for p in self.draft_curve], "verify_curve": [list(p) for p in self.verify_curve]}
+        return {
+            "label": self.label,
+            "estimate": self.estimate,
+            "cudagraph_limit": self.cudagraph_limit,
+            "draft_curve": [list(p) for p in self.draft_curve],
+            "verify_curve": [list(p) for p in self.verify_curve],
+        }
 
 
 def h200_estimate() -> CostModel:
@@ -94,9 +99,13 @@ def h200_estimate() -> CostModel:
         return 0.2 + 1e3 * max(2 * params / bandwidth, 2 * params * block * requests / flops)
 
     sizes = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
-    return CostModel(tuple((n, round(draft_ms(n), 4)) for n in sizes if n <= 512),
-                     tuple((n, round(verify_ms(n), 4)) for n in sizes), cudagraph_limit=512,
-                     label="H200 roofline estimate: 8B bf16 target, 1B draft, one GPU", estimate=True)
+    return CostModel(
+        tuple((n, round(draft_ms(n), 4)) for n in sizes if n <= 512),
+        tuple((n, round(verify_ms(n), 4)) for n in sizes),
+        cudagraph_limit=512,
+        label="H200 roofline estimate: 8B bf16 target, 1B draft, one GPU",
+        estimate=True,
+    )
 
 
 BUILTIN = {"h200-estimate": h200_estimate}
@@ -106,8 +115,10 @@ def _curve(points: Any, what: str) -> tuple[tuple[int, float], ...]:
     try:
         curve = tuple(sorted((int(size), float(ms)) for size, ms in points))
     except (TypeError, ValueError):
-        raise UsageError(f"bench.cost_model: {what} must be a list of [size, milliseconds] pairs",
-                         "e.g. verify_curve: [[1, 3.7], [64, 4.1], [512, 14.0]]") from None
+        raise UsageError(
+            f"bench.cost_model: {what} must be a list of [size, milliseconds] pairs",
+            "e.g. verify_curve: [[1, 3.7], [64, 4.1], [512, 14.0]]",
+        ) from None
     if not curve or any(size < 1 or ms < 0 for size, ms in curve) or len({s for s, _ in curve}) != len(curve):
         raise UsageError(f"bench.cost_model: {what} needs distinct sizes >= 1 and times >= 0", "fix the table")
     return curve
@@ -130,18 +141,28 @@ def cost_model_from_dict(data: dict[str, Any], label: str) -> CostModel:
             draft = _median_curve([(s["num_reqs"], s["drafter_ms"]) for s in samples if s["full_cudagraph"]])
             verify = _median_curve([(s["num_target_tokens"], s["forward_ms"]) for s in samples])
         except (KeyError, TypeError):
-            raise UsageError("bench.cost_model: samples need forward_ms, drafter_ms, num_target_tokens, num_reqs and "
-                             "full_cudagraph (vLLM's StepTimingSample)", "fix the profile") from None
+            raise UsageError(
+                "bench.cost_model: samples need forward_ms, drafter_ms, num_target_tokens, num_reqs and "
+                "full_cudagraph (vLLM's StepTimingSample)",
+                "fix the profile",
+            ) from None
     else:
         if "draft_curve" not in data or "verify_curve" not in data:
-            raise UsageError("bench.cost_model: a table needs draft_curve and verify_curve",
-                             "give [[num_reqs, ms], ...] and [[num_tokens, ms], ...], or vLLM step samples")
+            raise UsageError(
+                "bench.cost_model: a table needs draft_curve and verify_curve",
+                "give [[num_reqs, ms], ...] and [[num_tokens, ms], ...], or vLLM step samples",
+            )
         draft, verify = data["draft_curve"], data["verify_curve"]
     limit = data.get("cudagraph_limit", 0)
     if not isinstance(limit, int) or limit < 0:
         raise UsageError("bench.cost_model: cudagraph_limit must be an integer >= 0", "fix the table")
-    return CostModel(_curve(draft, "draft_curve"), _curve(verify, "verify_curve"), limit,
-                     str(data.get("label") or label), bool(data.get("estimate", False)))
+    return CostModel(
+        _curve(draft, "draft_curve"),
+        _curve(verify, "verify_curve"),
+        limit,
+        str(data.get("label") or label),
+        bool(data.get("estimate", False)),
+    )
 
 
 def load_cost_model(spec: str | dict[str, Any]) -> CostModel:
@@ -152,13 +173,18 @@ def load_cost_model(spec: str | dict[str, Any]) -> CostModel:
         return BUILTIN[spec]()
     path = Path(spec)
     if not path.is_file():
-        raise UsageError(f"bench.cost_model: {spec!r} is neither {', '.join(BUILTIN)} nor a file",
-                         "give a profile file (JSON/YAML) or an inline {draft_curve, verify_curve} table")
+        raise UsageError(
+            f"bench.cost_model: {spec!r} is neither {', '.join(BUILTIN)} nor a file",
+            "give a profile file (JSON/YAML) or an inline {draft_curve, verify_curve} table",
+        )
     try:
         import yaml
 
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.suffix in (".yaml", ".yml") \
+        data = (
+            yaml.safe_load(path.read_text(encoding="utf-8"))
+            if path.suffix in (".yaml", ".yml")
             else json.loads(path.read_text(encoding="utf-8"))
+        )
     except (ValueError, OSError) as exc:
         raise UsageError(f"bench.cost_model: {path} unreadable ({exc})", "give a JSON or YAML profile") from None
     if not isinstance(data, dict):
@@ -187,13 +213,21 @@ def cost_tables(cost: CostModel, max_num_reqs: int, max_batch_tokens: int) -> tu
                 out[size] = next((y for x, y in zip(xs, ys, strict=True) if x >= size), ys[-1])
         return out
 
-    return np.maximum(table(max_num_reqs, cost.draft_curve), 0.0), \
-        np.maximum(table(max_batch_tokens, cost.verify_curve), 1e-6)
+    return np.maximum(table(max_num_reqs, cost.draft_curve), 0.0), np.maximum(
+        table(max_batch_tokens, cost.verify_curve), 1e-6
+    )
 
 
-def choose_budget(stale_confidences: np.ndarray, scheduled_drafts: np.ndarray, *, num_sampling_requests: int,
-                  num_non_draft_tokens: int, draft_cost_ms: np.ndarray, verify_cost_ms: np.ndarray,
-                  max_total_logits: int | None = None) -> int:
+def choose_budget(
+    stale_confidences: np.ndarray,
+    scheduled_drafts: np.ndarray,
+    *,
+    num_sampling_requests: int,
+    num_non_draft_tokens: int,
+    draft_cost_ms: np.ndarray,
+    verify_cost_ms: np.ndarray,
+    max_total_logits: int | None = None,
+) -> int:
     """vLLM's draft budget for one batch: the b maximising expected tokens per ms (the first on ties).
 
     stale_confidences [R, N]: the previous step's confidences per request; scheduled_drafts [R]."""
@@ -205,7 +239,7 @@ def choose_budget(stale_confidences: np.ndarray, scheduled_drafts: np.ndarray, *
     if max_total_logits is not None:
         max_budget = min(max_budget, max(0, max_total_logits - num_reqs * NUM_BONUS_TOKENS))
     expected = np.concatenate(([num_sampling_requests], num_sampling_requests + np.cumsum(scores[:max_budget])))
-    costs = draft_cost_ms[num_reqs] + verify_cost_ms[num_non_draft_tokens:num_non_draft_tokens + max_budget + 1]
+    costs = draft_cost_ms[num_reqs] + verify_cost_ms[num_non_draft_tokens : num_non_draft_tokens + max_budget + 1]
     return int(np.argmax(expected / costs))
 
 
@@ -245,9 +279,16 @@ def _replay(turns: Sequence[Any], num_slots: int, num_steps: int, rng: random.Ra
         yield conf, stale, accepted
 
 
-def model_concurrency(turns: Sequence[Any], num_speculative_tokens: int, cost: CostModel, *,
-                      levels: Sequence[int] = CONCURRENCY, num_batch_steps: int = 64,
-                      min_request_steps: int = 4096, seed: int = 0) -> list[dict[str, Any]] | None:
+def model_concurrency(
+    turns: Sequence[Any],
+    num_speculative_tokens: int,
+    cost: CostModel,
+    *,
+    levels: Sequence[int] = CONCURRENCY,
+    num_batch_steps: int = 64,
+    min_request_steps: int = 4096,
+    seed: int = 0,
+) -> list[dict[str, Any]] | None:
     """Fixed-k, adaptive and no speculation at each concurrency level (see the module docstring).
 
     Each level replays at least `num_batch_steps` batch steps and at least `min_request_steps` request
@@ -268,8 +309,14 @@ def model_concurrency(turns: Sequence[Any], num_speculative_tokens: int, cost: C
         for conf, stale, accepted in _replay(turns, level, batch_steps, rng):
             conf, stale = conf[:, :n], stale[:, :n]
             scheduled = np.full(level, n, dtype=np.int64)
-            budget = choose_budget(stale, scheduled, num_sampling_requests=level, num_non_draft_tokens=level,
-                                   draft_cost_ms=draft_ms, verify_cost_ms=verify_ms)
+            budget = choose_budget(
+                stale,
+                scheduled,
+                num_sampling_requests=level,
+                num_non_draft_tokens=level,
+                draft_cost_ms=draft_ms,
+                verify_cost_ms=verify_ms,
+            )
             kept = admit(conf, scheduled, budget)
             sums["fixed_tokens"] += float(np.minimum(accepted, n).sum() + level)
             sums["fixed_ms"] += draft_ms[level] + verify_ms[level * (n + NUM_BONUS_TOKENS)]
@@ -280,14 +327,24 @@ def model_concurrency(turns: Sequence[Any], num_speculative_tokens: int, cost: C
             sums["steps"] += 1
         steps = sums["steps"]
         requests = steps * level
-        out.append({
-            "concurrency": level,
-            "fixed": {"tokens_per_step": sums["fixed_tokens"] / requests, "drafts_per_request": float(n),
-                      "tokens_per_second": 1e3 * sums["fixed_tokens"] / sums["fixed_ms"]},
-            "adaptive": {"tokens_per_step": sums["adaptive_tokens"] / requests,
-                         "drafts_per_request": sums["adaptive_drafts"] / requests,
-                         "tokens_per_second": 1e3 * sums["adaptive_tokens"] / sums["adaptive_ms"]},
-            "none": {"tokens_per_step": 1.0, "drafts_per_request": 0.0,
-                     "tokens_per_second": 1e3 * requests / sums["none_ms"]},
-        })
+        out.append(
+            {
+                "concurrency": level,
+                "fixed": {
+                    "tokens_per_step": sums["fixed_tokens"] / requests,
+                    "drafts_per_request": float(n),
+                    "tokens_per_second": 1e3 * sums["fixed_tokens"] / sums["fixed_ms"],
+                },
+                "adaptive": {
+                    "tokens_per_step": sums["adaptive_tokens"] / requests,
+                    "drafts_per_request": sums["adaptive_drafts"] / requests,
+                    "tokens_per_second": 1e3 * sums["adaptive_tokens"] / sums["adaptive_ms"],
+                },
+                "none": {
+                    "tokens_per_step": 1.0,
+                    "drafts_per_request": 0.0,
+                    "tokens_per_second": 1e3 * requests / sums["none_ms"],
+                },
+            }
+        )
     return out

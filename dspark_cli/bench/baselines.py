@@ -33,8 +33,7 @@ from dspark_cli.bench.engine import Proposal
 VLLM_PROMPT_LOOKUP = (5, 5)  # vLLM's (prompt_lookup_min, prompt_lookup_max) when neither is set
 
 
-def propose_ngram(tokens: list[int], *, min_n: int, max_n: int, k: int,
-                  max_model_len: int | None = None) -> list[int]:
+def propose_ngram(tokens: list[int], *, min_n: int, max_n: int, k: int, max_model_len: int | None = None) -> list[int]:
     """The tokens vLLM's n-gram proposer drafts after `tokens` (see the module docstring)."""
     total = len(tokens)
     if total < min_n:
@@ -44,10 +43,10 @@ def propose_ngram(tokens: list[int], *, min_n: int, max_n: int, k: int,
     if k <= 0:
         return []
     for n in range(min(max_n, total - 1), min_n - 1, -1):
-        suffix = tokens[total - n:]
+        suffix = tokens[total - n :]
         for start in range(total - n):  # occurrences ending at or before total - 2
-            if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + k]
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
     return []
 
 
@@ -70,11 +69,20 @@ class NgramDrafter:
     def end(self) -> None:
         pass
 
-    def propose(self, anchor: int, *, temperature: float, greedy: bool, num_tokens: int,
-                generator: torch.Generator | None, history: list[int] | None = None) -> Proposal:
+    def propose(
+        self,
+        anchor: int,
+        *,
+        temperature: float,
+        greedy: bool,
+        num_tokens: int,
+        generator: torch.Generator | None,
+        history: list[int] | None = None,
+    ) -> Proposal:
         assert history is not None and history[-1] == anchor, "the engine passes the request's tokens"
-        drafts = propose_ngram(history, min_n=self.min_n, max_n=self.max_n, k=num_tokens,
-                               max_model_len=self.max_model_len)
+        drafts = propose_ngram(
+            history, min_n=self.min_n, max_n=self.max_n, k=num_tokens, max_model_len=self.max_model_len
+        )
         return Proposal(torch.tensor(drafts, dtype=torch.long), None, None)
 
 

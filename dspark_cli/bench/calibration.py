@@ -53,10 +53,24 @@ def reliability(pairs: Sequence[tuple[float, int]], num_bins: int = NUM_BINS) ->
         predicted = sum(p for p, _ in members) / len(members)
         observed = sum(y for _, y in members) / len(members)
         ece += len(members) / n * abs(observed - predicted)
-        rows.append({"low": b / num_bins, "high": (b + 1) / num_bins, "n": len(members),
-                     "predicted": predicted, "observed": observed})
-    return {"n": n, "predicted": sum(p for p, _ in pairs) / n, "observed": sum(y for _, y in pairs) / n,
-            "ece": ece, "brier": sum((p - y) ** 2 for p, y in pairs) / n, "auc": auc(pairs), "bins": rows}
+        rows.append(
+            {
+                "low": b / num_bins,
+                "high": (b + 1) / num_bins,
+                "n": len(members),
+                "predicted": predicted,
+                "observed": observed,
+            }
+        )
+    return {
+        "n": n,
+        "predicted": sum(p for p, _ in pairs) / n,
+        "observed": sum(y for _, y in pairs) / n,
+        "ece": ece,
+        "brier": sum((p - y) ** 2 for p, y in pairs) / n,
+        "auc": auc(pairs),
+        "bins": rows,
+    }
 
 
 def auc(pairs: Sequence[tuple[float, int]]) -> float | None:
@@ -111,12 +125,15 @@ def judge(overall: dict[str, Any]) -> tuple[str, list[str]]:
     reasons, verdict = [], "calibrated"
     if overall["ece"] is not None and overall["ece"] > ECE_LIMIT:
         verdict = "miscalibrated"
-        reasons.append(f"ECE {overall['ece']:.3f} > {ECE_LIMIT:g}: predicted {overall['predicted']:.2f} "
-                       f"on average, observed {overall['observed']:.2f}")
+        reasons.append(
+            f"ECE {overall['ece']:.3f} > {ECE_LIMIT:g}: predicted {overall['predicted']:.2f} "
+            f"on average, observed {overall['observed']:.2f}"
+        )
     if overall["auc"] is not None and overall["auc"] <= AUC_LIMIT:
         verdict = "miscalibrated" if verdict == "miscalibrated" else "uninformative"
-        reasons.append(f"AUC {overall['auc']:.2f} <= {AUC_LIMIT:g}: the confidences do not rank accepted "
-                       "above rejected drafts")
+        reasons.append(
+            f"AUC {overall['auc']:.2f} <= {AUC_LIMIT:g}: the confidences do not rank accepted above rejected drafts"
+        )
     if not reasons:
         auc_text = f", AUC {overall['auc']:.2f}" if overall["auc"] is not None else ""
         reasons.append(f"ECE {overall['ece']:.3f} <= {ECE_LIMIT:g}{auc_text}")

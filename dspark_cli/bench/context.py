@@ -45,10 +45,16 @@ def by_context(turns: Sequence[Any], edges: Sequence[int], block_size: int) -> l
                 per_position[i].append(sum(1 for a in picked if a > i))
         if sum(steps) == 0:
             continue
-        out.append({"low": low, "high": high, "num_steps": sum(steps),
-                    "num_turns": sum(1 for s in steps if s),
-                    "tau": ratio_estimate(tokens, steps, bounds=(1.0, block_size + 1.0)),
-                    "acceptance_per_position": [ratio_estimate(c, steps)["mean"] for c in per_position]})
+        out.append(
+            {
+                "low": low,
+                "high": high,
+                "num_steps": sum(steps),
+                "num_turns": sum(1 for s in steps if s),
+                "tau": ratio_estimate(tokens, steps, bounds=(1.0, block_size + 1.0)),
+                "acceptance_per_position": [ratio_estimate(c, steps)["mean"] for c in per_position],
+            }
+        )
     return out
 
 
@@ -61,11 +67,12 @@ def drop_note(bins: Sequence[dict[str, Any]]) -> str:
     for row in bins[1:]:
         mean, (_, high) = row["tau"]["mean"], row["tau"]["ci95"]
         if base_low is not None and high is not None and high < base_low:
-            return (f"acceptance drops: tau {mean:.2f} at {row['low']}-{row['high']} tokens of context against "
-                    f"{base:.2f} at {first['low']}-{first['high']} (95% intervals apart)")
+            return (
+                f"acceptance drops: tau {mean:.2f} at {row['low']}-{row['high']} tokens of context against "
+                f"{base:.2f} at {first['low']}-{first['high']} (95% intervals apart)"
+            )
     shown = " -> ".join(f"{r['tau']['mean']:.2f}" for r in bins)
-    return (f"no drop beyond the 95% intervals up to {bins[-1]['high']} tokens of context "
-            f"(tau by bin: {shown})")
+    return f"no drop beyond the 95% intervals up to {bins[-1]['high']} tokens of context (tau by bin: {shown})"
 
 
 def sweep_prompts(bench: Any) -> Iterator[tuple[str, str]]:

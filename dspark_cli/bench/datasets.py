@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import islice
 
-from dspark_cli.prompts.conversation import Conversation
 from dspark_cli.errors import UsageError
+from dspark_cli.prompts.conversation import Conversation
 from dspark_cli.recipe.schema import BenchSection, PromptSource
 
 SPEED_BENCH = "nvidia/SPEED-Bench"
@@ -60,8 +60,11 @@ def load_datasets(bench: BenchSection) -> list[BenchDataset]:
         try:
             conversations = list(islice(read_source(source), bench.num_prompts))
         except UsageError as exc:
-            hint = ("set bench.mt_bench_path to a local question.jsonl (FastChat's MT-Bench questions)"
-                    if entry == "mt_bench" else "check bench.datasets (a local file works offline)")
+            hint = (
+                "set bench.mt_bench_path to a local question.jsonl (FastChat's MT-Bench questions)"
+                if entry == "mt_bench"
+                else "check bench.datasets (a local file works offline)"
+            )
             raise UsageError(f"bench dataset {entry}: {exc.message}", hint) from None
         for conv in conversations:
             conv.messages = [m for m in conv.messages if m["role"] != "assistant"]  # the target answers

@@ -82,8 +82,16 @@ class Drafter(Protocol):
     has_confidence: bool
 
     def begin(self, aux: torch.Tensor) -> None: ...
-    def propose(self, anchor: int, *, temperature: float, greedy: bool, num_tokens: int,
-                generator: torch.Generator | None, history: list[int]) -> Proposal: ...
+    def propose(
+        self,
+        anchor: int,
+        *,
+        temperature: float,
+        greedy: bool,
+        num_tokens: int,
+        generator: torch.Generator | None,
+        history: list[int],
+    ) -> Proposal: ...
     # `history`: every token of the request so far (prompt + output, the anchor last); may return < num_tokens
     def accept(self, aux: torch.Tensor) -> None: ...
     def end(self) -> None: ...
@@ -113,8 +121,10 @@ def _decoder_layers(model: Any) -> list[Any]:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     layers = next((getattr(decoder, n) for n in ("layers", "h", "blocks") if hasattr(decoder, n)), None)
     if layers is None:
-        raise UsageError(f"{type(model).__name__}: cannot find its decoder layers",
-                         "the reference engine supports models with model.layers (Llama, Qwen, DeepSeek, ...)")
+        raise UsageError(
+            f"{type(model).__name__}: cannot find its decoder layers",
+            "the reference engine supports models with model.layers (Llama, Qwen, DeepSeek, ...)",
+        )
     return list(layers)
 
 
@@ -129,8 +139,10 @@ class HFTarget:
         self.model = model.eval()
         layers = _decoder_layers(model)
         if not layer_ids or max(layer_ids) >= len(layers) or min(layer_ids) < 0:
-            raise ContractError(f"draft target_layer_ids {layer_ids} do not fit the target's {len(layers)} layers",
-                                "bench the draft with the target it was trained for")
+            raise ContractError(
+                f"draft target_layer_ids {layer_ids} do not fit the target's {len(layers)} layers",
+                "bench the draft with the target it was trained for",
+            )
         self.layer_ids = list(layer_ids)
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
@@ -141,17 +153,27 @@ class HFTarget:
         self.length = 0
 
     @classmethod
-    def load(cls, path: str, layer_ids: list[int], *, dtype: str = "auto", device: str | None = None,
-             trust_remote_code: bool = False, revision: str | None = None) -> HFTarget:
+    def load(
+        cls,
+        path: str,
+        layer_ids: list[int],
+        *,
+        dtype: str = "auto",
+        device: str | None = None,
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+    ) -> HFTarget:
         from dspark_cli.targets import Target
 
         model, _ = Target.named(path, revision=revision, trust_remote_code=trust_remote_code).causal_lm(
-            dtype=dtype, device=device)
+            dtype=dtype, device=device
+        )
         return cls(model, layer_ids)
 
     def _keeper(self, key: int):
         def hook(_module: Any, _args: Any, output: Any) -> None:
             self._captured[key] = output[0] if isinstance(output, tuple) else output
+
         return hook
 
     def embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,8 +194,13 @@ class HFTarget:
         ids = torch.tensor([token_ids], device=self.device)
         positions = torch.arange(self.length, self.length + m, device=self.device).unsqueeze(0)
         self._captured.clear()
-        out = self.model(input_ids=ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1 if last_only else 0)
+        out = self.model(
+            input_ids=ids,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+        )
         self.cache = out.past_key_values
         self.length += m
         aux = torch.cat([self._captured[k][0] for k in self.layer_ids], dim=-1)
@@ -217,7 +244,9 @@ class DSparkDrafter:
         if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
             raise ContractError(
                 f"draft expects embeddings {config.vocab_size}x{config.hidden_size}, the target has "
-                f"{tuple(embed.shape)[0]}x{tuple(embed.shape)[1]}", "bench the draft with the target it was trained for")
+                f"{tuple(embed.shape)[0]}x{tuple(embed.shape)[1]}",
+                "bench the draft with the target it was trained for",
+            )
         model.set_target_embeddings(embed.to(model_dtype(model)), lm_head.to(model_dtype(model)))
         return cls(model, draft_topk=getattr(config, "dspark_draft_topk", None))
 
@@ -226,14 +255,29 @@ class DSparkDrafter:
         self.cache.append(self.slot, aux.to(self.dtype))
 
     @torch.inference_mode()
-    def propose(self, anchor: int, *, temperature: float, greedy: bool, num_tokens: int,
-                generator: torch.Generator | None, history: list[int] | None = None) -> Proposal:
+    def propose(
+        self,
+        anchor: int,
+        *,
+        temperature: float,
+        greedy: bool,
+        num_tokens: int,
+        generator: torch.Generator | None,
+        history: list[int] | None = None,
+    ) -> Proposal:
         from dspark_cli.draft.drafting import draft_block
 
         assert self.slot is not None, "begin() first"
-        block = draft_block(self.model, self.cache, [self.slot], torch.tensor([anchor]),
-                            temperature=0.0 if greedy else temperature, generator=generator,
-                            block_size=num_tokens, draft_topk=self.draft_topk)
+        block = draft_block(
+            self.model,
+            self.cache,
+            [self.slot],
+            torch.tensor([anchor]),
+            temperature=0.0 if greedy else temperature,
+            generator=generator,
+            block_size=num_tokens,
+            draft_topk=self.draft_topk,
+        )
         confidence = block.confidence[0] if block.confidence is not None else None
         return Proposal(block.tokens[0], None if greedy else block.logits[0].float(), confidence)
 
@@ -256,10 +300,16 @@ class SpeculativeEngine:
     def __init__(self, target: Target, drafter: Drafter | None = None, speculation: Speculation | None = None) -> None:
         if drafter is not None and speculation is None:
             raise ValueError("a drafter needs a Speculation config")
-        if speculation is not None and speculation.confidence_threshold > 0 and drafter is not None \
-                and not drafter.has_confidence:
-            raise UsageError("confidence-scheduled verification needs a draft with a confidence head",
-                             "set bench.confidence_thresholds: [] for this draft")
+        if (
+            speculation is not None
+            and speculation.confidence_threshold > 0
+            and drafter is not None
+            and not drafter.has_confidence
+        ):
+            raise UsageError(
+                "confidence-scheduled verification needs a draft with a confidence head",
+                "set bench.confidence_thresholds: [] for this draft",
+            )
         self.target, self.drafter, self.speculation = target, drafter, speculation
 
     def generate(self, prompt_ids: list[int], sampling: Sampling, *, seed: int = 0) -> Generation:
@@ -285,7 +335,8 @@ class SpeculativeEngine:
                     continue
                 context_len = len(prompt_ids) + len(out.token_ids)
                 emitted, verified, accepted, confidence = self._speculative_step(
-                    token, sampling, generator, [*prompt_ids, *out.token_ids])
+                    token, sampling, generator, [*prompt_ids, *out.token_ids]
+                )
                 out.verified.append(verified)
                 out.accepted.append(accepted)
                 out.confidences.append(confidence)
@@ -298,15 +349,22 @@ class SpeculativeEngine:
         out.seconds = time.perf_counter() - started
         return out
 
-    def _speculative_step(self, anchor: int, sampling: Sampling, generator: torch.Generator,
-                          history: list[int]) -> tuple[list[int], int, int, list[float] | None]:
+    def _speculative_step(
+        self, anchor: int, sampling: Sampling, generator: torch.Generator, history: list[int]
+    ) -> tuple[list[int], int, int, list[float] | None]:
         """One draft + verify step, the anchor last in `history` -> (emitted tokens, k, accepted, confidences)."""
         spec, drafter = self.speculation, self.drafter
         assert spec is not None and drafter is not None
         context_len = len(history)
         greedy = spec.draft_sample_method == "greedy" or sampling.temperature <= 0
-        proposal = drafter.propose(anchor, temperature=sampling.temperature, greedy=greedy,
-                                   num_tokens=spec.num_speculative_tokens, generator=generator, history=history)
+        proposal = drafter.propose(
+            anchor,
+            temperature=sampling.temperature,
+            greedy=greedy,
+            num_tokens=spec.num_speculative_tokens,
+            generator=generator,
+            history=history,
+        )
         k = min(spec.num_speculative_tokens, len(proposal.tokens))  # a prompt-lookup drafter may find fewer
         if spec.confidence_threshold > 0 and proposal.confidence is not None:
             k = min(k, confidence_prefix(proposal.confidence, spec.confidence_threshold))
@@ -316,9 +374,15 @@ class SpeculativeEngine:
         position = context_len - 1  # where the anchor goes
         logits, aux = self.target.forward([anchor, *drafts.tolist()])
         draft_logits = proposal.logits[:k].unsqueeze(0) if proposal.logits is not None else None
-        result = verify(logits.unsqueeze(0), draft_logits, drafts.unsqueeze(0).to(logits.device),
-                        temperature=sampling.temperature, top_p=sampling.top_p,
-                        method=spec.rejection_sample_method, generator=generator)
+        result = verify(
+            logits.unsqueeze(0),
+            draft_logits,
+            drafts.unsqueeze(0).to(logits.device),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            method=spec.rejection_sample_method,
+            generator=generator,
+        )
         accepted = int(result.num_accepted[0])
         self.target.crop(position + accepted + 1)
         drafter.accept(aux[: accepted + 1])

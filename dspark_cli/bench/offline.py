@@ -53,8 +53,10 @@ def template_warnings(manifest: dict[str, Any], template_hash: str) -> list[str]
     warnings = []
     trained = contract.get("chat_template_sha256")
     if trained and trained != template_hash:
-        warnings.append("the chat template or target.chat_template_kwargs differ from the draft's training data: "
-                        "expect a lower tau than serving with the training settings")
+        warnings.append(
+            "the chat template or target.chat_template_kwargs differ from the draft's training data: "
+            "expect a lower tau than serving with the training settings"
+        )
     return warnings
 
 
@@ -62,8 +64,8 @@ class OfflineBench:
     """The loaded target, tokenizer, chat format and drafter for one draft directory."""
 
     def __init__(self, recipe: Recipe, draft_dir: str | Path) -> None:
-        from dspark_cli.bench.engine import DSparkDrafter, HFTarget
         from dspark_cli.artifacts.draft import load_draft_dir
+        from dspark_cli.bench.engine import DSparkDrafter, HFTarget
         from dspark_cli.export import verify_draft
         from dspark_cli.targets import ChatFormat
 
@@ -77,31 +79,45 @@ class OfflineBench:
         self.chat = ChatFormat(Target.of(recipe).tokenizer(), recipe.target.chat_template_kwargs)
         self.target_path = Target.of(recipe).location
         self.warnings = template_warnings(self.manifest, self.chat.template_hash)
-        self.target = HFTarget.load(self.target_path, list(config.target_layer_ids), dtype=recipe.target.dtype,
-                                    trust_remote_code=recipe.target.trust_remote_code,
-                                    revision=recipe.target.revision)
+        self.target = HFTarget.load(
+            self.target_path,
+            list(config.target_layer_ids),
+            dtype=recipe.target.dtype,
+            trust_remote_code=recipe.target.trust_remote_code,
+            revision=recipe.target.revision,
+        )
         self.drafter = DSparkDrafter.from_dir(self.draft_dir, self.target, dtype=self.target.model.dtype)
         self.stop_ids = Target.stop_ids(self.chat.tokenizer, self.target.model.generation_config)
         self.num_speculative_tokens = recipe.serve.num_speculative_tokens or int(config.block_size)
         if self.num_speculative_tokens > int(config.block_size):
-            raise UsageError(f"serve.num_speculative_tokens={self.num_speculative_tokens} exceeds the draft's "
-                             f"block size {config.block_size}", "use at most the block size the draft was trained with")
+            raise UsageError(
+                f"serve.num_speculative_tokens={self.num_speculative_tokens} exceeds the draft's "
+                f"block size {config.block_size}",
+                "use at most the block size the draft was trained with",
+            )
 
     def describe(self) -> dict[str, Any]:
         import torch
 
         serve = self.recipe.serve
-        return {"engine": "dspark reference (transformers target + DSpark draft)", "target": self.target_path,
-                "draft_dir": self.draft_dir, "device": str(self.target.device),
-                "dtype": str(self.target.model.dtype).removeprefix("torch."), "torch": torch.__version__,
-                "num_speculative_tokens": self.num_speculative_tokens,
-                "draft_sample_method": serve.draft_sample_method,
-                "rejection_sample_method": serve.rejection_sample_method,
-                "top_p": self.recipe.bench.top_p, "max_tokens": self.recipe.bench.max_tokens,
-                "chat_template_kwargs": self.recipe.target.chat_template_kwargs,
-                "chat_template_sha256": self.chat.template_hash,
-                "has_confidence_head": self.drafter.has_confidence, "warnings": self.warnings,
-                "prompt_lookup": f"{self.recipe.bench.prompt_lookup_min}/{self.recipe.bench.prompt_lookup_max}"}
+        return {
+            "engine": "dspark reference (transformers target + DSpark draft)",
+            "target": self.target_path,
+            "draft_dir": self.draft_dir,
+            "device": str(self.target.device),
+            "dtype": str(self.target.model.dtype).removeprefix("torch."),
+            "torch": torch.__version__,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "draft_sample_method": serve.draft_sample_method,
+            "rejection_sample_method": serve.rejection_sample_method,
+            "top_p": self.recipe.bench.top_p,
+            "max_tokens": self.recipe.bench.max_tokens,
+            "chat_template_kwargs": self.recipe.target.chat_template_kwargs,
+            "chat_template_sha256": self.chat.template_hash,
+            "has_confidence_head": self.drafter.has_confidence,
+            "warnings": self.warnings,
+            "prompt_lookup": f"{self.recipe.bench.prompt_lookup_min}/{self.recipe.bench.prompt_lookup_max}",
+        }
 
     def engine(self, threshold: float, speculate: bool = True):
         from dspark_cli.bench.engine import Speculation, SpeculativeEngine
@@ -109,8 +125,12 @@ class OfflineBench:
         if not speculate:
             return SpeculativeEngine(self.target)
         serve = self.recipe.serve
-        spec = Speculation(self.num_speculative_tokens, serve.draft_sample_method, serve.rejection_sample_method,
-                           confidence_threshold=threshold)
+        spec = Speculation(
+            self.num_speculative_tokens,
+            serve.draft_sample_method,
+            serve.rejection_sample_method,
+            confidence_threshold=threshold,
+        )
         return SpeculativeEngine(self.target, self.drafter, spec)
 
     def baseline_engine(self, name: str):
@@ -122,13 +142,15 @@ class OfflineBench:
         if name == "ngram":
             drafter = NgramDrafter(bench.prompt_lookup_min, bench.prompt_lookup_max, self.recipe.target.max_model_len)
         else:
-            drafter = untrained_drafter(self.draft_dir, self.target, seed=self.recipe.seed,
-                                        dtype=self.target.model.dtype)
+            drafter = untrained_drafter(
+                self.draft_dir, self.target, seed=self.recipe.seed, dtype=self.target.model.dtype
+            )
         spec = Speculation(self.num_speculative_tokens, serve.draft_sample_method, serve.rejection_sample_method)
         return SpeculativeEngine(self.target, drafter, spec)
 
-    def run_dataset(self, engine: Any, dataset: BenchDataset, temperature: float,
-                    on_turn: Callable[[int], None] | None = None) -> list[TurnStats]:
+    def run_dataset(
+        self, engine: Any, dataset: BenchDataset, temperature: float, on_turn: Callable[[int], None] | None = None
+    ) -> list[TurnStats]:
         """Answer every turn of every conversation; one TurnStats per generated turn."""
         turns = []
         for conv in dataset.conversations:
@@ -144,8 +166,16 @@ class OfflineBench:
                     on_turn(turn.output_tokens)
         return turns
 
-    def answer(self, engine: Any, history: list[dict[str, str]], text: str, conv_id: str, index: int,
-               temperature: float, group: str) -> tuple[TurnStats, list[dict[str, str]]] | None:
+    def answer(
+        self,
+        engine: Any,
+        history: list[dict[str, str]],
+        text: str,
+        conv_id: str,
+        index: int,
+        temperature: float,
+        group: str,
+    ) -> tuple[TurnStats, list[dict[str, str]]] | None:
         """One user turn after `history`, answered by the engine -> (its stats, the history with the answer),
         or None when the prompt does not fit `target.max_model_len`."""
         from dspark_cli.bench.engine import Sampling
@@ -159,12 +189,19 @@ class OfflineBench:
         sampling = Sampling(temperature, bench.top_p, bench.max_tokens, self.stop_ids, max_len)
         out = engine.generate(prompt, sampling, seed=_seed(self.recipe.seed, conv_id, index, temperature))
         answer = self.chat.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        turn = TurnStats(group, out.accepted, out.verified, len(out.token_ids), out.seconds, out.confidences,
-                         out.contexts)
+        turn = TurnStats(
+            group, out.accepted, out.verified, len(out.token_ids), out.seconds, out.confidences, out.contexts
+        )
         return turn, [*messages, {"role": "assistant", "content": answer}]
 
-    def run_chains(self, engine: Any, prompts: Iterator[tuple[str, str]], conversations: int, temperature: float,
-                   on_turn: Callable[[int], None] | None = None) -> tuple[list[TurnStats], dict[str, Any]]:
+    def run_chains(
+        self,
+        engine: Any,
+        prompts: Iterator[tuple[str, str]],
+        conversations: int,
+        temperature: float,
+        on_turn: Callable[[int], None] | None = None,
+    ) -> tuple[list[TurnStats], dict[str, Any]]:
         """The context sweep: `conversations` long conversations, each fed the next prompts until one no
         longer fits target.max_model_len -> (one TurnStats per turn, what was run)."""
         turns, used, lengths = [], [], []
@@ -191,8 +228,12 @@ class OfflineBench:
                 log.warning("context sweep: the bench datasets ran out of prompts in conversation %d", number + 1)
                 break
         longest = max((c for t in turns for c in t.contexts), default=0)  # at an anchor, as binned
-        return turns, {"datasets": list(dict.fromkeys(used)), "num_conversations": len(lengths),
-                       "turns_per_conversation": lengths, "longest_context": longest}
+        return turns, {
+            "datasets": list(dict.fromkeys(used)),
+            "num_conversations": len(lengths),
+            "turns_per_conversation": lengths,
+            "longest_context": longest,
+        }
 
 
 def sweep_temperatures_for(recipe: Recipe) -> list[float]:
@@ -232,8 +273,11 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
     turns_per_pass = sum(len(c.user_turns) for d in datasets for c in d.conversations)
     # the sweep's turns are known only as it runs: a guess of 48 new tokens a turn until it is done
     sweep_guess = recipe.bench.context_sweep_conversations * -(-max_len // 48) * len(sweep_temperatures)
-    progress = {"done": 0, "tokens": 0,
-                "total": turns_per_pass * len(temperatures) * (len(thresholds) + len(baselines)) + sweep_guess}
+    progress = {
+        "done": 0,
+        "tokens": 0,
+        "total": turns_per_pass * len(temperatures) * (len(thresholds) + len(baselines)) + sweep_guess,
+    }
 
     def on_turn(tokens: int) -> None:
         progress["done"] += 1
@@ -252,44 +296,96 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
                 summary = summarize(turns, n)
                 row = {"dataset": dataset.name, "temperature": temperature, "threshold": threshold, **summary}
                 tau, verified = summary["tau"]["mean"], summary["verified_per_step"]
-                sweep.append({"dataset": dataset.name, "temperature": temperature, "threshold": threshold,
-                              "tau": tau, "tau_ci95": summary["tau"]["ci95"], "verified_per_step": verified,
-                              "drafts_per_step": summary["drafts_per_step"],
-                              "tokens_per_verified": tau / verified if tau and verified else None,
-                              "tokens_per_second": summary["tokens_per_second"]})
+                sweep.append(
+                    {
+                        "dataset": dataset.name,
+                        "temperature": temperature,
+                        "threshold": threshold,
+                        "tau": tau,
+                        "tau_ci95": summary["tau"]["ci95"],
+                        "verified_per_step": verified,
+                        "drafts_per_step": summary["drafts_per_step"],
+                        "tokens_per_verified": tau / verified if tau and verified else None,
+                        "tokens_per_second": summary["tokens_per_second"],
+                    }
+                )
                 if threshold == 0.0:
                     if bench.drafter.has_confidence:
                         row["calibration"] = calibration(turns, n)
                     row["by_context"] = by_context(turns, edges, n)
                     kept[(dataset.name, temperature)] = turns
                     runs.append(row)
-                log.info("bench %s T=%g threshold %g: tau %.3f over %d steps", dataset.name, temperature, threshold,
-                         tau or float("nan"), summary["num_steps"])
-    result = {"engine": bench.describe(), "runs": runs, "confidence_sweep": sweep if len(thresholds) > 1 else [],
-              "baselines": [], "context_sweep": [], "adaptive_verification": None}
+                log.info(
+                    "bench %s T=%g threshold %g: tau %.3f over %d steps",
+                    dataset.name,
+                    temperature,
+                    threshold,
+                    tau or float("nan"),
+                    summary["num_steps"],
+                )
+    result = {
+        "engine": bench.describe(),
+        "runs": runs,
+        "confidence_sweep": sweep if len(thresholds) > 1 else [],
+        "baselines": [],
+        "context_sweep": [],
+        "adaptive_verification": None,
+    }
     for name in baselines:
         engine = bench.baseline_engine(name)
         for dataset in datasets:
             for temperature in temperatures:
                 turns = bench.run_dataset(engine, dataset, temperature, on_turn)
                 summary = summarize(turns, n)
-                result["baselines"].append({"name": name, "dataset": dataset.name, "temperature": temperature,
-                                            "tau": summary["tau"], "num_steps": summary["num_steps"],
-                                            "acceptance_per_position": summary["acceptance_per_position"],
-                                            "drafts_per_step": summary["drafts_per_step"]})
-                log.info("bench baseline %s %s T=%g: tau %.3f", name, dataset.name, temperature,
-                         summary["tau"]["mean"] or float("nan"))
+                result["baselines"].append(
+                    {
+                        "name": name,
+                        "dataset": dataset.name,
+                        "temperature": temperature,
+                        "tau": summary["tau"],
+                        "num_steps": summary["num_steps"],
+                        "acceptance_per_position": summary["acceptance_per_position"],
+                        "drafts_per_step": summary["drafts_per_step"],
+                    }
+                )
+                log.info(
+                    "bench baseline %s %s T=%g: tau %.3f",
+                    name,
+                    dataset.name,
+                    temperature,
+                    summary["tau"]["mean"] or float("nan"),
+                )
     for temperature in sweep_temperatures:
-        turns, ran = bench.run_chains(bench.engine(0.0), sweep_prompts(recipe.bench),
-                                      recipe.bench.context_sweep_conversations, temperature, on_turn)
+        turns, ran = bench.run_chains(
+            bench.engine(0.0),
+            sweep_prompts(recipe.bench),
+            recipe.bench.context_sweep_conversations,
+            temperature,
+            on_turn,
+        )
         bins = by_context(turns, edges, n)
-        result["context_sweep"].append({"dataset": "+".join(ran["datasets"]) + "-chained", "temperature": temperature,
-                                        **ran, "num_turns": len(turns), "num_steps": sum(len(t.accepted) for t in turns),
-                                        "output_tokens": sum(t.output_tokens for t in turns),
-                                        "seconds": sum(t.seconds for t in turns), "max_model_len": max_len, "bins": bins,
-                                        "note": drop_note(bins)})
-        log.info("bench context sweep T=%g: %d conversations, %d turns, longest context %d of %d", temperature,
-                 ran["num_conversations"], len(turns), ran["longest_context"], max_len)
+        result["context_sweep"].append(
+            {
+                "dataset": "+".join(ran["datasets"]) + "-chained",
+                "temperature": temperature,
+                **ran,
+                "num_turns": len(turns),
+                "num_steps": sum(len(t.accepted) for t in turns),
+                "output_tokens": sum(t.output_tokens for t in turns),
+                "seconds": sum(t.seconds for t in turns),
+                "max_model_len": max_len,
+                "bins": bins,
+                "note": drop_note(bins),
+            }
+        )
+        log.info(
+            "bench context sweep T=%g: %d conversations, %d turns, longest context %d of %d",
+            temperature,
+            ran["num_conversations"],
+            len(turns),
+            ran["longest_context"],
+            max_len,
+        )
     if on_progress is not None and sweep_temperatures:
         on_progress(progress["done"], progress["done"], progress["tokens"])
     if bench.drafter.has_confidence:
@@ -297,13 +393,18 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
     return result
 
 
-def adaptive_model(recipe: Recipe, cost: Any, kept: dict[tuple[str, float], list[TurnStats]], n: int
-                   ) -> dict[str, Any]:
+def adaptive_model(recipe: Recipe, cost: Any, kept: dict[tuple[str, float], list[TurnStats]], n: int) -> dict[str, Any]:
     """vLLM's adaptive verification against fixed-k across concurrency, from the main runs' steps (adaptive.py)."""
     from dspark_cli.bench.adaptive import model_concurrency
 
-    runs = [{"dataset": dataset, "temperature": temperature,
-             "levels": model_concurrency(turns, n, cost, levels=sorted(set(recipe.bench.model_concurrency)),
-                                         seed=recipe.seed)}
-            for (dataset, temperature), turns in kept.items()]
+    runs = [
+        {
+            "dataset": dataset,
+            "temperature": temperature,
+            "levels": model_concurrency(
+                turns, n, cost, levels=sorted(set(recipe.bench.model_concurrency)), seed=recipe.seed
+            ),
+        }
+        for (dataset, temperature), turns in kept.items()
+    ]
     return {"cost_model": cost.describe(), "runs": [r for r in runs if r["levels"]]}

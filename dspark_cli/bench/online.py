@@ -73,8 +73,10 @@ class Client:
             models = json.loads(self._get("/v1/models")).get("data")
             self.model = str(models[0]["id"]) if models else None
         except (ValueError, AttributeError, TypeError, KeyError, IndexError):
-            raise DataError(f"{self.base}/v1/models: not an OpenAI-compatible model list",
-                            "is bench.endpoint the base URL of a vLLM (OpenAI-compatible) server?") from None
+            raise DataError(
+                f"{self.base}/v1/models: not an OpenAI-compatible model list",
+                "is bench.endpoint the base URL of a vLLM (OpenAI-compatible) server?",
+            ) from None
         if not self.model:
             raise DsparkError(f"{self.base} serves no model", "start the server with the target model")
 
@@ -86,25 +88,44 @@ class Client:
             raise DsparkError(f"{self.base}{path}: HTTP {exc.code}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise UsageError(f"cannot reach {self.base}: {reason or type(exc).__name__}",
-                             f"is the server running? check bench.endpoint (waited {self.timeout:g} s; "
-                             "DSPARK_HTTP_TIMEOUT)") from None
+            raise UsageError(
+                f"cannot reach {self.base}: {reason or type(exc).__name__}",
+                f"is the server running? check bench.endpoint (waited {self.timeout:g} s; DSPARK_HTTP_TIMEOUT)",
+            ) from None
 
     def metrics(self) -> str:
         return self._get("/metrics")
 
-    def chat(self, messages: list[dict[str, str]], *, max_tokens: int, temperature: float, top_p: float,
-             seed: int | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> RequestResult:
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> RequestResult:
         """One streaming chat completion, timed chunk by chunk."""
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                                "temperature": temperature, "top_p": top_p, "stream": True,
-                                "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if seed is not None:
             body["seed"] = seed
         if chat_template_kwargs:
             body["chat_template_kwargs"] = chat_template_kwargs
-        request = urllib.request.Request(self.base + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                         method="POST", headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.base + "/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         result = RequestResult(ok=False)
         parts: list[str] = []
         chunks = 0
@@ -117,8 +138,10 @@ class Client:
                 while raw := response.readline(MAX_LINE_BYTES + 1):
                     received += len(raw)
                     if len(raw) > MAX_LINE_BYTES or received > MAX_STREAM_BYTES:
-                        raise ValueError(f"an answer longer than dspark reads ({MAX_STREAM_BYTES:,} bytes, "
-                                         f"{MAX_LINE_BYTES:,} per line)")
+                        raise ValueError(
+                            f"an answer longer than dspark reads ({MAX_STREAM_BYTES:,} bytes, "
+                            f"{MAX_LINE_BYTES:,} per line)"
+                        )
                     line = raw.decode("utf-8", errors="replace").strip()
                     if not line.startswith("data:"):
                         continue
@@ -213,7 +236,7 @@ def spec_counters(text: str) -> dict[str, Any] | None:
     counters: dict[str, Any] = {name: value[0] for name, value in found.items()}  # type: ignore[index]
     per_pos = total("num_accepted_tokens_per_pos")
     positions: dict[int, float] = defaultdict(float)
-    for labels, value in (per_pos[1] if per_pos else []):
+    for labels, value in per_pos[1] if per_pos else []:
         if "position" in labels:
             positions[int(labels["position"])] += value
     counters["num_accepted_tokens_per_pos"] = [positions[i] for i in sorted(positions)]
@@ -229,10 +252,15 @@ def counter_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -
     before_pos = before_pos + [0.0] * (len(after_pos) - len(before_pos))
     per_pos = [a - b for a, b in zip(after_pos, before_pos, strict=False)]
     drafts = delta["num_drafts"]
-    return {**{k: int(v) for k, v in delta.items()}, "num_accepted_tokens_per_pos": [int(v) for v in per_pos],
-            "tau": 1.0 + delta["num_accepted_tokens"] / drafts if drafts > 0 else None,
-            "acceptance_rate": delta["num_accepted_tokens"] / delta["num_draft_tokens"] if delta["num_draft_tokens"] else None,
-            "acceptance_per_position": [v / drafts for v in per_pos] if drafts > 0 else []}
+    return {
+        **{k: int(v) for k, v in delta.items()},
+        "num_accepted_tokens_per_pos": [int(v) for v in per_pos],
+        "tau": 1.0 + delta["num_accepted_tokens"] / drafts if drafts > 0 else None,
+        "acceptance_rate": delta["num_accepted_tokens"] / delta["num_draft_tokens"]
+        if delta["num_draft_tokens"]
+        else None,
+        "acceptance_per_position": [v / drafts for v in per_pos] if drafts > 0 else [],
+    }
 
 
 def _seed(base: int, *parts: object) -> int:
@@ -241,8 +269,15 @@ def _seed(base: int, *parts: object) -> int:
     return int(hashlib.sha256(":".join(map(str, (base, *parts))).encode()).hexdigest()[:8], 16)
 
 
-def measure_level(client: Client, conversations: list[Any], *, concurrency: int, temperature: float, recipe: Recipe,
-                  on_request: Callable[[int], None] | None = None) -> dict[str, Any]:
+def measure_level(
+    client: Client,
+    conversations: list[Any],
+    *,
+    concurrency: int,
+    temperature: float,
+    recipe: Recipe,
+    on_request: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """All conversations at one concurrency level: speed, latency percentiles and counter deltas."""
     bench = recipe.bench
     kwargs = recipe.target.chat_template_kwargs or None
@@ -254,8 +289,14 @@ def measure_level(client: Client, conversations: list[Any], *, concurrency: int,
         for index, text in enumerate(conv.user_turns):
             messages = [*history, {"role": "user", "content": text}]
             seed = _seed(recipe.seed, conv.id, index, temperature) if temperature > 0 else None
-            result = client.chat(messages, max_tokens=bench.max_tokens, temperature=temperature, top_p=bench.top_p,
-                                 seed=seed, chat_template_kwargs=kwargs)
+            result = client.chat(
+                messages,
+                max_tokens=bench.max_tokens,
+                temperature=temperature,
+                top_p=bench.top_p,
+                seed=seed,
+                chat_template_kwargs=kwargs,
+            )
             with lock:
                 results.append(result)
             if on_request is not None:
@@ -279,24 +320,45 @@ def measure_level(client: Client, conversations: list[Any], *, concurrency: int,
     tpot = [r.tpot for r in good if r.tpot is not None]
     gaps = [g for r in good for g in r.chunk_gaps]
     return {
-        "concurrency": concurrency, "temperature": temperature, "num_requests": len(good), "num_failed": len(failed),
-        "errors": sorted({r.error for r in failed if r.error})[:3], "output_tokens": tokens, "seconds": wall,
+        "concurrency": concurrency,
+        "temperature": temperature,
+        "num_requests": len(good),
+        "num_failed": len(failed),
+        "errors": sorted({r.error for r in failed if r.error})[:3],
+        "output_tokens": tokens,
+        "seconds": wall,
         "output_tokens_per_second": tokens / wall if wall > 0 else None,
         "requests_per_second": len(good) / wall if wall > 0 else None,
-        "ttft_mean": mean(ttft), "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
-        "tpot_mean": mean(tpot), "tpot_p50": percentile(tpot, 50), "tpot_p99": percentile(tpot, 99),
-        "itl_mean": mean(gaps), "itl_p50": percentile(gaps, 50), "itl_p99": percentile(gaps, 99),
+        "ttft_mean": mean(ttft),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
+        "tpot_mean": mean(tpot),
+        "tpot_p50": percentile(tpot, 50),
+        "tpot_p99": percentile(tpot, 99),
+        "itl_mean": mean(gaps),
+        "itl_p50": percentile(gaps, 50),
+        "itl_p99": percentile(gaps, 99),
         "spec_decode": counter_delta(before, after),
     }
 
 
-def sweep(base_url: str, datasets: list[BenchDataset], recipe: Recipe, *,
-          on_request: Callable[[int], None] | None = None,
-          on_level: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def sweep(
+    base_url: str,
+    datasets: list[BenchDataset],
+    recipe: Recipe,
+    *,
+    on_request: Callable[[int], None] | None = None,
+    on_level: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Every temperature x concurrency level against one endpoint (after one warm-up request)."""
     client = Client(base_url)
-    warm = client.chat([{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0.0, top_p=1.0,
-                       chat_template_kwargs=recipe.target.chat_template_kwargs or None)
+    warm = client.chat(
+        [{"role": "user", "content": "Hello"}],
+        max_tokens=8,
+        temperature=0.0,
+        top_p=1.0,
+        chat_template_kwargs=recipe.target.chat_template_kwargs or None,
+    )
     if not warm.ok:
         raise DsparkError(f"{client.base}: the warm-up request failed ({warm.error})", "check the server log")
     conversations = [c for d in datasets for c in d.conversations]
@@ -304,10 +366,21 @@ def sweep(base_url: str, datasets: list[BenchDataset], recipe: Recipe, *,
     done = {"endpoint": client.base, "model": client.model, "datasets": [d.name for d in datasets], "levels": levels}
     for temperature in recipe.bench.temperatures:
         for concurrency in recipe.bench.concurrency:
-            level = measure_level(client, conversations, concurrency=concurrency, temperature=temperature,
-                                  recipe=recipe, on_request=on_request)
-            log.info("online %s T=%g c=%d: %.1f output tok/s", client.base, temperature, concurrency,
-                     level["output_tokens_per_second"] or 0.0)
+            level = measure_level(
+                client,
+                conversations,
+                concurrency=concurrency,
+                temperature=temperature,
+                recipe=recipe,
+                on_request=on_request,
+            )
+            log.info(
+                "online %s T=%g c=%d: %.1f output tok/s",
+                client.base,
+                temperature,
+                concurrency,
+                level["output_tokens_per_second"] or 0.0,
+            )
             levels.append(level)
             if on_level is not None:
                 on_level(done)
@@ -323,7 +396,9 @@ def load_baseline_report(path: str) -> dict[str, Any]:
     data = read_bench_report(file)
     online = data.get("online") or {}
     if not online.get("endpoint_runs"):
-        raise DataError(f"{path} has no online runs to use as a baseline", "run dspark bench --endpoint on the baseline")
+        raise DataError(
+            f"{path} has no online runs to use as a baseline", "run dspark bench --endpoint on the baseline"
+        )
     return {**online["endpoint_runs"], "source": str(file)}
 
 
@@ -336,17 +411,29 @@ def speedups(measured: dict[str, Any], baseline: dict[str, Any]) -> list[dict[st
         if base is None:
             continue
         spec_tps, base_tps = level["output_tokens_per_second"], base["output_tokens_per_second"]
-        out.append({"temperature": level["temperature"], "concurrency": level["concurrency"],
-                    "output_tokens_per_second": spec_tps, "baseline_output_tokens_per_second": base_tps,
-                    "speedup": spec_tps / base_tps if spec_tps and base_tps else None,
-                    "tpot_speedup": base["tpot_mean"] / level["tpot_mean"]
-                    if base.get("tpot_mean") and level.get("tpot_mean") else None})
+        out.append(
+            {
+                "temperature": level["temperature"],
+                "concurrency": level["concurrency"],
+                "output_tokens_per_second": spec_tps,
+                "baseline_output_tokens_per_second": base_tps,
+                "speedup": spec_tps / base_tps if spec_tps and base_tps else None,
+                "tpot_speedup": base["tpot_mean"] / level["tpot_mean"]
+                if base.get("tpot_mean") and level.get("tpot_mean")
+                else None,
+            }
+        )
     return out
 
 
-def run_online(recipe: Recipe, endpoint: str, *, on_progress: Progress | None = None,
-               baseline: dict[str, Any] | None = None,
-               on_level: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_online(
+    recipe: Recipe,
+    endpoint: str,
+    *,
+    on_progress: Progress | None = None,
+    baseline: dict[str, Any] | None = None,
+    on_level: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Measure `endpoint` (and the baseline endpoint, when set); speedups against the baseline (`baseline`:
     a report's online runs already read, else `bench.baseline_report`). `on_level(online so far)` after
     every level measured, to keep results as they come."""
@@ -369,13 +456,16 @@ def run_online(recipe: Recipe, endpoint: str, *, on_progress: Progress | None = 
             result[name] = runs
             if on_level is not None:
                 on_level(result)
+
         return keep
 
-    result["endpoint_runs"] = sweep(endpoint, datasets, recipe, on_request=on_request,
-                                    on_level=measured("endpoint_runs"))
+    result["endpoint_runs"] = sweep(
+        endpoint, datasets, recipe, on_request=on_request, on_level=measured("endpoint_runs")
+    )
     if bench.baseline_endpoint:
-        baseline = sweep(bench.baseline_endpoint, datasets, recipe, on_request=on_request,
-                         on_level=measured("baseline_runs"))
+        baseline = sweep(
+            bench.baseline_endpoint, datasets, recipe, on_request=on_request, on_level=measured("baseline_runs")
+        )
     elif bench.baseline_report and baseline is None:
         baseline = load_baseline_report(bench.baseline_report)
     if baseline is not None:

@@ -67,8 +67,12 @@ def plot_acceptance(result: dict[str, Any], path: Path) -> str | None:
     if not series:
         plt.close(fig)
         return None
-    ax.set(xlabel="draft position", ylabel="acceptance rate (per drafting step)", ylim=(0, 1.02),
-           title="Per-position acceptance")
+    ax.set(
+        xlabel="draft position",
+        ylabel="acceptance rate (per drafting step)",
+        ylim=(0, 1.02),
+        title="Per-position acceptance",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path, "acceptance_per_position", series)
@@ -101,8 +105,13 @@ def plot_tau_by_category(result: dict[str, Any], reference: list[dict[str, Any]]
     for row in reference:
         if row.get("reference") is not None and row["key"] in shown:
             ax.axhline(row["reference"], linestyle=":", color="black", linewidth=1)
-            ax.annotate(f"reference {row['key']} = {row['reference']:g}", (len(categories) - 0.5, row["reference"]),
-                        ha="right", va="bottom", fontsize=7)
+            ax.annotate(
+                f"reference {row['key']} = {row['reference']:g}",
+                (len(categories) - 0.5, row["reference"]),
+                ha="right",
+                va="bottom",
+                fontsize=7,
+            )
             series.append(f"reference {row['key']}")
     ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right", fontsize=8)
     ax.set(ylabel="tau (tokens per verification step)", title="Acceptance length by category (95% CI)")
@@ -123,11 +132,17 @@ def plot_throughput(result: dict[str, Any], path: Path) -> str | None:
         if not runs:
             continue
         for temperature in sorted({lv["temperature"] for lv in runs["levels"]}):
-            levels = sorted((lv for lv in runs["levels"] if lv["temperature"] == temperature),
-                            key=lambda lv: lv["concurrency"])
+            levels = sorted(
+                (lv for lv in runs["levels"] if lv["temperature"] == temperature), key=lambda lv: lv["concurrency"]
+            )
             label = f"{name} T={temperature:g}"
-            ax.plot([lv["concurrency"] for lv in levels], [lv["output_tokens_per_second"] or 0 for lv in levels],
-                    marker="o", linestyle=style, label=label)
+            ax.plot(
+                [lv["concurrency"] for lv in levels],
+                [lv["output_tokens_per_second"] or 0 for lv in levels],
+                marker="o",
+                linestyle=style,
+                label=label,
+            )
             series.append(label)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="concurrent requests", ylabel="output tokens / s", title="Throughput vs concurrency")
@@ -149,11 +164,19 @@ def plot_confidence(result: dict[str, Any], path: Path) -> str | None:
         xs, ys = [r["verified_per_step"] for r in rows], [r["tau"] for r in rows]
         ax.plot(xs, ys, marker="o", label=label)
         for r in rows:
-            ax.annotate(f"{r['threshold']:g}", (r["verified_per_step"], r["tau"]), fontsize=7,
-                        textcoords="offset points", xytext=(3, 3))
+            ax.annotate(
+                f"{r['threshold']:g}",
+                (r["verified_per_step"], r["tau"]),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(3, 3),
+            )
         series.append(label)
-    ax.set(xlabel="tokens verified per step (target positions)", ylabel="tau (tokens per step)",
-           title="Confidence-scheduled verification (labels: threshold)")
+    ax.set(
+        xlabel="tokens verified per step (target positions)",
+        ylabel="tau (tokens per step)",
+        title="Confidence-scheduled verification (labels: threshold)",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path, "confidence_tradeoff", series)
@@ -173,22 +196,52 @@ def plot_calibration(result: dict[str, Any], path: Path) -> str | None:
     for run in runs:
         cal, label = run["calibration"], run_label(run)
         bins = cal["overall"]["bins"]
-        line, = left.plot([b["predicted"] for b in bins], [b["observed"] for b in bins], marker="o",
-                          label=f"{label}: ECE {cal['overall']['ece']:.3f}, {cal['verdict']}")
+        (line,) = left.plot(
+            [b["predicted"] for b in bins],
+            [b["observed"] for b in bins],
+            marker="o",
+            label=f"{label}: ECE {cal['overall']['ece']:.3f}, {cal['verdict']}",
+        )
         for b in bins:
-            left.annotate(str(b["n"]), (b["predicted"], b["observed"]), fontsize=6, textcoords="offset points",
-                          xytext=(3, -8), color=line.get_color())
+            left.annotate(
+                str(b["n"]),
+                (b["predicted"], b["observed"]),
+                fontsize=6,
+                textcoords="offset points",
+                xytext=(3, -8),
+                color=line.get_color(),
+            )
         positions = [p for p in cal["positions"] if p["predicted_survival"] is not None]
         xs = [p["position"] for p in positions]
-        right.plot(xs, [p["observed_acceptance"] for p in positions], marker="o", color=line.get_color(),
-                   label=f"{label} observed")
-        right.plot(xs, [p["predicted_survival"] for p in positions], marker="x", linestyle="--",
-                   color=line.get_color(), label=f"{label} predicted (survival)")
+        right.plot(
+            xs,
+            [p["observed_acceptance"] for p in positions],
+            marker="o",
+            color=line.get_color(),
+            label=f"{label} observed",
+        )
+        right.plot(
+            xs,
+            [p["predicted_survival"] for p in positions],
+            marker="x",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{label} predicted (survival)",
+        )
         series.append(label)
-    left.set(xlabel="predicted acceptance (confidence; bin mean)", ylabel="observed acceptance (slots reached)",
-             xlim=(0, 1.02), ylim=(0, 1.02), title="Reliability diagram (labels: slots per bin)")
-    right.set(xlabel="draft position", ylabel="acceptance rate (per drafting step)", ylim=(0, 1.02),
-              title="Per position: predicted vs observed")
+    left.set(
+        xlabel="predicted acceptance (confidence; bin mean)",
+        ylabel="observed acceptance (slots reached)",
+        xlim=(0, 1.02),
+        ylim=(0, 1.02),
+        title="Reliability diagram (labels: slots per bin)",
+    )
+    right.set(
+        xlabel="draft position",
+        ylabel="acceptance rate (per drafting step)",
+        ylim=(0, 1.02),
+        title="Per position: predicted vs observed",
+    )
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -207,31 +260,62 @@ def plot_adaptive(result: dict[str, Any], path: Path) -> str | None:
     for run in runs:
         xs = [lv["concurrency"] for lv in run["levels"]]
         label = run_label(run)
-        line, = left.plot(xs, [lv["fixed"]["tokens_per_step"] for lv in run["levels"]], marker="o",
-                          label=f"{label} fixed-k")
-        left.plot(xs, [lv["adaptive"]["tokens_per_step"] for lv in run["levels"]], marker="s", linestyle="--",
-                  color=line.get_color(), label=f"{label} adaptive")
-        right.plot(xs, [lv["fixed"]["tokens_per_second"] for lv in run["levels"]], marker="o",
-                   color=line.get_color(), label=f"{label} fixed-k")
-        right.plot(xs, [lv["adaptive"]["tokens_per_second"] for lv in run["levels"]], marker="s", linestyle="--",
-                   color=line.get_color(), label=f"{label} adaptive")
+        (line,) = left.plot(
+            xs, [lv["fixed"]["tokens_per_step"] for lv in run["levels"]], marker="o", label=f"{label} fixed-k"
+        )
+        left.plot(
+            xs,
+            [lv["adaptive"]["tokens_per_step"] for lv in run["levels"]],
+            marker="s",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{label} adaptive",
+        )
+        right.plot(
+            xs,
+            [lv["fixed"]["tokens_per_second"] for lv in run["levels"]],
+            marker="o",
+            color=line.get_color(),
+            label=f"{label} fixed-k",
+        )
+        right.plot(
+            xs,
+            [lv["adaptive"]["tokens_per_second"] for lv in run["levels"]],
+            marker="s",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{label} adaptive",
+        )
         series += [f"{label} fixed-k", f"{label} adaptive"]
     none = runs[0]["levels"]
-    right.plot([lv["concurrency"] for lv in none], [lv["none"]["tokens_per_second"] for lv in none], color="black",
-               linestyle=":", marker=".", label="no speculation")
+    right.plot(
+        [lv["concurrency"] for lv in none],
+        [lv["none"]["tokens_per_second"] for lv in none],
+        color="black",
+        linestyle=":",
+        marker=".",
+        label="no speculation",
+    )
     series.append("no speculation")
     cost = model["cost_model"]
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    left.set(xlabel="concurrent requests", ylabel="tokens per verification step (per request)",
-             title="Expected tokens per step", ylim=(0.9, None))
-    right.set(xlabel="concurrent requests", ylabel="modelled output tokens / s", yscale="log",
-              title="Modelled throughput")
+    left.set(
+        xlabel="concurrent requests",
+        ylabel="tokens per verification step (per request)",
+        title="Expected tokens per step",
+        ylim=(0.9, None),
+    )
+    right.set(
+        xlabel="concurrent requests", ylabel="modelled output tokens / s", yscale="log", title="Modelled throughput"
+    )
     kind = "an ESTIMATE, not measured" if cost["estimate"] else "measured"
-    fig.suptitle(f"vLLM adaptive verification vs fixed-k, modelled; cost model: {cost['label'].split(':')[0]} "
-                 f"({kind})", fontsize=9)
+    fig.suptitle(
+        f"vLLM adaptive verification vs fixed-k, modelled; cost model: {cost['label'].split(':')[0]} ({kind})",
+        fontsize=9,
+    )
     return _save(fig, path, "adaptive_verification", series)
 
 
@@ -260,32 +344,59 @@ def plot_context(result: dict[str, Any], path: Path) -> str | None:
         label = f"{sweep['dataset']} T={sweep['temperature']:g} (sweep: {_count(sweep['num_conversations'], 'conversation')})"
         bins = sweep["bins"]
         xs = [(b["low"] + b["high"]) / 2 for b in bins]
-        line = ax.errorbar(xs, [b["tau"]["mean"] for b in bins], yerr=_tau_errors(bins), marker="o", capsize=3,
-                           label=label)
+        line = ax.errorbar(
+            xs, [b["tau"]["mean"] for b in bins], yerr=_tau_errors(bins), marker="o", capsize=3, label=label
+        )
         for x, b in zip(xs, bins, strict=True):
-            ax.annotate(_count(b["num_turns"], "turn"), (x, b["tau"]["mean"]), fontsize=7, textcoords="offset points",
-                        xytext=(5, 4), color=line.lines[0].get_color())
+            ax.annotate(
+                _count(b["num_turns"], "turn"),
+                (x, b["tau"]["mean"]),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(5, 4),
+                color=line.lines[0].get_color(),
+            )
         edges |= {b["high"] for b in bins}
         series.append(label)
     for i, (label, bins) in enumerate(runs):
         dodge = 2 ** (-0.1 * (i + 1)) if sweeps else 1.0  # left of the sweep's point of the same bin, not on it
         xs = [dodge * (b["low"] + b["high"]) / 2 for b in bins]
-        ax.errorbar(xs, [b["tau"]["mean"] for b in bins], yerr=_tau_errors(bins), marker="s", capsize=3,
-                    linestyle="--", alpha=0.8, label=f"{label} (main run)")
+        ax.errorbar(
+            xs,
+            [b["tau"]["mean"] for b in bins],
+            yerr=_tau_errors(bins),
+            marker="s",
+            capsize=3,
+            linestyle="--",
+            alpha=0.8,
+            label=f"{label} (main run)",
+        )
         edges |= {b["high"] for b in bins}
         series.append(label)
     max_len = max((s.get("max_model_len") or 0 for s in sweeps), default=0)
     if max_len:
         ax.axvline(max_len, color="gray", linestyle=":", linewidth=1)
-        ax.text(max_len, 0.02, "max_model_len ", rotation=90, fontsize=7, color="gray", ha="right", va="bottom",
-                transform=ax.get_xaxis_transform())
+        ax.text(
+            max_len,
+            0.02,
+            "max_model_len ",
+            rotation=90,
+            fontsize=7,
+            color="gray",
+            ha="right",
+            va="bottom",
+            transform=ax.get_xaxis_transform(),
+        )
     ax.set_xscale("log", base=2)
     ticks = sorted(edges)
     ax.set_xticks(ticks, [str(t) for t in ticks], fontsize=8)
     ax.minorticks_off()
     ax.set_ylim(bottom=max(0.9, ax.get_ylim()[0]))
-    ax.set(xlabel="tokens of context at the anchor (bin middles; ticks: bin edges)",
-           ylabel="tau (tokens per verification step)", title="tau by context length (95% t intervals)")
+    ax.set(
+        xlabel="tokens of context at the anchor (bin middles; ticks: bin edges)",
+        ylabel="tau (tokens per verification step)",
+        title="tau by context length (95% t intervals)",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     if sweeps:
@@ -293,10 +404,19 @@ def plot_context(result: dict[str, Any], path: Path) -> str | None:
         colours = plt.get_cmap("viridis")
         for j, b in enumerate(sweep["bins"]):
             rates = b["acceptance_per_position"]
-            right.plot(range(1, len(rates) + 1), rates, marker="o", color=colours(j / max(1, len(sweep["bins"]) - 1)),
-                       label=f"{b['low']}-{b['high']} ({_count(b['num_steps'], 'step')})")
-        right.set(xlabel="draft position", ylabel="acceptance rate (per drafting step)", ylim=(0, 1.02),
-                  title=f"Per position, by context ({sweep['dataset']} T={sweep['temperature']:g})")
+            right.plot(
+                range(1, len(rates) + 1),
+                rates,
+                marker="o",
+                color=colours(j / max(1, len(sweep["bins"]) - 1)),
+                label=f"{b['low']}-{b['high']} ({_count(b['num_steps'], 'step')})",
+            )
+        right.set(
+            xlabel="draft position",
+            ylabel="acceptance rate (per drafting step)",
+            ylim=(0, 1.02),
+            title=f"Per position, by context ({sweep['dataset']} T={sweep['temperature']:g})",
+        )
         right.grid(alpha=0.3)
         right.legend(fontsize=7, title="tokens of context", title_fontsize=7)
         fig.suptitle(_wrap(sweep["note"], 140), fontsize=8)
@@ -327,9 +447,20 @@ def plot_baselines(result: dict[str, Any], path: Path) -> str | None:
     for j, name in enumerate(bars):
         xs, ys, errs = [], [], [[], []]
         for i, run in enumerate(runs):
-            tau = run["tau"] if name == "draft" else next(
-                (b["tau"] for b in offline["baselines"] if b["name"] == name and b["dataset"] == run["dataset"]
-                 and b["temperature"] == run["temperature"]), None)
+            tau = (
+                run["tau"]
+                if name == "draft"
+                else next(
+                    (
+                        b["tau"]
+                        for b in offline["baselines"]
+                        if b["name"] == name
+                        and b["dataset"] == run["dataset"]
+                        and b["temperature"] == run["temperature"]
+                    ),
+                    None,
+                )
+            )
             if not tau or tau["mean"] is None:
                 continue
             xs.append(i + (j - (len(bars) - 1) / 2) * width)
@@ -337,9 +468,16 @@ def plot_baselines(result: dict[str, Any], path: Path) -> str | None:
             low, high = tau["ci95"]
             errs[0].append(tau["mean"] - low if low is not None else 0.0)
             errs[1].append(high - tau["mean"] if high is not None else 0.0)
-        ax.bar(xs, ys, width=width, yerr=errs, capsize=3,
-               label={"draft": "DSpark draft", "ngram": "n-gram (prompt lookup)",
-                      "untrained": "untrained draft"}.get(name, name))
+        ax.bar(
+            xs,
+            ys,
+            width=width,
+            yerr=errs,
+            capsize=3,
+            label={"draft": "DSpark draft", "ngram": "n-gram (prompt lookup)", "untrained": "untrained draft"}.get(
+                name, name
+            ),
+        )
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
     ax.set_xticks(range(len(runs)), [run_label(r) for r in runs], fontsize=8)
     ax.set(ylabel="tau (tokens per verification step)", title="Draft vs baselines, same engine and prompts (95% CI)")

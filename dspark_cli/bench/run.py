@@ -31,8 +31,14 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]
 
 
-def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: bool = False,
-              endpoint: str | None = None, on_progress: Progress | None = None) -> BenchSummary:
+def run_bench(
+    recipe: Recipe,
+    *,
+    draft_dir: str | Path | None = None,
+    offline: bool = False,
+    endpoint: str | None = None,
+    on_progress: Progress | None = None,
+) -> BenchSummary:
     """Run what was asked (offline engine on `draft_dir`, online against `endpoint`); write the report."""
     endpoint = endpoint or recipe.bench.endpoint
     if not offline and not endpoint:
@@ -49,11 +55,17 @@ def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: b
 
         baseline = load_baseline_report(recipe.bench.baseline_report)  # a bad path is refused before the run
     result: dict[str, Any] = {
-        "kind": KIND, "format_version": 1, "dspark": __version__, "name": recipe.name,
+        "kind": KIND,
+        "format_version": 1,
+        "dspark": __version__,
+        "name": recipe.name,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "target": recipe.target.model, "draft_dir": str(draft_dir) if draft_dir else None,
-        "bench": recipe.bench.model_dump(mode="json"), "serve": recipe.serve.model_dump(mode="json"),
-        "warnings": [], "complete": False,
+        "target": recipe.target.model,
+        "draft_dir": str(draft_dir) if draft_dir else None,
+        "bench": recipe.bench.model_dump(mode="json"),
+        "serve": recipe.serve.model_dump(mode="json"),
+        "warnings": [],
+        "complete": False,
     }
     from dspark_cli.artifacts.bench import REPORT
 
@@ -82,8 +94,16 @@ def run_bench(recipe: Recipe, *, draft_dir: str | Path | None = None, offline: b
     return BenchSummary.from_dict(result)
 
 
-def _measure(result: dict[str, Any], recipe: Recipe, out_dir: Path, draft_dir: Any, offline: bool,
-             endpoint: str | None, baseline: dict[str, Any] | None, on_progress: Progress | None) -> None:
+def _measure(
+    result: dict[str, Any],
+    recipe: Recipe,
+    out_dir: Path,
+    draft_dir: Any,
+    offline: bool,
+    endpoint: str | None,
+    baseline: dict[str, Any] | None,
+    on_progress: Progress | None,
+) -> None:
     """The offline and online runs asked for, each saved into bench.json as soon as it is measured."""
     if offline:
         from dspark_cli.bench.offline import run_offline
@@ -98,8 +118,7 @@ def _measure(result: dict[str, Any], recipe: Recipe, out_dir: Path, draft_dir: A
             result["online"] = online
             save_partial(result, out_dir)
 
-        result["online"] = run_online(recipe, endpoint, on_progress=on_progress, baseline=baseline,
-                                      on_level=on_level)
+        result["online"] = run_online(recipe, endpoint, on_progress=on_progress, baseline=baseline, on_level=on_level)
 
 
 def _write_error(exc: OSError, out_dir: Path) -> DsparkError:

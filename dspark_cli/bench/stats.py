@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-
 def _t_central(t: float, df: int) -> float:
     """P(|T| < t) for Student's t with integer df: the closed form of Abramowitz & Stegun 26.7.3-4."""
     theta = math.atan(t / math.sqrt(df))
@@ -72,8 +71,9 @@ class TurnStats:
     contexts: list[int] = field(default_factory=list)  # per step: context length at the anchor
 
 
-def ratio_estimate(numerators: Sequence[float], denominators: Sequence[float],
-                   bounds: tuple[float, float] | None = None) -> dict[str, Any]:
+def ratio_estimate(
+    numerators: Sequence[float], denominators: Sequence[float], bounds: tuple[float, float] | None = None
+) -> dict[str, Any]:
     """Pooled ratio sum(y) / sum(n) over clusters with a cluster-robust 95% t interval, clipped to `bounds`
     (the values the ratio can take); `clusters` counts the clusters with steps (m)."""
     pairs = [(y, n) for y, n in zip(numerators, denominators, strict=True) if n > 0]
@@ -106,8 +106,11 @@ def summarize(turns: Sequence[TurnStats], block_size: int) -> dict[str, Any]:
 def _summary(turns: Sequence[TurnStats], block_size: int, brief: bool = False) -> dict[str, Any]:
     steps = [len(t.accepted) for t in turns]
     tokens = [sum(t.accepted) + len(t.accepted) for t in turns]
-    out: dict[str, Any] = {"num_turns": len(turns), "num_steps": sum(steps),
-                           "tau": ratio_estimate(tokens, steps, bounds=(1.0, block_size + 1.0))}
+    out: dict[str, Any] = {
+        "num_turns": len(turns),
+        "num_steps": sum(steps),
+        "tau": ratio_estimate(tokens, steps, bounds=(1.0, block_size + 1.0)),
+    }
     if brief:
         return out
     out["acceptance_per_position"] = [

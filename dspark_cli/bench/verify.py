@@ -60,8 +60,9 @@ def target_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -
     return top_p_mask(logits.float() / temperature, top_p).softmax(dim=-1)
 
 
-def draft_probs(draft_logits: torch.Tensor | None, draft_tokens: torch.Tensor, temperature: float,
-                vocab_size: int) -> torch.Tensor:
+def draft_probs(
+    draft_logits: torch.Tensor | None, draft_tokens: torch.Tensor, temperature: float, vocab_size: int
+) -> torch.Tensor:
     """q [B, k, V]: softmax(draft_logits / T), or one-hot drafts when there are no draft logits."""
     if draft_logits is None:
         return torch.nn.functional.one_hot(draft_tokens, vocab_size).float()
@@ -94,8 +95,9 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> Ve
     return Verified(accepted, _pick(argmax, accepted))
 
 
-def verify_standard(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor,
-                    generator: torch.Generator | None = None) -> Verified:
+def verify_standard(
+    p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: torch.Generator | None = None
+) -> Verified:
     """Token-by-token rejection sampling. p [B, k+1, V] target, q [B, k, V] draft probabilities."""
     bsz, k = draft_tokens.shape
     idx = draft_tokens.unsqueeze(-1)
@@ -109,8 +111,9 @@ def verify_standard(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor
     return Verified(accepted, _sample(residual, p_at, generator))
 
 
-def verify_block(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor,
-                 generator: torch.Generator | None = None) -> Verified:
+def verify_block(
+    p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, generator: torch.Generator | None = None
+) -> Verified:
     """Block verification (Sun et al. 2024). Same inputs as `verify_standard`."""
     bsz, k = draft_tokens.shape
     idx = draft_tokens.unsqueeze(-1)
@@ -135,9 +138,16 @@ def verify_block(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor,
     return Verified(accepted, _sample(residual, p_at, generator))
 
 
-def verify(target_logits: torch.Tensor, draft_logits: torch.Tensor | None, draft_tokens: torch.Tensor, *,
-           temperature: float, top_p: float = 1.0, method: str = "standard",
-           generator: torch.Generator | None = None) -> Verified:
+def verify(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    *,
+    temperature: float,
+    top_p: float = 1.0,
+    method: str = "standard",
+    generator: torch.Generator | None = None,
+) -> Verified:
     """Verify k drafts per request (see the module docstring); k may be 0 (a plain decode step)."""
     if method not in METHODS:
         raise ValueError(f"verification method must be one of {METHODS}, got {method!r}")
@@ -151,8 +161,9 @@ def verify(target_logits: torch.Tensor, draft_logits: torch.Tensor | None, draft
     return run(p, q, draft_tokens, generator)
 
 
-def sample_target(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_target(
+    logits: torch.Tensor, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """A plain (non-speculative) sample from the target: argmax at T = 0, else from `target_probs`."""
     if temperature <= 0:
         return logits.argmax(dim=-1)

@@ -24,8 +24,13 @@ def make_capturer(plan: CapturePlan, out_dir: Path) -> Any:
         return VLLMCapturer(recipe, plan.geometry, plan.layer_ids, storage_dir=str(out_dir / ".vllm"))
     from dspark_cli.capture.hf import HFCapturer
 
-    return HFCapturer(plan.geometry.location, plan.layer_ids, dtype=recipe.target.dtype,
-                      trust_remote_code=recipe.target.trust_remote_code, revision=recipe.target.revision)
+    return HFCapturer(
+        plan.geometry.location,
+        plan.layer_ids,
+        dtype=recipe.target.dtype,
+        trust_remote_code=recipe.target.trust_remote_code,
+        revision=recipe.target.revision,
+    )
 
 
 def capture_shard(capturer: Any, batch_size: int, samples: list[tuple[str, list[int], list[int]]]) -> list[Any]:

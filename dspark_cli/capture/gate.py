@@ -38,9 +38,16 @@ PROGRESS_S = 30.0
 _WIDTH = 512  # the lock's content, padded: each heartbeat rewrites it in place
 
 
-def capture_once(recipe: Recipe, before: Callable[[], None], *, say: Callable[[str], None] = print,
-                 stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S, progress_s: float = PROGRESS_S,
-                 poll_s: float = 0.5) -> bool:
+def capture_once(
+    recipe: Recipe,
+    before: Callable[[], None],
+    *,
+    say: Callable[[str], None] = print,
+    stale_s: float = STALE_S,
+    heartbeat_s: float = HEARTBEAT_S,
+    progress_s: float = PROGRESS_S,
+    poll_s: float = 0.5,
+) -> bool:
     """Run `before` (the capture stage) here if no other launcher is running it; otherwise wait until the
     capture is complete. True when this launcher ran it."""
     from dspark_cli.capture import capture_pending
@@ -71,8 +78,10 @@ def capture_once(recipe: Recipe, before: Callable[[], None], *, say: Callable[[s
             seen = None
             continue
         if now - said >= progress_s:
-            say(f"capture: waiting for {_holder(content)} to capture into {directory} "
-                f"({capture_pending(recipe) or 'complete'})")
+            say(
+                f"capture: waiting for {_holder(content)} to capture into {directory} "
+                f"({capture_pending(recipe) or 'complete'})"
+            )
             said = now
         time.sleep(poll_s)
 

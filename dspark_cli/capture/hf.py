@@ -30,8 +30,10 @@ def decoder_parts(model: Any) -> tuple[Any, list[Any], Any]:
     layers = next((getattr(decoder, n) for n in ("layers", "h", "blocks") if hasattr(decoder, n)), None)
     norm = next((getattr(decoder, n) for n in ("norm", "ln_f", "final_layernorm") if hasattr(decoder, n)), None)
     if decoder is None or layers is None or norm is None:
-        raise UsageError(f"{type(model).__name__}: cannot find its decoder layers and final norm",
-                         "capture.backend=hf supports models with model.layers and model.norm (Llama, Qwen, DeepSeek, ...)")
+        raise UsageError(
+            f"{type(model).__name__}: cannot find its decoder layers and final norm",
+            "capture.backend=hf supports models with model.layers and model.norm (Llama, Qwen, DeepSeek, ...)",
+        )
     return decoder, list(layers), norm
 
 
@@ -40,17 +42,28 @@ class HFCapturer:
 
     name = "hf"
 
-    def __init__(self, model_path: str, layer_ids: list[int], *, dtype: str = "auto", trust_remote_code: bool = False,
-                 revision: str | None = None, device: str | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        layer_ids: list[int],
+        *,
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+        device: str | None = None,
+    ) -> None:
         from dspark_cli.targets import Target
 
-        model, self.device = Target.named(model_path, revision=revision, trust_remote_code=trust_remote_code
-                                          ).causal_lm(dtype=dtype, device=device)
+        model, self.device = Target.named(model_path, revision=revision, trust_remote_code=trust_remote_code).causal_lm(
+            dtype=dtype, device=device
+        )
         self.model = model.eval()
         self.decoder, self.layers, self.norm = decoder_parts(self.model)
         if layer_ids[-1] >= len(self.layers):
-            raise ContractError(f"draft.target_layer_ids: layer {layer_ids[-1]} is beyond the target's "
-                                f"{len(self.layers)} layers", "use ids below the target's depth")
+            raise ContractError(
+                f"draft.target_layer_ids: layer {layer_ids[-1]} is beyond the target's {len(self.layers)} layers",
+                "use ids below the target's depth",
+            )
         self.layer_ids = list(layer_ids)
         self.hidden_size = int(self.model.config.get_text_config().hidden_size)
         self.pad_id = 0
@@ -58,9 +71,14 @@ class HFCapturer:
     def describe(self) -> dict[str, Any]:
         import transformers
 
-        return {"backend": "hf", "transformers": transformers.__version__, "torch": torch.__version__,
-                "device": self.device, "dtype": str(self.model.dtype).removeprefix("torch."),
-                "model_class": type(self.model).__name__}
+        return {
+            "backend": "hf",
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "device": self.device,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "model_class": type(self.model).__name__,
+        }
 
     @torch.inference_mode()
     def capture(self, samples: list[Sample]) -> list[CapturedSequence]:
@@ -81,6 +99,7 @@ class HFCapturer:
                     store.append(tensor)
                 else:
                     store[key] = tensor
+
             return hook
 
         handles = [self.layers[k].register_forward_hook(keep(layer_out, k)) for k in self.layer_ids]
@@ -99,6 +118,9 @@ class HFCapturer:
             mask_t = torch.tensor(mask, dtype=torch.bool)
             last_rows = last[row, :length].clone()
             last_rows[~mask_t] = 0  # only loss-masked rows are stored
-            out.append(CapturedSequence(seq_id, torch.tensor(ids, dtype=torch.long), mask_t,
-                                        aux[row, :length].clone(), last_rows))
+            out.append(
+                CapturedSequence(
+                    seq_id, torch.tensor(ids, dtype=torch.long), mask_t, aux[row, :length].clone(), last_rows
+                )
+            )
         return out

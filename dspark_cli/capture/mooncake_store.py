@@ -53,9 +53,11 @@ _GRANULE = 1 << 20
 MIN_SEGMENT = 16 << 20  # a client lends nothing or at least this much
 _SIZE = re.compile(r"^(\d+)\s*([kmgt]?i?b?)?$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-INSTALL_HINT = ("pip install 'dspark[mooncake]' (mooncake-transfer-engine-non-cuda; the CUDA build "
-                "mooncake-transfer-engine works too), and the RDMA user library it links even for TCP: "
-                "apt-get install libibverbs1")
+INSTALL_HINT = (
+    "pip install 'dspark[mooncake]' (mooncake-transfer-engine-non-cuda; the CUDA build "
+    "mooncake-transfer-engine works too), and the RDMA user library it links even for TCP: "
+    "apt-get install libibverbs1"
+)
 
 
 @dataclass(frozen=True)
@@ -101,17 +103,32 @@ def parse_location(location: str) -> MooncakeLocation:
         raise UsageError(f"stream {location}: {exc}", hint) from None
     segment = _size(query.get("segment", "0"), location)
     if 0 < segment < MIN_SEGMENT:
-        raise UsageError(f"stream {location}: segment={query['segment']} is below Mooncake's 16 MiB minimum",
-                         "lend 0 (the default) or at least 16MB")
+        raise UsageError(
+            f"stream {location}: segment={query['segment']} is below Mooncake's 16 MiB minimum",
+            "lend 0 (the default) or at least 16MB",
+        )
     host = parts.hostname
-    return MooncakeLocation(f"{host}:{port}", f"{host}:{admin_port}", namespace, segment, protocol,
-                            query.get("device", ""), query.get("local_hostname", ""))
+    return MooncakeLocation(
+        f"{host}:{port}",
+        f"{host}:{admin_port}",
+        namespace,
+        segment,
+        protocol,
+        query.get("device", ""),
+        query.get("local_hostname", ""),
+    )
 
 
 def _check_key(key: str) -> None:
     """The store keys of capture/store.py (relative `/` names, no `..`), minus what Mooncake names reserve."""
-    if (not key or key.startswith("/") or ".." in key.split("/") or key.endswith(".tmp")
-            or VERSION_SEP in key or any(c.isspace() for c in key)):
+    if (
+        not key
+        or key.startswith("/")
+        or ".." in key.split("/")
+        or key.endswith(".tmp")
+        or VERSION_SEP in key
+        or any(c.isspace() for c in key)
+    ):
         raise ValueError(f"bad store key {key!r}")
 
 
@@ -137,12 +154,21 @@ class MooncakeStore:
         self._admin("health")  # fails in seconds; the client's own setup retries for 90 s
         local = self.where.local_hostname or os.environ.get("MOONCAKE_LOCAL_HOSTNAME") or _own_address()
         client = client_class()
-        status = client.setup(local, "P2PHANDSHAKE", self.where.segment_bytes, 0, self.where.protocol,
-                              self.where.device, self.where.master)
+        status = client.setup(
+            local,
+            "P2PHANDSHAKE",
+            self.where.segment_bytes,
+            0,
+            self.where.protocol,
+            self.where.device,
+            self.where.master,
+        )
         if status != 0:
-            raise DsparkError(f"stream {self.location}: the Mooncake client did not start (status {status})",
-                              f"check that mooncake_master serves {self.where.master} and that {local} "
-                              "is this machine's address (local_hostname=...)")
+            raise DsparkError(
+                f"stream {self.location}: the Mooncake client did not start (status {status})",
+                f"check that mooncake_master serves {self.where.master} and that {local} "
+                "is this machine's address (local_hostname=...)",
+            )
         self._client = client
         self._config = config_class()
         self._config.with_hard_pin = True  # never evicted: an unconsumed shard must not vanish
@@ -165,9 +191,11 @@ class MooncakeStore:
             self._buffer[1:size] = data
             status = self._client.put_from(self._name(key, version), address, size, self._config)
         if status == _NO_SPACE:
-            raise DsparkError(f"stream {self.location}: the Mooncake store is full ({size} bytes for {key})",
-                              "mount more memory (mooncake_client -global_segment_size) or lower the stream's "
-                              "bound (capture.queue_max_shards)")
+            raise DsparkError(
+                f"stream {self.location}: the Mooncake store is full ({size} bytes for {key})",
+                "mount more memory (mooncake_client -global_segment_size) or lower the stream's "
+                "bound (capture.queue_max_shards)",
+            )
         self._check(status, "put", key)
         for old in older:  # a version read in the last lease period stays until a later put or remove
             self._client.remove(self._name(key, old))
@@ -230,9 +258,11 @@ class MooncakeStore:
                 return response.read().decode("utf-8")
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise DsparkError(f"stream {self.location}: the Mooncake master's admin port {self.where.admin} "
-                              f"does not answer ({reason})",
-                              "start mooncake_master there, or give its -metrics_port as ?admin_port=") from None
+            raise DsparkError(
+                f"stream {self.location}: the Mooncake master's admin port {self.where.admin} "
+                f"does not answer ({reason})",
+                "start mooncake_master there, or give its -metrics_port as ?admin_port=",
+            ) from None
 
     def _versions(self) -> dict[str, list[int]]:
         """key -> its object versions, oldest first, from the master's key list."""
@@ -241,7 +271,7 @@ class MooncakeStore:
         for line in self._admin("get_all_keys").splitlines():
             if not line.startswith(prefix) or VERSION_SEP not in line:
                 continue
-            key, _, version = line[len(prefix):].rpartition(VERSION_SEP)
+            key, _, version = line[len(prefix) :].rpartition(VERSION_SEP)
             if version.isdigit():
                 found.setdefault(key, []).append(int(version))
         return {key: sorted(versions) for key, versions in found.items()}
@@ -255,8 +285,11 @@ class MooncakeStore:
             capacity = -(-size // _GRANULE) * _GRANULE
             buffer = bytearray(capacity)
             view = (ctypes.c_char * capacity).from_buffer(buffer)
-            self._check(self._client.register_buffer(ctypes.addressof(view), capacity), "register_buffer of",
-                        f"{capacity} bytes")
+            self._check(
+                self._client.register_buffer(ctypes.addressof(view), capacity),
+                "register_buffer of",
+                f"{capacity} bytes",
+            )
             self._buffer, self._view = buffer, view
         return ctypes.addressof(self._view)
 
@@ -272,14 +305,18 @@ class MooncakeStore:
                 return None
             self._check(got, "get", name)
             if got != size or self._buffer[0] != MAGIC:
-                raise DataError(f"stream {self.location}: object {name} is not one this store wrote "
-                                f"({got} of {size} bytes)", "use a namespace of its own for each stream")
+                raise DataError(
+                    f"stream {self.location}: object {name} is not one this store wrote ({got} of {size} bytes)",
+                    "use a namespace of its own for each stream",
+                )
             return bytes(self._buffer[1:size])
 
     def _check(self, status: Any, what: str, key: str) -> None:
         if not isinstance(status, int) or status < 0:
-            raise DsparkError(f"stream {self.location}: Mooncake {what} {key} failed (status {status})",
-                              "see the mooncake_master log; status codes are in Mooncake's types.h")
+            raise DsparkError(
+                f"stream {self.location}: Mooncake {what} {key} failed (status {status})",
+                "see the mooncake_master log; status codes are in Mooncake's types.h",
+            )
 
 
 def _own_address() -> str:

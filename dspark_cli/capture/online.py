@@ -46,8 +46,8 @@ class _Engine:
 
     def _load(self) -> Any:
         if self.inner is None:
-            from dspark_cli.capture.plan import build_plan
             from dspark_cli.capture.capturer import make_capturer
+            from dspark_cli.capture.plan import build_plan
 
             self.inner = make_capturer(build_plan(self.recipe), Path(self.recipe.stage_dir("capture")))
         return self.inner
@@ -73,8 +73,9 @@ def produce_stream(recipe: Recipe, location: str, worker: int, *, restarts: int 
 
     # keeping shards for later epochs: the trainer checked the whole stream fits capture.keep_max_bytes
     window = 1 << 40 if recipe.capture.keep_max_bytes else recipe.capture.queue_max_shards
-    producer = StreamProducer(open_store(location), worker=worker, workers=recipe.capture.workers,
-                              max_shards=window, restarts=restarts)
+    producer = StreamProducer(
+        open_store(location), worker=worker, workers=recipe.capture.workers, max_shards=window, restarts=restarts
+    )
     # each engine its own scratch (vLLM's hidden-states connector writes under <capture dir>/.vllm)
     scratch = str(Path(recipe.stage_dir("capture")) / f".producer-{worker}")
     recipe = recipe.model_copy(update={"capture": recipe.capture.model_copy(update={"output_dir": scratch})})
@@ -102,9 +103,19 @@ class Supervisor:
     trainer's rank 0) and `stop()` ends it and its producers. `error` holds the reason it gave up.
     """
 
-    def __init__(self, recipe_file: str | Path, location: str, recipe: Recipe, *, overrides: list[str] | None = None,
-                 environ: dict[str, str] | None = None, poll_s: float = 0.2, bind_to_parent: bool = True,
-                 on_event: Callable[[str], None] | None = None, workers: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        recipe_file: str | Path,
+        location: str,
+        recipe: Recipe,
+        *,
+        overrides: list[str] | None = None,
+        environ: dict[str, str] | None = None,
+        poll_s: float = 0.2,
+        bind_to_parent: bool = True,
+        on_event: Callable[[str], None] | None = None,
+        workers: list[int] | None = None,
+    ) -> None:
         self.recipe_file, self.location, self.recipe = str(recipe_file), location, recipe
         self.overrides, self.environ, self.poll_s = list(overrides or []), environ, poll_s
         self.bind_to_parent, self.on_event = bind_to_parent, on_event or log.info
@@ -119,8 +130,16 @@ class Supervisor:
         from dspark_cli.machine.devices import producer_environ
         from dspark_cli.machine.procs import dies_with_parent
 
-        cmd = [sys.executable, "-m", "dspark_cli.capture.online", self.recipe_file, self.location,
-               f"--worker={worker}", f"--restarts={self.restarts.get(worker, 0)}", *self.overrides]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dspark_cli.capture.online",
+            self.recipe_file,
+            self.location,
+            f"--worker={worker}",
+            f"--restarts={self.restarts.get(worker, 0)}",
+            *self.overrides,
+        ]
         env = producer_environ(self.recipe, worker, self.environ if self.environ is not None else os.environ)
         # SIGKILL when the supervising thread goes: a producer's work is resumable
         bind = dies_with_parent(signal.SIGKILL) if self.bind_to_parent else None
@@ -148,8 +167,10 @@ class Supervisor:
                         self._stop.set()
                         break
                     self.restarts[worker] = self.restarts.get(worker, 0) + 1
-                    self.on_event(f"capture producer {worker} exited with {code}: restarting it "
-                                  f"({self.restarts[worker]} of {MAX_RESTARTS})")
+                    self.on_event(
+                        f"capture producer {worker} exited with {code}: restarting it "
+                        f"({self.restarts[worker]} of {MAX_RESTARTS})"
+                    )
                     self.procs[worker] = self._spawn(worker)
                 self._stop.wait(self.poll_s)
         finally:
@@ -190,23 +211,35 @@ class Supervisor:
         return {worker: proc.pid for worker, proc in self.procs.items()}
 
 
-def supervise(recipe_file: str | Path, recipe: Recipe, *, overrides: list[str], only: list[int] | None = None,
-              location: str | None = None) -> ProduceSummary:
+def supervise(
+    recipe_file: str | Path,
+    recipe: Recipe,
+    *,
+    overrides: list[str],
+    only: list[int] | None = None,
+    location: str | None = None,
+) -> ProduceSummary:
     """Run this machine's producers (all, or `only`) in the foreground until each is done; the summary.
     `location` defaults to the recipe's stream (what the trainers read)."""
     from dspark_cli.errors import DsparkError, UsageError
 
     if only is not None and not all(0 <= w < recipe.capture.workers for w in only):
-        raise UsageError(f"--only={','.join(map(str, only))}: producers are 0..{recipe.capture.workers - 1}",
-                         "name this machine's share of capture.workers")
+        raise UsageError(
+            f"--only={','.join(map(str, only))}: producers are 0..{recipe.capture.workers - 1}",
+            "name this machine's share of capture.workers",
+        )
     location = location or stream_location(recipe)
     supervisor = Supervisor(recipe_file, location, recipe, overrides=overrides, workers=only, bind_to_parent=True)
     started = time.time()
     supervisor.run()
     if supervisor.error:
         raise DsparkError(supervisor.error, "its own error is in the stream's producer status and its log above")
-    return ProduceSummary(stream=location, producers=len(supervisor.workers), restarts=supervisor.restarts,
-                          seconds=round(time.time() - started, 1))
+    return ProduceSummary(
+        stream=location,
+        producers=len(supervisor.workers),
+        restarts=supervisor.restarts,
+        seconds=round(time.time() - started, 1),
+    )
 
 
 def stream_location(recipe: Recipe) -> str:
@@ -228,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe = load_recipe(args[0], overrides)
         if "--worker" in options:
-            summary = produce_stream(recipe, args[1], int(options["--worker"]), restarts=int(options.get("--restarts", 0)))
+            summary = produce_stream(
+                recipe, args[1], int(options["--worker"]), restarts=int(options.get("--restarts", 0))
+            )
         else:
             only = [int(w) for w in options["--only"].split(",")] if "--only" in options else None
             summary = supervise(args[0], recipe, overrides=overrides, only=only, location=args[1]).to_dict()

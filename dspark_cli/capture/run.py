@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]  # (sequences done, total, tokens captured so far)
 
 
-def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: Any = None,
-                capturer: Any = None) -> CaptureSummary:
+def run_capture(
+    recipe: Recipe, *, on_progress: Progress | None = None, queue: Any = None, capturer: Any = None
+) -> CaptureSummary:
     """Capture every planned shard not done yet, offline (stage dir) or into `queue` (an online stream
     producer, `capture.stream.StreamProducer`: open / put / fail / finish)."""
     plan = build_plan(recipe)  # every refusal of the recipe first, before the directory is made
@@ -47,8 +48,9 @@ def run_capture(recipe: Recipe, *, on_progress: Progress | None = None, queue: A
         return _run_capture(plan, DirectorySink(plan, Path(recipe.stage_dir("capture"))), on_progress, capturer)
 
 
-def _run_capture(plan: CapturePlan, sink: DirectorySink | StreamSink, on_progress: Progress | None,
-                 capturer: Any) -> CaptureSummary:
+def _run_capture(
+    plan: CapturePlan, sink: DirectorySink | StreamSink, on_progress: Progress | None, capturer: Any
+) -> CaptureSummary:
     recipe = plan.recipe
     done = sink.open()
     pending = [s for s in plan.shards if shard_name(s.index) not in done]
@@ -64,10 +66,17 @@ def _run_capture(plan: CapturePlan, sink: DirectorySink | StreamSink, on_progres
             capturer.close()  # a vLLM engine's devices are the trainers' next
 
 
-def _capture_pending(plan: CapturePlan, sink: DirectorySink | StreamSink, done: dict[str, Any],
-                     on_progress: Progress | None, capturer: Any) -> CaptureSummary:
+def _capture_pending(
+    plan: CapturePlan,
+    sink: DirectorySink | StreamSink,
+    done: dict[str, Any],
+    on_progress: Progress | None,
+    capturer: Any,
+) -> CaptureSummary:
     recipe = plan.recipe
-    backend = capturer.describe() if capturer is not None else {"backend": recipe.capture.backend_here(), "resumed": True}
+    backend = (
+        capturer.describe() if capturer is not None else {"backend": recipe.capture.backend_here(), "resumed": True}
+    )
     sink.start(backend, done)
     started, captured, seq_done = time.perf_counter(), 0, 0
     try:
@@ -85,27 +94,56 @@ def _capture_pending(plan: CapturePlan, sink: DirectorySink | StreamSink, done: 
         raise
     elapsed = time.perf_counter() - started
     busy = elapsed - sink.wait_s
-    summary = _summary(plan, sink.location, sink.mode, backend, captured, elapsed,
-                       round(captured / busy, 1) if captured and busy > 0 else None)
+    summary = _summary(
+        plan,
+        sink.location,
+        sink.mode,
+        backend,
+        captured,
+        elapsed,
+        round(captured / busy, 1) if captured and busy > 0 else None,
+    )
     summary = dataclasses.replace(summary, **sink.finish())
-    log.info("capture: %d sequences, %d tokens in %d shards -> %s", plan.num_sequences, plan.num_tokens,
-             len(plan.shards), summary.output_dir)
+    log.info(
+        "capture: %d sequences, %d tokens in %d shards -> %s",
+        plan.num_sequences,
+        plan.num_tokens,
+        len(plan.shards),
+        summary.output_dir,
+    )
     return summary
 
 
-def _summary(plan: CapturePlan, location: str, mode: str, backend: dict[str, Any], captured: int, elapsed: float,
-             tokens_per_second: float | None) -> CaptureSummary:
+def _summary(
+    plan: CapturePlan,
+    location: str,
+    mode: str,
+    backend: dict[str, Any],
+    captured: int,
+    elapsed: float,
+    tokens_per_second: float | None,
+) -> CaptureSummary:
     """What a capture run returns (the sink adds its own: bytes on disk, or the stream's peaks)."""
     return CaptureSummary(
-        output_dir=location, mode=mode, backend=backend.get("backend"), sequences=plan.num_sequences,
-        tokens=plan.num_tokens, loss_tokens=plan.num_loss_tokens, shards=len(plan.shards), captured_tokens=captured,
-        seconds=round(elapsed, 2), tokens_per_second=tokens_per_second,
+        output_dir=location,
+        mode=mode,
+        backend=backend.get("backend"),
+        sequences=plan.num_sequences,
+        tokens=plan.num_tokens,
+        loss_tokens=plan.num_loss_tokens,
+        shards=len(plan.shards),
+        captured_tokens=captured,
+        seconds=round(elapsed, 2),
+        tokens_per_second=tokens_per_second,
         goal_bytes_per_token=goal_bytes_per_token(len(plan.layer_ids), plan.geometry.hidden_size),
-        truncated=plan.truncated, skipped_no_loss=plan.skipped_no_loss)
+        truncated=plan.truncated,
+        skipped_no_loss=plan.skipped_no_loss,
+    )
 
 
-def _capture_with_workers(plan: CapturePlan, out_dir: Path, done: dict[str, dict[str, Any]],
-                          on_progress: Progress | None) -> CaptureSummary:
+def _capture_with_workers(
+    plan: CapturePlan, out_dir: Path, done: dict[str, dict[str, Any]], on_progress: Progress | None
+) -> CaptureSummary:
     """Offline capture by `capture.workers` processes (capture/workers.py); the same summary."""
     from dspark_cli.capture.workers import capture_with_workers
 
@@ -119,12 +157,23 @@ def _capture_with_workers(plan: CapturePlan, out_dir: Path, done: dict[str, dict
 
     manifest = read_manifest(out_dir)
     captured = sum(s.tokens for s in plan.shards if shard_name(s.index) not in done)
-    log.info("capture: %d sequences, %d tokens in %d shards by %d workers -> %s", plan.num_sequences,
-             plan.num_tokens, len(plan.shards), plan.recipe.capture.workers, out_dir)
-    summary = _summary(plan, str(out_dir), "offline", backend, captured, elapsed,
-                       round(captured / elapsed, 1) if elapsed else None)
-    return dataclasses.replace(summary, workers=plan.recipe.capture.workers, bytes=manifest["bytes"],
-                               bytes_per_token=manifest["bytes_per_token"])
+    log.info(
+        "capture: %d sequences, %d tokens in %d shards by %d workers -> %s",
+        plan.num_sequences,
+        plan.num_tokens,
+        len(plan.shards),
+        plan.recipe.capture.workers,
+        out_dir,
+    )
+    summary = _summary(
+        plan, str(out_dir), "offline", backend, captured, elapsed, round(captured / elapsed, 1) if elapsed else None
+    )
+    return dataclasses.replace(
+        summary,
+        workers=plan.recipe.capture.workers,
+        bytes=manifest["bytes"],
+        bytes_per_token=manifest["bytes_per_token"],
+    )
 
 
 def capture_pending(recipe: Recipe) -> str | None:
@@ -132,8 +181,8 @@ def capture_pending(recipe: Recipe) -> str | None:
 
     Incomplete (or never made), or a listed shard file is missing: the capture stage resumes and
     writes just what is not there. No torch: `dspark train` asks before it loads anything."""
-    from dspark_cli.artifacts.files import read_manifest
     from dspark_cli.artifacts.capture import damaged_shards
+    from dspark_cli.artifacts.files import read_manifest
 
     if recipe.capture.mode != "offline":
         return None

@@ -48,10 +48,16 @@ def shard_name(index: int) -> str:
 
 def shard_layout(layer_ids: list[int], hidden_size: int) -> dict[str, Any]:
     """The shard tensors as the capture manifest describes them (`layout`)."""
-    return {"target_layer_ids": layer_ids, "hidden_size": hidden_size, "dtype": "bfloat16",
-            "aux_hidden": "[tokens, len(target_layer_ids) * hidden_size], layers concatenated in target_layer_ids order",
-            "last_hidden": "[loss tokens, hidden_size], post-final-norm, loss-masked rows only",
-            "input_ids": "int32", "loss_mask": "bool", "seq_lens": "int32"}
+    return {
+        "target_layer_ids": layer_ids,
+        "hidden_size": hidden_size,
+        "dtype": "bfloat16",
+        "aux_hidden": "[tokens, len(target_layer_ids) * hidden_size], layers concatenated in target_layer_ids order",
+        "last_hidden": "[loss tokens, hidden_size], post-final-norm, loss-masked rows only",
+        "input_ids": "int32",
+        "loss_mask": "bool",
+        "seq_lens": "int32",
+    }
 
 
 def pack(sequences: list[CapturedSequence]) -> dict[str, torch.Tensor]:
@@ -66,11 +72,17 @@ def pack(sequences: list[CapturedSequence]) -> dict[str, torch.Tensor]:
     }
 
 
-def write_shard(path: Path, sequences: list[CapturedSequence], *, layer_ids: list[int], hidden_size: int) -> dict[str, Any]:
+def write_shard(
+    path: Path, sequences: list[CapturedSequence], *, layer_ids: list[int], hidden_size: int
+) -> dict[str, Any]:
     """Write one shard atomically; return its manifest entry (file, sizes, counts, sha256)."""
     tensors = pack(sequences)
-    meta = {"format": SHARD_FORMAT, "ids": json.dumps([s.id for s in sequences]),
-            "target_layer_ids": json.dumps(list(layer_ids)), "hidden_size": str(hidden_size)}
+    meta = {
+        "format": SHARD_FORMAT,
+        "ids": json.dumps([s.id for s in sequences]),
+        "target_layer_ids": json.dumps(list(layer_ids)),
+        "hidden_size": str(hidden_size),
+    }
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         save_file(tensors, str(tmp), metadata=meta)
@@ -81,12 +93,19 @@ def write_shard(path: Path, sequences: list[CapturedSequence], *, layer_ids: lis
     with open(tmp, "rb+") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    return {"file": path.name, "sequences": len(sequences), "tokens": int(tensors["input_ids"].numel()),
-            "loss_tokens": int(tensors["loss_mask"].sum()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    return {
+        "file": path.name,
+        "sequences": len(sequences),
+        "tokens": int(tensors["input_ids"].numel()),
+        "loss_tokens": int(tensors["loss_mask"].sum()),
+        "bytes": path.stat().st_size,
+        "sha256": sha256_file(path),
+    }
 
 
-def read_shard(path: Path, entry: dict[str, Any], *, layer_ids: list[int], hidden_size: int,
-               hint: str = RECAPTURE) -> list[CapturedSequence]:
+def read_shard(
+    path: Path, entry: dict[str, Any], *, layer_ids: list[int], hidden_size: int, hint: str = RECAPTURE
+) -> list[CapturedSequence]:
     """Verify `path` against its manifest `entry` (size, sha256), then its layout; return its sequences."""
     verify_shard_file(path, entry, hint)
     try:
@@ -98,17 +117,29 @@ def read_shard(path: Path, entry: dict[str, Any], *, layer_ids: list[int], hidde
     return unpack(path, tensors, meta, layer_ids=layer_ids, hidden_size=hidden_size, hint=hint)
 
 
-def unpack(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str], *, layer_ids: list[int],
-           hidden_size: int, hint: str = RECAPTURE) -> list[CapturedSequence]:
+def unpack(
+    path: Path,
+    tensors: dict[str, torch.Tensor],
+    meta: dict[str, str],
+    *,
+    layer_ids: list[int],
+    hidden_size: int,
+    hint: str = RECAPTURE,
+) -> list[CapturedSequence]:
     """Split shard tensors back into sequences, checking every shape against the contract's layout."""
+
     def bad(what: str) -> DataError:
         return DataError(f"{path}: {what} (the shard does not match its manifest)", hint)
 
     if meta.get("format") != SHARD_FORMAT:
         raise bad(f"not a dspark capture shard (format {meta.get('format')!r})")
-    if json.loads(meta.get("target_layer_ids", "null")) != list(layer_ids) or meta.get("hidden_size") != str(hidden_size):
-        raise bad(f"captured layers {meta.get('target_layer_ids')} x {meta.get('hidden_size')}, "
-                  f"expected {list(layer_ids)} x {hidden_size}")
+    if json.loads(meta.get("target_layer_ids", "null")) != list(layer_ids) or meta.get("hidden_size") != str(
+        hidden_size
+    ):
+        raise bad(
+            f"captured layers {meta.get('target_layer_ids')} x {meta.get('hidden_size')}, "
+            f"expected {list(layer_ids)} x {hidden_size}"
+        )
     missing = {"input_ids", "loss_mask", "seq_lens", "aux_hidden", "last_hidden"} - set(tensors)
     if missing:
         raise bad(f"missing tensors {sorted(missing)}")
@@ -118,18 +149,28 @@ def unpack(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str], *
     tokens, loss = int(ids.numel()), int(mask.sum())
     if (aux.dtype, last.dtype) != (HIDDEN_DTYPE, HIDDEN_DTYPE):
         raise bad(f"hidden states are {aux.dtype}/{last.dtype}, expected bfloat16")
-    if (mask.numel() != tokens or int(lens.sum()) != tokens or len(names) != lens.numel()
-            or tuple(aux.shape) != (tokens, len(layer_ids) * hidden_size) or tuple(last.shape) != (loss, hidden_size)):
-        raise bad(f"inconsistent shapes (ids {tuple(ids.shape)}, aux {tuple(aux.shape)}, last {tuple(last.shape)}, "
-                  f"{lens.numel()} lengths, {len(names)} names)")
+    if (
+        mask.numel() != tokens
+        or int(lens.sum()) != tokens
+        or len(names) != lens.numel()
+        or tuple(aux.shape) != (tokens, len(layer_ids) * hidden_size)
+        or tuple(last.shape) != (loss, hidden_size)
+    ):
+        raise bad(
+            f"inconsistent shapes (ids {tuple(ids.shape)}, aux {tuple(aux.shape)}, last {tuple(last.shape)}, "
+            f"{lens.numel()} lengths, {len(names)} names)"
+        )
     out, start, loss_start = [], 0, 0
     for name, length in zip(names, lens.tolist(), strict=True):
         seq_mask = mask[start : start + length]
         n_loss = int(seq_mask.sum())
         full_last = torch.zeros(length, hidden_size, dtype=HIDDEN_DTYPE)
         full_last[seq_mask] = last[loss_start : loss_start + n_loss]
-        out.append(CapturedSequence(name, ids[start : start + length].long(), seq_mask.clone(),
-                                    aux[start : start + length], full_last))
+        out.append(
+            CapturedSequence(
+                name, ids[start : start + length].long(), seq_mask.clone(), aux[start : start + length], full_last
+            )
+        )
         start, loss_start = start + length, loss_start + n_loss
     return out
 
@@ -149,12 +190,13 @@ def captured_lengths(directory: str | Path, max_seq_len: int) -> list[int]:
             with safe_open(str(directory / entry["file"]), "pt") as handle:
                 seq_lens, mask = handle.get_tensor("seq_lens").tolist(), handle.get_tensor("loss_mask").bool()
         except (SafetensorError, OSError, ValueError) as exc:  # damaged: its checksum would fail too
-            raise DataError(f"{directory / entry['file']}: unreadable shard ({str(exc).splitlines()[0][:120]})",
-                            RECAPTURE) from None
+            raise DataError(
+                f"{directory / entry['file']}: unreadable shard ({str(exc).splitlines()[0][:120]})", RECAPTURE
+            ) from None
         start = 0
         for length in seq_lens:
             kept = min(length, max_seq_len)
-            seq = mask[start:start + kept]
+            seq = mask[start : start + kept]
             if bool((seq[1:] & seq[:-1]).any()):
                 lengths.append(kept)
             start += length
@@ -167,5 +209,6 @@ def iter_captured(directory: str | os.PathLike[str], *, expect: Contract | None 
     manifest = read_capture(directory, expect=expect)
     layout = manifest["layout"]
     for entry in manifest["shards"]:
-        yield from read_shard(directory / entry["file"], entry, layer_ids=layout["target_layer_ids"],
-                              hidden_size=layout["hidden_size"])
+        yield from read_shard(
+            directory / entry["file"], entry, layer_ids=layout["target_layer_ids"], hidden_size=layout["hidden_size"]
+        )

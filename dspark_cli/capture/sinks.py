@@ -23,25 +23,40 @@ from dspark_cli.capture.shards import shard_layout, shard_name, write_shard
 from dspark_cli.recipe import write_resolved
 
 
-def capture_manifest(plan: CapturePlan, backend: dict[str, Any], shards: list[dict[str, Any]],
-                     complete: bool) -> dict[str, Any]:
+def capture_manifest(
+    plan: CapturePlan, backend: dict[str, Any], shards: list[dict[str, Any]], complete: bool
+) -> dict[str, Any]:
     """The capture directory's manifest.json listing `shards` (their entries, in plan order)."""
     recipe, geometry = plan.recipe, plan.geometry
     tokens = sum(s["tokens"] for s in shards)
     size = sum(s["bytes"] for s in shards)
     return {
-        "kind": MANIFEST_KIND, "format_version": 1, "dspark": __version__, "complete": complete,
-        "fingerprint": plan.fingerprint, "contract": plan.contract.to_dict(),
+        "kind": MANIFEST_KIND,
+        "format_version": 1,
+        "dspark": __version__,
+        "complete": complete,
+        "fingerprint": plan.fingerprint,
+        "contract": plan.contract.to_dict(),
         "layout": shard_layout(plan.layer_ids, geometry.hidden_size),
-        "target": {"model": recipe.target.model, "path": geometry.location, "model_type": geometry.model_type,
-                   "num_hidden_layers": geometry.num_hidden_layers, "hidden_size": geometry.hidden_size},
+        "target": {
+            "model": recipe.target.model,
+            "path": geometry.location,
+            "model_type": geometry.model_type,
+            "num_hidden_layers": geometry.num_hidden_layers,
+            "hidden_size": geometry.hidden_size,
+        },
         "backend": {**backend, "requested": recipe.capture.backend},
         "datagen": {"dir": str(plan.datagen_dir), "fingerprint": plan.datagen.get("fingerprint")},
-        "max_seq_len": recipe.capture.max_seq_len, "shard_tokens": recipe.capture.shard_tokens,
-        "truncated": plan.truncated, "skipped_no_loss": plan.skipped_no_loss,
-        "num_sequences": sum(s["sequences"] for s in shards), "num_tokens": tokens,
-        "num_loss_tokens": sum(s["loss_tokens"] for s in shards), "bytes": size,
-        "bytes_per_token": round(size / tokens, 2) if tokens else None, "shards": shards,
+        "max_seq_len": recipe.capture.max_seq_len,
+        "shard_tokens": recipe.capture.shard_tokens,
+        "truncated": plan.truncated,
+        "skipped_no_loss": plan.skipped_no_loss,
+        "num_sequences": sum(s["sequences"] for s in shards),
+        "num_tokens": tokens,
+        "num_loss_tokens": sum(s["loss_tokens"] for s in shards),
+        "bytes": size,
+        "bytes_per_token": round(size / tokens, 2) if tokens else None,
+        "shards": shards,
     }
 
 
@@ -50,8 +65,9 @@ def ordered(plan: CapturePlan, entries: dict[str, dict[str, Any]]) -> list[dict[
     return [entries[shard_name(s.index)] for s in plan.shards if shard_name(s.index) in entries]
 
 
-def write_manifest(out_dir: Path, plan: CapturePlan, backend: dict[str, Any], entries: dict[str, dict[str, Any]],
-                   complete: bool) -> dict[str, Any]:
+def write_manifest(
+    out_dir: Path, plan: CapturePlan, backend: dict[str, Any], entries: dict[str, dict[str, Any]], complete: bool
+) -> dict[str, Any]:
     manifest = capture_manifest(plan, backend, ordered(plan, entries), complete)
     write_json_atomic(out_dir / MANIFEST_NAME, manifest)
     return manifest
@@ -59,9 +75,14 @@ def write_manifest(out_dir: Path, plan: CapturePlan, backend: dict[str, Any], en
 
 def previous_shards(out_dir: Path, plan: CapturePlan) -> dict[str, dict[str, Any]]:
     """Shards a previous run of the same plan finished (name -> entry); refuse another plan's output."""
-    previous = resumable_manifest(out_dir, kind=MANIFEST_KIND, fingerprint=plan.fingerprint,
-                                  shard_glob="shard-*.safetensors", section="capture",
-                                  changed="datagen output, target, layer ids or shard size")
+    previous = resumable_manifest(
+        out_dir,
+        kind=MANIFEST_KIND,
+        fingerprint=plan.fingerprint,
+        shard_glob="shard-*.safetensors",
+        section="capture",
+        changed="datagen output, target, layer ids or shard size",
+    )
     done = {}
     for entry in previous.get("shards", []):
         file = out_dir / entry["file"]
@@ -95,8 +116,9 @@ class DirectorySink:
 
     def put(self, index: int, sequences: list[Any]) -> None:
         name = shard_name(index)
-        self.entries[name] = write_shard(self.out_dir / name, sequences, layer_ids=self.plan.layer_ids,
-                                         hidden_size=self.plan.geometry.hidden_size)
+        self.entries[name] = write_shard(
+            self.out_dir / name, sequences, layer_ids=self.plan.layer_ids, hidden_size=self.plan.geometry.hidden_size
+        )
         write_manifest(self.out_dir, self.plan, self.backend, self.entries, complete=False)
 
     def fail(self, message: str) -> None:
@@ -118,9 +140,12 @@ class StreamSink:
 
     def open(self) -> dict[str, dict[str, Any]]:
         plan = self.plan
-        published = self.producer.open(fingerprint=plan.fingerprint, contract=plan.contract,
-                                       layout=shard_layout(plan.layer_ids, plan.geometry.hidden_size),
-                                       num_shards=len(plan.shards))
+        published = self.producer.open(
+            fingerprint=plan.fingerprint,
+            contract=plan.contract,
+            layout=shard_layout(plan.layer_ids, plan.geometry.hidden_size),
+            num_shards=len(plan.shards),
+        )
         return {shard_name(i): {} for i in published}
 
     def start(self, backend: dict[str, Any], done: dict[str, dict[str, Any]]) -> None:
@@ -138,5 +163,8 @@ class StreamSink:
     def finish(self) -> dict[str, Any]:
         self.producer.finish()
         status = self.producer.status
-        return {"peak_disk_bytes": status["peak_bytes"], "peak_shards": status["peak_shards"],
-                "producer_wait_seconds": round(self.wait_s, 2)}
+        return {
+            "peak_disk_bytes": status["peak_bytes"],
+            "peak_shards": status["peak_shards"],
+            "producer_wait_seconds": round(self.wait_s, 2),
+        }

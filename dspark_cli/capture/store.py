@@ -137,6 +137,8 @@ def open_store(location: str | os.PathLike[str]) -> Store:
     if scheme not in BACKENDS:
         from dspark_cli.errors import UsageError
 
-        raise UsageError(f"stream {text}: no store backend for {scheme}://",
-                         f"use a directory on a shared filesystem, or one of: {', '.join(sorted(BACKENDS)) or 'none installed'}")
+        raise UsageError(
+            f"stream {text}: no store backend for {scheme}://",
+            f"use a directory on a shared filesystem, or one of: {', '.join(sorted(BACKENDS)) or 'none installed'}",
+        )
     return BACKENDS[scheme](text)

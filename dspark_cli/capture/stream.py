@@ -77,15 +77,19 @@ def consumer_state(store: Store) -> dict[str, Any]:
 
 
 def shard_index(key: str) -> int:
-    return int(key[len(SHARD_PREFIX) + 6:len(SHARD_PREFIX) + 11])
+    return int(key[len(SHARD_PREFIX) + 6 : len(SHARD_PREFIX) + 11])
 
 
 def shard_bytes(sequences: list[CapturedSequence], *, layer_ids: list[int], hidden_size: int) -> bytes:
     """A shard serialised exactly as capture writes it to disk (safetensors, the same metadata)."""
     from safetensors.torch import save
 
-    meta = {"format": SHARD_FORMAT, "ids": json.dumps([s.id for s in sequences]),
-            "target_layer_ids": json.dumps(list(layer_ids)), "hidden_size": str(hidden_size)}
+    meta = {
+        "format": SHARD_FORMAT,
+        "ids": json.dumps([s.id for s in sequences]),
+        "target_layer_ids": json.dumps(list(layer_ids)),
+        "hidden_size": str(hidden_size),
+    }
     return save(pack(sequences), metadata=meta)
 
 
@@ -95,12 +99,13 @@ def parse_shard(name: str, data: bytes, *, layer_ids: list[int], hidden_size: in
     from safetensors.torch import load
 
     try:
-        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
         tensors = load(data)
     except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
         raise DataError(f"{name}: unreadable shard ({str(exc).splitlines()[0][:120]})", HINT) from None
-    return unpack(name, tensors, header.get("__metadata__") or {}, layer_ids=layer_ids, hidden_size=hidden_size,
-                  hint=HINT)
+    return unpack(
+        name, tensors, header.get("__metadata__") or {}, layer_ids=layer_ids, hidden_size=hidden_size, hint=HINT
+    )
 
 
 class StreamClosed(Exception):
@@ -119,8 +124,9 @@ def consumer_finished(store: Store) -> bool:
 class StreamProducer:
     """Producer `worker` of `workers`: what `run_capture` writes through as its `queue` (open / put / fail / finish)."""
 
-    def __init__(self, store: Store, *, worker: int, workers: int, max_shards: int, poll_s: float = 0.05,
-                 restarts: int = 0) -> None:
+    def __init__(
+        self, store: Store, *, worker: int, workers: int, max_shards: int, poll_s: float = 0.05, restarts: int = 0
+    ) -> None:
         if not 0 <= worker < workers or max_shards < 1:
             raise ValueError(f"producer {worker} of {workers}, max_shards {max_shards}")
         self.store, self.worker, self.workers, self.max_shards = store, worker, workers, max_shards
@@ -134,30 +140,54 @@ class StreamProducer:
         the other producers' shards, and this one's already published."""
         key = producer_key(self.worker)
         previous = read_json(self.store, key)
-        if previous is not None and (previous.get("fingerprint") != fingerprint or previous.get("workers") != self.workers):
-            raise DataError(f"{self.directory}: a stream of another capture plan or producer count "
-                            f"({previous.get('workers')} producers)", "use a new stream location, or delete this one")
+        if previous is not None and (
+            previous.get("fingerprint") != fingerprint or previous.get("workers") != self.workers
+        ):
+            raise DataError(
+                f"{self.directory}: a stream of another capture plan or producer count "
+                f"({previous.get('workers')} producers)",
+                "use a new stream location, or delete this one",
+            )
         self.status = previous or {
-            "kind": STREAM_KIND, "format_version": 1, "fingerprint": fingerprint, "contract": contract.to_dict(),
-            "layout": layout, "num_shards": num_shards, "worker": self.worker, "workers": self.workers,
-            "shards": {}, "peak_bytes": 0, "peak_shards": 0, "restarts": 0,
+            "kind": STREAM_KIND,
+            "format_version": 1,
+            "fingerprint": fingerprint,
+            "contract": contract.to_dict(),
+            "layout": layout,
+            "num_shards": num_shards,
+            "worker": self.worker,
+            "workers": self.workers,
+            "shards": {},
+            "peak_bytes": 0,
+            "peak_shards": 0,
+            "restarts": 0,
         }
         consumer = consumer_state(self.store)
         self.generation, below = int(consumer.get("generation", 0)), int(consumer.get("released_below", 0))
         present = {shard_index(key) for key in self.store.keys(SHARD_PREFIX)}
         # an entry of a shard the trainers rewound past (released, then needed again) goes: it is captured again
-        self.status["shards"] = {name: entry for name, entry in self.status["shards"].items()
-                                 if int(name[6:11]) < below or int(name[6:11]) in present}
+        self.status["shards"] = {
+            name: entry
+            for name, entry in self.status["shards"].items()
+            if int(name[6:11]) < below or int(name[6:11]) in present
+        }
         # a shard in the store without its entry (killed between the two writes) is captured again too;
         # removed first, so that while it is written again the store never holds two copies of it
-        for index in sorted(i for i in present if i % self.workers == self.worker
-                            and shard_name(i) not in self.status["shards"]):
+        for index in sorted(
+            i for i in present if i % self.workers == self.worker and shard_name(i) not in self.status["shards"]
+        ):
             self.store.remove(shard_key(index))
         present = {i for i in present if shard_name(i) in self.status["shards"]}
-        self.status.update({"finished": False, "error": None, "max_shards": self.max_shards,
-                            "generation": self.generation,
-                            "restarts": max(self.restarts, self.status.get("restarts", 0)),
-                            "producer": {"pid": os.getpid(), "host": socket.gethostname()}})
+        self.status.update(
+            {
+                "finished": False,
+                "error": None,
+                "max_shards": self.max_shards,
+                "generation": self.generation,
+                "restarts": max(self.restarts, self.status.get("restarts", 0)),
+                "producer": {"pid": os.getpid(), "host": socket.gethostname()},
+            }
+        )
         self.status.setdefault("wait_s", 0.0)
         self._rewound = False
         self._save()
@@ -221,8 +251,14 @@ class StreamProducer:
             rewound = exc  # inside the new window: it stays, with its entry
         name = shard_name(index)
         mask_tokens = sum(int(s.loss_mask.sum()) for s in sequences)
-        entry = {"file": name, "sequences": len(sequences), "tokens": sum(s.num_tokens for s in sequences),
-                 "loss_tokens": mask_tokens, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        entry = {
+            "file": name,
+            "sequences": len(sequences),
+            "tokens": sum(s.num_tokens for s in sequences),
+            "loss_tokens": mask_tokens,
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
         used, shards = self.store.used_bytes(), len(self.store.keys(SHARD_PREFIX))
         self.status["shards"][name] = entry
         self.status["peak_bytes"] = max(self.status["peak_bytes"], used)
@@ -249,8 +285,17 @@ class StreamProducer:
 class StreamReader:
     """A training rank's view of the stream: wait for a shard, verify it, parse it; release (rank 0)."""
 
-    def __init__(self, store: Store, *, fingerprint: str, workers: int, expect: Contract | None = None,
-                 timeout_s: float = 3600.0, poll_s: float = 0.05, gave_up: Callable[[], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        fingerprint: str,
+        workers: int,
+        expect: Contract | None = None,
+        timeout_s: float = 3600.0,
+        poll_s: float = 0.05,
+        gave_up: Callable[[], str | None] | None = None,
+    ) -> None:
         self.store, self.fingerprint, self.workers, self.expect = store, fingerprint, workers, expect
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.gave_up = gave_up  # the reason this process's producer supervisor stopped, if it did
@@ -266,15 +311,19 @@ class StreamReader:
         if status.get("kind") != STREAM_KIND:
             raise DataError(f"{self.location}: not a dspark capture stream", "point capture.stream to the stream")
         if status.get("fingerprint") != self.fingerprint or status.get("workers") != self.workers:
-            raise DataError(f"{self.location}: producer {worker} streams another capture plan or producer count "
-                            f"({status.get('workers')} producers, this recipe {self.workers})",
-                            "start the producers with this recipe (the same datagen output, capture settings "
-                            "and capture.workers), or use a new stream")
+            raise DataError(
+                f"{self.location}: producer {worker} streams another capture plan or producer count "
+                f"({status.get('workers')} producers, this recipe {self.workers})",
+                "start the producers with this recipe (the same datagen output, capture settings "
+                "and capture.workers), or use a new stream",
+            )
         if self.expect is not None and worker not in self.status:
             self.expect.check_against(status["contract"], self.location)
         if status.get("error"):
-            raise DataError(f"{self.location}: capture producer {worker} failed: {status['error']}",
-                            "fix it and restart the producers: they resume where they stopped")
+            raise DataError(
+                f"{self.location}: capture producer {worker} failed: {status['error']}",
+                "fix it and restart the producers: they resume where they stopped",
+            )
         self.status[worker] = status
         return status
 
@@ -292,7 +341,11 @@ class StreamReader:
                     entry = (status or {}).get("shards", {}).get(name)
                 if entry is not None:
                     data = self.store.get(shard_key(index))
-                    if data is not None and len(data) == entry["bytes"] and hashlib.sha256(data).hexdigest() == entry["sha256"]:
+                    if (
+                        data is not None
+                        and len(data) == entry["bytes"]
+                        and hashlib.sha256(data).hexdigest() == entry["sha256"]
+                    ):
                         break
                     fresh = ((self._producer(worker) or {}).get("shards") or {}).get(name)
                     if data is not None and fresh == entry:
@@ -300,20 +353,30 @@ class StreamReader:
                     # gone, or captured again after a rewind: wait for the producer's new entry
                 consumer = consumer_state(self.store)
                 if index < int(consumer.get("released_below", 0)):
-                    raise DataError(f"{self.location}: shard {index} was already trained on and released",
-                                    "resume from a checkpoint (--resume auto): the stream is rewound and the "
-                                    "producers capture it again, or " + HINT)
+                    raise DataError(
+                        f"{self.location}: shard {index} was already trained on and released",
+                        "resume from a checkpoint (--resume auto): the stream is rewound and the "
+                        "producers capture it again, or " + HINT,
+                    )
                 status = self.status.get(worker) or {}
-                if (entry is None and status.get("finished")
-                        and int(status.get("generation", 0)) == int(consumer.get("generation", 0))):
+                if (
+                    entry is None
+                    and status.get("finished")
+                    and int(status.get("generation", 0)) == int(consumer.get("generation", 0))
+                ):
                     raise DataError(f"{self.location}: producer {worker} finished without shard {index}", HINT)
                 reason = self.gave_up() if self.gave_up is not None else None
                 if reason:  # e.g. a producer that died before it wrote its status: nothing will come
-                    raise DataError(f"{self.location}: no shard {index}: {reason}",
-                                    "the producer's own error is printed above; fix it and run again (--resume auto)")
+                    raise DataError(
+                        f"{self.location}: no shard {index}: {reason}",
+                        "the producer's own error is printed above; fix it and run again (--resume auto)",
+                    )
                 if time.monotonic() - started > self.timeout_s:
-                    raise DataError(f"{self.location}: no shard {index} from capture producer {worker} after "
-                                    f"{self.timeout_s:.0f} s", "are the producers running (`dspark produce`)?")
+                    raise DataError(
+                        f"{self.location}: no shard {index} from capture producer {worker} after "
+                        f"{self.timeout_s:.0f} s",
+                        "are the producers running (`dspark produce`)?",
+                    )
                 time.sleep(self.poll_s)
         finally:
             self.wait_s += time.monotonic() - started
@@ -328,9 +391,18 @@ class StreamReader:
         for index in range(start, below):
             self.store.remove(shard_key(index))
         self.peak_bytes = max(self.peak_bytes, self.store.used_bytes())
-        write_json(self.store, CONSUMER_KEY, {
-            **previous, "released_below": max(below, start), "step": step, "finished": finished, "time": time.time(),
-            "peak_bytes": max(self.peak_bytes, int(previous.get("peak_bytes", 0)))})
+        write_json(
+            self.store,
+            CONSUMER_KEY,
+            {
+                **previous,
+                "released_below": max(below, start),
+                "step": step,
+                "finished": finished,
+                "time": time.time(),
+                "peak_bytes": max(self.peak_bytes, int(previous.get("peak_bytes", 0))),
+            },
+        )
         if finished:  # after `finished` is visible: what a producer still publishes it removes itself
             for key in self.store.keys(SHARD_PREFIX):
                 self.store.remove(key)
@@ -345,9 +417,19 @@ class StreamReader:
             self.release(below, step=step)
             return False
         generation = int(previous.get("generation", 0)) + 1
-        write_json(self.store, CONSUMER_KEY, {
-            **previous, "released_below": below, "step": step, "finished": False, "generation": generation,
-            "time": time.time(), "rewinds": int(previous.get("rewinds", 0)) + 1})
+        write_json(
+            self.store,
+            CONSUMER_KEY,
+            {
+                **previous,
+                "released_below": below,
+                "step": step,
+                "finished": False,
+                "generation": generation,
+                "time": time.time(),
+                "rewinds": int(previous.get("rewinds", 0)) + 1,
+            },
+        )
         for key in self.store.keys(SHARD_PREFIX):  # after the new generation is visible (producers re-check)
             if not below <= shard_index(key) < below + window:
                 self.store.remove(key)
@@ -357,11 +439,15 @@ class StreamReader:
         """Peak store bytes as the producers and this reader sampled them, and the producers' state."""
         producers = [read_json(self.store, producer_key(w)) or {} for w in range(self.workers)]
         consumer = read_json(self.store, CONSUMER_KEY) or {}
-        return {"location": self.location, "producers": self.workers,
-                "peak_bytes": max([self.peak_bytes, int(consumer.get("peak_bytes", 0))]
-                                  + [int(p.get("peak_bytes", 0)) for p in producers]),
-                "peak_shards": max([0] + [int(p.get("peak_shards", 0)) for p in producers]),
-                "max_shards": max([0] + [int(p.get("max_shards", 0)) for p in producers]),
-                "producer_restarts": sum(int(p.get("restarts", 0)) for p in producers),
-                "producer_wait_s": [round(float(p.get("wait_s", 0.0)), 2) for p in producers],
-                "rewinds": int(consumer.get("rewinds", 0))}
+        return {
+            "location": self.location,
+            "producers": self.workers,
+            "peak_bytes": max(
+                [self.peak_bytes, int(consumer.get("peak_bytes", 0))] + [int(p.get("peak_bytes", 0)) for p in producers]
+            ),
+            "peak_shards": max([0] + [int(p.get("peak_shards", 0)) for p in producers]),
+            "max_shards": max([0] + [int(p.get("max_shards", 0)) for p in producers]),
+            "producer_restarts": sum(int(p.get("restarts", 0)) for p in producers),
+            "producer_wait_s": [round(float(p.get("wait_s", 0.0)), 2) for p in producers],
+            "rewinds": int(consumer.get("rewinds", 0)),
+        }

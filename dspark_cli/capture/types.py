@@ -1,8 +1,8 @@
 """The unit of captured data the trainer consumes: one tokenised sample with its target hidden states.
 
-    from dspark_cli.capture import iter_captured
-    for seq in iter_captured("runs/tiny/hidden", expect=contract):   # CapturedSequence objects
-        seq.aux_hidden.shape   # [T, len(target_layer_ids) * H] bfloat16
+from dspark_cli.capture import iter_captured
+for seq in iter_captured("runs/tiny/hidden", expect=contract):   # CapturedSequence objects
+    seq.aux_hidden.shape   # [T, len(target_layer_ids) * H] bfloat16
 """
 
 from __future__ import annotations

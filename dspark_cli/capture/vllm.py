@@ -49,8 +49,10 @@ class VLLMLayout:
 def vllm_layout(layer_ids: list[int], num_hidden_layers: int) -> VLLMLayout:
     """Translate our 0-based "output of layer k" ids to vLLM aux ids (k+1) plus the last layer's output."""
     if layer_ids and layer_ids[-1] >= num_hidden_layers:
-        raise ContractError(f"draft.target_layer_ids: layer {layer_ids[-1]} is beyond the target's "
-                            f"{num_hidden_layers} layers", "use ids below the target's depth")
+        raise ContractError(
+            f"draft.target_layer_ids: layer {layer_ids[-1]} is beyond the target's {num_hidden_layers} layers",
+            "use ids below the target's depth",
+        )
     ours = [k + 1 for k in layer_ids]
     aux = sorted(set(ours) | {num_hidden_layers})
     return VLLMLayout(aux, [aux.index(i) for i in ours], aux.index(num_hidden_layers))
@@ -63,13 +65,17 @@ def k3_environment(recipe: Recipe, is_kimi_k3: bool) -> dict[str, str]:
     wanted = "1" if recipe.capture.aux_attn_res_stream else "0"
     current = os.environ.get(K3_ENV)
     if current is not None and current != wanted:
-        raise UsageError(f"{K3_ENV}={current} in the environment but capture.aux_attn_res_stream is "
-                         f"{recipe.capture.aux_attn_res_stream}", f"unset {K3_ENV} or change the recipe; serving must match")
+        raise UsageError(
+            f"{K3_ENV}={current} in the environment but capture.aux_attn_res_stream is "
+            f"{recipe.capture.aux_attn_res_stream}",
+            f"unset {K3_ENV} or change the recipe; serving must match",
+        )
     return {K3_ENV: wanted}
 
 
-def engine_kwargs(recipe: Recipe, model_path: str, layout: VLLMLayout, storage_dir: str, *,
-                  on_cpu: bool | None = None) -> dict[str, Any]:
+def engine_kwargs(
+    recipe: Recipe, model_path: str, layout: VLLMLayout, storage_dir: str, *, on_cpu: bool | None = None
+) -> dict[str, Any]:
     """Arguments of `vllm.LLM` for capture (also what `vllm serve` would need, see `serve_args`).
 
     On CPU (`on_cpu`, default: no CUDA here): the shared CPU engine settings (procs.cpu_engine_defaults,
@@ -127,8 +133,15 @@ def rms_norm(x: Any, weight: Any, eps: float) -> Any:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def postprocess(seq_id: str, input_ids: list[int], loss_mask: list[int], saved: dict[str, Any], layout: VLLMLayout,
-                norm_weight: Any, eps: float) -> Any:
+def postprocess(
+    seq_id: str,
+    input_ids: list[int],
+    loss_mask: list[int],
+    saved: dict[str, Any],
+    layout: VLLMLayout,
+    norm_weight: Any,
+    eps: float,
+) -> Any:
     """Connector output -> CapturedSequence: our layers in order, the last state normalised, bf16."""
     import torch
 
@@ -136,11 +149,16 @@ def postprocess(seq_id: str, input_ids: list[int], loss_mask: list[int], saved: 
 
     states, token_ids = saved["hidden_states"], saved["token_ids"]  # [T, n_aux, H], [T]
     if token_ids.tolist() != list(input_ids):
-        raise DataError(f"{seq_id}: vLLM captured {token_ids.numel()} tokens that differ from the sample's "
-                        f"{len(input_ids)}", "check target.max_model_len and that chunked prefill is off")
+        raise DataError(
+            f"{seq_id}: vLLM captured {token_ids.numel()} tokens that differ from the sample's {len(input_ids)}",
+            "check target.max_model_len and that chunked prefill is off",
+        )
     if states.dim() != 3 or states.shape[0] != len(input_ids) or states.shape[1] != len(layout.aux_ids):
-        raise DataError(f"{seq_id}: vLLM hidden states have shape {tuple(states.shape)}, expected "
-                        f"[{len(input_ids)}, {len(layout.aux_ids)}, H]", "check the engine's aux layer ids")
+        raise DataError(
+            f"{seq_id}: vLLM hidden states have shape {tuple(states.shape)}, expected "
+            f"[{len(input_ids)}, {len(layout.aux_ids)}, H]",
+            "check the engine's aux layer ids",
+        )
     mask = torch.tensor(loss_mask, dtype=torch.bool)
     aux = states[:, layout.layer_slots, :].reshape(len(input_ids), -1).to(torch.bfloat16)
     last = rms_norm(states[:, layout.last_slot, :], norm_weight, eps).to(torch.bfloat16)
@@ -183,8 +201,10 @@ def drain(llm: Any) -> int:
     steps = 0
     while scheduler.has_requests():
         if steps >= DRAIN_STEPS:
-            raise DataError(f"vLLM's scheduler still holds requests after {steps} steps past generate()",
-                            "capture with capture.backend=hf, or report it with the vLLM version")
+            raise DataError(
+                f"vLLM's scheduler still holds requests after {steps} steps past generate()",
+                "capture with capture.backend=hf, or report it with the vLLM version",
+            )
         engine.step()
         steps += 1
     return steps
@@ -195,13 +215,23 @@ class VLLMCapturer:
 
     name = "vllm"
 
-    def __init__(self, recipe: Recipe, geometry: Any, layer_ids: list[int], *, storage_dir: str, llm: Any = None,
-                 sampling_params: Any = None) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        geometry: Any,
+        layer_ids: list[int],
+        *,
+        storage_dir: str,
+        llm: Any = None,
+        sampling_params: Any = None,
+    ) -> None:
         llm_given = llm
         self.layout = vllm_layout(layer_ids, geometry.num_hidden_layers)
         if "gemma" in (geometry.model_type or ""):
-            raise UsageError(f"{geometry.model_type}: its final norm is not a plain RMSNorm",
-                             "use capture.backend=hf for this target")
+            raise UsageError(
+                f"{geometry.model_type}: its final norm is not a plain RMSNorm",
+                "use capture.backend=hf for this target",
+            )
         self.env = k3_environment(recipe, geometry.is_kimi_k3)
         self.eps = float(geometry.rms_norm_eps or 1e-6)
         self.norm_weight = final_norm_weight(geometry.location)
@@ -234,11 +264,19 @@ class VLLMCapturer:
         except ImportError:  # a fake engine in tests
             version = None
         transfer = self.kwargs["kv_transfer_config"]
-        return {"backend": "vllm", "vllm": version, "dtype": self.kwargs["dtype"], "target_dtype": self.target_dtype,
-                "device": "cpu" if "kv_connector_module_path" in transfer else "cuda",
-                "connector": transfer["kv_connector"], "aux_layer_ids": self.layout.aux_ids,
-                "last_state": f"aux id {self.layout.aux_ids[self.layout.last_slot]} (pre-norm) + final RMSNorm",
-                "environment": self.env, "chunked_prefill": False, "prefix_caching": False}
+        return {
+            "backend": "vllm",
+            "vllm": version,
+            "dtype": self.kwargs["dtype"],
+            "target_dtype": self.target_dtype,
+            "device": "cpu" if "kv_connector_module_path" in transfer else "cuda",
+            "connector": transfer["kv_connector"],
+            "aux_layer_ids": self.layout.aux_ids,
+            "last_state": f"aux id {self.layout.aux_ids[self.layout.last_slot]} (pre-norm) + final RMSNorm",
+            "environment": self.env,
+            "chunked_prefill": False,
+            "prefix_caching": False,
+        }
 
     def close(self) -> None:
         """Stop the engine this capturer started: the training after the capture stage needs its devices."""
@@ -257,7 +295,9 @@ class VLLMCapturer:
             params = getattr(output, "kv_transfer_params", None) or {}
             path = params.get("hidden_states_path")
             if path is None:
-                raise DataError(f"{seq_id}: vLLM returned no hidden_states_path",
-                                f"the engine must run with kv_connector {CONNECTOR}")
+                raise DataError(
+                    f"{seq_id}: vLLM returned no hidden_states_path",
+                    f"the engine must run with kv_connector {CONNECTOR}",
+                )
             sequences.append(postprocess(seq_id, ids, mask, load_saved(path), self.layout, self.norm_weight, self.eps))
         return sequences

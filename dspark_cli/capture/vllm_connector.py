@@ -63,8 +63,13 @@ class _HostTorch:
 
 
 _method = upstream.ExampleHiddenStatesConnector._submit_async_write
-_host_write = types.FunctionType(_method.__code__, {**_method.__globals__, "torch": _HostTorch()}, _method.__name__,
-                                 _method.__defaults__, _method.__closure__)
+_host_write = types.FunctionType(
+    _method.__code__,
+    {**_method.__globals__, "torch": _HostTorch()},
+    _method.__name__,
+    _method.__defaults__,
+    _method.__closure__,
+)
 
 
 class HostHiddenStatesConnector(upstream.ExampleHiddenStatesConnector):

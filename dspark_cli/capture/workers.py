@@ -70,9 +70,11 @@ def worker_environ(recipe: Recipe, worker: int, workers: int) -> dict[str, str]:
         ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         per = len(ids) // workers
         if per == 0:
-            raise UsageError(f"capture.workers={workers} needs a GPU each; {len(ids)} visible",
-                             f"set capture.workers={len(ids)} or fewer, or capture.devices")
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[worker * per:(worker + 1) * per])
+            raise UsageError(
+                f"capture.workers={workers} needs a GPU each; {len(ids)} visible",
+                f"set capture.workers={len(ids)} or fewer, or capture.devices",
+            )
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[worker * per : (worker + 1) * per])
     return env
 
 
@@ -83,8 +85,9 @@ def _child_environ() -> dict[str, str]:
     return env
 
 
-def capture_with_workers(recipe: Recipe, plan: CapturePlan, out_dir: Path, done: dict[str, dict[str, Any]],
-                         on_progress: Any, manifest: Any) -> dict[str, Any]:
+def capture_with_workers(
+    recipe: Recipe, plan: CapturePlan, out_dir: Path, done: dict[str, dict[str, Any]], on_progress: Any, manifest: Any
+) -> dict[str, Any]:
     """Start the workers for the shards not in `done`, report progress, merge; the backend description.
 
     `manifest(backend, entries, complete)` writes the stage manifest (capture/sinks.py)."""
@@ -97,9 +100,14 @@ def capture_with_workers(recipe: Recipe, plan: CapturePlan, out_dir: Path, done:
     from dspark_cli.machine.procs import dies_with_parent
 
     # resumable: a worker of a killed capture stage is SIGKILLed with it, the rerun keeps its finished shards
-    procs = [subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.workers", str(recipe_file), str(w),
-                               str(workers)], env=worker_environ(recipe, w, workers),
-                              preexec_fn=dies_with_parent(signal.SIGKILL)) for w in range(workers)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "dspark_cli.capture.workers", str(recipe_file), str(w), str(workers)],
+            env=worker_environ(recipe, w, workers),
+            preexec_fn=dies_with_parent(signal.SIGKILL),
+        )
+        for w in range(workers)
+    ]
     sizes = {shard_name(s.index): (len(s.ids), s.tokens) for s in plan.shards}
     try:
         while any(p.poll() is None for p in procs):
@@ -121,9 +129,11 @@ def capture_with_workers(recipe: Recipe, plan: CapturePlan, out_dir: Path, done:
             manifest(backend, merged, False)  # the finished shards are kept for the next run
     if failed or len(merged) < len(plan.shards):
         worker, code = failed[0] if failed else (None, 0)
-        raise DsparkError(f"capture worker {worker} of {workers} failed (exit code {code}); "
-                          f"{len(merged)} of {len(plan.shards)} shards are finished and kept",
-                          "its error is printed above; run the same command again to capture the rest")
+        raise DsparkError(
+            f"capture worker {worker} of {workers} failed (exit code {code}); "
+            f"{len(merged)} of {len(plan.shards)} shards are finished and kept",
+            "its error is printed above; run the same command again to capture the rest",
+        )
     manifest(backend, merged, True)
     for path in out_dir.glob(WORKER_GLOB):
         path.unlink()
@@ -148,19 +158,29 @@ def run_worker(recipe: Recipe, worker: int, workers: int) -> int:
 
     plan = build_plan(recipe)
     out_dir = Path(recipe.stage_dir("capture"))
-    listed = {e["file"] for e in read_manifest(out_dir).get("shards", [])} if (out_dir / MANIFEST_NAME).is_file() else set()
+    listed = (
+        {e["file"] for e in read_manifest(out_dir).get("shards", [])} if (out_dir / MANIFEST_NAME).is_file() else set()
+    )
     mine = {s.index for s in plan.worker_shards(worker, workers) if shard_name(s.index) not in listed}
     entries: list[dict[str, Any]] = []
     capturer = make_capturer(plan, out_dir) if mine else None
-    record = {"fingerprint": plan.fingerprint, "worker": worker, "workers": workers,
-              "backend": capturer.describe() if capturer is not None else {}, "shards": entries}
+    record = {
+        "fingerprint": plan.fingerprint,
+        "worker": worker,
+        "workers": workers,
+        "backend": capturer.describe() if capturer is not None else {},
+        "shards": entries,
+    }
     write_json_atomic(worker_file(out_dir, worker), record)
     for index, group in itertools.groupby(plan.samples(), key=lambda item: item[0]):
         if index not in mine:
             continue
         sequences = capture_shard(capturer, recipe.capture.batch_size, [item[1:] for item in group])
-        entries.append(write_shard(out_dir / shard_name(index), sequences, layer_ids=plan.layer_ids,
-                                   hidden_size=plan.geometry.hidden_size))
+        entries.append(
+            write_shard(
+                out_dir / shard_name(index), sequences, layer_ids=plan.layer_ids, hidden_size=plan.geometry.hidden_size
+            )
+        )
         write_json_atomic(worker_file(out_dir, worker), record)
     return len(entries)
 

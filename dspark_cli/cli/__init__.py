@@ -52,8 +52,18 @@ def main(
 
 
 # The order here is the order `dspark --help` and docs/cli.md list them in.
-for _command in (init.init, validate.validate, datagen.datagen, train.train, produce.produce, export.export,
-                 serve.serve, bench.bench, publish.publish, run.run):
+for _command in (
+    init.init,
+    validate.validate,
+    datagen.datagen,
+    train.train,
+    produce.produce,
+    export.export,
+    serve.serve,
+    bench.bench,
+    publish.publish,
+    run.run,
+):
     app.command()(_command)
 
 

@@ -7,8 +7,17 @@ from typing import Annotated
 
 import typer
 
-from dspark_cli.cli.common import (DraftDirArg, FormatOpt, OverridesArg, RecipeOpt, check_format, load, load_beside,
-                                   preflight_stage, split_positional)
+from dspark_cli.cli.common import (
+    DraftDirArg,
+    FormatOpt,
+    OverridesArg,
+    RecipeOpt,
+    check_format,
+    load,
+    load_beside,
+    preflight_stage,
+    split_positional,
+)
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, print_json, print_table, say
 
@@ -20,8 +29,12 @@ def bench(
     recipe: RecipeOpt = None,
     offline: Annotated[bool, typer.Option("--offline", help="Run dspark's reference engine (no server).")] = False,
     endpoint: Annotated[str | None, typer.Option(help="Sets bench.endpoint (an OpenAI-compatible server).")] = None,
-    baseline_endpoint: Annotated[str | None, typer.Option(
-        help="Sets bench.baseline_endpoint: the same target without speculation (`dspark serve --method none`).")] = None,
+    baseline_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="Sets bench.baseline_endpoint: the same target without speculation (`dspark serve --method none`)."
+        ),
+    ] = None,
     output_format: FormatOpt = "text",
 ) -> None:
     """Measure acceptance length (tau) offline, or throughput and tau of a running server.

@@ -16,8 +16,11 @@ from dspark_cli.errors import UsageError
 RecipeArg = Annotated[str, typer.Argument(help="Recipe YAML file, or a template name (`tiny`, `kimi-k3`, ...).")]
 OverridesArg = Annotated[
     list[str] | None,
-    typer.Argument(help="Overrides `section.key=value`, e.g. `train.lr=3e-4 draft.num_layers=2` "
-                        "(list items by index: `datagen.sources[0].max_samples=8`).", show_default=False),
+    typer.Argument(
+        help="Overrides `section.key=value`, e.g. `train.lr=3e-4 draft.num_layers=2` "
+        "(list items by index: `datagen.sources[0].max_samples=8`).",
+        show_default=False,
+    ),
 ]
 RecipeOpt = Annotated[str | None, typer.Option("--recipe", "-r", help="Recipe file or template name.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show the plan; write nothing.")]
@@ -47,8 +50,9 @@ def load(recipe: str | None, overrides: list[str] | None, flags: dict[str, Any] 
     return loaded
 
 
-def preflight_stage(loaded, stages: list[str] | tuple[str, ...], recipe: str | None = None, *, machine: bool = True,
-                    **options: Any) -> None:
+def preflight_stage(
+    loaded, stages: list[str] | tuple[str, ...], recipe: str | None = None, *, machine: bool = True, **options: Any
+) -> None:
     """The preflight of a stage command, before any work: every refusal of `stages` at once, exit 2.
 
     `options` are the command's flags that change what it refuses (`preflight.StageOptions`); `machine=False`
@@ -60,8 +64,14 @@ def preflight_stage(loaded, stages: list[str] | tuple[str, ...], recipe: str | N
     check_preflight(loaded, stages, StageOptions(**options), machine=machine, shared=False, source=recipe)
 
 
-def load_beside(recipe: str | None, directory: str | None, overrides: list[str], flags: dict[str, Any] | None = None,
-                *, whole: bool = False):
+def load_beside(
+    recipe: str | None,
+    directory: str | None,
+    overrides: list[str],
+    flags: dict[str, Any] | None = None,
+    *,
+    whole: bool = False,
+):
     """The user's `recipe`, else the one draft `directory` carries, minus its trust (serving/trust.py; `whole`:
     a training run's recipe for export, all but its output directories); None if neither."""
     from dspark_cli.serving.trust import load_beside as load_trusted

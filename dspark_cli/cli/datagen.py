@@ -18,7 +18,9 @@ def datagen(
     recipe: RecipeArg,
     overrides: OverridesArg = None,
     output_dir: Annotated[str | None, typer.Option("--output-dir", "-o", help="Sets datagen.output_dir.")] = None,
-    engine: Annotated[str | None, typer.Option(help="Sets datagen.engine: `vllm`, `hf` or `auto` (vllm where installed).")] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="Sets datagen.engine: `vllm`, `hf` or `auto` (vllm where installed).")
+    ] = None,
     dry_run: DryRunOpt = False,
 ) -> None:
     """Regenerate responses with the target itself (on-policy training data), resumably."""
@@ -32,8 +34,11 @@ def datagen(
         return
     with progress_bar("datagen", unit="conversations") as update:
         summary = run_datagen(loaded, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
-    say(f"datagen: {summary.conversations} conversations, {summary.generated_tokens} tokens generated "
-        f"({summary.tokens_per_second} tokens/s, {summary.engine}) -> {summary.output_dir}", style="green")
+    say(
+        f"datagen: {summary.conversations} conversations, {summary.generated_tokens} tokens generated "
+        f"({summary.tokens_per_second} tokens/s, {summary.engine}) -> {summary.output_dir}",
+        style="green",
+    )
 
 
 def _render_plan(plan: DatagenSummary) -> None:
@@ -42,6 +47,8 @@ def _render_plan(plan: DatagenSummary) -> None:
     print_table("datagen plan (nothing written)", ["source", "read", "kept"], rows)
     for reason, dropped in counts.dropped.items():
         say(f"dropped ({reason}): {sum(dropped.values())}")
-    say(f"{plan.conversations} conversations, {plan.turns} assistant turns to generate, "
-        f"{plan.shards} shards ({plan.already_done} already done) -> {plan.output_dir}")
+    say(
+        f"{plan.conversations} conversations, {plan.turns} assistant turns to generate, "
+        f"{plan.shards} shards ({plan.already_done} already done) -> {plan.output_dir}"
+    )
     say(f"engine: {plan.engine}")

@@ -6,9 +6,18 @@ from typing import Annotated, Any
 
 import typer
 
-from dspark_cli.cli.common import (DryRunOpt, FormatOpt, OverridesArg, RecipeOpt, check_format, load_beside,
-                                   preflight_stage, split_positional, tensor_rows)
 from dspark_cli.artifacts.results import ExportPlan, ExportSummary
+from dspark_cli.cli.common import (
+    DryRunOpt,
+    FormatOpt,
+    OverridesArg,
+    RecipeOpt,
+    check_format,
+    load_beside,
+    preflight_stage,
+    split_positional,
+    tensor_rows,
+)
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, print_json, print_table, say
 
@@ -19,15 +28,27 @@ def export(
     overrides: OverridesArg = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Sets export.output_dir.")] = None,
     recipe: RecipeOpt = None,
-    export_format: Annotated[str | None, typer.Option("--export-format", help="Sets export.format: `vllm` (native) or `speculators` (GQA drafts only; vLLM reads it as Qwen3DSparkModel).")] = None,
-    meta: Annotated[bool, typer.Option("--meta", help="Build the draft on the meta device (no weights, no memory).")] = False,
+    export_format: Annotated[
+        str | None,
+        typer.Option(
+            "--export-format",
+            help="Sets export.format: `vllm` (native) or `speculators` (GQA drafts only; vLLM reads it as Qwen3DSparkModel).",
+        ),
+    ] = None,
+    meta: Annotated[
+        bool, typer.Option("--meta", help="Build the draft on the meta device (no weights, no memory).")
+    ] = False,
     check: Annotated[str | None, typer.Option("--check", help="Only validate an existing draft directory.")] = None,
-    target: Annotated[str | None, typer.Option("--target", help="Target to check the draft against (name or path).")] = None,
+    target: Annotated[
+        str | None, typer.Option("--target", help="Target to check the draft against (name or path).")
+    ] = None,
     dtype: Annotated[str | None, typer.Option(help="Sets export.dtype: bfloat16, float32 or float16.")] = None,
     include_embeddings: Annotated[
         bool, typer.Option("--include-embeddings", help="Also write the target's embed_tokens/lm_head.")
     ] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace an earlier export (never any other directory).")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an earlier export (never any other directory).")
+    ] = False,
     dry_run: DryRunOpt = False,
     output_format: FormatOpt = "text",
 ) -> None:
@@ -45,8 +66,12 @@ def export(
         return
     if checkpoint is None and recipe is None:
         raise UsageError("export needs a CHECKPOINT, or --recipe with --meta --dry-run, or --check DIR")
-    flags = {"export.output_dir": output, "export.format": export_format, "export.dtype": dtype,
-             "export.include_embeddings": include_embeddings or None}
+    flags = {
+        "export.output_dir": output,
+        "export.format": export_format,
+        "export.dtype": dtype,
+        "export.include_embeddings": include_embeddings or None,
+    }
     # the user's recipe, else the one training wrote beside the checkpoint, less where outputs go (serving/trust.py)
     loaded = load_beside(recipe, checkpoint, rest, flags, whole=True)
     if meta:
@@ -58,8 +83,17 @@ def export(
         raise UsageError("export needs a CHECKPOINT (a training output directory) unless --meta --dry-run")
     if loaded is not None:
         preflight_stage(loaded, ["export"], recipe, machine=not dry_run, force=force, inputs={"export": checkpoint})
-    result = export_checkpoint(checkpoint, recipe=loaded, output=output, dtype=dtype, fmt=export_format,
-                               include_embeddings=include_embeddings, target=target, force=force, dry_run=dry_run)
+    result = export_checkpoint(
+        checkpoint,
+        recipe=loaded,
+        output=output,
+        dtype=dtype,
+        fmt=export_format,
+        include_embeddings=include_embeddings,
+        target=target,
+        force=force,
+        dry_run=dry_run,
+    )
     _render_export(result, dry_run, output_format)
 
 
@@ -68,16 +102,18 @@ def _render_export(result: ExportPlan | ExportSummary, dry_run: bool, output_for
         print_json(result.to_dict())
         return
     if isinstance(result, ExportPlan):
-        print_table(f"{result.architecture} from {result.source} (dry run, nothing written)",
-                    ["tensor", "shape", "dtype"], tensor_rows(result.tensors))
+        _print_tensors(f"{result.architecture} from {result.source}", result)
         say(f"files: {', '.join(result.files or [])}; {result.num_tensors} tensors, {result.num_bytes:,} bytes")
         for line in result.findings or []:
             say(f"finding: {line}", style="red")
         return
     for line in result.warnings:
         say(f"warning: {line}", style="yellow")
-    say(f"exported {result.architecture} ({result.num_tensors} tensors, {result.num_bytes:,} bytes) "
-        f"-> {result.output_dir}; checked against vLLM 0.33's loader rules", style="green")
+    say(
+        f"exported {result.architecture} ({result.num_tensors} tensors, {result.num_bytes:,} bytes) "
+        f"-> {result.output_dir}; checked against vLLM 0.33's loader rules",
+        style="green",
+    )
 
 
 def _render_check(directory: str, findings: list[Any], output_format: str) -> None:
@@ -100,7 +136,12 @@ def _render_meta_plan(plan: ExportPlan, output_format: str) -> None:
     if output_format == "json":
         print_json(plan.to_dict())
         return
-    print_table(f"{plan.architecture}: model.safetensors (dry run, nothing written)", ["tensor", "shape", "dtype"],
-                tensor_rows(plan.tensors))
-    say(f"{plan.num_tensors} tensors, {plan.num_parameters or 0:,} parameters, {plan.num_bytes / 2**30:.2f} GiB; "
-        "config.json: `--format json` prints it")
+    _print_tensors(f"{plan.architecture}: model.safetensors", plan)
+    say(
+        f"{plan.num_tensors} tensors, {plan.num_parameters or 0:,} parameters, {plan.num_bytes / 2**30:.2f} GiB; "
+        "config.json: `--format json` prints it"
+    )
+
+
+def _print_tensors(title: str, plan: ExportPlan) -> None:
+    print_table(f"{title} (dry run, nothing written)", ["tensor", "shape", "dtype"], tensor_rows(plan.tensors))

@@ -13,13 +13,20 @@ from dspark_cli.ui import handle_errors, say
 
 @handle_errors
 def init(
-    template: Annotated[str, typer.Argument(help="Template to copy: `tiny`, `qwen3-8b`, `llama-3.1-8b`, `kimi-k3`.")] = "tiny",
+    template: Annotated[
+        str, typer.Argument(help="Template to copy: `tiny`, `qwen3-8b`, `llama-3.1-8b`, `kimi-k3`.")
+    ] = "tiny",
     overrides: OverridesArg = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the recipe.")] = Path("dspark.yaml"),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
-    slurm: Annotated[bool, typer.Option(
-        "--slurm", help="Also write OUTPUT.sbatch: the whole online run on a Slurm allocation (producer nodes, "
-        "then torchrun nodes); the overrides (capture.workers, train.nnodes, ...) set its shape.")] = False,
+    slurm: Annotated[
+        bool,
+        typer.Option(
+            "--slurm",
+            help="Also write OUTPUT.sbatch: the whole online run on a Slurm allocation (producer nodes, "
+            "then torchrun nodes); the overrides (capture.workers, train.nnodes, ...) set its shape.",
+        ),
+    ] = False,
     gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", min=1, help="With --slurm: GPUs per node.")] = 8,
 ) -> None:
     """Copy a template recipe to edit (`dspark init qwen3-8b -o my.yaml`)."""
@@ -27,7 +34,9 @@ def init(
     from dspark_cli.recipe.loader import copy_template
 
     if overrides and not slurm:
-        raise UsageError("overrides only shape the --slurm job script", "edit the copied recipe instead, or add --slurm")
+        raise UsageError(
+            "overrides only shape the --slurm job script", "edit the copied recipe instead, or add --slurm"
+        )
     script_path = output.with_suffix(".sbatch")
     script = None
     if slurm:

@@ -14,9 +14,13 @@ from dspark_cli.ui import handle_errors, say
 def produce(
     recipe: RecipeArg,
     overrides: OverridesArg = None,
-    only: Annotated[str | None, typer.Option(
-        "--only", help="This machine's producers, e.g. `0` or `2,3` (of capture.workers); default all.")] = None,
-    stream: Annotated[str | None, typer.Option("--stream", help="Sets capture.stream (a directory or mooncake://).")] = None,
+    only: Annotated[
+        str | None,
+        typer.Option("--only", help="This machine's producers, e.g. `0` or `2,3` (of capture.workers); default all."),
+    ] = None,
+    stream: Annotated[
+        str | None, typer.Option("--stream", help="Sets capture.stream (a directory or mooncake://).")
+    ] = None,
 ) -> None:
     """Capture hidden states into the online stream for trainers elsewhere (`dspark train ...
     capture.external_producers=true`); restarts a killed producer, stays until the trainers finish."""
@@ -24,8 +28,10 @@ def produce(
 
     loaded = load(recipe, overrides, {"capture.stream": stream})
     if loaded.capture.mode != "online":
-        raise UsageError("dspark produce feeds online training; the recipe has capture.mode=offline",
-                         "add capture.mode=online (and the same to the trainers' command)")
+        raise UsageError(
+            "dspark produce feeds online training; the recipe has capture.mode=offline",
+            "add capture.mode=online (and the same to the trainers' command)",
+        )
     workers = None
     if only is not None:
         try:
@@ -36,5 +42,8 @@ def produce(
 
     extra = list(overrides or []) + ([f"capture.stream={stream}"] if stream else [])
     summary = supervise(recipe, loaded, overrides=extra, only=workers)
-    say(f"produce: {summary.producers} producer(s) done in {summary.seconds} s, restarts "
-        f"{summary.restarts or 'none'} -> {summary.stream}", style="green")
+    say(
+        f"produce: {summary.producers} producer(s) done in {summary.seconds} s, restarts "
+        f"{summary.restarts or 'none'} -> {summary.stream}",
+        style="green",
+    )

@@ -6,8 +6,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dspark_cli.cli.common import (DraftDirArg, FormatOpt, OverridesArg, RecipeOpt, check_format, load_beside,
-                                   preflight_stage, split_positional)
+from dspark_cli.cli.common import (
+    DraftDirArg,
+    FormatOpt,
+    OverridesArg,
+    RecipeOpt,
+    check_format,
+    load_beside,
+    preflight_stage,
+    split_positional,
+)
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, print_json, print_table, say
 
@@ -42,11 +50,17 @@ def publish(
 
     check_format(output_format)
     draft_dir, rest = split_positional(draft_dir, overrides)
-    loaded = load_beside(recipe, draft_dir, rest, {"publish.repo_id": repo_id, "publish.private": False if public
-                                                   else None, "publish.hubs": hub or None})
+    loaded = load_beside(
+        recipe,
+        draft_dir,
+        rest,
+        {"publish.repo_id": repo_id, "publish.private": False if public else None, "publish.hubs": hub or None},
+    )
     if loaded is None:
-        raise UsageError("publish needs a draft directory exported by dspark, or --recipe",
-                         "dspark publish runs/NAME/draft --repo-id OWNER/NAME")
+        raise UsageError(
+            "publish needs a draft directory exported by dspark, or --recipe",
+            "dspark publish runs/NAME/draft --repo-id OWNER/NAME",
+        )
     preflight_stage(loaded, ["publish"], recipe, dry_run=dry_run)
     result = publish_draft(loaded, draft_dir, dry_run=dry_run)
     if output_format == "json":
@@ -58,8 +72,11 @@ def publish(
 def _render(result: PublishSummary, dry_run: bool) -> None:
     visibility = "private" if result.private else "public"
     title = f"{result.repo_id} ({visibility}) on {', '.join(result.hubs)}"
-    print_table(title + (" -- dry run, nothing uploaded" if dry_run else ""), ["path in repo", "bytes", "from"],
-                [[f.path, f"{f.bytes:,}", f.source] for f in result.files])
+    print_table(
+        title + (" -- dry run, nothing uploaded" if dry_run else ""),
+        ["path in repo", "bytes", "from"],
+        [[f.path, f"{f.bytes:,}", f.source] for f in result.files],
+    )
     if dry_run:
         say(f"model card: {result.card}; the draft passes every static vLLM loader check")
         return

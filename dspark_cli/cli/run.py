@@ -18,11 +18,18 @@ if TYPE_CHECKING:
 def run(
     recipe: RecipeArg,
     overrides: OverridesArg = None,
-    publish: Annotated[bool, typer.Option(
-        "--publish", help="Also publish at the end (repo and tokens are checked before the first stage).")] = False,
-    rehearse: Annotated[bool, typer.Option(
-        "--rehearse", help="The same recipe at tiny scale on this machine (sizes and hardware only; a table "
-        "shows what changed), under OUTPUT_DIR-rehearsal; serve as a dry run, no publish.")] = False,
+    publish: Annotated[
+        bool,
+        typer.Option("--publish", help="Also publish at the end (repo and tokens are checked before the first stage)."),
+    ] = False,
+    rehearse: Annotated[
+        bool,
+        typer.Option(
+            "--rehearse",
+            help="The same recipe at tiny scale on this machine (sizes and hardware only; a table "
+            "shows what changed), under OUTPUT_DIR-rehearsal; serve as a dry run, no publish.",
+        ),
+    ] = False,
 ) -> None:
     """Run the whole pipeline from one recipe: datagen, capture, train, export, bench (and publish)."""
     from dspark_cli.errors import NotBuiltError
@@ -32,7 +39,9 @@ def run(
     if rehearse:
         loaded = _rehearsal(loaded)
         publish = False
-    preflight_stage(loaded, ["datagen", "capture", "train", "export", "bench"] + ["publish"] * publish, recipe, force=True)
+    preflight_stage(
+        loaded, ["datagen", "capture", "train", "export", "bench"] + ["publish"] * publish, recipe, force=True
+    )
     if publish:  # a destination and tokens now, not after hours of training
         from dspark_cli.publish import preflight
 
@@ -43,9 +52,13 @@ def run(
     wanted = [s.name for s in STAGES if s.name != "publish" or publish]
     from dspark_cli.ui import progress_bar
 
-    results = run_pipeline(loaded, stages=wanted, on_stage=lambda r: say(f"  {r.name}: {r.status} {r.detail}".rstrip()),
-                           progress=lambda stage, unit: progress_bar(f"  {stage}", unit=unit),
-                           log_line=lambda line: say(f"  train: {line}"))
+    results = run_pipeline(
+        loaded,
+        stages=wanted,
+        on_stage=lambda r: say(f"  {r.name}: {r.status} {r.detail}".rstrip()),
+        progress=lambda stage, unit: progress_bar(f"  {stage}", unit=unit),
+        log_line=lambda line: say(f"  train: {line}"),
+    )
     rows = [[r.name, r.status, r.detail] for r in results]
     if rehearse:
         rows += _serve_dry_run(loaded, results)
@@ -67,8 +80,11 @@ def _rehearsal(loaded):
     from dspark_cli.recipe.rehearse import rehearsal_recipe
 
     rehearsal, changes = rehearsal_recipe(loaded)
-    print_table(f"rehearsal of {loaded.name}: what changed (sizes and hardware only)",
-                ["field", "recipe", "rehearsal", "why"], [[c.field, c.real, c.rehearsal, c.why] for c in changes])
+    print_table(
+        f"rehearsal of {loaded.name}: what changed (sizes and hardware only)",
+        ["field", "recipe", "rehearsal", "why"],
+        [[c.field, c.real, c.rehearsal, c.why] for c in changes],
+    )
     problems = shared_problems(rehearsal)
     if problems:
         raise RecipeError(problems, "the rehearsal of this recipe is refused: fix the recipe, not the rehearsal")
@@ -96,9 +112,13 @@ def _say_results(outputs: dict[str, Record | None]) -> None:
     if not isinstance(bench, BenchSummary):
         return
     for line in bench.tau_lines():
-        ci = f" [{line.ci95[0]:.2f}, {line.ci95[1]:.2f}]" if line.ci95 and None not in line.ci95 else ""  # one prompt: none
-        say(f"tau on {line.dataset} at T={line.temperature:g}: {line.tau:.2f}{ci} tokens per verification step",
-            style="green")
+        ci = (
+            f" [{line.ci95[0]:.2f}, {line.ci95[1]:.2f}]" if line.ci95 and None not in line.ci95 else ""
+        )  # one prompt: none
+        say(
+            f"tau on {line.dataset} at T={line.temperature:g}: {line.tau:.2f}{ci} tokens per verification step",
+            style="green",
+        )
         extra = [f"{name} {tau:.2f}" for name, tau in line.baselines.items()]
         if line.calibration is not None and line.ece is not None:
             extra.append(f"confidence head {line.calibration} (ECE {line.ece:.3f})")

@@ -18,7 +18,9 @@ def serve(
     recipe: RecipeOpt = None,
     port: Annotated[int | None, typer.Option(help="Sets serve.port.")] = None,
     method: Annotated[str, typer.Option(help="`dspark` (the draft), `ngram` or `none` (the target alone).")] = "dspark",
-    log_file: Annotated[str | None, typer.Option("--log", help="Write vLLM's log to this file, not the terminal.")] = None,
+    log_file: Annotated[
+        str | None, typer.Option("--log", help="Write vLLM's log to this file, not the terminal.")
+    ] = None,
     ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for vLLM's /health.")] = 1800.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the `vllm serve` command; start nothing.")] = False,
 ) -> None:
@@ -38,7 +40,9 @@ def serve(
     draft_dir, rest = split_positional(draft_dir, rest)
     loaded = load_beside(recipe, draft_dir, rest, {"serve.port": port})
     if loaded is None:
-        raise UsageError("serve needs a draft directory exported by dspark, or --recipe", "dspark serve runs/NAME/draft")
+        raise UsageError(
+            "serve needs a draft directory exported by dspark, or --recipe", "dspark serve runs/NAME/draft"
+        )
     argv, env = serve_plan(loaded, draft_dir or loaded.stage_dir("export"), method=method, vllm_args=vllm_args)
     preflight_stage(loaded, ["serve"], recipe, serve_method=method, dry_run=dry_run)  # the draft is checked first
     if dry_run:
@@ -46,6 +50,13 @@ def serve(
         return
     from dspark_cli.serving.launcher import serve_draft
 
-    code = serve_draft(loaded, argv, env, method=method, log_file=log_file, ready_timeout=ready_timeout,
-                       on_line=lambda text, ready: say(text, style="green" if ready else None))
+    code = serve_draft(
+        loaded,
+        argv,
+        env,
+        method=method,
+        log_file=log_file,
+        ready_timeout=ready_timeout,
+        on_line=lambda text, ready: say(text, style="green" if ready else None),
+    )
     raise typer.Exit(code)

@@ -19,7 +19,9 @@ def train(
     recipe: RecipeArg,
     overrides: OverridesArg = None,
     output_dir: Annotated[str | None, typer.Option("--output-dir", "-o", help="Sets train.output_dir.")] = None,
-    resume: Annotated[str, typer.Option(help="`auto` (latest checkpoint if any), `never`, or a checkpoint path.")] = "auto",
+    resume: Annotated[
+        str, typer.Option(help="`auto` (latest checkpoint if any), `never`, or a checkpoint path.")
+    ] = "auto",
     nproc: Annotated[int | None, typer.Option(help="Sets train.nproc_per_node; >1 launches torchrun.")] = None,
     dry_run: DryRunOpt = False,
 ) -> None:
@@ -36,10 +38,16 @@ def train(
         return
     from dspark_cli.training.launch import is_main_process, relaunch_under_torchrun
 
-    code = relaunch_under_torchrun(loaded, recipe_arg=recipe, overrides=list(overrides or []), resume=resume,
-                                   output_dir=output_dir, before=lambda: _capture_first(loaded), say=say,
-                                   on_launch=lambda cmd: say(
-                                       f"launching {loaded.train.nproc_per_node} processes: {' '.join(cmd[1:5])} ..."))
+    code = relaunch_under_torchrun(
+        loaded,
+        recipe_arg=recipe,
+        overrides=list(overrides or []),
+        resume=resume,
+        output_dir=output_dir,
+        before=lambda: _capture_first(loaded),
+        say=say,
+        on_launch=lambda cmd: say(f"launching {loaded.train.nproc_per_node} processes: {' '.join(cmd[1:5])} ..."),
+    )
     if code is not None:
         raise typer.Exit(code)
     from dspark_cli.training.run import run_train
@@ -64,8 +72,10 @@ def _capture_first(loaded) -> None:
     with progress_bar("capture", unit="sequences") as update:
         summary = ensure_capture(loaded, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
     if summary is not None:
-        say(f"capture: {summary.sequences} sequences, {summary.tokens} tokens in {summary.shards} shards "
-            f"-> {summary.output_dir}")
+        say(
+            f"capture: {summary.sequences} sequences, {summary.tokens} tokens in {summary.shards} shards "
+            f"-> {summary.output_dir}"
+        )
 
 
 def _log_line(record: dict[str, Any]) -> str:
@@ -81,19 +91,27 @@ def _train_with_progress(loaded, resume: str) -> TrainSummary:
 
     seen = {"tokens": 0}
     with progress_bar("train", unit="steps") as update:
+
         def show(record: dict[str, Any]) -> None:
             seen["tokens"] += record["tokens"]
             say(_log_line(record))
             update(record["step"], record["num_steps"], tokens=seen["tokens"])
+
         return run_train(loaded, resume=resume, on_log=show)
 
 
 def _render_plan(plan: TrainDryRun) -> None:
     disk = f"{plan.capture_bytes / 2**30:.2f} GiB" if plan.capture_bytes else "unknown (run datagen first)"
-    rows = [["steps", plan.num_steps], ["tokens per step (all ranks)", plan.tokens_per_step],
-            ["sequences per epoch", plan.num_sequences], ["tokens per epoch", plan.num_tokens],
-            ["sequences per step", round(plan.sequences_per_step or 0, 2) or "-"],
-            ["processes", plan.world_size], ["anchors per sequence", plan.num_anchors],
-            ["block size", plan.block_size], [f"capture cache ({plan.capture_mode}) disk", disk],
-            ["output", plan.output_dir]]
+    rows = [
+        ["steps", plan.num_steps],
+        ["tokens per step (all ranks)", plan.tokens_per_step],
+        ["sequences per epoch", plan.num_sequences],
+        ["tokens per epoch", plan.num_tokens],
+        ["sequences per step", round(plan.sequences_per_step or 0, 2) or "-"],
+        ["processes", plan.world_size],
+        ["anchors per sequence", plan.num_anchors],
+        ["block size", plan.block_size],
+        [f"capture cache ({plan.capture_mode}) disk", disk],
+        ["output", plan.output_dir],
+    ]
     print_table(f"train plan ({'exact' if plan.exact else 'estimated'}; nothing written)", ["", "value"], rows)

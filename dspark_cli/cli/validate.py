@@ -14,13 +14,23 @@ from dspark_cli.ui import handle_errors, print_json, say, stdout
 def validate(
     recipe: RecipeArg,
     overrides: OverridesArg = None,
-    stage: Annotated[list[str] | None, typer.Option(
-        "--stage", help="Check only this stage (repeatable), as its own command judges it: datagen, capture, train, "
-                        "export, bench, serve, publish. Default: the stages `dspark run` runs, as it runs them.",
-        show_default=False)] = None,
-    recipe_only: Annotated[bool, typer.Option(
-        "--recipe-only", help="Judge the recipe alone: skip the checks of this machine (GPUs, engines, packages, "
-                              "files, tokens), e.g. a cluster recipe on a laptop.")] = False,
+    stage: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--stage",
+            help="Check only this stage (repeatable), as its own command judges it: datagen, capture, train, "
+            "export, bench, serve, publish. Default: the stages `dspark run` runs, as it runs them.",
+            show_default=False,
+        ),
+    ] = None,
+    recipe_only: Annotated[
+        bool,
+        typer.Option(
+            "--recipe-only",
+            help="Judge the recipe alone: skip the checks of this machine (GPUs, engines, packages, "
+            "files, tokens), e.g. a cluster recipe on a laptop.",
+        ),
+    ] = False,
     show: Annotated[bool, typer.Option("--print", help="Print the resolved recipe.")] = False,
     output_format: FormatOpt = "text",
 ) -> None:
@@ -42,8 +52,14 @@ def validate(
         # no --stage: judged as `dspark run` runs them (it replaces its own earlier draft); with --stage,
         # as that stage's own command without flags (`dspark export` refuses an earlier draft without --force)
         options = StageOptions() if stage else StageOptions(force=True)
-        check_preflight(loaded, stage or RUN_STAGES, options, machine=not recipe_only, shared=False,  # load ran them
-                        source=recipe)
+        check_preflight(
+            loaded,
+            stage or RUN_STAGES,
+            options,
+            machine=not recipe_only,
+            shared=False,  # load ran them
+            source=recipe,
+        )
     except DsparkError as exc:
         if output_format == "json":
             problems = exc.problems if isinstance(exc, RecipeError) else [exc.message]

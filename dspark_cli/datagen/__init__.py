@@ -17,8 +17,11 @@ from typing import TYPE_CHECKING
 
 from dspark_cli.lazy import lazy_exports
 
-_EXPORTS = {"plan_datagen": "dspark_cli.datagen.run", "run_datagen": "dspark_cli.datagen.run",
-            "builtin_eval_sets": "dspark_cli.datagen.filters"}
+_EXPORTS = {
+    "plan_datagen": "dspark_cli.datagen.run",
+    "run_datagen": "dspark_cli.datagen.run",
+    "builtin_eval_sets": "dspark_cli.datagen.filters",
+}
 
 if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
     from dspark_cli.datagen.filters import builtin_eval_sets

@@ -66,15 +66,24 @@ class HFEngine:
 
     name = "hf"
 
-    def __init__(self, model_path: str, tokenizer: Any, sampling: Sampling, *, dtype: str = "auto",
-                 trust_remote_code: bool = False, revision: str | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any,
+        sampling: Sampling,
+        *,
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+    ) -> None:
         import torch
 
         from dspark_cli.targets import Target
 
         self.torch = torch
-        model, self.device = Target.named(model_path, revision=revision, trust_remote_code=trust_remote_code
-                                          ).causal_lm(dtype=dtype)
+        model, self.device = Target.named(model_path, revision=revision, trust_remote_code=trust_remote_code).causal_lm(
+            dtype=dtype
+        )
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.sampling = sampling
@@ -87,8 +96,8 @@ class HFEngine:
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-            attention[row, width - len(prompt):] = 1
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attention[row, width - len(prompt) :] = 1
         greedy = self.sampling.temperature == 0.0
         extra = {} if greedy else {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p, "top_k": 0}
         if not greedy:
@@ -110,8 +119,13 @@ class HFEngine:
     def describe(self) -> dict[str, Any]:
         import transformers
 
-        return {"engine": "hf", "transformers": transformers.__version__, "torch": self.torch.__version__,
-                "device": self.device, "dtype": str(self.model.dtype).removeprefix("torch.")}
+        return {
+            "engine": "hf",
+            "transformers": transformers.__version__,
+            "torch": self.torch.__version__,
+            "device": self.device,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+        }
 
 
 class VLLMEngine:
@@ -119,18 +133,39 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, model_path: str, tokenizer: Any, sampling: Sampling, *, dtype: str = "auto",
-                 trust_remote_code: bool = False, revision: str | None = None, max_model_len: int | None = None,
-                 tensor_parallel_size: int = 1, data_parallel_size: int = 1, llm: Any = None) -> None:
-        from dspark_cli.machine.procs import cpu_engine_defaults, cpu_engine_environment, engine_dtype, keeps_environment
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any,
+        sampling: Sampling,
+        *,
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+        max_model_len: int | None = None,
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        llm: Any = None,
+    ) -> None:
+        from dspark_cli.machine.procs import (
+            cpu_engine_defaults,
+            cpu_engine_environment,
+            engine_dtype,
+            keeps_environment,
+        )
 
         llm_given = llm
         self.sampling = sampling
         self.tokenizer = tokenizer
         if llm is None:
-            kwargs: dict[str, Any] = {"model": model_path, "dtype": engine_dtype(dtype), "trust_remote_code": trust_remote_code,
-                                      "revision": revision, "max_model_len": max_model_len,
-                                      "tensor_parallel_size": tensor_parallel_size}
+            kwargs: dict[str, Any] = {
+                "model": model_path,
+                "dtype": engine_dtype(dtype),
+                "trust_remote_code": trust_remote_code,
+                "revision": revision,
+                "max_model_len": max_model_len,
+                "tensor_parallel_size": tensor_parallel_size,
+            }
             if data_parallel_size > 1:
                 kwargs["data_parallel_size"] = data_parallel_size
             kwargs.update(cpu_engine_defaults(model_path=model_path, dtype=kwargs["dtype"]))
@@ -146,8 +181,15 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         params = [
-            SamplingParams(temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=-1,
-                           min_p=0.0, repetition_penalty=1.0, max_tokens=limit, seed=seed)
+            SamplingParams(
+                temperature=self.sampling.temperature,
+                top_p=self.sampling.top_p,
+                top_k=-1,
+                min_p=0.0,
+                repetition_penalty=1.0,
+                max_tokens=limit,
+                seed=seed,
+            )
             for seed, limit in zip(seeds, max_tokens, strict=True)
         ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
@@ -191,8 +233,9 @@ class EndpointEngine:
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read())
@@ -200,12 +243,24 @@ class EndpointEngine:
             detail = exc.read().decode(errors="replace")[:300]
             raise DsparkError(f"{self.base}{path}: HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise UsageError(f"cannot reach {self.base}: {exc}", "is the server running? check datagen.endpoint") from None
+            raise UsageError(
+                f"cannot reach {self.base}: {exc}", "is the server running? check datagen.endpoint"
+            ) from None
 
     def _one(self, prompt: list[int], seed: int, limit: int) -> Generation:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": limit, "temperature": self.sampling.temperature,
-                "top_p": self.sampling.top_p, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "seed": seed,
-                "return_token_ids": True, "skip_special_tokens": False}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": limit,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "top_k": -1,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "seed": seed,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
         choice = self._request("POST", "/v1/completions", body)["choices"][0]
         reason = "stop" if choice.get("finish_reason") == "stop" else "length"
         return Generation(list(choice["token_ids"]), reason)

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_cli.prompts.conversation import Conversation, prompt_hash, turn_hashes
 from dspark_cli.errors import UsageError
+from dspark_cli.prompts.conversation import Conversation, prompt_hash, turn_hashes
 
 EVAL_SET_DIR = Path(__file__).with_name("eval_sets")
 

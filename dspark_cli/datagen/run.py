@@ -24,15 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli import __version__
+from dspark_cli.artifacts.files import (
+    MANIFEST_NAME,
+    exclusive_output,
+    resumable_manifest,
+    sha256_file,
+    write_json_atomic,
+)
+from dspark_cli.artifacts.jsonl import PartialShard, read_jsonl, shard_path
 from dspark_cli.artifacts.results import DatagenSummary, FilterCounts
-from dspark_cli.prompts.conversation import Conversation
 from dspark_cli.datagen.engines import Engine, Sampling, close_engine
 from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations
-from dspark_cli.artifacts.jsonl import PartialShard, read_jsonl, shard_path
-from dspark_cli.prompts.sources import read_source, source_labels
 from dspark_cli.errors import UsageError
-from dspark_cli.artifacts.files import (MANIFEST_NAME, exclusive_output, resumable_manifest, sha256_file,
-                                       write_json_atomic)
+from dspark_cli.prompts.conversation import Conversation
+from dspark_cli.prompts.sources import read_source, source_labels
 from dspark_cli.recipe import Recipe, write_resolved
 from dspark_cli.targets import ChatFormat, Target
 
@@ -72,13 +77,17 @@ def plan_datagen(recipe: Recipe) -> DatagenPlan:
     """Read and filter every source (no generation): the exact list of conversations to regenerate."""
     datagen = recipe.datagen
     if not datagen.sources:
-        raise UsageError("datagen.sources is empty", "add a prompt file or dataset, e.g. sources: [{path: prompts.jsonl}]")
+        raise UsageError(
+            "datagen.sources is empty", "add a prompt file or dataset, e.g. sources: [{path: prompts.jsonl}]"
+        )
     chat = ChatFormat(Target.of(recipe).tokenizer(), recipe.target.chat_template_kwargs)
     report = FilterReport()
 
     # no token is longer than the vocabulary's longest entry, so a prompt of more characters than
     # max_prompt_tokens such tokens is too long before tokenising it (a 50 MB line took minutes and GBs)
-    longest = max((len(t) for t in chat.tokenizer.get_vocab()), default=1) if hasattr(chat.tokenizer, "get_vocab") else 64
+    longest = (
+        max((len(t) for t in chat.tokenizer.get_vocab()), default=1) if hasattr(chat.tokenizer, "get_vocab") else 64
+    )
     most_chars = datagen.max_prompt_tokens * max(longest, 1)
 
     def first_prompt_length(conv: Conversation) -> int:
@@ -94,9 +103,14 @@ def plan_datagen(recipe: Recipe) -> DatagenPlan:
     labels = source_labels(datagen.sources)  # distinct, so conversation ids are
     read = chain.from_iterable(read_source(s, label) for s, label in zip(datagen.sources, labels, strict=True))
     kept = filter_conversations(
-        read, eval_hashes=eval_exclusions(recipe), dedup=datagen.dedup, prompt_length=first_prompt_length,
-        min_prompt_tokens=datagen.min_prompt_tokens, max_prompt_tokens=datagen.max_prompt_tokens,
-        max_turns=datagen.max_turns, report=report,
+        read,
+        eval_hashes=eval_exclusions(recipe),
+        dedup=datagen.dedup,
+        prompt_length=first_prompt_length,
+        min_prompt_tokens=datagen.min_prompt_tokens,
+        max_prompt_tokens=datagen.max_prompt_tokens,
+        max_turns=datagen.max_turns,
+        report=report,
     )
     conversations = list(kept)
     if datagen.num_samples is not None:
@@ -104,12 +118,21 @@ def plan_datagen(recipe: Recipe) -> DatagenPlan:
     if not conversations:
         raise UsageError("no conversation left after filtering", f"counts: {json.dumps(report.as_dict())}")
     target = Target.of(recipe).location
-    blob = json.dumps({
-        "ids": [c.id for c in conversations], "target": target, "revision": recipe.target.revision,
-        "template": chat.template_hash, "sampling": [datagen.temperature, datagen.top_p, datagen.max_tokens],
-        "seed": datagen.seed, "regenerate": datagen.regenerate, "engine": datagen.engine_here(),
-        "max_model_len": recipe.target.max_model_len, "shard_size": datagen.shard_size,
-    }, sort_keys=True)
+    blob = json.dumps(
+        {
+            "ids": [c.id for c in conversations],
+            "target": target,
+            "revision": recipe.target.revision,
+            "template": chat.template_hash,
+            "sampling": [datagen.temperature, datagen.top_p, datagen.max_tokens],
+            "seed": datagen.seed,
+            "regenerate": datagen.regenerate,
+            "engine": datagen.engine_here(),
+            "max_model_len": recipe.target.max_model_len,
+            "shard_size": datagen.shard_size,
+        },
+        sort_keys=True,
+    )
     fingerprint = hashlib.sha256(blob.encode()).hexdigest()
     return DatagenPlan(Path(recipe.stage_dir("datagen")), conversations, report, chat, target, fingerprint)
 
@@ -118,7 +141,9 @@ def _seed(base: int, conv_id: str, turn: int) -> int:
     return int(hashlib.sha256(f"{base}:{conv_id}:{turn}".encode()).hexdigest()[:8], 16)
 
 
-def regenerate_batch(batch: list[Conversation], engine: Engine | None, chat: ChatFormat, recipe: Recipe) -> list[dict[str, Any]]:
+def regenerate_batch(
+    batch: list[Conversation], engine: Engine | None, chat: ChatFormat, recipe: Recipe
+) -> list[dict[str, Any]]:
     """Answer every user turn of every conversation, turn by turn, each with its own earlier answers."""
     datagen, tokenizer = recipe.datagen, chat.tokenizer
     histories = [[m for m in c.messages if m["role"] == "system"][:1] for c in batch]
@@ -150,15 +175,24 @@ def regenerate_batch(batch: list[Conversation], engine: Engine | None, chat: Cha
         for row, prompt, generation in zip(active, prompts, engine.generate(prompts, seeds, limits), strict=True):
             text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
             histories[row] = histories[row] + [{"role": "assistant", "content": text}]
-            turns[row].append({"prompt_ids": prompt, "response_ids": generation.token_ids,
-                               "finish_reason": generation.finish_reason})
+            turns[row].append(
+                {"prompt_ids": prompt, "response_ids": generation.token_ids, "finish_reason": generation.finish_reason}
+            )
     return [_record(conv, histories[row], turns[row], chat) for row, conv in enumerate(batch)]
 
 
-def _record(conv: Conversation, messages: list[dict[str, str]], turns: list[dict[str, Any]], chat: ChatFormat) -> dict[str, Any]:
+def _record(
+    conv: Conversation, messages: list[dict[str, str]], turns: list[dict[str, Any]], chat: ChatFormat
+) -> dict[str, Any]:
     samples = [{"input_ids": ids, "loss_mask": mask} for ids, mask in chat.training_samples(messages)]
-    return {"id": conv.id, "source": conv.source, "meta": conv.meta, "messages": messages, "turns": turns,
-            "samples": samples}
+    return {
+        "id": conv.id,
+        "source": conv.source,
+        "meta": conv.meta,
+        "messages": messages,
+        "turns": turns,
+        "samples": samples,
+    }
 
 
 def engine_label(recipe: Recipe) -> str:
@@ -180,8 +214,11 @@ def make_engine(recipe: Recipe, plan: DatagenPlan, llm: Any = None) -> Engine | 
     if not datagen.regenerate:
         return None
     sampling = Sampling(datagen.temperature, datagen.top_p, datagen.max_tokens)
-    common = {"dtype": recipe.target.dtype, "trust_remote_code": recipe.target.trust_remote_code,
-              "revision": recipe.target.revision}
+    common = {
+        "dtype": recipe.target.dtype,
+        "trust_remote_code": recipe.target.trust_remote_code,
+        "revision": recipe.target.revision,
+    }
     if datagen.engine_here() == "hf":
         from dspark_cli.datagen.engines import HFEngine
 
@@ -192,46 +229,82 @@ def make_engine(recipe: Recipe, plan: DatagenPlan, llm: Any = None) -> Engine | 
         return EndpointEngine(datagen.endpoint, sampling)
     from dspark_cli.datagen.engines import VLLMEngine
 
-    return VLLMEngine(plan.target_path, plan.chat.tokenizer, sampling, max_model_len=recipe.target.max_model_len,
-                      tensor_parallel_size=datagen.tensor_parallel_size,
-                      data_parallel_size=datagen.data_parallel_size, llm=llm, **common)
+    return VLLMEngine(
+        plan.target_path,
+        plan.chat.tokenizer,
+        sampling,
+        max_model_len=recipe.target.max_model_len,
+        tensor_parallel_size=datagen.tensor_parallel_size,
+        data_parallel_size=datagen.data_parallel_size,
+        llm=llm,
+        **common,
+    )
 
 
-def _manifest(recipe: Recipe, plan: DatagenPlan, engine_info: dict[str, Any], shards: list[dict[str, Any]],
-              complete: bool) -> dict[str, Any]:
+def _manifest(
+    recipe: Recipe, plan: DatagenPlan, engine_info: dict[str, Any], shards: list[dict[str, Any]], complete: bool
+) -> dict[str, Any]:
     tokenizer = plan.chat.tokenizer
     return {
-        "kind": "dspark.datagen", "format_version": 1, "dspark": __version__, "complete": complete,
+        "kind": "dspark.datagen",
+        "format_version": 1,
+        "dspark": __version__,
+        "complete": complete,
         "fingerprint": plan.fingerprint,
         "target": {"model": recipe.target.model, "path": plan.target_path, "revision": recipe.target.revision},
-        "tokenizer": {"name_or_path": getattr(tokenizer, "name_or_path", None), "vocab_size": len(tokenizer),
-                      "eos_token_id": tokenizer.eos_token_id},
-        "chat_template_sha256": plan.chat.template_hash, "chat_template_kwargs": recipe.target.chat_template_kwargs,
-        "sampling": {"temperature": recipe.datagen.temperature, "top_p": recipe.datagen.top_p,
-                     "max_tokens": recipe.datagen.max_tokens, "seed": recipe.datagen.seed,
-                     "regenerate": recipe.datagen.regenerate},
+        "tokenizer": {
+            "name_or_path": getattr(tokenizer, "name_or_path", None),
+            "vocab_size": len(tokenizer),
+            "eos_token_id": tokenizer.eos_token_id,
+        },
+        "chat_template_sha256": plan.chat.template_hash,
+        "chat_template_kwargs": recipe.target.chat_template_kwargs,
+        "sampling": {
+            "temperature": recipe.datagen.temperature,
+            "top_p": recipe.datagen.top_p,
+            "max_tokens": recipe.datagen.max_tokens,
+            "seed": recipe.datagen.seed,
+            "regenerate": recipe.datagen.regenerate,
+        },
         "engine": engine_info,
-        "sources": [{"path": s.path, "split": s.split, "subset": s.subset, "label": label}
-                    for s, label in zip(recipe.datagen.sources, source_labels(recipe.datagen.sources), strict=True)],
-        "counts": plan.report.as_dict(), "exclude_eval": recipe.datagen.exclude_eval,
-        "num_conversations": len(plan.conversations), "num_turns": plan.num_turns, "shards": shards,
+        "sources": [
+            {"path": s.path, "split": s.split, "subset": s.subset, "label": label}
+            for s, label in zip(recipe.datagen.sources, source_labels(recipe.datagen.sources), strict=True)
+        ],
+        "counts": plan.report.as_dict(),
+        "exclude_eval": recipe.datagen.exclude_eval,
+        "num_conversations": len(plan.conversations),
+        "num_turns": plan.num_turns,
+        "shards": shards,
     }
 
 
 def _check_resumable(out_dir: Path, plan: DatagenPlan) -> dict[str, Any]:
     """The previous manifest of `out_dir` ({} if none); refuse output of a different plan."""
-    return resumable_manifest(out_dir, kind="dspark.datagen", fingerprint=plan.fingerprint, shard_glob="shard-*.jsonl",
-                              section="datagen", changed="sources, filters, target, template or sampling")
+    return resumable_manifest(
+        out_dir,
+        kind="dspark.datagen",
+        fingerprint=plan.fingerprint,
+        shard_glob="shard-*.jsonl",
+        section="datagen",
+        changed="sources, filters, target, template or sampling",
+    )
 
 
-def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress | None = None,
-                llm: Any = None) -> DatagenSummary:
+def run_datagen(
+    recipe: Recipe, *, dry_run: bool = False, on_progress: Progress | None = None, llm: Any = None
+) -> DatagenSummary:
     """Plan, then regenerate shard by shard (skipping finished work); return a summary."""
     plan = plan_datagen(recipe)
     shards = plan.shards(recipe.datagen.shard_size)
-    summary = DatagenSummary(output_dir=str(plan.out_dir), conversations=len(plan.conversations),
-                             turns=plan.num_turns, shards=len(shards),
-                             counts=FilterCounts.from_dict(plan.report.as_dict()), engine=engine_label(recipe))
+    summary = DatagenSummary(
+        output_dir=str(plan.out_dir),
+        conversations=len(plan.conversations),
+        turns=plan.num_turns,
+        shards=len(shards),
+        counts=FilterCounts.from_dict(plan.report.as_dict()),
+        engine=engine_label(recipe),
+    )
     if dry_run:
         summary.already_done = sum(1 for i in range(len(shards)) if shard_path(plan.out_dir, i).is_file())
         return summary
@@ -245,8 +318,15 @@ def run_datagen(recipe: Recipe, *, dry_run: bool = False, on_progress: Progress 
             close_engine(engine)  # its devices are the next stages'
 
 
-def _generate(recipe: Recipe, plan: DatagenPlan, shards: list[Any], summary: DatagenSummary,
-              previous: dict[str, Any], engine: Engine | None, on_progress: Any) -> DatagenSummary:
+def _generate(
+    recipe: Recipe,
+    plan: DatagenPlan,
+    shards: list[Any],
+    summary: DatagenSummary,
+    previous: dict[str, Any],
+    engine: Engine | None,
+    on_progress: Any,
+) -> DatagenSummary:
     write_resolved(recipe, plan.out_dir)
     if engine is not None:
         engine_info = engine.describe()
@@ -275,8 +355,14 @@ def _generate(recipe: Recipe, plan: DatagenPlan, shards: list[Any], summary: Dat
         else:
             done += len(chunk)
         records = read_jsonl(final)
-        shard_entries.append({"file": final.name, "records": len(records), "sha256": sha256_file(final),
-                              "tokens": sum(len(s["input_ids"]) for r in records for s in r["samples"])})
+        shard_entries.append(
+            {
+                "file": final.name,
+                "records": len(records),
+                "sha256": sha256_file(final),
+                "tokens": sum(len(s["input_ids"]) for r in records for s in r["samples"]),
+            }
+        )
         if on_progress is not None:
             on_progress(done, len(plan.conversations), tokens)
     write_json_atomic(plan.out_dir / MANIFEST_NAME, _manifest(recipe, plan, engine_info, shard_entries, complete=True))

@@ -119,7 +119,8 @@ class BlockLayout:
         if key not in self._cache:
             allowed = self.dense_mask()
             self._cache[key] = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
-                ~allowed, float("-inf"))
+                ~allowed, float("-inf")
+            )
         return self._cache[key]
 
     def context_bias(self, dtype: torch.dtype) -> torch.Tensor:
@@ -142,8 +143,12 @@ class BlockLayout:
                 return self.mask_mod(b, h, q, k)
 
             self._cache["block"] = create_block_mask(
-                mask_mod, B=self.ctx_limit.shape[0], H=None, Q_LEN=self.num_queries,
-                KV_LEN=self.num_keys, device=self.ctx_limit.device,
+                mask_mod,
+                B=self.ctx_limit.shape[0],
+                H=None,
+                Q_LEN=self.num_queries,
+                KV_LEN=self.num_keys,
+                device=self.ctx_limit.device,
             )
         return self._cache["block"]
 
@@ -159,16 +164,16 @@ def _flex(q, k, v, block_mask, scale):
     if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         from dspark_cli.errors import UsageError
 
-        raise UsageError("draft.attention=flex has no backward on CPU (PyTorch's flex attention is forward-only "
-                         "there)", "train on CPU with draft.attention=auto, blockwise or sdpa")
+        raise UsageError(
+            "draft.attention=flex has no backward on CPU (PyTorch's flex attention is forward-only there)",
+            "train on CPU with draft.attention=auto, blockwise or sdpa",
+        )
     if _compiled_flex is None:
         # dynamic=False: one compile per shape. (Dynamic-shape flex fails to build its C++
         # kernel on CPU with torch 2.13 when the shape changes.) Training pads its batches to at most
         # FLEX_RECOMPILE_LIMIT shapes (train.length_buckets), so it never falls back to eager flex.
         _compiled_flex = compile_fn(flex_attention, dynamic=False, recompile_limit=FLEX_RECOMPILE_LIMIT)
-    return _compiled_flex(
-        q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-    )
+    return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _eager(q, k, v, mask, scale):
@@ -188,8 +193,10 @@ def _blockwise(q, k, v, layout: BlockLayout, scale: float):
     rep, t, n = num_heads // num_kv, layout.num_ctx, layout.block_size
     blocks = num_q // n
     if k.shape[2] != t + num_q:
-        raise ValueError(f"blockwise attention needs the block keys to be the queries' own: "
-                         f"{k.shape[2]} keys for {t} context slots + {num_q} queries")
+        raise ValueError(
+            f"blockwise attention needs the block keys to be the queries' own: "
+            f"{k.shape[2]} keys for {t} context slots + {num_q} queries"
+        )
     if cpu_kernel.applies(q, k, v, n):  # fp32 on CPU: one C kernel, forward and backward
         return cpu_kernel.cpu_block_attention(q, k, v, layout.ctx_limit, n, scale)
     k_ctx, k_blk, v_ctx, v_blk = k[:, :, :t], k[:, :, t:], v[:, :, :t], v[:, :, t:]
@@ -197,18 +204,24 @@ def _blockwise(q, k, v, layout: BlockLayout, scale: float):
     # the query heads sharing a KV head are stacked along the query axis: one [rep * Q, T] product
     s_ctx = torch.matmul(q.reshape(bsz, num_kv, rep * num_q, dim), k_ctx.transpose(-1, -2))
     s_ctx = s_ctx.view(bsz, num_kv, rep, num_q, t).to(acc) * scale + layout.context_bias(acc)
-    s_blk = torch.matmul(q.reshape(bsz, num_kv, rep, blocks, n, dim),
-                         k_blk.reshape(bsz, num_kv, 1, blocks, n, dim).transpose(-1, -2))
+    s_blk = torch.matmul(
+        q.reshape(bsz, num_kv, rep, blocks, n, dim), k_blk.reshape(bsz, num_kv, 1, blocks, n, dim).transpose(-1, -2)
+    )
     s_blk = s_blk.reshape(bsz, num_kv, rep, num_q, n).to(acc) * scale
     p = torch.softmax(torch.cat([s_ctx, s_blk], dim=-1), dim=-1).to(v.dtype)
     out = torch.matmul(p[..., :t].reshape(bsz, num_kv, rep * num_q, t), v_ctx).view(bsz, num_kv, rep, num_q, dim_v)
-    out_blk = torch.matmul(p[..., t:].reshape(bsz, num_kv, rep, blocks, n, n),
-                           v_blk.reshape(bsz, num_kv, 1, blocks, n, dim_v))
+    out_blk = torch.matmul(
+        p[..., t:].reshape(bsz, num_kv, rep, blocks, n, n), v_blk.reshape(bsz, num_kv, 1, blocks, n, dim_v)
+    )
     return (out + out_blk.view(bsz, num_kv, rep, num_q, dim_v)).view(bsz, num_heads, num_q, dim_v)
 
 
 def block_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, scale: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: BlockLayout,
+    scale: float,
     impl: str,
 ) -> torch.Tensor:
     """q [B, Hq, Q, D], k [B, Hk, K, D], v [B, Hk, K, Dv] -> [B, Hq, Q, Dv]; Hk divides Hq.

@@ -27,16 +27,28 @@ logger = logging.getLogger(__name__)
 
 # Geometry a recipe may override; anything else is a typo.
 GEOMETRY_FIELDS = (
-    "hidden_size", "intermediate_size", "num_attention_heads", "rms_norm_eps", "rope_theta",
-    "max_position_embeddings", "rope_scaling", *MLA_FIELDS, *GQA_FIELDS,
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "rms_norm_eps",
+    "rope_theta",
+    "max_position_embeddings",
+    "rope_scaling",
+    *MLA_FIELDS,
+    *GQA_FIELDS,
 )
 # MLA geometry when neither the target nor the recipe says otherwise: the published Kimi-K3 draft's
 # (q_lora_rank + kv_lora_rank + qk_rope_head_dim = 1536 + 512 + 64 = 2112, as in vLLM's
 # dspark_mla.py comment; 64 heads, MLP 14336).
 MLA_DEFAULTS = {
-    "num_attention_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-    "intermediate_size": 14336, "rope_theta": 50000.0,  # K3DSparkConfig's default theta
+    "num_attention_heads": 64,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "intermediate_size": 14336,
+    "rope_theta": 50000.0,  # K3DSparkConfig's default theta
 }
 # Recipe `draft` keys that are not config fields.
 RECIPE_RUNTIME_KEYS = ("attention",)
@@ -45,9 +57,13 @@ RECIPE_RUNTIME_KEYS = ("attention",)
 def gqa_defaults(hidden_size: int) -> dict[str, Any]:
     head_dim = 128 if hidden_size % 128 == 0 else 64
     heads = max(1, hidden_size // head_dim)
-    return {"head_dim": head_dim, "num_attention_heads": heads,
-            "num_key_value_heads": max(1, heads // 4) if heads % 4 == 0 else heads,
-            "intermediate_size": 3 * hidden_size, "rope_theta": 1e6}
+    return {
+        "head_dim": head_dim,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 4) if heads % 4 == 0 else heads,
+        "intermediate_size": 3 * hidden_size,
+        "rope_theta": 1e6,
+    }
 
 
 def _check_geometry_names(geometry: Mapping[str, Any]) -> None:
@@ -92,14 +108,23 @@ def draft_config_from_values(
     values.setdefault("hidden_size", target_hidden_size)
     if mask_token_id is None:
         mask_token_id = vocab_size - 1
-        logger.warning("draft.mask_token_id not set; using the last vocabulary row %d. Set it "
-                       "to an unused/reserved token id of the target's tokenizer.", mask_token_id)
+        logger.warning(
+            "draft.mask_token_id not set; using the last vocabulary row %d. Set it "
+            "to an unused/reserved token id of the target's tokenizer.",
+            mask_token_id,
+        )
     return DSparkDraftConfig(
-        arch=arch, vocab_size=vocab_size, target_hidden_size=target_hidden_size,
-        num_hidden_layers=num_layers, block_size=block_size, target_layer_ids=target_layer_ids,
-        target_num_hidden_layers=target_num_hidden_layers, markov_rank=markov_rank,
+        arch=arch,
+        vocab_size=vocab_size,
+        target_hidden_size=target_hidden_size,
+        num_hidden_layers=num_layers,
+        block_size=block_size,
+        target_layer_ids=target_layer_ids,
+        target_num_hidden_layers=target_num_hidden_layers,
+        markov_rank=markov_rank,
         enable_confidence_head=enable_confidence_head,
-        confidence_head_with_markov=confidence_head_with_markov, mask_token_id=mask_token_id,
+        confidence_head_with_markov=confidence_head_with_markov,
+        mask_token_id=mask_token_id,
         **values,
     )
 
@@ -146,20 +171,31 @@ def draft_config_from_target(
             raise DraftConfigError(f"target.{field}: missing from the target config")
     if arch == "auto":
         arch = "mla" if target.get("kv_lora_rank") else "gqa"
-    inherited = ("intermediate_size", "num_attention_heads", "rms_norm_eps", "rope_theta",
-                 "max_position_embeddings", *(MLA_FIELDS if arch == "mla" else GQA_FIELDS))
+    inherited = (
+        "intermediate_size",
+        "num_attention_heads",
+        "rms_norm_eps",
+        "rope_theta",
+        "max_position_embeddings",
+        *(MLA_FIELDS if arch == "mla" else GQA_FIELDS),
+    )
     geometry = {f: target[f] for f in inherited if target.get(f) is not None}
     if arch == "mla" and not target.get("q_lora_rank"):  # a GQA target or a full-rank-q MLA
         geometry = {f: v for f, v in geometry.items() if f not in MLA_FIELDS}
     geometry.update({k: v for k, v in geometry_overrides.items() if v is not None})
     depth = int(target["num_hidden_layers"])
     return draft_config_from_values(
-        arch=arch, target_hidden_size=int(target["hidden_size"]),
-        vocab_size=int(target["vocab_size"]), num_layers=num_layers, block_size=block_size,
+        arch=arch,
+        target_hidden_size=int(target["hidden_size"]),
+        vocab_size=int(target["vocab_size"]),
+        num_layers=num_layers,
+        block_size=block_size,
         target_layer_ids=target_layer_ids or default_target_layer_ids(depth),
-        target_num_hidden_layers=depth, markov_rank=markov_rank,
+        target_num_hidden_layers=depth,
+        markov_rank=markov_rank,
         enable_confidence_head=enable_confidence_head,
-        confidence_head_with_markov=confidence_head_with_markov, mask_token_id=mask_token_id,
+        confidence_head_with_markov=confidence_head_with_markov,
+        mask_token_id=mask_token_id,
         **geometry,
     )
 
@@ -178,7 +214,8 @@ def draft_config_from_recipe(
     """
     values = {k: v for k, v in draft.items() if k not in RECIPE_RUNTIME_KEYS}
     common = dict(
-        num_layers=values.pop("num_layers", 5), block_size=values.pop("block_size", 7),
+        num_layers=values.pop("num_layers", 5),
+        block_size=values.pop("block_size", 7),
         target_layer_ids=values.pop("target_layer_ids", None),
         markov_rank=values.pop("markov_rank", 256),
         enable_confidence_head=values.pop("confidence_head", True),
@@ -191,14 +228,20 @@ def draft_config_from_recipe(
         return draft_config_from_target(target_config, arch=arch, **common, **values)
     missing = [f for f in ("hidden_size", "vocab_size", "num_hidden_layers") if not target.get(f)]
     if missing:
-        raise DraftConfigError(f"target.{missing[0]}: needed to build the draft without "
-                               "loading the target (declare it in the recipe's target section)")
+        raise DraftConfigError(
+            f"target.{missing[0]}: needed to build the draft without "
+            "loading the target (declare it in the recipe's target section)"
+        )
     if arch == "auto":
         arch = "mla" if any(values.get(f) is not None for f in MLA_FIELDS) else "gqa"
     depth = int(target["num_hidden_layers"])
     if common["target_layer_ids"] is None:
         common["target_layer_ids"] = default_target_layer_ids(depth)
     return draft_config_from_values(
-        arch=arch, target_hidden_size=int(target["hidden_size"]),
-        vocab_size=int(target["vocab_size"]), target_num_hidden_layers=depth, **common, **values,
+        arch=arch,
+        target_hidden_size=int(target["hidden_size"]),
+        vocab_size=int(target["vocab_size"]),
+        target_num_hidden_layers=depth,
+        **common,
+        **values,
     )

@@ -39,8 +39,13 @@ def raise_recompile_limit(limit: int) -> None:
         setattr(config, name, limit)
 
 
-def compile_fn(fn: Callable, *, recompile_limit: int | None = None, dynamic: bool | None = None,
-               options: dict[str, Any] | None = None) -> Callable:
+def compile_fn(
+    fn: Callable,
+    *,
+    recompile_limit: int | None = None,
+    dynamic: bool | None = None,
+    options: dict[str, Any] | None = None,
+) -> Callable:
     """`torch.compile(fn, dynamic=..., options=...)` that may compile `recompile_limit` shapes of `fn` before
     dynamo runs it eagerly (see the module docstring for torch < 2.13)."""
     kwargs: dict[str, Any] = {"dynamic": dynamic}

@@ -99,9 +99,7 @@ class DSparkDraftConfig(PretrainedConfig):
         self.num_attention_heads = num_attention_heads
         self.target_hidden_size = hidden_size if target_hidden_size is None else target_hidden_size
         self.target_layer_ids = [int(i) for i in (target_layer_ids or [])]
-        self.num_target_layers = (
-            len(self.target_layer_ids) if num_target_layers is None else num_target_layers
-        )
+        self.num_target_layers = len(self.target_layer_ids) if num_target_layers is None else num_target_layers
         self.target_num_hidden_layers = target_num_hidden_layers
         self.block_size = block_size
         self.markov_rank = markov_rank
@@ -185,19 +183,34 @@ MAX_BLOCK_SIZE = 64  # tokens per drafting step (vLLM's num_speculative_tokens; 
 def _validate(cfg: DSparkDraftConfig) -> None:
     if cfg.arch not in ARCHS:
         _fail("arch", f"must be one of {ARCHS}, got {cfg.arch!r}")
-    _positive(cfg, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads", "target_hidden_size", "block_size", "markov_rank",
-              "max_position_embeddings")
+    _positive(
+        cfg,
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "target_hidden_size",
+        "block_size",
+        "markov_rank",
+        "max_position_embeddings",
+    )
     if cfg.num_hidden_layers > MAX_LAYERS:  # checked before any model is built (even a meta one takes minutes)
         _fail("num_layers", f"at most {MAX_LAYERS} draft layers, got {cfg.num_hidden_layers:,} (num_hidden_layers)")
     if cfg.block_size > MAX_BLOCK_SIZE:
         _fail("block_size", f"at most {MAX_BLOCK_SIZE} tokens per step, got {cfg.block_size:,}")
     if cfg.hidden_size != cfg.target_hidden_size:
-        _fail("hidden_size", f"must equal the target's hidden size {cfg.target_hidden_size} "
-              f"(the draft borrows the target's embed_tokens and lm_head), got {cfg.hidden_size}")
+        _fail(
+            "hidden_size",
+            f"must equal the target's hidden size {cfg.target_hidden_size} "
+            f"(the draft borrows the target's embed_tokens and lm_head), got {cfg.hidden_size}",
+        )
     if cfg.draft_vocab_size != cfg.vocab_size:
-        _fail("draft_vocab_size", f"must equal vocab_size {cfg.vocab_size} (the target's lm_head "
-              f"is shared; reduced-vocab drafts are not supported), got {cfg.draft_vocab_size}")
+        _fail(
+            "draft_vocab_size",
+            f"must equal vocab_size {cfg.vocab_size} (the target's lm_head "
+            f"is shared; reduced-vocab drafts are not supported), got {cfg.draft_vocab_size}",
+        )
     if cfg.hidden_act != "silu":
         _fail("hidden_act", f"only 'silu' is supported, got {cfg.hidden_act!r}")
     if not cfg.rms_norm_eps > 0:
@@ -205,9 +218,7 @@ def _validate(cfg: DSparkDraftConfig) -> None:
     if not cfg.rope_theta > 0:
         _fail("rope_theta", f"must be > 0, got {cfg.rope_theta}")
     _validate_layer_ids(cfg)
-    if cfg.mask_token_id is None or isinstance(cfg.mask_token_id, bool) or not isinstance(
-        cfg.mask_token_id, int
-    ):
+    if cfg.mask_token_id is None or isinstance(cfg.mask_token_id, bool) or not isinstance(cfg.mask_token_id, int):
         _fail("mask_token_id", f"must be an integer token id, got {cfg.mask_token_id!r}")
     if not 0 <= cfg.mask_token_id < cfg.vocab_size:
         _fail("mask_token_id", f"must be in [0, {cfg.vocab_size}), got {cfg.mask_token_id}")
@@ -229,11 +240,13 @@ def _validate_layer_ids(cfg: DSparkDraftConfig) -> None:
         _fail("target_layer_ids", f"must be >= 0 (0-based, output of layer k), got {ids}")
     depth = cfg.target_num_hidden_layers
     if depth is not None and ids[-1] >= depth:
-        _fail("target_layer_ids", f"{ids[-1]} is out of range for a target with {depth} layers "
-              f"(ids are 0-based: the last layer is {depth - 1})")
+        _fail(
+            "target_layer_ids",
+            f"{ids[-1]} is out of range for a target with {depth} layers "
+            f"(ids are 0-based: the last layer is {depth - 1})",
+        )
     if cfg.num_target_layers != len(ids):
-        _fail("num_target_layers", f"must equal len(target_layer_ids) = {len(ids)}, "
-              f"got {cfg.num_target_layers}")
+        _fail("num_target_layers", f"must equal len(target_layer_ids) = {len(ids)}, got {cfg.num_target_layers}")
 
 
 def _validate_mla(cfg: DSparkDraftConfig) -> None:
@@ -247,9 +260,12 @@ def _validate_mla(cfg: DSparkDraftConfig) -> None:
         _fail("qk_rope_head_dim", f"must be even (RoPE rotates pairs), got {cfg.qk_rope_head_dim}")
     scaling = cfg.rope_yarn
     if scaling and cfg.max_position_embeddings != int(scaling["original_max_position_embeddings"] * scaling["factor"]):
-        _fail("max_position_embeddings", f"must be rope_scaling.original_max_position_embeddings x factor = "
-              f"{int(scaling['original_max_position_embeddings'] * scaling['factor'])} (vLLM's YaRN table), "
-              f"got {cfg.max_position_embeddings}")
+        _fail(
+            "max_position_embeddings",
+            f"must be rope_scaling.original_max_position_embeddings x factor = "
+            f"{int(scaling['original_max_position_embeddings'] * scaling['factor'])} (vLLM's YaRN table), "
+            f"got {cfg.max_position_embeddings}",
+        )
 
 
 def _validate_gqa(cfg: DSparkDraftConfig) -> None:
@@ -264,8 +280,10 @@ def _validate_gqa(cfg: DSparkDraftConfig) -> None:
         cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
     _positive(cfg, *GQA_FIELDS)
     if cfg.num_attention_heads % cfg.num_key_value_heads:
-        _fail("num_key_value_heads", f"{cfg.num_key_value_heads} must divide "
-              f"num_attention_heads {cfg.num_attention_heads}")
+        _fail(
+            "num_key_value_heads",
+            f"{cfg.num_key_value_heads} must divide num_attention_heads {cfg.num_attention_heads}",
+        )
     if cfg.head_dim % 2:
         _fail("head_dim", f"must be even (RoPE rotates pairs), got {cfg.head_dim}")
 
@@ -277,17 +295,28 @@ def vllm_config_dict(cfg: DSparkDraftConfig, dtype: str = "bfloat16") -> dict[st
     `confidence_head_with_markov` defaults to False there).
     """
     common = {
-        "vocab_size": cfg.vocab_size, "draft_vocab_size": cfg.draft_vocab_size,
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": cfg.num_hidden_layers,
-        "num_attention_heads": cfg.num_attention_heads, "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position_embeddings,
-        "rope_parameters": ({"rope_type": "yarn", "rope_theta": cfg.rope_theta, **cfg.rope_yarn}
-                            if cfg.rope_yarn else {"rope_type": "default", "rope_theta": cfg.rope_theta}),
-        "tie_word_embeddings": False, "torch_dtype": dtype,
-        "target_hidden_size": cfg.target_hidden_size, "target_layer_ids": list(cfg.target_layer_ids),
-        "num_target_layers": cfg.num_target_layers, "block_size": cfg.block_size,
-        "markov_rank": cfg.markov_rank, "enable_confidence_head": cfg.enable_confidence_head,
+        "num_attention_heads": cfg.num_attention_heads,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_parameters": (
+            {"rope_type": "yarn", "rope_theta": cfg.rope_theta, **cfg.rope_yarn}
+            if cfg.rope_yarn
+            else {"rope_type": "default", "rope_theta": cfg.rope_theta}
+        ),
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "target_hidden_size": cfg.target_hidden_size,
+        "target_layer_ids": list(cfg.target_layer_ids),
+        "num_target_layers": cfg.num_target_layers,
+        "block_size": cfg.block_size,
+        "markov_rank": cfg.markov_rank,
+        "enable_confidence_head": cfg.enable_confidence_head,
         "confidence_head_with_markov": cfg.confidence_head_with_markov,
         "mask_token_id": cfg.mask_token_id,
         # vLLM 0.33 defaults it to true, but engines that guessed the layout served drafts lacking the key
@@ -296,15 +325,24 @@ def vllm_config_dict(cfg: DSparkDraftConfig, dtype: str = "bfloat16") -> dict[st
     }
     if cfg.arch == "mla":
         return {
-            "architectures": ["K3DSparkModel"], "model_type": "k3_dspark", **common,
+            "architectures": ["K3DSparkModel"],
+            "model_type": "k3_dspark",
+            **common,
             "num_key_value_heads": cfg.num_attention_heads,
             **{f: getattr(cfg, f) for f in MLA_FIELDS},
-            "n_routed_experts": 0, "n_shared_experts": 0, "num_experts_per_tok": 0,
+            "n_routed_experts": 0,
+            "n_shared_experts": 0,
+            "num_experts_per_tok": 0,
         }
     return {
-        "architectures": ["Qwen3DSparkModel"], "model_type": "qwen3", **common,
+        "architectures": ["Qwen3DSparkModel"],
+        "model_type": "qwen3",
+        **common,
         "rope_theta": cfg.rope_theta,
-        "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
-        "attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
         "layer_types": ["full_attention"] * cfg.num_hidden_layers,
     }

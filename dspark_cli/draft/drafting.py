@@ -66,8 +66,7 @@ class ContextCache:
     def truncate(self, slot: int, length: int) -> None:
         """Forget positions >= length (tokens the target rejected)."""
         if not 0 <= length <= self.length(slot):
-            raise ValueError(f"cannot truncate slot {slot} of length {self.length(slot)} "
-                             f"to {length}")
+            raise ValueError(f"cannot truncate slot {slot} of length {self.length(slot)} to {length}")
         self.lengths[slot] = length
 
     def append(self, slot: int, aux_states: torch.Tensor) -> None:
@@ -81,11 +80,9 @@ class ContextCache:
         if not slots:
             return
         rows = torch.cat([new_states[s] for s in slots], dim=0)
-        positions = torch.cat([
-            torch.arange(self.length(s), self.length(s) + new_states[s].shape[0],
-                         device=rows.device)
-            for s in slots
-        ])
+        positions = torch.cat(
+            [torch.arange(self.length(s), self.length(s) + new_states[s].shape[0], device=rows.device) for s in slots]
+        )
         per_layer = self.model.context_kv(rows, positions)  # per layer (K [n, ...], V [n, ...])
         self._reserve(max(self.length(s) + new_states[s].shape[0] for s in slots), per_layer)
         start = 0
@@ -93,7 +90,7 @@ class ContextCache:
             n, begin = new_states[s].shape[0], self.length(s)
             for layer_store, layer_new in zip(self.tensors, per_layer, strict=True):
                 for store, new in zip(layer_store, layer_new, strict=True):
-                    store[s, begin:begin + n] = new[start:start + n]
+                    store[s, begin : begin + n] = new[start : start + n]
             self.lengths[s] = begin + n
             start += n
 
@@ -101,10 +98,7 @@ class ContextCache:
         num_slots = len(self.lengths)
         if self.tensors is None:
             self.capacity = max(self.capacity, needed)
-            self.tensors = [
-                [t.new_zeros((num_slots, self.capacity, *t.shape[1:])) for t in layer]
-                for layer in example
-            ]
+            self.tensors = [[t.new_zeros((num_slots, self.capacity, *t.shape[1:])) for t in layer] for layer in example]
             return
         cur_slots, cur_cap = self.tensors[0][0].shape[:2]
         new_cap = cur_cap if needed <= cur_cap else max(2 * cur_cap, needed)
@@ -155,8 +149,7 @@ def _as_temperature(temperature: float | torch.Tensor, logits: torch.Tensor) -> 
     return temp.expand(logits.shape[0]) if temp.dim() == 0 else temp
 
 
-def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor,
-                  generator: torch.Generator | None) -> torch.Tensor:
+def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """[B, V] logits, [B] temperatures -> [B] ids: argmax at T = 0, Gumbel-max at T > 0."""
     greedy = logits.argmax(dim=-1)
     if not bool((temperature > 0).any()):
@@ -198,16 +191,13 @@ def draft_block(
     positions = lengths.unsqueeze(-1) + torch.arange(n, device=device)  # [B, N]
     block_ids = torch.full((bsz, n), model.config.mask_token_id, device=device)
     block_ids[:, 0] = anchor_ids
-    layout = BlockLayout(num_ctx=int(ctx[0][0].shape[1]), block_size=n,
-                         ctx_limit=lengths.unsqueeze(-1))
-    hidden = model.backbone(model.embed(block_ids), positions, ctx, layout, absorbed=True,
-                            attn_impl=attn_impl)
+    layout = BlockLayout(num_ctx=int(ctx[0][0].shape[1]), block_size=n, ctx_limit=lengths.unsqueeze(-1))
+    hidden = model.backbone(model.embed(block_ids), positions, ctx, layout, absorbed=True, attn_impl=attn_impl)
     base = model.base_logits(hidden)  # [B, N, V]
     temp = _as_temperature(temperature, base)
     keep = None
     if draft_topk is not None:
-        keep = torch.zeros_like(base, dtype=torch.bool).scatter_(
-            -1, base.topk(draft_topk, dim=-1).indices, True)
+        keep = torch.zeros_like(base, dtype=torch.bool).scatter_(-1, base.topk(draft_topk, dim=-1).indices, True)
 
     prev, tokens, logits, embeds = anchor_ids, [], [], []
     for i in range(n):  # the sequential Markov stage

@@ -33,9 +33,7 @@ class GQAAttention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
-    def context_kv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def context_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., hidden] -> (k [..., KV, d] normed and rotated, v [..., KV, d])."""
         shape = (*x.shape[:-1], self.num_kv_heads, self.head_dim)
         k = self.k_norm(self.k_proj(x).view(shape))

@@ -83,16 +83,12 @@ def rope_cos_sin(
     return angles.cos() * scale, angles.sin() * scale
 
 
-def apply_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool
-) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool) -> torch.Tensor:
     """Rotate the last dim of x; cos/sin [..., dim // 2] broadcast against x[..., dim // 2]."""
     xf = x.float()
     if interleaved:
         x1, x2 = xf[..., 0::2], xf[..., 1::2]
-        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(
-            x.dtype
-        )
+        return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2).to(x.dtype)
     x1, x2 = xf.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 

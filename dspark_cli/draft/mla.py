@@ -42,14 +42,10 @@ class MLAAttention(nn.Module):
         self.q_b_proj = nn.Linear(cfg.q_lora_rank, self.num_heads * cfg.qk_head_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(h, cfg.kv_lora_rank + self.rope, bias=False)
         self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(
-            cfg.kv_lora_rank, self.num_heads * (self.nope + self.v_dim), bias=False
-        )
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, self.num_heads * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.v_dim, h, bias=False)
 
-    def context_kv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def context_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., hidden] -> (kv_c [..., kv_lora_rank] normed, k_pe [..., rope] rotated)."""
         kv_c, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
         return self.kv_a_layernorm(kv_c), apply_rope(k_pe, cos, sin, interleaved=True)

@@ -39,7 +39,6 @@ from dspark_cli.draft.layers import GatedMLP, RMSNorm, add_rms_norm, rope_cos_si
 from dspark_cli.draft.mla import MLAAttention
 from dspark_cli.draft.names import MODULE_NAMES
 
-
 KV = tuple[torch.Tensor, torch.Tensor]
 RopeTable = tuple[torch.Tensor, torch.Tensor]  # cos, sin [positions, rope_dim / 2]
 
@@ -54,16 +53,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, hidden, residual, cos, sin, ctx: KV, layout: BlockLayout, impl: str,
-                absorbed: bool = False):
+    def forward(self, hidden, residual, cos, sin, ctx: KV, layout: BlockLayout, impl: str, absorbed: bool = False):
         if residual is None:
             residual, x = hidden, self.input_layernorm(hidden)
         else:
-            x, residual = add_rms_norm(hidden, residual, self.input_layernorm.weight,
-                                       self.input_layernorm.eps)
+            x, residual = add_rms_norm(hidden, residual, self.input_layernorm.weight, self.input_layernorm.eps)
         x = self.self_attn(x, cos, sin, ctx, layout, impl, absorbed)
-        x, residual = add_rms_norm(x, residual, self.post_attention_layernorm.weight,
-                                   self.post_attention_layernorm.eps)
+        x, residual = add_rms_norm(x, residual, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
         return self.mlp(x), residual
 
 
@@ -92,12 +88,11 @@ class DSparkDraftModel(nn.Module):
         self.add_module(norm_name, RMSNorm(config.hidden_size, config.rms_norm_eps))
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.add_module(final_name, RMSNorm(config.hidden_size, config.rms_norm_eps))
-        self.markov_head = MarkovHead(config.vocab_size, config.draft_vocab_size,
-                                      config.markov_rank)
+        self.markov_head = MarkovHead(config.vocab_size, config.draft_vocab_size, config.markov_rank)
         self.confidence_head = (
-            ConfidenceHead(config.hidden_size, config.markov_rank,
-                           config.confidence_head_with_markov)
-            if config.enable_confidence_head else None
+            ConfidenceHead(config.hidden_size, config.markov_rank, config.confidence_head_with_markov)
+            if config.enable_confidence_head
+            else None
         )
         self.register_buffer("target_embed", None, persistent=False)
         self.register_buffer("target_lm_head", None, persistent=False)
@@ -108,8 +103,10 @@ class DSparkDraftModel(nn.Module):
         expected = (self.config.vocab_size, self.config.hidden_size)
         for name, weight in (("embed_tokens", embed_weight), ("lm_head", lm_head_weight)):
             if tuple(weight.shape) != expected:
-                raise ValueError(f"target {name} has shape {tuple(weight.shape)}, the draft "
-                                 f"expects {expected} (vocab_size, hidden_size)")
+                raise ValueError(
+                    f"target {name} has shape {tuple(weight.shape)}, the draft "
+                    f"expects {expected} (vocab_size, hidden_size)"
+                )
         self.target_embed = embed_weight.detach()
         self.target_lm_head = lm_head_weight.detach()
 
@@ -135,24 +132,34 @@ class DSparkDraftModel(nn.Module):
         `rope_angles` computes). Training builds it outside `torch.compile`: given positions, inductor
         fuses the sin / cos into every consumer and recomputes them there, scalar, in forward and
         backward (docs/train.md, Speed)."""
-        return rope_cos_sin(torch.arange(length, device=device), self.rope_dim, self.config.rope_theta,
-                            self.config.rope_yarn)
+        return rope_cos_sin(
+            torch.arange(length, device=device), self.rope_dim, self.config.rope_theta, self.config.rope_yarn
+        )
 
     def combine_context(self, aux_states: torch.Tensor) -> torch.Tensor:
         """Concatenated target states [..., num_target_layers * target_hidden] -> [..., hidden]."""
         proj, norm = getattr(self, self._names[0]), getattr(self, self._names[1])
         return norm(proj(aux_states))
 
-    def context_kv(self, aux_states: torch.Tensor, positions: torch.Tensor,
-                   rope_table: RopeTable | None = None) -> list[KV]:
+    def context_kv(
+        self, aux_states: torch.Tensor, positions: torch.Tensor, rope_table: RopeTable | None = None
+    ) -> list[KV]:
         """Per draft layer, the cacheable K/V of context tokens (MLA: latent kv_c, k_pe)."""
         combined = self.combine_context(aux_states)
         cos, sin = self.rope_angles(positions, rope_table)
         return [layer.self_attn.context_kv(combined, cos, sin) for layer in self.layers]
 
-    def backbone(self, block_embeds: torch.Tensor, positions: torch.Tensor, ctx: list[KV],
-                 layout: BlockLayout, *, absorbed: bool = False,
-                 attn_impl: str | None = None, rope_table: RopeTable | None = None) -> torch.Tensor:
+    def backbone(
+        self,
+        block_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: list[KV],
+        layout: BlockLayout,
+        *,
+        absorbed: bool = False,
+        attn_impl: str | None = None,
+        rope_table: RopeTable | None = None,
+    ) -> torch.Tensor:
         """Block embeddings [B, Q, H] at positions [B, Q] -> final-normed hidden [B, Q, H]."""
         impl = resolve_attn_impl(attn_impl or self.attn_impl, block_embeds.device)
         cos, sin = self.rope_angles(positions, rope_table)
@@ -206,8 +213,7 @@ class DSparkDraftModel(nn.Module):
         anchor_ids = input_ids.gather(1, anchors)
         block_ids[..., 0] = anchor_ids
         layout = BlockLayout(num_ctx=seq_len, block_size=n, ctx_limit=anchors)
-        hidden = self.backbone(self.embed(block_ids.view(bsz, -1)), block_pos.view(bsz, -1),
-                               ctx, layout)
+        hidden = self.backbone(self.embed(block_ids.view(bsz, -1)), block_pos.view(bsz, -1), ctx, layout)
         hidden = hidden.view(bsz, num_anchors, n, -1)
 
         label_pos = block_pos + 1
@@ -220,7 +226,10 @@ class DSparkDraftModel(nn.Module):
         return DraftOutput(
             logits=self.logits(hidden, prev_ids) if compute_logits else None,
             confidence=self.confidence(hidden, prev_ids),
-            hidden=hidden, target_ids=target_ids, prev_ids=prev_ids, valid=valid,
+            hidden=hidden,
+            target_ids=target_ids,
+            prev_ids=prev_ids,
+            valid=valid,
         )
 
     @torch.no_grad()
@@ -255,8 +264,11 @@ def meta_model(config: DSparkDraftConfig, **kwargs) -> DSparkDraftModel:
     `normal_` is a Python reference wrapped to disable dynamo): ~2 s in every process that only reads a
     draft (`dspark export --check`, `publish`, `bench`). Not thread-safe: torch.nn.init is patched
     while the model is built."""
-    saved = {name: fn for name, fn in vars(nn.init).items()
-             if name.endswith("_") and not name.startswith("_") and callable(fn)}
+    saved = {
+        name: fn
+        for name, fn in vars(nn.init).items()
+        if name.endswith("_") and not name.startswith("_") and callable(fn)
+    }
     try:
         for name in saved:
             setattr(nn.init, name, _keep)

@@ -1,7 +1,7 @@
 """The draft's module names, without torch (`preflight` checks `train.lr_scale` against them).
 
-    MODULE_NAMES["gqa"]            # (context projection, context norm, final norm)
-    top_modules("mla", True)       # the draft's top-level modules, in `DSparkDraftModel`'s order
+MODULE_NAMES["gqa"]            # (context projection, context norm, final norm)
+top_modules("mla", True)       # the draft's top-level modules, in `DSparkDraftModel`'s order
 """
 
 from __future__ import annotations

@@ -26,8 +26,15 @@ from __future__ import annotations
 from typing import Any
 
 # the fields vLLM's update_dspark copies from the top level (the rest come from transformer_layer_config)
-DSPARK_FIELDS = ("draft_vocab_size", "target_hidden_size", "mask_token_id", "markov_rank", "block_size",
-                 "enable_confidence_head", "confidence_head_with_markov")
+DSPARK_FIELDS = (
+    "draft_vocab_size",
+    "target_hidden_size",
+    "mask_token_id",
+    "markov_rank",
+    "block_size",
+    "enable_confidence_head",
+    "confidence_head_with_markov",
+)
 ALGORITHM = "dspark"
 
 
@@ -35,14 +42,20 @@ def is_speculators(config: dict[str, Any]) -> bool:
     return isinstance(config, dict) and config.get("speculators_config") is not None
 
 
-def to_speculators(native: dict[str, Any], *, verifier: str, verifier_architectures: list[str] | None = None
-                   ) -> dict[str, Any]:
+def to_speculators(
+    native: dict[str, Any], *, verifier: str, verifier_architectures: list[str] | None = None
+) -> dict[str, Any]:
     """The speculators-format config.json of a native Qwen3DSparkModel config (GQA drafts only)."""
     if native.get("architectures") != ["Qwen3DSparkModel"]:
-        raise ValueError(f"the speculators format has DSpark drafts of vLLM's Qwen3DSparkModel only, not "
-                         f"{native.get('architectures')}")
-    layer = {k: v for k, v in native.items()
-             if k not in (*DSPARK_FIELDS, "architectures", "target_layer_ids", "sample_from_anchor")}
+        raise ValueError(
+            f"the speculators format has DSpark drafts of vLLM's Qwen3DSparkModel only, not "
+            f"{native.get('architectures')}"
+        )
+    layer = {
+        k: v
+        for k, v in native.items()
+        if k not in (*DSPARK_FIELDS, "architectures", "target_layer_ids", "sample_from_anchor")
+    }
     return {
         "architectures": ["Qwen3DSparkModel"],
         "speculators_model_type": ALGORITHM,
@@ -65,11 +78,18 @@ def structure_problems(config: dict[str, Any]) -> list[tuple[str, str]]:
     problems = []
     spec = config.get("speculators_config")
     methods = spec.get("proposal_methods") if isinstance(spec, dict) else None
-    if not methods or not isinstance(methods, list) or not isinstance(methods[0], dict) \
-            or methods[0].get("speculative_tokens") is None:
+    if (
+        not methods
+        or not isinstance(methods, list)
+        or not isinstance(methods[0], dict)
+        or methods[0].get("speculative_tokens") is None
+    ):
         problems.append(("speculators_config.proposal_methods", "needs [{speculative_tokens: N}]"))
-    if not isinstance(spec, dict) or not isinstance(spec.get("verifier"), dict) \
-            or not spec["verifier"].get("name_or_path"):
+    if (
+        not isinstance(spec, dict)
+        or not isinstance(spec.get("verifier"), dict)
+        or not spec["verifier"].get("name_or_path")
+    ):
         problems.append(("speculators_config.verifier.name_or_path", "missing"))
     if config.get("speculators_model_type") != ALGORITHM:
         problems.append(("speculators_model_type", f"{config.get('speculators_model_type')!r} is not {ALGORITHM!r}"))

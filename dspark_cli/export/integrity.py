@@ -22,9 +22,9 @@ from typing import Any
 
 from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
 from dspark_cli.artifacts.draft import read_draft_manifest
+from dspark_cli.artifacts.files import sha256_file
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.export.rules import Finding, check_draft_dir
-from dspark_cli.artifacts.files import sha256_file
 
 REQUIRED = ("config.json", "model.safetensors")
 # environment the export writes into `serving.env`, and the values it writes
@@ -46,8 +46,13 @@ def checksum_findings(draft_dir: Path, manifest: dict[str, Any]) -> list[Finding
         elif not path.is_file():
             out.append(Finding(name, f"missing (listed in {MANIFEST})", "export the draft again"))
         elif sha256_file(path) != digest:
-            out.append(Finding(name, f"changed since export: sha256 differs from {MANIFEST} (truncated, corrupted "
-                               "or edited)", "export the draft again"))
+            out.append(
+                Finding(
+                    name,
+                    f"changed since export: sha256 differs from {MANIFEST} (truncated, corrupted or edited)",
+                    "export the draft again",
+                )
+            )
     return out
 
 
@@ -59,9 +64,13 @@ def target_findings(manifest: dict[str, Any], target: str | None) -> list[Findin
     expected = contract.get("target_config_sha256")
     actual = Target.named(target).geometry(strict=False).config_sha256 if target else None
     if expected and actual and expected != actual:
-        return [Finding("target", f"the draft was trained for target {contract.get('target')!r}, whose config "
-                        f"differs from {target}", "use the draft with its own target (contract.target in "
-                        f"{MANIFEST})")]
+        return [
+            Finding(
+                "target",
+                f"the draft was trained for target {contract.get('target')!r}, whose config differs from {target}",
+                f"use the draft with its own target (contract.target in {MANIFEST})",
+            )
+        ]
     return []
 
 
@@ -77,20 +86,30 @@ def serving_findings(manifest: dict[str, Any]) -> list[Finding]:
     refused = [k for k, v in env.items() if k not in SERVING_ENV or v not in SERVING_ENV[k]]
     if refused:
         shown = ", ".join(f"{k}={env[k]!r}" if k in SERVING_ENV else str(k) for k in refused)
-        out.append(Finding("serving.env", f"sets {shown}: a draft may only set {', '.join(SERVING_ENV)} (0 or 1) "
-                           "for vLLM", "set extra environment yourself when you launch vLLM, or export the draft again"))
+        out.append(
+            Finding(
+                "serving.env",
+                f"sets {shown}: a draft may only set {', '.join(SERVING_ENV)} (0 or 1) for vLLM",
+                "set extra environment yourself when you launch vLLM, or export the draft again",
+            )
+        )
     block = serving.get("num_speculative_tokens")
     if block is not None and (not isinstance(block, int) or isinstance(block, bool) or not 0 < block <= 64):
-        out.append(Finding("serving.num_speculative_tokens", f"{block!r} is not a block size", "export the draft again"))
+        out.append(
+            Finding("serving.num_speculative_tokens", f"{block!r} is not a block size", "export the draft again")
+        )
     kwargs = serving.get("chat_template_kwargs")
-    if kwargs is not None and (not isinstance(kwargs, dict) or not all(
-            isinstance(v, (bool, int, float, str)) or v is None for v in kwargs.values())):
+    if kwargs is not None and (
+        not isinstance(kwargs, dict)
+        or not all(isinstance(v, (bool, int, float, str)) or v is None for v in kwargs.values())
+    ):
         out.append(Finding("serving.chat_template_kwargs", "must map names to plain values", "export the draft again"))
     return out
 
 
-def draft_findings(draft_dir: str | Path, target: str | None = None, *,
-                   require_manifest: bool = True) -> tuple[dict[str, Any], list[Finding]]:
+def draft_findings(
+    draft_dir: str | Path, target: str | None = None, *, require_manifest: bool = True
+) -> tuple[dict[str, Any], list[Finding]]:
     """(manifest, every finding) for the draft at `draft_dir` used with `target` (a name or path; None: skip).
 
     Without `require_manifest` (export --check of a draft made elsewhere), a directory without a
@@ -104,8 +123,15 @@ def draft_findings(draft_dir: str | Path, target: str | None = None, *,
     target_config = Target.named(target).full_config() if target else None
     if not (draft_dir / MANIFEST).is_file() and not require_manifest:
         findings = check_draft_dir(draft_dir, target_config)
-        return {}, [*findings, Finding(MANIFEST, "missing: checksums, the trained-for target and serving settings "
-                                       "were not checked", "export it with dspark", "warning")]
+        return {}, [
+            *findings,
+            Finding(
+                MANIFEST,
+                "missing: checksums, the trained-for target and serving settings were not checked",
+                "export it with dspark",
+                "warning",
+            ),
+        ]
     manifest = read_draft_manifest(draft_dir)
     findings = checksum_findings(draft_dir, manifest)  # first: a changed file explains the findings after it
     findings += check_draft_dir(draft_dir, target_config, bool(manifest.get("include_embeddings")))
@@ -120,6 +146,8 @@ def verify_draft(draft_dir: str | Path, target: str | None = None, *, doing: str
     if errors:
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
         cls = ContractError if errors[0].key == "target" else DataError
-        raise cls(f"{draft_dir}: {errors[0].line()}{more}" + (f"; {doing}" if doing else ""),
-                  f"`dspark export --check {draft_dir}` lists every finding")
+        raise cls(
+            f"{draft_dir}: {errors[0].line()}{more}" + (f"; {doing}" if doing else ""),
+            f"`dspark export --check {draft_dir}` lists every finding",
+        )
     return manifest

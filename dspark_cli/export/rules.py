@@ -35,8 +35,12 @@ DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 
 # where vLLM looks, first wins
-LAYER_ID_KEYS = ("eagle_aux_hidden_state_layer_ids", "dflash_config.target_layer_ids", "dspark_target_layer_ids",
-                 "target_layer_ids")
+LAYER_ID_KEYS = (
+    "eagle_aux_hidden_state_layer_ids",
+    "dflash_config.target_layer_ids",
+    "dspark_target_layer_ids",
+    "target_layer_ids",
+)
 MASK_ID_KEYS = ("dflash_config.mask_token_id", "mask_token_id")
 
 
@@ -76,55 +80,115 @@ def check_config(config: dict[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     arch = arch_of(config)
     if arch is None:
-        return [Finding("architectures", f"{config.get('architectures')} is not a DSpark draft vLLM loads",
-                        'set ["K3DSparkModel"] (MLA) or ["Qwen3DSparkModel"] (GQA)')]
+        return [
+            Finding(
+                "architectures",
+                f"{config.get('architectures')} is not a DSpark draft vLLM loads",
+                'set ["K3DSparkModel"] (MLA) or ["Qwen3DSparkModel"] (GQA)',
+            )
+        ]
     want_type = "k3_dspark" if arch == "mla" else "qwen3"
     if config.get("model_type") != want_type:
-        out.append(Finding("model_type", f"{config.get('model_type')!r} does not select vLLM's {want_type} config",
-                           f'set "model_type": "{want_type}"'))
+        out.append(
+            Finding(
+                "model_type",
+                f"{config.get('model_type')!r} does not select vLLM's {want_type} config",
+                f'set "model_type": "{want_type}"',
+            )
+        )
     ids_key, ids, ids_disagree = read_as_vllm(config, LAYER_ID_KEYS)
     for other in ids_disagree:
-        out.append(Finding(other, f"{_get(config, other)} disagrees with {ids_key} {ids}, which vLLM reads first",
-                           f"remove {other} or make it equal"))
+        out.append(
+            Finding(
+                other,
+                f"{_get(config, other)} disagrees with {ids_key} {ids}, which vLLM reads first",
+                f"remove {other} or make it equal",
+            )
+        )
     if ids_key == "eagle_aux_hidden_state_layer_ids":
-        out.append(Finding(ids_key, "vLLM reads it before target_layer_ids and without the +1 offset: the draft "
-                           "would read other target layers", "remove it"))
+        out.append(
+            Finding(
+                ids_key,
+                "vLLM reads it before target_layer_ids and without the +1 offset: the draft "
+                "would read other target layers",
+                "remove it",
+            )
+        )
     if not ids or not isinstance(ids, list):
         out.append(Finding("target_layer_ids", "missing or empty", "list the 0-based target layers the draft reads"))
     elif config.get("num_target_layers") != len(ids):
-        out.append(Finding("num_target_layers", f"{config.get('num_target_layers')} != len(target_layer_ids) {len(ids)}",
-                           f"set it to {len(ids)} (the number of captured layers, not the target's depth)"))
+        out.append(
+            Finding(
+                "num_target_layers",
+                f"{config.get('num_target_layers')} != len(target_layer_ids) {len(ids)}",
+                f"set it to {len(ids)} (the number of captured layers, not the target's depth)",
+            )
+        )
     elif sorted(set(ids)) != ids or min(ids) < 0:
         out.append(Finding("target_layer_ids", f"{ids} must be unique, increasing and >= 0", "fix the list"))
     vocab, draft_vocab = config.get("vocab_size"), config.get("draft_vocab_size", config.get("vocab_size"))
     if draft_vocab != vocab:
-        out.append(Finding("draft_vocab_size", f"{draft_vocab} != vocab_size {vocab}: the draft shares the target's "
-                           "embedding and lm_head, so vLLM refuses (MLA) or needs d2t + lm_head (Qwen3)",
-                           "set draft_vocab_size = vocab_size"))
+        out.append(
+            Finding(
+                "draft_vocab_size",
+                f"{draft_vocab} != vocab_size {vocab}: the draft shares the target's "
+                "embedding and lm_head, so vLLM refuses (MLA) or needs d2t + lm_head (Qwen3)",
+                "set draft_vocab_size = vocab_size",
+            )
+        )
     mask_key, mask, mask_disagree = read_as_vllm(config, MASK_ID_KEYS)
     for other in mask_disagree:
-        out.append(Finding(other, f"{_get(config, other)} disagrees with {mask_key} {mask}, which vLLM reads first",
-                           f"remove {other} or make it equal"))
+        out.append(
+            Finding(
+                other,
+                f"{_get(config, other)} disagrees with {mask_key} {mask}, which vLLM reads first",
+                f"remove {other} or make it equal",
+            )
+        )
     if mask is None:
         out.append(Finding("mask_token_id", "missing: vLLM cannot build the query block", "set the mask token id"))
     elif isinstance(vocab, int) and not 0 <= mask < vocab:
-        out.append(Finding("mask_token_id", f"{mask} outside the vocabulary [0, {vocab})", "use a token id in the vocab"))
+        out.append(
+            Finding("mask_token_id", f"{mask} outside the vocabulary [0, {vocab})", "use a token id in the vocab")
+        )
     if config.get("enable_confidence_head") and "confidence_head_with_markov" not in config:
-        out.append(Finding("confidence_head_with_markov", "missing: vLLM then assumes false and the confidence "
-                           "head's input width no longer matches", "write it explicitly (true or false)"))
+        out.append(
+            Finding(
+                "confidence_head_with_markov",
+                "missing: vLLM then assumes false and the confidence head's input width no longer matches",
+                "write it explicitly (true or false)",
+            )
+        )
     if config.get("sample_from_anchor") is False:
-        out.append(Finding("sample_from_anchor", "false selects the DFlash 1+N layout; DSpark drafts sample from the anchor",
-                           "set it to true"))
+        out.append(
+            Finding(
+                "sample_from_anchor",
+                "false selects the DFlash 1+N layout; DSpark drafts sample from the anchor",
+                "set it to true",
+            )
+        )
     elif "sample_from_anchor" not in config:
-        out.append(Finding("sample_from_anchor", "missing: vLLM 0.33 assumes true, engines that guess the layout "
-                           "have served such drafts at under 1% acceptance", "write \"sample_from_anchor\": true "
-                           "(dspark export does)", "warning"))
+        out.append(
+            Finding(
+                "sample_from_anchor",
+                "missing: vLLM 0.33 assumes true, engines that guess the layout "
+                "have served such drafts at under 1% acceptance",
+                'write "sample_from_anchor": true (dspark export does)',
+                "warning",
+            )
+        )
     if config.get("hidden_act", "silu") != "silu":
         out.append(Finding("hidden_act", f"{config.get('hidden_act')!r}: dspark drafts use silu", 'set "silu"'))
     out += _check_rope(config, arch)
     if "block_size" not in config:
-        out.append(Finding("block_size", "missing: vLLM then needs num_speculative_tokens on every launch",
-                           "write the block size the draft was trained with", "warning"))
+        out.append(
+            Finding(
+                "block_size",
+                "missing: vLLM then needs num_speculative_tokens on every launch",
+                "write the block size the draft was trained with",
+                "warning",
+            )
+        )
     out += _check_mla_config(config) if arch == "mla" else _check_gqa_config(config)
     return out
 
@@ -136,12 +200,21 @@ def _check_rope(config: dict[str, Any], arch: str) -> list[Finding]:
     rope_type = rope.get("rope_type", "default")
     if rope_type == "yarn" and arch == "mla":
         missing = [k for k in ("factor", "original_max_position_embeddings") if not rope.get(k)]
-        return [Finding(f"rope_parameters.{k}", "missing: vLLM's YaRN needs it", "write the value the draft was "
-                        "trained with") for k in missing]
+        return [
+            Finding(
+                f"rope_parameters.{k}", "missing: vLLM's YaRN needs it", "write the value the draft was trained with"
+            )
+            for k in missing
+        ]
     if rope_type != "default":
         allowed = '"default" or "yarn"' if arch == "mla" else '"default"'
-        return [Finding("rope_parameters.rope_type", f"{rope_type!r}: {arch} drafts are trained with {allowed} RoPE",
-                        f"set {allowed}")]
+        return [
+            Finding(
+                "rope_parameters.rope_type",
+                f"{rope_type!r}: {arch} drafts are trained with {allowed} RoPE",
+                f"set {allowed}",
+            )
+        ]
     return []
 
 
@@ -165,7 +238,9 @@ def _check_gqa_config(config: dict[str, Any]) -> list[Finding]:
     if config.get("is_causal") or dflash.get("causal"):
         out.append(Finding("is_causal", "causal draft attention: DSpark's query block is non-causal", "remove it"))
     if any(t == "sliding_attention" for t in config.get("layer_types") or []) or dflash.get("use_swa"):
-        out.append(Finding("layer_types", "sliding-window draft layers: dspark trains full attention", "use full_attention"))
+        out.append(
+            Finding("layer_types", "sliding-window draft layers: dspark trains full attention", "use full_attention")
+        )
     for name in ("num_key_value_heads", "head_dim"):
         if not config.get(name):
             out.append(Finding(name, "missing", f"set {name}"))
@@ -174,42 +249,64 @@ def _check_gqa_config(config: dict[str, Any]) -> list[Finding]:
 
 def expected_tensors(config: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) of every tensor vLLM loads for this config (built on the meta device)."""
-    from dspark_cli.export.roster import tensor_roster
     from dspark_cli.artifacts.draft import draft_config_from_vllm_dict
+    from dspark_cli.export.roster import tensor_roster
 
     dtype = config.get("torch_dtype") or "bfloat16"
     roster = tensor_roster(draft_config_from_vllm_dict(config), dtype=dtype)
     return {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in roster}
 
 
-def check_weights(config: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]],
-                  include_embeddings: bool = False) -> list[Finding]:
+def check_weights(
+    config: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]], include_embeddings: bool = False
+) -> list[Finding]:
     """Names, shapes and dtypes of `tensors` (name -> (shape, dtype name)) against what vLLM allocates."""
     try:
         expected = expected_tensors(config)
     except (ValueError, TypeError) as exc:
-        return [Finding("config.json", f"cannot build the draft it describes ({str(exc).splitlines()[0]})",
-                        "fix the config findings above")]
+        return [
+            Finding(
+                "config.json",
+                f"cannot build the draft it describes ({str(exc).splitlines()[0]})",
+                "fix the config findings above",
+            )
+        ]
     out = []
     shared = ("embed_tokens.weight", "lm_head.weight")
     for name, (shape, dtype) in tensors.items():
         if name in expected:
             want_shape, want_dtype = expected[name]
             if tuple(shape) != want_shape:
-                out.append(Finding(name, f"shape {list(shape)} != {list(want_shape)} that vLLM allocates",
-                                   "re-export from a checkpoint of this config"))
+                out.append(
+                    Finding(
+                        name,
+                        f"shape {list(shape)} != {list(want_shape)} that vLLM allocates",
+                        "re-export from a checkpoint of this config",
+                    )
+                )
             if dtype != want_dtype:
                 severity = "warning" if name.startswith(FP32_TENSORS) else "error"
                 why = "vLLM keeps it in float32" if name.startswith(FP32_TENSORS) else f"config says {want_dtype}"
                 out.append(Finding(name, f"dtype {dtype}: {why}", f"write it as {want_dtype}", severity))
         elif name in shared:
             if not include_embeddings:
-                out.append(Finding(name, "the target's own weight is in the draft: K3 drops it, Qwen3 then uses "
-                                   "this copy instead of the target's", "export without --include-embeddings",
-                                   "warning"))
+                out.append(
+                    Finding(
+                        name,
+                        "the target's own weight is in the draft: K3 drops it, Qwen3 then uses "
+                        "this copy instead of the target's",
+                        "export without --include-embeddings",
+                        "warning",
+                    )
+                )
         elif name.endswith(".bias") and name.removesuffix(".bias") + ".weight" in expected:
-            out.append(Finding(name, "vLLM has no such bias and silently ignores it: the draft would lose it",
-                               "train without biases (dspark drafts have none)"))
+            out.append(
+                Finding(
+                    name,
+                    "vLLM has no such bias and silently ignores it: the draft would lose it",
+                    "train without biases (dspark drafts have none)",
+                )
+            )
         else:
             out.append(Finding(name, "unexpected tensor: vLLM's loader refuses or ignores it", "remove it"))
     for name in expected:
@@ -226,19 +323,40 @@ def check_against_target(config: dict[str, Any], target: dict[str, Any]) -> list
     if hidden is not None:
         for key in ("target_hidden_size", "hidden_size"):
             if config.get(key) != hidden:
-                out.append(Finding(key, f"{config.get(key)} != the target's hidden_size {hidden} (the draft shares "
-                                   "its embedding and reads its hidden states)", f"set {key} to {hidden}"))
+                out.append(
+                    Finding(
+                        key,
+                        f"{config.get(key)} != the target's hidden_size {hidden} (the draft shares "
+                        "its embedding and reads its hidden states)",
+                        f"set {key} to {hidden}",
+                    )
+                )
     if vocab is not None and config.get("vocab_size") != vocab:
-        out.append(Finding("vocab_size", f"{config.get('vocab_size')} != the target's vocab_size {vocab}",
-                           f"set vocab_size (and draft_vocab_size) to {vocab}"))
+        out.append(
+            Finding(
+                "vocab_size",
+                f"{config.get('vocab_size')} != the target's vocab_size {vocab}",
+                f"set vocab_size (and draft_vocab_size) to {vocab}",
+            )
+        )
     ids = read_as_vllm(config, LAYER_ID_KEYS)[1] or []
     if depth is not None and ids and isinstance(ids, list) and max(ids) >= depth:
-        out.append(Finding("target_layer_ids", f"layer {max(ids)} is beyond the target's {depth} layers "
-                           f"(0-based: 0..{depth - 1})", "retrain with layer ids inside the target"))
+        out.append(
+            Finding(
+                "target_layer_ids",
+                f"layer {max(ids)} is beyond the target's {depth} layers (0-based: 0..{depth - 1})",
+                "retrain with layer ids inside the target",
+            )
+        )
     mask = read_as_vllm(config, MASK_ID_KEYS)[1]
     if vocab is not None and isinstance(mask, int) and not 0 <= mask < vocab:
-        out.append(Finding("mask_token_id", f"{mask} is outside the target's vocabulary ({vocab})",
-                           "use a token id of the target's vocabulary"))
+        out.append(
+            Finding(
+                "mask_token_id",
+                f"{mask} is outside the target's vocabulary ({vocab})",
+                "use a token id of the target's vocabulary",
+            )
+        )
     return out
 
 
@@ -248,12 +366,16 @@ def read_tensor_table(weights: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 
     header = read_safetensors_header(weights)
     names = {v: k for k, v in DTYPES.items()}
-    return {name: (tuple(info["shape"]), names.get(info["dtype"], info["dtype"].lower()))
-            for name, info in header.items() if name != "__metadata__"}
+    return {
+        name: (tuple(info["shape"]), names.get(info["dtype"], info["dtype"].lower()))
+        for name, info in header.items()
+        if name != "__metadata__"
+    }
 
 
-def check_draft_dir(directory: str | Path, target_config: dict[str, Any] | None = None,
-                    include_embeddings: bool | None = None) -> list[Finding]:
+def check_draft_dir(
+    directory: str | Path, target_config: dict[str, Any] | None = None, include_embeddings: bool | None = None
+) -> list[Finding]:
     """Every finding for an exported draft directory (config, weights, and the target when given)."""
     directory = Path(directory)
     config_file, weights = directory / "config.json", directory / "model.safetensors"
@@ -270,15 +392,18 @@ def check_draft_dir(directory: str | Path, target_config: dict[str, Any] | None 
         return [Finding("model.safetensors", f"unreadable header ({getattr(exc, 'message', exc)})", "export again")]
     findings: list[Finding] = []
     if is_speculators(config):  # read the way vLLM's SpeculatorsConfig reads it, then the same rules
-        findings = [Finding(key, what, "export again with --export-format speculators")
-                    for key, what in structure_problems(config)]
+        findings = [
+            Finding(key, what, "export again with --export-format speculators")
+            for key, what in structure_problems(config)
+        ]
         if findings:
             return findings
         config = from_speculators(config)
     findings += check_config(config)
     if include_embeddings is None:  # what export recorded; a broken manifest is its reader's one-line error
-        include_embeddings = (directory / DRAFT_MANIFEST).is_file() and \
-            bool(read_draft_manifest(directory).get("include_embeddings"))
+        include_embeddings = (directory / DRAFT_MANIFEST).is_file() and bool(
+            read_draft_manifest(directory).get("include_embeddings")
+        )
     if not any(f.severity == "error" and f.key in ("architectures",) for f in findings):
         findings += check_weights(config, tensors, include_embeddings)
     if target_config is not None:

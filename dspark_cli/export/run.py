@@ -18,9 +18,18 @@ from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import Recipe
 
 
-def export_checkpoint(checkpoint: str | Path, *, recipe: Recipe | None = None, output: str | Path | None = None,
-                      dtype: str | None = None, fmt: str | None = None, include_embeddings: bool = False,
-                      target: str | None = None, force: bool = False, dry_run: bool = False) -> ExportPlan | ExportSummary:
+def export_checkpoint(
+    checkpoint: str | Path,
+    *,
+    recipe: Recipe | None = None,
+    output: str | Path | None = None,
+    dtype: str | None = None,
+    fmt: str | None = None,
+    include_embeddings: bool = False,
+    target: str | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+) -> ExportPlan | ExportSummary:
     """Export the training output `checkpoint`; return the plan (dry run) or a summary (`writer.export_draft`).
 
     With a `recipe` (the user's, or the resolved one training wrote beside the checkpoint) its `export`
@@ -33,8 +42,17 @@ def export_checkpoint(checkpoint: str | Path, *, recipe: Recipe | None = None, o
     if recipe is not None:
         output = output or recipe.stage_dir("export")
         dtype, fmt, include_embeddings = recipe.export.dtype, recipe.export.format, recipe.export.include_embeddings
-    return export_draft(checkpoint, output, recipe=recipe, dtype=dtype or "bfloat16", fmt=fmt or "vllm",
-                        include_embeddings=include_embeddings, target=target, dry_run=dry_run, force=force)
+    return export_draft(
+        checkpoint,
+        output,
+        recipe=recipe,
+        dtype=dtype or "bfloat16",
+        fmt=fmt or "vllm",
+        include_embeddings=include_embeddings,
+        target=target,
+        dry_run=dry_run,
+        force=force,
+    )
 
 
 def check_draft(directory: str | Path, target: str | None = None) -> list[Any]:
@@ -50,8 +68,8 @@ def planned_config_problems(recipe: Recipe) -> list[str]:
     errors only) its config.json would break. The mask token is left to export when the recipe leaves
     it to the tokenizer; a hub target not on this machine without declared geometry is not judged."""
     from dspark_cli.errors import DsparkError
-    from dspark_cli.export.rules import check_config
     from dspark_cli.export.roster import export_dry_run
+    from dspark_cli.export.rules import check_config
     from dspark_cli.targets import Target
 
     draft = recipe.draft.model_dump()
@@ -87,5 +105,6 @@ def meta_plan(recipe: Recipe) -> ExportPlan:
     config = None
     if Target.of(recipe).config() is not None:
         config = Target.of(recipe).transformers_config()
-    return ExportPlan.from_dict(export_dry_run(recipe.draft.model_dump(), recipe.target.model_dump(), config,
-                                               recipe.export.dtype))
+    return ExportPlan.from_dict(
+        export_dry_run(recipe.draft.model_dump(), recipe.target.model_dump(), config, recipe.export.dtype)
+    )

@@ -23,14 +23,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dspark_cli import __version__
+from dspark_cli.artifacts.draft import DRAFT_FILES, LoadedDraft, load_draft_dir
+from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
+from dspark_cli.artifacts.files import (
+    claim_output_dir,
+    clean_stale_temp_dirs,
+    make_public,
+    make_temp_dir,
+    replace_dir,
+    safetensors_os_error,
+    sha256_file,
+    write_json_atomic,
+)
+from dspark_cli.artifacts.results import ExportPlan, ExportSummary
 from dspark_cli.errors import DsparkError, UsageError
 from dspark_cli.export.rules import FP32_TENSORS, Finding, check_against_target, check_draft_dir, num_bytes
-from dspark_cli.artifacts.draft import DRAFT_FILES
-from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
-from dspark_cli.artifacts.draft import LoadedDraft, load_draft_dir
-from dspark_cli.artifacts.results import ExportPlan, ExportSummary
-from dspark_cli.artifacts.files import (claim_output_dir, clean_stale_temp_dirs, make_public, make_temp_dir, replace_dir,
-                                 safetensors_os_error, sha256_file, write_json_atomic)
 from dspark_cli.targets import Target
 
 if TYPE_CHECKING:
@@ -91,38 +98,54 @@ def as_speculators(plan: dict[str, Any], target: str | None, target_config: dict
     from dspark_cli.draft.speculators import to_speculators
 
     if plan["architecture"] != "Qwen3DSparkModel":
-        raise UsageError(f"--export-format speculators: a {plan['architecture']} (MLA) draft has no speculators form; "
-                         "vLLM maps speculators-format dspark to Qwen3DSparkModel only",
-                         "export MLA drafts in the native format: --export-format vllm")
+        raise UsageError(
+            f"--export-format speculators: a {plan['architecture']} (MLA) draft has no speculators form; "
+            "vLLM maps speculators-format dspark to Qwen3DSparkModel only",
+            "export MLA drafts in the native format: --export-format vllm",
+        )
     if not target:
-        raise UsageError("--export-format speculators names the target (the verifier) in config.json",
-                         "pass --target or --recipe")
+        raise UsageError(
+            "--export-format speculators names the target (the verifier) in config.json", "pass --target or --recipe"
+        )
     verifier_architectures = (target_config or {}).get("architectures") or []
-    return {**plan, "format": "speculators",
-            "config": to_speculators(plan["config"], verifier=target, verifier_architectures=verifier_architectures)}
+    return {
+        **plan,
+        "format": "speculators",
+        "config": to_speculators(plan["config"], verifier=target, verifier_architectures=verifier_architectures),
+    }
 
 
-def _manifest(draft: LoadedDraft, plan: dict[str, Any], recipe: Recipe | None, include_embeddings: bool,
-              directory: Path) -> dict[str, Any]:
+def _manifest(
+    draft: LoadedDraft, plan: dict[str, Any], recipe: Recipe | None, include_embeddings: bool, directory: Path
+) -> dict[str, Any]:
     train = draft.train_manifest
     contract = train.get("contract", {})
     config = plan["config"]
     serving = {"method": "dspark", "num_speculative_tokens": config.get("block_size")}
     if recipe is not None:
-        serving.update({"chat_template_kwargs": recipe.target.chat_template_kwargs,
-                        "attention_backend": recipe.serve.attention_backend,
-                        "draft_sample_method": recipe.serve.draft_sample_method,
-                        "rejection_sample_method": recipe.serve.rejection_sample_method})
+        serving.update(
+            {
+                "chat_template_kwargs": recipe.target.chat_template_kwargs,
+                "attention_backend": recipe.serve.attention_backend,
+                "draft_sample_method": recipe.serve.draft_sample_method,
+                "rejection_sample_method": recipe.serve.rejection_sample_method,
+            }
+        )
     aux_stream = (contract.get("extra") or {}).get("aux_attn_res_stream")
     if aux_stream is None and recipe is not None:
         aux_stream = recipe.capture.aux_attn_res_stream
     if aux_stream is not None:
         serving["env"] = {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": "1" if aux_stream else "0"}
     return {
-        "kind": "dspark.draft", "format_version": 1, "dspark": __version__, "format": plan.get("format", "vllm"),
-        "architecture": plan["architecture"], "dtype": config.get("torch_dtype"),
+        "kind": "dspark.draft",
+        "format_version": 1,
+        "dspark": __version__,
+        "format": plan.get("format", "vllm"),
+        "architecture": plan["architecture"],
+        "dtype": config.get("torch_dtype"),
         "include_embeddings": include_embeddings,
-        "contract": contract, "serving": serving,
+        "contract": contract,
+        "serving": serving,
         "training": train.get("summary", {}),
         "recipe": recipe.model_dump(mode="json") if recipe is not None else train.get("recipe"),
         # every file export writes but this one: what bench, serve and publish verify, and all publish uploads
@@ -130,9 +153,18 @@ def _manifest(draft: LoadedDraft, plan: dict[str, Any], recipe: Recipe | None, i
     }
 
 
-def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recipe: Recipe | None = None,
-                 dtype: str = "bfloat16", fmt: str = "vllm", include_embeddings: bool = False, target: str | None = None,
-                 dry_run: bool = False, force: bool = False) -> ExportPlan | ExportSummary:
+def export_draft(
+    checkpoint: str | Path,
+    output_dir: str | Path | None,
+    *,
+    recipe: Recipe | None = None,
+    dtype: str = "bfloat16",
+    fmt: str = "vllm",
+    include_embeddings: bool = False,
+    target: str | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+) -> ExportPlan | ExportSummary:
     """Export; return the plan (dry run) or a summary. Raises ExportError listing vLLM loader findings."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
@@ -141,7 +173,9 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
         raise UsageError(f"export format {fmt!r} is not one of vllm, speculators", "use --export-format vllm")
     draft = load_draft_dir(checkpoint)
     explicit = target is not None
-    target = target or (recipe.target.model if recipe is not None else draft.train_manifest.get("contract", {}).get("target"))
+    target = target or (
+        recipe.target.model if recipe is not None else draft.train_manifest.get("contract", {}).get("target")
+    )
     embeddings = _target_embeddings(target) if include_embeddings and target else None
     if include_embeddings and embeddings is None:
         raise UsageError("--include-embeddings needs to know the target", "pass --target or --recipe")
@@ -158,12 +192,21 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     if fmt == "speculators":
         plan = as_speculators(plan, target, target_config)
     if dry_run:
-        return ExportPlan.from_dict({**plan, "findings": [f.line() for f in check_against_target(native, target_config or {})]})
+        return ExportPlan.from_dict(
+            {**plan, "findings": [f.line() for f in check_against_target(native, target_config or {})]}
+        )
     if output_dir is None:
         raise UsageError("export needs an output directory", "pass -o DIR (or --recipe for export.output_dir)")
     final = Path(output_dir)
-    claim_output_dir(final, kind="dspark.draft", what="draft", force=force, manifest_name=MANIFEST,
-                     inputs=(checkpoint, draft.source), own=EXPORTED_FILES)
+    claim_output_dir(
+        final,
+        kind="dspark.draft",
+        what="draft",
+        force=force,
+        manifest_name=MANIFEST,
+        inputs=(checkpoint, draft.source),
+        own=EXPORTED_FILES,
+    )
     final.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_temp_dirs(final)  # left by killed exports of this directory (never a live one's)
     tmp = make_temp_dir(final)
@@ -186,5 +229,10 @@ def export_draft(checkpoint: str | Path, output_dir: str | Path | None, *, recip
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ExportSummary(output_dir=str(final), architecture=plan["architecture"], num_tensors=plan["num_tensors"],
-                         num_bytes=plan["num_bytes"], warnings=[f.line() for f in findings if f.severity != "error"])
+    return ExportSummary(
+        output_dir=str(final),
+        architecture=plan["architecture"],
+        num_tensors=plan["num_tensors"],
+        num_bytes=plan["num_bytes"],
+        warnings=[f.line() for f in findings if f.severity != "error"],
+    )

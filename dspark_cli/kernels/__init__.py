@@ -77,8 +77,12 @@ def build(compiler: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        subprocess.run([compiler, *FLAGS, f"-I{CSRC}", *(str(CSRC / name) for name in SOURCES), "-o", str(out),
-                        "-lm"], check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [compiler, *FLAGS, f"-I{CSRC}", *(str(CSRC / name) for name in SOURCES), "-o", str(out), "-lm"],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         os.replace(out, target)
     return target
 
@@ -101,8 +105,12 @@ def library() -> ctypes.CDLL | None:
             except (OSError, subprocess.SubprocessError) as exc:
                 detail = getattr(exc, "stderr", None) or str(exc)
                 detail = (detail.decode(errors="replace") if isinstance(detail, bytes) else detail).strip()
-                log.warning("dspark's CPU kernels did not build with %s (%s); training runs the slower torch code "
-                            "(DSPARK_CPU_KERNEL=0 silences this)", compiler, (detail.splitlines() or ["?"])[-1][:200])
+                log.warning(
+                    "dspark's CPU kernels did not build with %s (%s); training runs the slower torch code "
+                    "(DSPARK_CPU_KERNEL=0 silences this)",
+                    compiler,
+                    (detail.splitlines() or ["?"])[-1][:200],
+                )
                 lib = None
         _loaded["lib"] = lib
     return _loaded["lib"]

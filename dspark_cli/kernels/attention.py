@@ -43,8 +43,23 @@ def _lib():
         fwd, bwd = lib.dspark_block_attn_fwd, lib.dspark_block_attn_bwd
         strides = ctypes.POINTER(ctypes.c_int64)
         fwd.argtypes = [_I64] * 8 + [strides, _P, _P, _P, _P, ctypes.c_float, _P, _P, _P, ctypes.c_int]
-        bwd.argtypes = [_I64] * 8 + [strides, _P, _P, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P, _P, _P, _I64,
-                                     ctypes.c_int]
+        bwd.argtypes = [_I64] * 8 + [
+            strides,
+            _P,
+            _P,
+            _P,
+            _P,
+            ctypes.c_float,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            _I64,
+            ctypes.c_int,
+        ]
         fwd.restype = bwd.restype = None
         _fns.update(fwd=fwd, bwd=bwd)
     return _fns["fwd"], _fns["bwd"]
@@ -62,9 +77,13 @@ kernel_on._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 def _supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> bool:
     """fp32 CPU tensors, head dims in whole vectors, whole blocks of 1 to WIDTH queries."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k, v))
-            and q.shape[-1] % WIDTH == 0 and v.shape[-1] % WIDTH == 0 and 1 <= block_size <= WIDTH
-            and q.shape[2] % block_size == 0)
+    return (
+        all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k, v))
+        and q.shape[-1] % WIDTH == 0
+        and v.shape[-1] % WIDTH == 0
+        and 1 <= block_size <= WIDTH
+        and q.shape[2] % block_size == 0
+    )
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int) -> bool:
@@ -85,11 +104,20 @@ def _dims(q, k, v, ctx_limit, block_size):
     """The kernel's size arguments, after checking everything the C code relies on (it indexes with them)."""
     bsz, hq, nq, d = q.shape
     hk, nk, dv = k.shape[1], k.shape[2], v.shape[-1]
-    if (not _supported(q, k, v, block_size) or k.shape[0] != bsz or v.shape[:3] != k.shape[:3]
-            or k.shape[-1] != d or hq % hk or nk < nq or tuple(ctx_limit.shape) != (bsz, nq // block_size)):
-        raise ValueError(f"block attention kernel: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"ctx_limit {tuple(ctx_limit.shape)}, blocks of {block_size}: not fp32 CPU tensors of "
-                         f"fitting shapes (head dims multiples of {WIDTH}, blocks of 1 to {WIDTH})")
+    if (
+        not _supported(q, k, v, block_size)
+        or k.shape[0] != bsz
+        or v.shape[:3] != k.shape[:3]
+        or k.shape[-1] != d
+        or hq % hk
+        or nk < nq
+        or tuple(ctx_limit.shape) != (bsz, nq // block_size)
+    ):
+        raise ValueError(
+            f"block attention kernel: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+            f"ctx_limit {tuple(ctx_limit.shape)}, blocks of {block_size}: not fp32 CPU tensors of "
+            f"fitting shapes (head dims multiples of {WIDTH}, blocks of 1 to {WIDTH})"
+        )
     return bsz, hq, hk, nk - nq, nq, block_size, d, dv
 
 
@@ -109,8 +137,15 @@ def _segments(bsz: int, hk: int, num_blocks: int) -> int:
 
 
 @torch.library.custom_op("dspark::block_attention", mutates_args=())
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: torch.Tensor, block_size: int,
-             scale: float, keep_probs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx_limit: torch.Tensor,
+    block_size: int,
+    scale: float,
+    keep_probs: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, probs): lse and probs (the softmax, kept with `keep_probs` below PROBS_BYTES, else empty) are
     for the backward, which recomputes the softmax when probs is empty (~35% more backward work)."""
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
@@ -122,28 +157,54 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: torch
     if out.numel():
         limit = ctx_limit.to(torch.int64).contiguous()
         strides = _strides(q, k, v, out)
-        _lib()[0](*dims, strides, q.data_ptr(), k.data_ptr(), v.data_ptr(), limit.data_ptr(), scale,
-                  out.data_ptr(), lse.data_ptr(), probs.data_ptr() if probs.numel() else None,
-                  torch.get_num_threads())
+        _lib()[0](
+            *dims,
+            strides,
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            limit.data_ptr(),
+            scale,
+            out.data_ptr(),
+            lse.data_ptr(),
+            probs.data_ptr() if probs.numel() else None,
+            torch.get_num_threads(),
+        )
     return out, lse, probs
 
 
 @_forward.register_fake
 def _(q, k, v, ctx_limit, block_size, scale, keep_probs):
     bsz, hq, nq = q.shape[:3]
-    return (q.new_empty(bsz, nq, hq, v.shape[-1]).transpose(1, 2), q.new_empty(bsz, hq, nq),
-            q.new_empty(_probs_shape(q, k, keep_probs)))
+    return (
+        q.new_empty(bsz, nq, hq, v.shape[-1]).transpose(1, 2),
+        q.new_empty(bsz, hq, nq),
+        q.new_empty(_probs_shape(q, k, keep_probs)),
+    )
 
 
 @torch.library.custom_op("dspark::block_attention_backward", mutates_args=())
-def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor, probs: torch.Tensor, grad_out: torch.Tensor, block_size: int,
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx_limit: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    probs: torch.Tensor,
+    grad_out: torch.Tensor,
+    block_size: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v, out, grad_out = (_unit_last(t) for t in (q, k, v, out, grad_out))
     dims = _dims(q, k, v, ctx_limit, block_size)
     want = (*q.shape[:3], v.shape[-1])
-    if (tuple(out.shape) != want or tuple(grad_out.shape) != want or tuple(lse.shape) != want[:3]
-            or (probs.numel() and tuple(probs.shape) != _probs_shape(q, k, True))):
+    if (
+        tuple(out.shape) != want
+        or tuple(grad_out.shape) != want
+        or tuple(lse.shape) != want[:3]
+        or (probs.numel() and tuple(probs.shape) != _probs_shape(q, k, True))
+    ):
         raise ValueError("block attention kernel backward: out, grad_out, lse or probs do not fit q, k, v")
     grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() and k.numel():
@@ -151,9 +212,22 @@ def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: t
         lse = lse.contiguous()
         strides = _strides(q, k, v, out, grad_out, *grads)
         segs = _segments(dims[0], dims[2], dims[4] // block_size)
-        _lib()[1](*dims, strides, q.data_ptr(), k.data_ptr(), v.data_ptr(), limit.data_ptr(), scale,
-                  out.data_ptr(), lse.data_ptr(), probs.data_ptr() if probs.numel() else None, grad_out.data_ptr(),
-                  *(g.data_ptr() for g in grads), segs, torch.get_num_threads())
+        _lib()[1](
+            *dims,
+            strides,
+            q.data_ptr(),
+            k.data_ptr(),
+            v.data_ptr(),
+            limit.data_ptr(),
+            scale,
+            out.data_ptr(),
+            lse.data_ptr(),
+            probs.data_ptr() if probs.numel() else None,
+            grad_out.data_ptr(),
+            *(g.data_ptr() for g in grads),
+            segs,
+            torch.get_num_threads(),
+        )
     else:
         for g in grads:
             g.zero_()
@@ -182,8 +256,9 @@ def _backward(ctx, grad_out, grad_lse, grad_probs):
 _forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def cpu_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: torch.Tensor,
-                        block_size: int, scale: float) -> torch.Tensor:
+def cpu_block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx_limit: torch.Tensor, block_size: int, scale: float
+) -> torch.Tensor:
     """[B, Hq, Q, Dv] block attention (see the module docstring); call only where `applies`."""
     keep = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     return _forward(q, k, v, ctx_limit, block_size, scale, keep)[0]

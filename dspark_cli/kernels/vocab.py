@@ -32,8 +32,25 @@ _loaded: dict[str, object] = {}
 class VocabKernel:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._rows = lib.dspark_vocab_rows
-        self._rows.argtypes = [_I64, _I64, _P, _P, _P, _P, _P, _P, _P, _P, ctypes.c_int, ctypes.c_float, ctypes.c_float,
-                               ctypes.c_float, ctypes.c_int, _P, ctypes.c_int]
+        self._rows.argtypes = [
+            _I64,
+            _I64,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            _P,
+            ctypes.c_int,
+            ctypes.c_float,
+            ctypes.c_float,
+            ctypes.c_float,
+            ctypes.c_int,
+            _P,
+            ctypes.c_int,
+        ]
         self._rows.restype = None
         self._argmax = lib.dspark_row_argmax
         self._argmax.argtypes = [_I64, _I64, _P, _P, ctypes.c_int]
@@ -46,20 +63,49 @@ class VocabKernel:
             if t.device.type != "cpu" or t.dtype != want or not t.is_contiguous():
                 raise ValueError(f"{name}: need a contiguous CPU {want} tensor, got {t.dtype} on {t.device}")
 
-    def rows(self, z, table, rows, labels, top, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool,
-             shares: tuple[float, float, float] = (0.0, 0.0, 1.0)) -> None:
+    def rows(
+        self,
+        z,
+        table,
+        rows,
+        labels,
+        top,
+        w_ce,
+        w_l1,
+        out_scale,
+        by_l1: bool,
+        stats,
+        *,
+        grads: bool,
+        shares: tuple[float, float, float] = (0.0, 0.0, 1.0),
+    ) -> None:
         """In place: z [c, V] logits -> gradient (with `grads`), stats [c, 4]; see csrc/vocab.c. `shares`:
         the CE target's weights on q, on the target's top-1 and on the label (`loss.ce_shares`)."""
-        self._check(z=z, table=table, rows=rows, labels=labels, top=top, w_ce=w_ce, w_l1=w_l1,
-                    out_scale=out_scale, stats=stats)
+        self._check(
+            z=z, table=table, rows=rows, labels=labels, top=top, w_ce=w_ce, w_l1=w_l1, out_scale=out_scale, stats=stats
+        )
         c, vocab = z.shape
         if table.shape[1] != vocab or stats.shape != (c, 4) or not (rows.numel() == labels.numel() == c):
             raise ValueError("vocab kernel: shapes do not line up")
         if c and not (0 <= int(labels.min()) and int(labels.max()) < vocab):  # the C code indexes with them
             raise IndexError(f"vocab kernel: a label is outside the vocabulary of {vocab}")
-        self._rows(c, vocab, z.data_ptr(), table.data_ptr(), rows.data_ptr(), labels.data_ptr(), top.data_ptr(),
-                   w_ce.data_ptr(), w_l1.data_ptr(), out_scale.data_ptr(), int(by_l1), *map(float, shares),
-                   int(grads), stats.data_ptr(), torch.get_num_threads())
+        self._rows(
+            c,
+            vocab,
+            z.data_ptr(),
+            table.data_ptr(),
+            rows.data_ptr(),
+            labels.data_ptr(),
+            top.data_ptr(),
+            w_ce.data_ptr(),
+            w_l1.data_ptr(),
+            out_scale.data_ptr(),
+            int(by_l1),
+            *map(float, shares),
+            int(grads),
+            stats.data_ptr(),
+            torch.get_num_threads(),
+        )
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
         self._check(x=x)

@@ -45,8 +45,14 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # musl and others have no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    ok = all(mallopt(param, value) == 1 for param, value in
-             ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)))
+    ok = all(
+        mallopt(param, value) == 1
+        for param, value in (
+            (M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+            (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+            (M_TOP_PAD, TOP_PAD),
+        )
+    )
     if not ok:
         log.debug("mallopt refused a setting; host allocations keep glibc's defaults")
     _done = ok

@@ -29,10 +29,25 @@ if TYPE_CHECKING:
 
 ALL_DEVICES = "DSPARK_ALL_DEVICES"  # the machine's device list before a rank narrowed CUDA_VISIBLE_DEVICES
 # torchrun's variables: a producer started by a rank is not part of the training job
-TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME",
-                 "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
-                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCHELASTIC_ERROR_FILE")
+TORCHRUN_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TORCHELASTIC_ERROR_FILE",
+)
 
 
 DEVICE_NODES = "/dev/nvidia[0-9]*"  # one character device per GPU the driver (or container runtime) gives us
@@ -92,9 +107,11 @@ def default_split(recipe: Recipe, gpus: int) -> tuple[list[int], list[int]] | No
 
 def describe_split(capture: list[int], train: list[int]) -> str:
     """`producers on GPUs 0-3, trainer ranks on GPUs 4-7` (a range when contiguous)."""
+
     def spell(devices: list[int]) -> str:
         contiguous = len(devices) > 1 and devices == list(range(devices[0], devices[-1] + 1))
         return f"{devices[0]}-{devices[-1]}" if contiguous else ",".join(map(str, devices))
+
     return f"producers on GPUs {spell(capture)}, trainer ranks on GPUs {spell(train)}"
 
 
@@ -116,9 +133,11 @@ def device_split_problems(recipe: Recipe, available: int | None = None) -> list[
     capture, train = recipe.capture, recipe.train
     problems: list[str] = []
     if available and (split := default_split(recipe, available)) and len(split[0]) + len(split[1]) > available:
-        return [f"unset, so the default split gives {capture.workers} producers x {engine_devices(recipe)} GPUs "
-                f"(engine tensor parallelism) and train.nproc_per_node={train.nproc_per_node} trainer ranks one "
-                f"GPU each: {len(split[0]) + len(split[1])} GPUs, this machine has {available}"]
+        return [
+            f"unset, so the default split gives {capture.workers} producers x {engine_devices(recipe)} GPUs "
+            f"(engine tensor parallelism) and train.nproc_per_node={train.nproc_per_node} trainer ranks one "
+            f"GPU each: {len(split[0]) + len(split[1])} GPUs, this machine has {available}"
+        ]
     cap, trn = list(capture.devices or []), list(train.devices or [])
     for name, devices in (("capture.devices", cap), ("train.devices", trn)):
         if len(set(devices)) != len(devices):
@@ -129,12 +148,16 @@ def device_split_problems(recipe: Recipe, available: int | None = None) -> list[
     if capture.mode != "online":
         return problems
     if overlap := sorted(set(cap) & set(trn)):
-        problems.append(f"capture.devices and train.devices share devices {overlap}: the engines and the trainers "
-                        "would compete for their memory")
+        problems.append(
+            f"capture.devices and train.devices share devices {overlap}: the engines and the trainers "
+            "would compete for their memory"
+        )
     need = capture.workers * engine_devices(recipe)
     if cap and len(cap) < need:
-        problems.append(f"capture.devices has {len(cap)} devices, {capture.workers} producers x "
-                        f"{engine_devices(recipe)} (engine tensor parallelism) need {need}")
+        problems.append(
+            f"capture.devices has {len(cap)} devices, {capture.workers} producers x "
+            f"{engine_devices(recipe)} (engine tensor parallelism) need {need}"
+        )
     if trn and len(trn) < train.nproc_per_node:
         problems.append(f"train.devices has {len(trn)} devices for train.nproc_per_node={train.nproc_per_node}")
     if (cap and not trn) or (trn and not cap):
@@ -158,7 +181,7 @@ def producer_environ(recipe: Recipe, worker: int, base: Mapping[str, str] = os.e
     devices = recipe.capture.devices
     if devices:
         per = engine_devices(recipe)
-        env["CUDA_VISIBLE_DEVICES"] = _visible(list(devices)[worker * per:(worker + 1) * per], base)
+        env["CUDA_VISIBLE_DEVICES"] = _visible(list(devices)[worker * per : (worker + 1) * per], base)
         env[ALL_DEVICES] = ",".join(_machine_devices(base) or [])
     return env
 

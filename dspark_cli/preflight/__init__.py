@@ -55,8 +55,14 @@ class Context:
     machine: Machine | None  # None: recipe-only
 
 
-def preflight(recipe: Recipe, stages: list[str] | tuple[str, ...] = RUN_STAGES, options: StageOptions | None = None,
-              *, machine: Machine | bool = True, shared: bool = True) -> list[str]:
+def preflight(
+    recipe: Recipe,
+    stages: list[str] | tuple[str, ...] = RUN_STAGES,
+    options: StageOptions | None = None,
+    *,
+    machine: Machine | bool = True,
+    shared: bool = True,
+) -> list[str]:
     """Every problem `stages` of `recipe` would meet, one line each (empty: nothing to refuse).
 
     `machine=True` judges this machine, `False` the recipe alone, a `Machine(...)` the machine it describes.
@@ -82,9 +88,15 @@ def preflight(recipe: Recipe, stages: list[str] | tuple[str, ...] = RUN_STAGES, 
     return problems
 
 
-def check_preflight(recipe: Recipe, stages: list[str] | tuple[str, ...] = RUN_STAGES,
-                    options: StageOptions | None = None, *, machine: Machine | bool = True,
-                    shared: bool = True, source: str | None = None) -> None:
+def check_preflight(
+    recipe: Recipe,
+    stages: list[str] | tuple[str, ...] = RUN_STAGES,
+    options: StageOptions | None = None,
+    *,
+    machine: Machine | bool = True,
+    shared: bool = True,
+    source: str | None = None,
+) -> None:
     """`preflight`, as one RecipeError (exit 2) listing every problem; `source` names the recipe in the hint."""
     problems = preflight(recipe, stages, options, machine=machine, shared=shared)
     if problems:

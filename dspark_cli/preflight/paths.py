@@ -13,8 +13,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dspark_cli.artifacts.files import MANIFEST_NAME, claim_output_dir, ownership_problem
 from dspark_cli.artifacts.draft import DRAFT_FILES
+from dspark_cli.artifacts.files import MANIFEST_NAME, claim_output_dir, ownership_problem
 from dspark_cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -43,8 +43,11 @@ def output_dirs_creatable(recipe: Recipe) -> list[str]:
         if blocker is None or blocker.is_dir() or blocker in seen:
             continue
         seen.add(blocker)
-        problems.append(f"{key}: {directory} is a file, not a directory; choose another directory" if blocker == path
-                        else f"{key}: {blocker} is a file, so {directory} cannot be made; choose another directory")
+        problems.append(
+            f"{key}: {directory} is a file, not a directory; choose another directory"
+            if blocker == path
+            else f"{key}: {blocker} is a file, so {directory} cannot be made; choose another directory"
+        )
     return problems
 
 
@@ -55,13 +58,17 @@ def stage_dirs_apart(recipe: Recipe, context: Context) -> list[str]:
     for a, b in combinations(DIR_STAGES, 2):
         outer, inner = _where(recipe, a), _where(recipe, b)
         if outer == inner:
-            problems.append(f"{b}.output_dir: {recipe.stage_dir(b)} is also {a}'s output directory; "
-                            f"give each stage its own (set {b}.output_dir)")
+            problems.append(
+                f"{b}.output_dir: {recipe.stage_dir(b)} is also {a}'s output directory; "
+                f"give each stage its own (set {b}.output_dir)"
+            )
             continue
         for (x, px), (y, py) in (((a, outer), (b, inner)), ((b, inner), (a, outer))):
             if px in py.parents:
-                problems.append(f"{x}.output_dir: {recipe.stage_dir(x)} holds {y}'s output directory "
-                                f"{recipe.stage_dir(y)}; give each stage a directory of its own")
+                problems.append(
+                    f"{x}.output_dir: {recipe.stage_dir(x)} holds {y}'s output directory "
+                    f"{recipe.stage_dir(y)}; give each stage a directory of its own"
+                )
     return problems
 
 
@@ -69,8 +76,15 @@ def export_output_claimable(recipe: Recipe, context: Context) -> list[str]:
     """What `export` refuses to write (claim_output_dir): not its own earlier draft, its input, the cwd."""
     source = context.options.inputs.get("export", recipe.stage_dir("train"))
     try:
-        claim_output_dir(recipe.stage_dir("export"), kind="dspark.draft", what="draft", force=context.options.force,
-                         manifest_name=DRAFT_MANIFEST, inputs=(source,), own=DRAFT_FILES)
+        claim_output_dir(
+            recipe.stage_dir("export"),
+            kind="dspark.draft",
+            what="draft",
+            force=context.options.force,
+            manifest_name=DRAFT_MANIFEST,
+            inputs=(source,),
+            own=DRAFT_FILES,
+        )
     except UsageError as exc:
         return [f"export.output_dir: {exc.message}; {exc.hint}"]
     return []
@@ -98,9 +112,11 @@ def capture_settings_match(recipe: Recipe, context: Context) -> list[str]:
     for key in ("max_seq_len", "shard_tokens"):
         made, now = manifest.get(key), getattr(recipe.capture, key)
         if made is not None and made != now:
-            problems.append(f"capture.{key}: {recipe.stage_dir('capture')} was captured with capture.{key}={made}, "
-                            f"this recipe says {now}; set capture.{key}={made}, or capture into a new "
-                            "capture.output_dir")
+            problems.append(
+                f"capture.{key}: {recipe.stage_dir('capture')} was captured with capture.{key}={made}, "
+                f"this recipe says {now}; set capture.{key}={made}, or capture into a new "
+                "capture.output_dir"
+            )
     return problems
 
 
@@ -110,8 +126,10 @@ def resume_never_has_nothing_to_overwrite(recipe: Recipe, context: Context) -> l
     root = Path(recipe.stage_dir("train")).expanduser() / "checkpoints"
     done = sorted(p.name for p in root.glob("step-*") if (p / "meta.json").is_file() and (p / ".metadata").is_file())
     if done:
-        return [f"--resume never: {recipe.stage_dir('train')} already holds checkpoints (latest {done[-1]}); "
-                "continue with --resume auto, or train into another directory with -o DIR"]
+        return [
+            f"--resume never: {recipe.stage_dir('train')} already holds checkpoints (latest {done[-1]}); "
+            "continue with --resume auto, or train into another directory with -o DIR"
+        ]
     return []
 
 
@@ -120,13 +138,16 @@ def inputs_ready(recipe: Recipe, context: Context) -> list[str]:
     stages, problems = context.stages, []
     if "capture" in stages and "datagen" not in stages and not _complete(recipe, "capture"):
         if not _complete(recipe, "datagen"):
-            problems.append(f"datagen.output_dir: {recipe.stage_dir('datagen')} holds no finished datagen output "
-                            "to capture from; run `dspark datagen RECIPE` first")
+            problems.append(
+                f"datagen.output_dir: {recipe.stage_dir('datagen')} holds no finished datagen output "
+                "to capture from; run `dspark datagen RECIPE` first"
+            )
     if "export" in stages and "train" not in stages:
         source = Path(context.options.inputs.get("export", recipe.stage_dir("train"))).expanduser()
         if not source.exists():
-            problems.append(f"export: checkpoint not found: {source}; pass the training output directory "
-                            "(e.g. runs/NAME/train)")
+            problems.append(
+                f"export: checkpoint not found: {source}; pass the training output directory (e.g. runs/NAME/train)"
+            )
     return problems
 
 
@@ -157,8 +178,10 @@ def outputs_writable(recipe: Recipe, context: Context) -> list[str]:
         if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
             read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
             reason = "read-only file system" if read_only else "permission denied"
-            problems.append(f"{stage}.output_dir: cannot write {where}: {reason} ({existing}); set output_dir "
-                            "(or -o) to a writable directory")
+            problems.append(
+                f"{stage}.output_dir: cannot write {where}: {reason} ({existing}); set output_dir "
+                "(or -o) to a writable directory"
+            )
     return problems
 
 
@@ -166,8 +189,12 @@ RULES = {stage: [stage_dirs_apart] for stage in DIR_STAGES}
 DISK_RULES = {
     "datagen": [resumable_output_is_ours, outputs_writable],
     "capture": [resumable_output_is_ours, inputs_ready, outputs_writable],
-    "train": [resumable_output_is_ours, capture_settings_match, resume_never_has_nothing_to_overwrite,
-              outputs_writable],
+    "train": [
+        resumable_output_is_ours,
+        capture_settings_match,
+        resume_never_has_nothing_to_overwrite,
+        outputs_writable,
+    ],
     "export": [export_output_claimable, inputs_ready, outputs_writable],
     "bench": [outputs_writable],
 }

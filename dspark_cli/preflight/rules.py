@@ -23,9 +23,11 @@ def online_device_split(recipe: Recipe, context: Context) -> list[str]:
     if recipe.capture.mode != "online" or recipe.capture.external_producers:
         return []
     available = context.machine.gpus if context.machine is not None and context.machine.gpus else None
-    return [f"capture.devices / train.devices: {p}; give producers and trainers disjoint lists that fit, or "
-            "lower capture.workers / train.nproc_per_node (docs/online.md)"
-            for p in device_split_problems(recipe, available)]
+    return [
+        f"capture.devices / train.devices: {p}; give producers and trainers disjoint lists that fit, or "
+        "lower capture.workers / train.nproc_per_node (docs/online.md)"
+        for p in device_split_problems(recipe, available)
+    ]
 
 
 def k3_stream_needs_vllm(recipe: Recipe, context: Context) -> list[str]:
@@ -33,8 +35,10 @@ def k3_stream_needs_vllm(recipe: Recipe, context: Context) -> list[str]:
     capture, machine = recipe.capture, context.machine
     backend = capture.backend_here(machine.has("vllm")) if machine is not None else capture.backend
     if capture.aux_attn_res_stream and backend == "hf" and Target.of(recipe).geometry(strict=False).is_kimi_k3:
-        return ["capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's attention-residual stream; "
-                "set capture.backend=vllm, or aux_attn_res_stream=false (and serve with the same)"]
+        return [
+            "capture.aux_attn_res_stream: only the vllm backend captures Kimi-K3's attention-residual stream; "
+            "set capture.backend=vllm, or aux_attn_res_stream=false (and serve with the same)"
+        ]
     return []
 
 
@@ -46,9 +50,13 @@ def capture_prompt_fits_vllm(recipe: Recipe, context: Context) -> list[str]:
     backend = capture.backend_here(machine.has("vllm")) if machine is not None else capture.backend
     if backend == "hf" or capture.max_seq_len < limit:
         return []
-    return [(f"capture.max_seq_len: {capture.max_seq_len} is not below target.max_model_len {limit}, and the vLLM "
-             f"capture engine refuses a prompt of max_model_len tokens; set capture.max_seq_len<={limit - 1}, raise "
-             "target.max_model_len, or set capture.backend=hf")]
+    return [
+        (
+            f"capture.max_seq_len: {capture.max_seq_len} is not below target.max_model_len {limit}, and the vLLM "
+            f"capture engine refuses a prompt of max_model_len tokens; set capture.max_seq_len<={limit - 1}, raise "
+            "target.max_model_len, or set capture.backend=hf"
+        )
+    ]
 
 
 def datagen_has_sources(recipe: Recipe, context: Context) -> list[str]:
@@ -66,16 +74,22 @@ def export_format_fits_the_draft(recipe: Recipe, context: Context) -> list[str]:
         config = Target.of(recipe).config()
         arch = "mla" if (config or {}).get("kv_lora_rank") else "gqa" if config else "auto"
     if arch == "mla":
-        return [("export.format: speculators has no MLA form (vLLM maps speculators-format dspark to "
-                 "Qwen3DSparkModel only); MLA drafts stay native: set export.format=vllm")]
+        return [
+            (
+                "export.format: speculators has no MLA form (vLLM maps speculators-format dspark to "
+                "Qwen3DSparkModel only); MLA drafts stay native: set export.format=vllm"
+            )
+        ]
     return []
 
 
 def export_embeddings_need_a_local_target(recipe: Recipe, context: Context) -> list[str]:
     """--include-embeddings reads the target's own safetensors files (export/writer.py)."""
     if recipe.export.include_embeddings and _hub_id(recipe):
-        return [f"export.include_embeddings: reads the target's weights from disk, and target.model "
-                f"{recipe.target.model} is a hub id; download it and set target.model to its directory"]
+        return [
+            f"export.include_embeddings: reads the target's weights from disk, and target.model "
+            f"{recipe.target.model} is a hub id; download it and set target.model to its directory"
+        ]
     return []
 
 
@@ -95,8 +109,10 @@ def bench_has_datasets(recipe: Recipe, context: Context) -> list[str]:
 def bench_thresholds_need_confidence(recipe: Recipe, context: Context) -> list[str]:
     """Confidence-scheduled verification reads the confidence head (bench/engine.py)."""
     if any(t > 0 for t in recipe.bench.confidence_thresholds) and not recipe.draft.confidence_head:
-        return ["bench.confidence_thresholds: thresholds above 0 need draft.confidence_head: true; "
-                "set bench.confidence_thresholds=[0.0] for a draft without one"]
+        return [
+            "bench.confidence_thresholds: thresholds above 0 need draft.confidence_head: true; "
+            "set bench.confidence_thresholds=[0.0] for a draft without one"
+        ]
     return []
 
 
@@ -104,8 +120,9 @@ def publish_destination(recipe: Recipe, context: Context) -> list[str]:
     """A repo and at least one hub (publish/run.py); the repo id's spelling is checked with the recipe."""
     problems = []
     if not recipe.publish.repo_id:
-        problems.append("publish.repo_id: publish needs a destination repo; pass --repo-id OWNER/NAME "
-                        "or set publish.repo_id")
+        problems.append(
+            "publish.repo_id: publish needs a destination repo; pass --repo-id OWNER/NAME or set publish.repo_id"
+        )
     if not recipe.publish.hubs:
         problems.append("publish.hubs: empty; set publish.hubs=[huggingface]")
     return problems

@@ -57,11 +57,15 @@ def _check_draft(recipe: Recipe) -> list[str]:
     wrong_family = _GQA_ONLY if arch == "mla" else _MLA_ONLY if arch == "gqa" else ()
     for key in wrong_family:
         if getattr(draft, key) is not None:
-            problems.append(f"draft.{key}: only for {'gqa' if arch == 'mla' else 'mla'} drafts, this one is {arch}; remove it")
+            problems.append(
+                f"draft.{key}: only for {'gqa' if arch == 'mla' else 'mla'} drafts, this one is {arch}; remove it"
+            )
     ids = draft.target_layer_ids
     if ids is not None:
         if not ids:
-            problems.append("draft.target_layer_ids: empty; list the target layers to read, or remove it for the default")
+            problems.append(
+                "draft.target_layer_ids: empty; list the target layers to read, or remove it for the default"
+            )
         elif any(i < 0 for i in ids):
             problems.append("draft.target_layer_ids: layer ids are 0-based and non-negative")
         elif sorted(set(ids)) != ids:
@@ -83,20 +87,27 @@ def _check_lr_scale(recipe: Recipe) -> list[str]:
     if not recipe.train.lr_scale:
         return []
     arch = Target.of(recipe).draft_arch(recipe.draft.arch)  # None: the target's type is not known here
-    top = list(dict.fromkeys(name for a in ([arch] if arch else ["gqa", "mla"])
-                             for name in top_modules(a, recipe.draft.confidence_head)))
+    top = list(
+        dict.fromkeys(
+            name for a in ([arch] if arch else ["gqa", "mla"]) for name in top_modules(a, recipe.draft.confidence_head)
+        )
+    )
     unknown = [k for k in recipe.train.lr_scale if k.split(".")[0] not in top]
     if not unknown:
         return []
-    return [f"train.lr_scale: {', '.join(unknown)} is not a module of this {arch or 'gqa or mla'} draft; "
-            f"name one of {', '.join(top)} (or one under it, dotted, e.g. layers.0.mlp)"]
+    return [
+        f"train.lr_scale: {', '.join(unknown)} is not a module of this {arch or 'gqa or mla'} draft; "
+        f"name one of {', '.join(top)} (or one under it, dotted, e.g. layers.0.mlp)"
+    ]
 
 
 def _check_stages(recipe: Recipe) -> list[str]:
     problems = []
     datagen, serve, train = recipe.datagen, recipe.serve, recipe.train
     if datagen.endpoint and datagen.engine == "hf":
-        problems.append("datagen.endpoint: only used with datagen.engine: vllm (or auto); set the engine or remove the endpoint")
+        problems.append(
+            "datagen.endpoint: only used with datagen.engine: vllm (or auto); set the engine or remove the endpoint"
+        )
     if datagen.min_prompt_tokens > datagen.max_prompt_tokens:
         problems.append("datagen.min_prompt_tokens: larger than datagen.max_prompt_tokens")
     if serve.num_speculative_tokens is not None and serve.num_speculative_tokens != recipe.draft.block_size:
@@ -107,10 +118,16 @@ def _check_stages(recipe: Recipe) -> list[str]:
     if serve.enable_adaptive_verification and not recipe.draft.confidence_head:
         problems.append("serve.enable_adaptive_verification: needs draft.confidence_head: true")
     if train.loss.slot_weighting == "expected_length" and not recipe.draft.confidence_head:
-        problems.append("train.loss.slot_weighting: expected_length reads the confidence head's estimates; "
-                        "set draft.confidence_head: true or use slot_weighting: decay")
+        problems.append(
+            "train.loss.slot_weighting: expected_length reads the confidence head's estimates; "
+            "set draft.confidence_head: true or use slot_weighting: decay"
+        )
     problems += _check_lr_scale(recipe)
-    if serve.attention_backend and "MLA" in serve.attention_backend.upper() and Target.of(recipe).draft_arch(recipe.draft.arch) == "gqa":
+    if (
+        serve.attention_backend
+        and "MLA" in serve.attention_backend.upper()
+        and Target.of(recipe).draft_arch(recipe.draft.arch) == "gqa"
+    ):
         problems.append(f"serve.attention_backend: {serve.attention_backend} is for MLA drafts, this draft is gqa")
     if train.nnodes > 1 and not train.rdzv_endpoint:
         problems.append("train.rdzv_endpoint: required when train.nnodes > 1 (host:port of the rendezvous)")

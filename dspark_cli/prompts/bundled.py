@@ -19,8 +19,12 @@ from __future__ import annotations
 from pathlib import Path
 
 BUNDLED_DIR = Path(__file__).with_name("bundled")
-BUNDLED_DATASETS = {"tiny-prompts": BUNDLED_DIR / "tiny-prompts.jsonl", "tiny-eval": BUNDLED_DIR / "tiny-eval.jsonl",
-                    "tiny-requests": BUNDLED_DIR / "tiny-requests.jsonl", "mt-bench": BUNDLED_DIR / "mt-bench.jsonl"}
+BUNDLED_DATASETS = {
+    "tiny-prompts": BUNDLED_DIR / "tiny-prompts.jsonl",
+    "tiny-eval": BUNDLED_DIR / "tiny-eval.jsonl",
+    "tiny-requests": BUNDLED_DIR / "tiny-requests.jsonl",
+    "mt-bench": BUNDLED_DIR / "mt-bench.jsonl",
+}
 
 
 def bundled_dataset(name: str) -> Path | None:

@@ -112,8 +112,11 @@ def to_conversation(record: Any, schema: str, fields: dict[str, str], where: str
         raise UsageError(f"{where}: no user turn with text")
     first = next(i for i, m in enumerate(messages) if m["role"] != "system")
     if messages[first]["role"] == "assistant":
-        raise UsageError(f"{where}: the conversation starts with an assistant turn (message {first}); "
-                         "an assistant answers a user turn", "drop that turn, or the record")
+        raise UsageError(
+            f"{where}: the conversation starts with an assistant turn (message {first}); "
+            "an assistant answers a user turn",
+            "drop that turn, or the record",
+        )
     record_id = record.get(fields.get("id", "id"), record.get("question_id"))
     meta: dict[str, Any] = {k: record[k] for k in ("category",) if k in record}
     if record_id is None:

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.prompts.conversation import Conversation, content_digest, to_conversation
 from dspark_cli.errors import UsageError
+from dspark_cli.prompts.conversation import Conversation, content_digest, to_conversation
 from dspark_cli.recipe.bounded import parse_json
 from dspark_cli.recipe.schema import PromptSource
 
@@ -39,6 +39,7 @@ def source_name(source: PromptSource) -> str:
 def source_labels(sources: list[PromptSource], field: str = "datagen.sources") -> list[str]:
     """Distinct labels for `sources` (conversation ids are `label#id`): `source_name`, or the path as written
     where two files share a name (`srcA/p.jsonl`, `srcB/p.jsonl`). A source listed twice is a UsageError."""
+
     def identity(source: PromptSource) -> tuple[str, str, str | None]:
         path = source.path
         if _bundled(path) is None and _looks_local(path):
@@ -49,17 +50,21 @@ def source_labels(sources: list[PromptSource], field: str = "datagen.sources") -
     for index, source in enumerate(sources):
         first = seen.setdefault(identity(source), index)
         if first != index:
-            raise UsageError(f"{field}[{index}] ({source.path}) repeats {field}[{first}]: its conversations would be "
-                             "read twice", "list each source once (max_samples limits how many are taken)")
+            raise UsageError(
+                f"{field}[{index}] ({source.path}) repeats {field}[{first}]: its conversations would be read twice",
+                "list each source once (max_samples limits how many are taken)",
+            )
     labels = [source_name(s) for s in sources]
     for index, source in enumerate(sources):
         if labels.count(labels[index]) > 1 and _bundled(source.path) is None and _looks_local(source.path):
             labels[index] = os.path.normpath(source.path) + (f":{source.subset}" if source.subset else "")
     for index, label in enumerate(labels):
         if labels.index(label) != index:
-            raise UsageError(f"{field}[{index}] ({sources[index].path}) and {field}[{labels.index(label)}] have the "
-                             f"same label {label!r}, so their conversation ids would collide",
-                             "give the files distinct paths")
+            raise UsageError(
+                f"{field}[{index}] ({sources[index].path}) and {field}[{labels.index(label)}] have the "
+                f"same label {label!r}, so their conversation ids would collide",
+                "give the files distinct paths",
+            )
     return labels
 
 
@@ -78,9 +83,12 @@ def read_source(source: PromptSource, label: str | None = None) -> Iterator[Conv
         if conv.id in first_at:
             first, same = first_at[conv.id][0], first_at[conv.id][1] == content
             if not same and not conv.meta.get("id_from_content"):
-                raise UsageError(f"{where}: id {conv.id.split('#', 1)[1]!r} repeats the record at {first} with other "
-                                 "messages; ids must be unique within a source (a repeated id would drop a "
-                                 "conversation)", "fix the ids, or map another field with fields: {id: <field>}")
+                raise UsageError(
+                    f"{where}: id {conv.id.split('#', 1)[1]!r} repeats the record at {first} with other "
+                    "messages; ids must be unique within a source (a repeated id would drop a "
+                    "conversation)",
+                    "fix the ids, or map another field with fields: {id: <field>}",
+                )
             repeat = 2  # the same conversation again: numbered, for dedup to count and drop
             while f"{conv.id}~{repeat}" in first_at:
                 repeat += 1
@@ -142,7 +150,7 @@ def _file_records(path: Path) -> Iterator[tuple[str, Any]]:
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
-            raise UsageError(f"{path.name}: a JSON source is a list of records (or {{\"data\": [...]}})")
+            raise UsageError(f'{path.name}: a JSON source is a list of records (or {{"data": [...]}})')
         for index, record in enumerate(data):
             yield f"{path.name}[{index}]", record
     elif suffix == ".parquet":
@@ -152,8 +160,9 @@ def _file_records(path: Path) -> Iterator[tuple[str, Any]]:
             table = pq.read_table(path)
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UsageError(f"{path}: not a readable Parquet file ({first[:160]})",
-                             "check the file, or convert it to JSONL") from None
+            raise UsageError(
+                f"{path}: not a readable Parquet file ({first[:160]})", "check the file, or convert it to JSONL"
+            ) from None
         for index, record in enumerate(table.to_pylist()):
             yield f"{path.name}[{index}]", record
     else:
@@ -177,8 +186,10 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
 
 def _not_text(path: Path, exc: UnicodeDecodeError, line: int | None = None) -> UsageError:
     where = f"{path}:{line}" if line is not None else str(path)
-    return UsageError(f"{where}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); is it a binary file?",
-                      "datagen.sources takes JSONL or JSON text (UTF-8) or Parquet files")
+    return UsageError(
+        f"{where}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); is it a binary file?",
+        "datagen.sources takes JSONL or JSON text (UTF-8) or Parquet files",
+    )
 
 
 def _hub_records(source: PromptSource) -> Iterator[tuple[str, Any]]:

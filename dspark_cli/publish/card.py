@@ -59,8 +59,9 @@ def _bench_rows(bench: dict[str, Any]) -> list[str]:
     for run in (bench.get("offline") or {}).get("runs", []):
         if run.get("threshold", 0.0) != 0.0:
             continue
-        rows.append(f"| {run['dataset']} | {run['temperature']:g} | {run['num_turns']} | "
-                    f"{_tau_cell(run.get('tau') or {})} |")
+        rows.append(
+            f"| {run['dataset']} | {run['temperature']:g} | {run['num_turns']} | {_tau_cell(run.get('tau') or {})} |"
+        )
     return rows
 
 
@@ -71,14 +72,23 @@ def _calibration_rows(bench: dict[str, Any]) -> list[str]:
         cal = run.get("calibration")
         if cal and run.get("threshold", 0.0) == 0.0:
             overall = cal["overall"]
-            rows.append(f"| {run['dataset']} | {run['temperature']:g} | {overall['n']} | {_fmt(overall['predicted'], 2)} | "
-                        f"{_fmt(overall['observed'], 2)} | {_fmt(overall['ece'])} | {_fmt(overall['brier'])} | "
-                        f"{_fmt(overall['auc'], 2)} | {cal['verdict']} |")
+            rows.append(
+                f"| {run['dataset']} | {run['temperature']:g} | {overall['n']} | {_fmt(overall['predicted'], 2)} | "
+                f"{_fmt(overall['observed'], 2)} | {_fmt(overall['ece'])} | {_fmt(overall['brier'])} | "
+                f"{_fmt(overall['auc'], 2)} | {cal['verdict']} |"
+            )
     return rows
 
 
-def model_card(draft_dir: str | Path, manifest: dict[str, Any], *, repo_id: str, recipe: Recipe, license_id: str,
-               bench: dict[str, Any] | None = None) -> str:
+def model_card(
+    draft_dir: str | Path,
+    manifest: dict[str, Any],
+    *,
+    repo_id: str,
+    recipe: Recipe,
+    license_id: str,
+    bench: dict[str, Any] | None = None,
+) -> str:
     """README.md text for the draft at `draft_dir`, whose dspark_manifest.json is `manifest`."""
     draft_dir = Path(draft_dir)
     config = json.loads((draft_dir / "config.json").read_text(encoding="utf-8"))
@@ -91,52 +101,95 @@ def model_card(draft_dir: str | Path, manifest: dict[str, Any], *, repo_id: str,
     num_states = len(contract.get("target_layer_ids", []))
 
     lines = _front_matter(license_id, target if "/" in str(target) else None)
-    lines += [f"# {name}", "",
-              f"A DSpark speculative-decoding draft for `{target}`: it reads {num_states} "
-              f"of the target's hidden states, drafts a block of {contract.get('block_size')} tokens in one parallel "
-              "pass, and adds a low-rank sequential Markov head and a confidence head. Trained and exported with "
-              f"dspark {manifest.get('dspark', __version__)}; the target's embeddings and "
-              "LM head are borrowed at load time, not stored here.", "",
-              "## Serve with vLLM (>= 0.33, CUDA GPU)", ""]
+    lines += [
+        f"# {name}",
+        "",
+        f"A DSpark speculative-decoding draft for `{target}`: it reads {num_states} "
+        f"of the target's hidden states, drafts a block of {contract.get('block_size')} tokens in one parallel "
+        "pass, and adds a low-rank sequential Markov head and a confidence head. Trained and exported with "
+        f"dspark {manifest.get('dspark', __version__)}; the target's embeddings and "
+        "LM head are borrowed at load time, not stored here.",
+        "",
+        "## Serve with vLLM (>= 0.33, CUDA GPU)",
+        "",
+    ]
     lines += _serve_block(recipe, draft_dir, repo_id)
-    lines += ["", "Serve with the chat template and template arguments the draft was trained with: a mismatch "
-              "costs acceptance silently.", "",
-              "## Draft", "", "| field | value |", "|---|---|",
-              f"| architecture | `{arch}` |",
-              f"| decoder layers | {config.get('num_hidden_layers')} |",
-              f"| hidden size | {config.get('hidden_size')} |",
-              f"| block size | {contract.get('block_size')} |",
-              f"| target layer ids | {contract.get('target_layer_ids')} |",
-              f"| mask token id | {contract.get('mask_token_id')} |",
-              f"| Markov rank | {config.get('markov_rank')} |",
-              f"| confidence head | {bool(config.get('enable_confidence_head'))} |",
-              f"| weights dtype | {manifest.get('dtype')} |", ""]
+    lines += [
+        "",
+        "Serve with the chat template and template arguments the draft was trained with: a mismatch "
+        "costs acceptance silently.",
+        "",
+        "## Draft",
+        "",
+        "| field | value |",
+        "|---|---|",
+        f"| architecture | `{arch}` |",
+        f"| decoder layers | {config.get('num_hidden_layers')} |",
+        f"| hidden size | {config.get('hidden_size')} |",
+        f"| block size | {contract.get('block_size')} |",
+        f"| target layer ids | {contract.get('target_layer_ids')} |",
+        f"| mask token id | {contract.get('mask_token_id')} |",
+        f"| Markov rank | {config.get('markov_rank')} |",
+        f"| confidence head | {bool(config.get('enable_confidence_head'))} |",
+        f"| weights dtype | {manifest.get('dtype')} |",
+        "",
+    ]
     if training:
-        lines += ["## Training", "", "| field | value |", "|---|---|",
-                  f"| steps | {training.get('steps')} |",
-                  f"| tokens | {_fmt(training.get('tokens'))} |",
-                  f"| processes | {training.get('world_size')} |"]
-        for key, label in (("loss", "final loss"), ("acc", "top-1 accuracy (all slots)"),
-                           ("tau_greedy", "expected tau, greedy (training batches)"),
-                           ("tau_t1", "expected tau, T=1 (training batches)")):
+        lines += [
+            "## Training",
+            "",
+            "| field | value |",
+            "|---|---|",
+            f"| steps | {training.get('steps')} |",
+            f"| tokens | {_fmt(training.get('tokens'))} |",
+            f"| processes | {training.get('world_size')} |",
+        ]
+        for key, label in (
+            ("loss", "final loss"),
+            ("acc", "top-1 accuracy (all slots)"),
+            ("tau_greedy", "expected tau, greedy (training batches)"),
+            ("tau_t1", "expected tau, T=1 (training batches)"),
+        ):
             if key in final:
                 lines.append(f"| {label} | {_fmt(final[key])} |")
         lines.append("")
     rows = _bench_rows(bench) if bench else []
     if rows:
-        lines += ["## Measured acceptance", "",
-                  "Tokens accepted per verification step (tau, bonus token included), 95% confidence interval, "
-                  "measured by `dspark bench` on held-out prompts:", "",
-                  "| prompts | temperature | turns | tau |", "|---|---|---|---|", *rows, ""]
+        lines += [
+            "## Measured acceptance",
+            "",
+            "Tokens accepted per verification step (tau, bonus token included), 95% confidence interval, "
+            "measured by `dspark bench` on held-out prompts:",
+            "",
+            "| prompts | temperature | turns | tau |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+        ]
     calibration = _calibration_rows(bench) if bench else []
     if calibration:
-        lines += ["## Confidence head calibration", "",
-                  ("The confidence head's predicted acceptance of each reached draft slot against the observed "
-                   "outcome (what vLLM's adaptive verification relies on): expected calibration error (10 bins), "
-                   "Brier score, AUC; `miscalibrated` above ECE 0.10, `uninformative` at AUC <= 0.55."), "",
-                  "| prompts | temperature | slots | predicted | observed | ECE | Brier | AUC | verdict |",
-                  "|---|---|---|---|---|---|---|---|---|", *calibration, ""]
-    lines += ["## Contract", "",
-              "What serving must repeat for the draft to behave as it did in training:", "", "```json",
-              json.dumps(contract, indent=2), "```", ""]
+        lines += [
+            "## Confidence head calibration",
+            "",
+            (
+                "The confidence head's predicted acceptance of each reached draft slot against the observed "
+                "outcome (what vLLM's adaptive verification relies on): expected calibration error (10 bins), "
+                "Brier score, AUC; `miscalibrated` above ECE 0.10, `uninformative` at AUC <= 0.55."
+            ),
+            "",
+            "| prompts | temperature | slots | predicted | observed | ECE | Brier | AUC | verdict |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *calibration,
+            "",
+        ]
+    lines += [
+        "## Contract",
+        "",
+        "What serving must repeat for the draft to behave as it did in training:",
+        "",
+        "```json",
+        json.dumps(contract, indent=2),
+        "```",
+        "",
+    ]
     return "\n".join(lines)

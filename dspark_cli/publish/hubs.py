@@ -54,8 +54,10 @@ def _scrubbed(hub: str, repo_id: str, token: str) -> Iterator[None]:
     except DsparkError as exc:
         raise type(exc)(scrub(exc.message, secrets), scrub(exc.hint, secrets) if exc.hint else None) from None
     except Exception as exc:  # noqa: BLE001 - whatever a hub client raises, its text is scrubbed before it shows
-        raise DsparkError(f"the {hub} client failed uploading {repo_id}: {type(exc).__name__}: "
-                          f"{scrub(_reason(exc), secrets)}", "rerun later; if it persists, report it") from None
+        raise DsparkError(
+            f"the {hub} client failed uploading {repo_id}: {type(exc).__name__}: {scrub(_reason(exc), secrets)}",
+            "rerun later; if it persists, report it",
+        ) from None
     finally:
         logging.setLogRecordFactory(make_record)
 
@@ -72,8 +74,10 @@ def hub_tokens(hubs: list[str]) -> dict[str, str]:
     if len(missing) == 1:
         raise missing[0][1]
     if missing:
-        raise UsageError(f"no token found for {' or '.join(name for name, _ in missing)}",
-                         "; ".join(exc.hint for _, exc in missing if exc.hint))
+        raise UsageError(
+            f"no token found for {' or '.join(name for name, _ in missing)}",
+            "; ".join(exc.hint for _, exc in missing if exc.hint),
+        )
     return tokens
 
 
@@ -82,15 +86,17 @@ def huggingface_token() -> str:
 
     token = get_token()
     if not token:
-        raise UsageError("no Hugging Face token found",
-                         "run `hf auth login`, or set HF_TOKEN to a token with write access")
+        raise UsageError(
+            "no Hugging Face token found", "run `hf auth login`, or set HF_TOKEN to a token with write access"
+        )
     return token
 
 
 def _is_network_error(exc: BaseException) -> bool:
     names = {cls.__name__ for cls in type(exc).__mro__}
-    return isinstance(exc, (ConnectionError, TimeoutError)) or bool(names & {"TransportError", "ConnectError",
-                                                                             "TimeoutException", "NetworkError"})
+    return isinstance(exc, (ConnectionError, TimeoutError)) or bool(
+        names & {"TransportError", "ConnectError", "TimeoutException", "NetworkError"}
+    )
 
 
 def _reason(exc: Exception) -> str:
@@ -103,8 +109,9 @@ def _reason(exc: Exception) -> str:
     return f"HTTP {status}: {line}" if status and str(status) not in line else line
 
 
-def upload_huggingface(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,
-                       token: str, message: str) -> str:
+def upload_huggingface(
+    files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None, token: str, message: str
+) -> str:
     """Create the model repo if needed and commit every file in one commit; return the commit URL."""
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.errors import HfHubHTTPError
@@ -112,18 +119,24 @@ def upload_huggingface(files: dict[str, Path | bytes], repo_id: str, *, private:
     with _scrubbed("Hugging Face", repo_id, token):
         api = HfApi(endpoint=endpoint, token=token)
         where = endpoint or api.endpoint
-        operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=src if isinstance(src, bytes) else str(src))
-                      for path, src in sorted(files.items())]
+        operations = [
+            CommitOperationAdd(path_in_repo=path, path_or_fileobj=src if isinstance(src, bytes) else str(src))
+            for path, src in sorted(files.items())
+        ]
         try:
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
             info = api.create_commit(repo_id, operations, commit_message=message, repo_type="model")
         except HfHubHTTPError as exc:
-            raise DsparkError(f"Hugging Face refused the upload to {repo_id}: {_reason(exc)}",
-                              "check that the token may write to that namespace (`hf auth whoami`)") from exc
+            raise DsparkError(
+                f"Hugging Face refused the upload to {repo_id}: {_reason(exc)}",
+                "check that the token may write to that namespace (`hf auth whoami`)",
+            ) from exc
         except Exception as exc:
             if _is_network_error(exc):
-                raise DsparkError(f"cannot reach Hugging Face at {where}: {_reason(exc)}",
-                                  "check the network, or set publish.hf_endpoint / HF_ENDPOINT") from exc
+                raise DsparkError(
+                    f"cannot reach Hugging Face at {where}: {_reason(exc)}",
+                    "check the network, or set publish.hf_endpoint / HF_ENDPOINT",
+                ) from exc
             raise
         return str(info.commit_url)
 
@@ -133,8 +146,10 @@ def modelscope_token() -> str:
 
     token = get_default_config().token
     if not token:
-        raise UsageError("no ModelScope token found",
-                         "run `modelscope login`, or set MODELSCOPE_API_TOKEN to a token with write access")
+        raise UsageError(
+            "no ModelScope token found",
+            "run `modelscope login`, or set MODELSCOPE_API_TOKEN to a token with write access",
+        )
     return token
 
 
@@ -192,18 +207,44 @@ class _Quiet(logging.Handler):
         return f" (the client's last warning: {self.lines[-1]})" if self.lines and self.lines[-1] else ""
 
 
-def upload_modelscope(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,
-                      token: str, message: str, license_id: str, near: Path) -> str:
+def upload_modelscope(
+    files: dict[str, Path | bytes],
+    repo_id: str,
+    *,
+    private: bool,
+    endpoint: str | None,
+    token: str,
+    message: str,
+    license_id: str,
+    near: Path,
+) -> str:
     """Create the model repo if needed (with the asked visibility) and commit every file; return its URL."""
     from dspark_cli.network import requests_stay_on_host
 
     with _scrubbed("ModelScope", repo_id, token), requests_stay_on_host():
-        return _upload_modelscope(files, repo_id, private=private, endpoint=endpoint, token=token, message=message,
-                                  license_id=license_id, near=near)
+        return _upload_modelscope(
+            files,
+            repo_id,
+            private=private,
+            endpoint=endpoint,
+            token=token,
+            message=message,
+            license_id=license_id,
+            near=near,
+        )
 
 
-def _upload_modelscope(files: dict[str, Path | bytes], repo_id: str, *, private: bool, endpoint: str | None,
-                       token: str, message: str, license_id: str, near: Path) -> str:
+def _upload_modelscope(
+    files: dict[str, Path | bytes],
+    repo_id: str,
+    *,
+    private: bool,
+    endpoint: str | None,
+    token: str,
+    message: str,
+    license_id: str,
+    near: Path,
+) -> str:
     import requests
     from modelscope.hub.api import HubApi
     from modelscope_hub.errors import HubError, NetworkError
@@ -215,17 +256,27 @@ def _upload_modelscope(files: dict[str, Path | bytes], repo_id: str, *, private:
     try:
         stage = _stage(files, near)
         with client_log:
-            api.create_repo(repo_id, visibility="private" if private else "public", repo_type="model",
-                            license=license_id, exist_ok=True)
+            api.create_repo(
+                repo_id,
+                visibility="private" if private else "public",
+                repo_type="model",
+                license=license_id,
+                exist_ok=True,
+            )
             with contextlib.redirect_stdout(io.StringIO()):  # the client prints an upload report banner
-                api.upload_folder(repo_id=repo_id, folder_path=str(stage), commit_message=message,
-                                  use_cache=False, disable_tqdm=True)
+                api.upload_folder(
+                    repo_id=repo_id, folder_path=str(stage), commit_message=message, use_cache=False, disable_tqdm=True
+                )
     except (NetworkError, requests.exceptions.RequestException) as exc:
-        raise DsparkError(f"cannot reach ModelScope at {where}: {_reason(exc)}{client_log.last()}",
-                          "check the network, or set publish.modelscope_endpoint / MODELSCOPE_ENDPOINT") from exc
+        raise DsparkError(
+            f"cannot reach ModelScope at {where}: {_reason(exc)}{client_log.last()}",
+            "check the network, or set publish.modelscope_endpoint / MODELSCOPE_ENDPOINT",
+        ) from exc
     except (HubError, ValueError) as exc:
-        raise DsparkError(f"ModelScope refused the upload to {repo_id}: {_reason(exc)}{client_log.last()}",
-                          "check that the token may write to that namespace") from exc
+        raise DsparkError(
+            f"ModelScope refused the upload to {repo_id}: {_reason(exc)}{client_log.last()}",
+            "check that the token may write to that namespace",
+        ) from exc
     finally:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from dspark_cli.artifacts.results import PublishedFile, PublishSummary
 from dspark_cli.errors import DataError, DsparkError, UsageError
-from dspark_cli.publish.card import model_card
 from dspark_cli.hubrules import repo_id_problem
+from dspark_cli.publish.card import model_card
 from dspark_cli.publish.hubs import hub_tokens, upload_huggingface, upload_modelscope
 
 if TYPE_CHECKING:
@@ -29,12 +29,17 @@ def _check_draft(draft_dir: Path, target: str | None) -> tuple[dict[str, Any], l
 
     manifest = verify_draft(draft_dir, target, doing="nothing was uploaded")
     allowed = [*manifest["files"], MANIFEST, *CARD_FILES]
-    others = sorted(f"{p.name} (symlink)" if p.is_symlink() else f"{p.name}/" if p.is_dir() else p.name
-                    for p in draft_dir.iterdir() if p.name not in allowed or p.is_symlink() or not p.is_file())
+    others = sorted(
+        f"{p.name} (symlink)" if p.is_symlink() else f"{p.name}/" if p.is_dir() else p.name
+        for p in draft_dir.iterdir()
+        if p.name not in allowed or p.is_symlink() or not p.is_file()
+    )
     if others:
         shown = ", ".join(others[:8]) + (f" (+{len(others) - 8} more)" if len(others) > 8 else "")
-        raise DataError(f"{draft_dir} holds files export did not write: {shown}; nothing was uploaded",
-                        f"move them out of the draft directory (publish uploads only the files {MANIFEST} lists)")
+        raise DataError(
+            f"{draft_dir} holds files export did not write: {shown}; nothing was uploaded",
+            f"move them out of the draft directory (publish uploads only the files {MANIFEST} lists)",
+        )
     return manifest, [name for name in allowed if (draft_dir / name).is_file()]
 
 
@@ -60,26 +65,38 @@ def _bench_report(recipe: Recipe, draft_dir: Path) -> tuple[dict[str, Any] | Non
     files = {f"bench/{REPORT}": report}
     for name, digest in sorted(listed.items() if isinstance(listed, dict) else []):
         path = bench_dir / str(name)
-        problem = ("is not a file name dspark bench writes" if Path(str(name)).name != name or name.startswith(".")
-                   else "is a symlink" if path.is_symlink() else "is missing" if not path.is_file()
-                   else "changed since dspark bench wrote it" if sha256_file(path) != digest else None)
+        problem = (
+            "is not a file name dspark bench writes"
+            if Path(str(name)).name != name or name.startswith(".")
+            else "is a symlink"
+            if path.is_symlink()
+            else "is missing"
+            if not path.is_file()
+            else "changed since dspark bench wrote it"
+            if sha256_file(path) != digest
+            else None
+        )
         if problem:
-            raise DataError(f"{bench_dir}: {name!r} (listed in {REPORT}) {problem}; nothing was uploaded",
-                            "run `dspark bench` again, or move the bench report away")
+            raise DataError(
+                f"{bench_dir}: {name!r} (listed in {REPORT}) {problem}; nothing was uploaded",
+                "run `dspark bench` again, or move the bench report away",
+            )
         files[f"bench/{name}"] = path
     return data, files
 
 
-def _gather(recipe: Recipe, draft_dir: Path, manifest: dict[str, Any], names: list[str],
-            repo_id: str) -> tuple[dict[str, Path | bytes], str]:
+def _gather(
+    recipe: Recipe, draft_dir: Path, manifest: dict[str, Any], names: list[str], repo_id: str
+) -> tuple[dict[str, Path | bytes], str]:
     """(path in repo -> local file or bytes, where the card came from); `names`: the draft's files to upload."""
     files: dict[str, Path | bytes] = {name: draft_dir / name for name in sorted(names)}
     bench, bench_files = _bench_report(recipe, draft_dir)
     files.update(bench_files)
     if "README.md" in files:
         return files, "README.md in the draft directory"
-    card = model_card(draft_dir, manifest, repo_id=repo_id, recipe=recipe, license_id=recipe.publish.license,
-                      bench=bench)
+    card = model_card(
+        draft_dir, manifest, repo_id=repo_id, recipe=recipe, license_id=recipe.publish.license, bench=bench
+    )
     files["README.md"] = card.encode("utf-8")
     return files, "generated"
 
@@ -117,11 +134,24 @@ def publish_draft(recipe: Recipe, draft_dir: str | Path | None = None, *, dry_ru
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
     manifest, names = _check_draft(draft_dir, recipe.target.model)
     files, card_source = _gather(recipe, draft_dir, manifest, names, repo_id)
-    table = [PublishedFile(path=path, bytes=len(src) if isinstance(src, bytes) else src.stat().st_size,
-                           source="generated" if isinstance(src, bytes) else str(src))
-             for path, src in sorted(files.items())]
-    result = PublishSummary(repo_id=repo_id, hubs=hubs, private=settings.private, draft_dir=str(draft_dir),
-                            architecture=manifest.get("architecture"), card=card_source, files=table, dry_run=dry_run)
+    table = [
+        PublishedFile(
+            path=path,
+            bytes=len(src) if isinstance(src, bytes) else src.stat().st_size,
+            source="generated" if isinstance(src, bytes) else str(src),
+        )
+        for path, src in sorted(files.items())
+    ]
+    result = PublishSummary(
+        repo_id=repo_id,
+        hubs=hubs,
+        private=settings.private,
+        draft_dir=str(draft_dir),
+        architecture=manifest.get("architecture"),
+        card=card_source,
+        files=table,
+        dry_run=dry_run,
+    )
     if dry_run:
         readme = files["README.md"]
         result.card_text = readme.decode("utf-8") if isinstance(readme, bytes) else readme.read_text("utf-8")
@@ -134,13 +164,25 @@ def publish_draft(recipe: Recipe, draft_dir: str | Path | None = None, *, dry_ru
     for hub in hubs:
         try:
             if hub == "huggingface":
-                result.urls[hub] = upload_huggingface(files, repo_id, private=settings.private,
-                                                         endpoint=settings.hf_endpoint, token=tokens[hub],
-                                                         message=message)
+                result.urls[hub] = upload_huggingface(
+                    files,
+                    repo_id,
+                    private=settings.private,
+                    endpoint=settings.hf_endpoint,
+                    token=tokens[hub],
+                    message=message,
+                )
             else:
-                result.urls[hub] = upload_modelscope(files, repo_id, private=settings.private,
-                                                        endpoint=settings.modelscope_endpoint, token=tokens[hub],
-                                                        message=message, license_id=settings.license, near=draft_dir)
+                result.urls[hub] = upload_modelscope(
+                    files,
+                    repo_id,
+                    private=settings.private,
+                    endpoint=settings.modelscope_endpoint,
+                    token=tokens[hub],
+                    message=message,
+                    license_id=settings.license,
+                    near=draft_dir,
+                )
         except DsparkError as exc:
             if not result.urls:
                 raise

@@ -83,8 +83,10 @@ def read_text(path: str | os.PathLike[str], what: str, max_bytes: int) -> str:
     try:
         size = path.stat().st_size
         if size > max_bytes:
-            raise UsageError(f"{path}: {size:,} bytes, more than a {what} may be ({max_bytes:,})",
-                             f"is this the right file? a {what} is a small YAML text file")
+            raise UsageError(
+                f"{path}: {size:,} bytes, more than a {what} may be ({max_bytes:,})",
+                f"is this the right file? a {what} is a small YAML text file",
+            )
         data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {what} {path}: {exc.strerror or type(exc).__name__}", "check the path") from None
@@ -92,8 +94,10 @@ def read_text(path: str | os.PathLike[str], what: str, max_bytes: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise UsageError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); a {what} is UTF-8 YAML",
-                         "save it as UTF-8 (or pass the right file)") from None
+        raise UsageError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); a {what} is UTF-8 YAML",
+            "save it as UTF-8 (or pass the right file)",
+        ) from None
 
 
 def parse_yaml(text: str, source: str) -> Any:
@@ -117,5 +121,7 @@ def parse_json(text: str | bytes, source: str) -> Any:
     try:
         return json.loads(text)
     except RecursionError:
-        raise UsageError(f"{source}: JSON nested too deeply to read (thousands of levels)",
-                         "a record is an object of messages a few levels deep; fix or drop it") from None
+        raise UsageError(
+            f"{source}: JSON nested too deeply to read (thousands of levels)",
+            "a record is an object of messages a few levels deep; fix or drop it",
+        ) from None

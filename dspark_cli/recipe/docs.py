@@ -68,7 +68,14 @@ def _default(field: Any) -> str:
 
 
 def _section(title: str, model: type[BaseModel], prefix: str) -> list[str]:
-    lines = [f"## `{title}`", "", (model.__doc__ or "").strip(), "", "| key | type | default | description |", "|---|---|---|---|"]
+    lines = [
+        f"## `{title}`",
+        "",
+        (model.__doc__ or "").strip(),
+        "",
+        "| key | type | default | description |",
+        "|---|---|---|---|",
+    ]
     nested: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():
         inner = _inner_model(field.annotation)

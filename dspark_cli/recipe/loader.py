@@ -21,8 +21,8 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from dspark_cli.errors import RecipeError, UsageError
 from dspark_cli.artifacts.files import make_public
+from dspark_cli.errors import RecipeError, UsageError
 from dspark_cli.recipe.bounded import MAX_RECIPE_BYTES, parse_yaml, read_text
 from dspark_cli.recipe.schema import Recipe
 
@@ -35,8 +35,11 @@ def template_dir() -> Path:
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    for candidate in (root / "templates", root / "share" / "dspark" / "templates",
-                      Path(sys.prefix) / "share" / "dspark" / "templates"):
+    for candidate in (
+        root / "templates",
+        root / "share" / "dspark" / "templates",
+        Path(sys.prefix) / "share" / "dspark" / "templates",
+    ):
         if (candidate / "recipes").is_dir():
             return candidate / "recipes"
     return Path(sys.prefix) / "share" / "dspark" / "templates" / "recipes"
@@ -95,8 +98,12 @@ def parse_override(item: str) -> tuple[list[str | int], Any]:
         match = _KEY_PART.match(segment)
         if match is None:
             raise RecipeError(
-                [(f"{item!r}: overrides look like section.key=value, e.g. train.lr=3e-4 or "
-                  "datagen.sources[0].max_samples=8")],
+                [
+                    (
+                        f"{item!r}: overrides look like section.key=value, e.g. train.lr=3e-4 or "
+                        "datagen.sources[0].max_samples=8"
+                    )
+                ],
                 "run `dspark validate RECIPE --print` to see the resolved recipe",
             )
         parts.append(match.group(1))
@@ -129,16 +136,19 @@ def _set_path(tree: dict[str, Any], path: list[str | int], value: Any, origin: s
                 raise RecipeError([f"{_dotted(tuple(path[:i]))}: is not a list ({origin} indexes it)"])
             if part >= len(node):
                 listed = _dotted(tuple(path[:i]))
-                raise RecipeError([f"{where}: out of range, {listed} has {len(node)} item(s) ({origin})"],
-                                  f"set the whole list instead: {listed}=[...]")
+                raise RecipeError(
+                    [f"{where}: out of range, {listed} has {len(node)} item(s) ({origin})"],
+                    f"set the whole list instead: {listed}=[...]",
+                )
             if last:
                 node[part] = value
                 return
             child = node[part]
         else:
             if not isinstance(node, dict):
-                raise RecipeError([(f"{_dotted(tuple(path[:i]))}: is a value, not a section ({origin} sets "
-                                    f"{_dotted(tuple(path))})")])
+                raise RecipeError(
+                    [(f"{_dotted(tuple(path[:i]))}: is a value, not a section ({origin} sets {_dotted(tuple(path))})")]
+                )
             if last:
                 node[part] = value
                 return
@@ -147,8 +157,10 @@ def _set_path(tree: dict[str, Any], path: list[str | int], value: Any, origin: s
                 wants_list = isinstance(path[i + 1], int)
                 default = _default_at(path[: i + 1]) if wants_list else None
                 if wants_list and not isinstance(default, list):
-                    raise RecipeError([f"{where}: not set, so it has no item {path[i + 1]} ({origin})"],
-                                      f"set the whole list instead: {where}=[...]")
+                    raise RecipeError(
+                        [f"{where}: not set, so it has no item {path[i + 1]} ({origin})"],
+                        f"set the whole list instead: {where}=[...]",
+                    )
                 child = node[part] = copy.deepcopy(default) if wants_list else {}
         if isinstance(path[i + 1], str) and not isinstance(child, dict):
             raise RecipeError([f"{where}: is a value, not a section ({origin} sets {_dotted(tuple(path))})"])

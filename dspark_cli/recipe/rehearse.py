@@ -47,8 +47,17 @@ BENCH_MAX_TOKENS = 8
 REHEARSAL_PROCESSES = 2  # what every nproc_per_node > 1 becomes (gloo, one machine)
 TINY_TARGETS = {"mla": "tiny-mla", "gqa": "tiny-gqa"}
 _MLA_HINTS = ("kimi", "deepseek")  # hub ids whose config cannot be read offline
-_DRAFT_WIDTHS = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "q_lora_rank",
-                 "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_DRAFT_WIDTHS = (
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
 
 
 @dataclass(frozen=True)
@@ -151,8 +160,11 @@ def _draft(recipe: Recipe, put, tiny: str, real_depth: int | None) -> None:
 
         tiny_depth = Target.named(tiny).geometry().num_hidden_layers
         depth = real_depth or max(ids) + 1
-        put("draft.target_layer_ids", spread_layer_ids(ids, depth, tiny_depth),
-            f"the same spread over the tiny target's {tiny_depth} layers (of {depth})")
+        put(
+            "draft.target_layer_ids",
+            spread_layer_ids(ids, depth, tiny_depth),
+            f"the same spread over the tiny target's {tiny_depth} layers (of {depth})",
+        )
 
 
 def _datagen(recipe: Recipe, data: dict[str, Any], put, shrink, rows: list[Substitution], vllm: bool) -> None:
@@ -170,9 +182,14 @@ def _datagen(recipe: Recipe, data: dict[str, Any], put, shrink, rows: list[Subst
     if replaced or not sources:
         sources.append(PromptSource(path="tiny-prompts", max_samples=PROMPTS).model_dump())
     if sources != data["datagen"]["sources"]:
-        rows.append(Substitution("datagen.sources", ", ".join(s.path for s in datagen.sources) or "(none)",
-                                 f"tiny-prompts ({PROMPTS} prompts)" if replaced else "the same, fewer prompts",
-                                 "hub datasets become the bundled tiny prompts (offline)"))
+        rows.append(
+            Substitution(
+                "datagen.sources",
+                ", ".join(s.path for s in datagen.sources) or "(none)",
+                f"tiny-prompts ({PROMPTS} prompts)" if replaced else "the same, fewer prompts",
+                "hub datasets become the bundled tiny prompts (offline)",
+            )
+        )
         data["datagen"]["sources"] = sources
     put("datagen.num_samples", PROMPTS, "rehearsal size")
     shrink("datagen.max_tokens", DATAGEN_MAX_TOKENS)

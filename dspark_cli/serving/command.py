@@ -44,8 +44,9 @@ def split_vllm_args(first: str | None, rest: list[str] | None) -> tuple[str | No
     return positional[0], positional[1:], vllm_args
 
 
-def serve_plan(recipe: Recipe, draft_dir: str | Path, *, method: str = "dspark",
-               vllm_args: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+def serve_plan(
+    recipe: Recipe, draft_dir: str | Path, *, method: str = "dspark", vllm_args: list[str] | None = None
+) -> tuple[list[str], dict[str, str]]:
     """`serve_command` for a draft that passes every check (`verify_draft`: checksums, vLLM loader rules,
     the target it was trained for, its serving env); a draft dir that does not exist yet gives the
     command for the recipe alone (`--dry-run --recipe R` before training). `none` and `ngram` serve the
@@ -57,8 +58,9 @@ def serve_plan(recipe: Recipe, draft_dir: str | Path, *, method: str = "dspark",
     return serve_command(recipe, draft_dir, method=method, vllm_args=vllm_args)
 
 
-def speculative_config(recipe: Recipe, draft_dir: Path, serving: dict[str, Any], method: str,
-                       draft_ref: str | None) -> dict[str, Any] | None:
+def speculative_config(
+    recipe: Recipe, draft_dir: Path, serving: dict[str, Any], method: str, draft_ref: str | None
+) -> dict[str, Any] | None:
     """vLLM's `--speculative-config` for `method` (None for `none`)."""
     if method not in METHODS:
         raise UsageError(f"unknown serve method {method!r}", f"use one of: {', '.join(METHODS)}")
@@ -68,10 +70,13 @@ def speculative_config(recipe: Recipe, draft_dir: Path, serving: dict[str, Any],
     block = serve.num_speculative_tokens or serving.get("num_speculative_tokens") or recipe.draft.block_size
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": block, **NGRAM_LOOKUP}
-    spec: dict[str, Any] = {"method": "dspark", "model": draft_ref or str(draft_dir.resolve()),
-                            "num_speculative_tokens": block,
-                            "draft_sample_method": serve.draft_sample_method,
-                            "rejection_sample_method": serve.rejection_sample_method}
+    spec: dict[str, Any] = {
+        "method": "dspark",
+        "model": draft_ref or str(draft_dir.resolve()),
+        "num_speculative_tokens": block,
+        "draft_sample_method": serve.draft_sample_method,
+        "rejection_sample_method": serve.rejection_sample_method,
+    }
     if serve.attention_backend:
         spec["attention_backend"] = serve.attention_backend
     if serve.enable_adaptive_verification:
@@ -79,8 +84,14 @@ def speculative_config(recipe: Recipe, draft_dir: Path, serving: dict[str, Any],
     return spec
 
 
-def serve_command(recipe: Recipe, draft_dir: str | Path, *, draft_ref: str | None = None, method: str = "dspark",
-                  vllm_args: list[str] | None = None) -> tuple[list[str], dict[str, str]]:
+def serve_command(
+    recipe: Recipe,
+    draft_dir: str | Path,
+    *,
+    draft_ref: str | None = None,
+    method: str = "dspark",
+    vllm_args: list[str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) of the `vllm serve` launch for `recipe` and the draft at `draft_dir`;
     `draft_ref` names the draft in the command instead of its local path (a hub repo id, for model cards);
     `vllm_args` are appended verbatim (after the recipe's `serve.extra_args`: the last one wins in vLLM)."""
@@ -92,10 +103,21 @@ def serve_command(recipe: Recipe, draft_dir: str | Path, *, draft_ref: str | Non
     serve = recipe.serve
     spec = speculative_config(recipe, draft_dir, serving, method, draft_ref)
     target = Target.of(recipe).location
-    argv = ["vllm", "serve", target, "--host", serve.host, "--port", str(serve.port),
-            "--tensor-parallel-size", str(serve.tensor_parallel_size),
-            "--gpu-memory-utilization", str(serve.gpu_memory_utilization),
-            "--max-model-len", str(recipe.target.max_model_len)]
+    argv = [
+        "vllm",
+        "serve",
+        target,
+        "--host",
+        serve.host,
+        "--port",
+        str(serve.port),
+        "--tensor-parallel-size",
+        str(serve.tensor_parallel_size),
+        "--gpu-memory-utilization",
+        str(serve.gpu_memory_utilization),
+        "--max-model-len",
+        str(recipe.target.max_model_len),
+    ]
     if spec is not None:
         argv += ["--speculative-config", json.dumps(spec)]
     if recipe.target.revision:

@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, IO
+from typing import IO, TYPE_CHECKING, Any
 
 from dspark_cli.errors import DsparkError, UsageError
 from dspark_cli.machine.procs import dies_with_parent, group_reaper
@@ -55,19 +55,27 @@ TAIL_LINES = 300  # enough to hold the root cause above an engine-core traceback
 # an exception line in vLLM's log (`... ERROR ... [core.py:1] ValueError: text`) and the ones that only
 # say that another process failed: the root cause is the latest exception line that is not one of those
 EXCEPTION_LINE = re.compile(r"\b((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit)): (.+)$")
-NOT_ROOT = re.compile(r"Engine core initialization failed|See root cause above|Engine process failed to start|"
-                      r"Traceback \(most recent call last\)| (?:WARNING|INFO|DEBUG) ")
+NOT_ROOT = re.compile(
+    r"Engine core initialization failed|See root cause above|Engine process failed to start|"
+    r"Traceback \(most recent call last\)| (?:WARNING|INFO|DEBUG) "
+)
 # (pattern in vLLM's log, what it most likely means): the latest line that matches one is reported
 CAUSES = [
     (r"Address already in use", "the port is taken: pass --port"),
-    (r"CUDA out of memory|No available memory for the cache blocks|Insufficient memory|larger than the available KV",
-     "not enough memory: lower serve.gpu_memory_utilization or target.max_model_len"),
-    (r"less than desired CPU memory utilization|VLLM_CPU_KVCACHE_SPACE",
-     "not enough free host memory for vLLM on CPU: set VLLM_CPU_KVCACHE_SPACE (GiB) or pass -- --kv-cache-memory-bytes N"),
+    (
+        r"CUDA out of memory|No available memory for the cache blocks|Insufficient memory|larger than the available KV",
+        "not enough memory: lower serve.gpu_memory_utilization or target.max_model_len",
+    ),
+    (
+        r"less than desired CPU memory utilization|VLLM_CPU_KVCACHE_SPACE",
+        "not enough free host memory for vLLM on CPU: set VLLM_CPU_KVCACHE_SPACE (GiB) or pass -- --kv-cache-memory-bytes N",
+    ),
     (r"trust_remote_code|trust-remote-code", "the target needs its own code: target.trust_remote_code=true"),
     (r"No module named|ModuleNotFoundError|ImportError", "a package vLLM needs is missing or broken"),
-    (r"[Uu]nsupported speculative|[Ii]nvalid speculative|[Uu]nknown speculative|method.{0,20}'?dspark'? is not",
-     "this vLLM does not know the speculative method: vLLM >= 0.33 serves DSpark"),
+    (
+        r"[Uu]nsupported speculative|[Ii]nvalid speculative|[Uu]nknown speculative|method.{0,20}'?dspark'? is not",
+        "this vLLM does not know the speculative method: vLLM >= 0.33 serves DSpark",
+    ),
     (r"error: unrecognized arguments|error: argument", "vLLM rejected an argument"),
     (r"is not a valid model|Repository Not Found|does not appear to have a file", "the target was not found"),
 ]
@@ -102,8 +110,10 @@ def find_vllm(path: str | None = None) -> Vllm:
     if script is None and path is None:
         script = shutil.which("vllm", path=str(Path(sys.executable).parent))
     if script is None:
-        raise UsageError("vLLM is not installed here: no `vllm` command on PATH or beside this Python",
-                         "pip install 'dspark[gpu]' (vLLM >= 0.33), or `dspark serve --dry-run` prints the command")
+        raise UsageError(
+            "vLLM is not installed here: no `vllm` command on PATH or beside this Python",
+            "pip install 'dspark[gpu]' (vLLM >= 0.33), or `dspark serve --dry-run` prints the command",
+        )
     python = None
     try:
         with open(script, "rb") as handle:
@@ -114,8 +124,10 @@ def find_vllm(path: str | None = None) -> Vllm:
         pass
     distribution = version = None
     if python:
-        probe = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n  try: print(d, m.version(d)); break\n"
-                 "  except m.PackageNotFoundError: pass")
+        probe = (
+            "import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n  try: print(d, m.version(d)); break\n"
+            "  except m.PackageNotFoundError: pass"
+        )
         try:
             found = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60).stdout.split()
         except (OSError, subprocess.TimeoutExpired):
@@ -144,16 +156,21 @@ def port_free(host: str, port: int) -> bool:
 def preflight(method: str, host: str, port: int) -> Vllm:
     """Every check that needs no server: a GPU for dspark, the port, vLLM and its version (one-line errors)."""
     if method == "dspark" and not gpu_visible():
-        raise DsparkError("DSpark serving needs a CUDA GPU (vLLM's V2 model runner); none is visible here",
-                          "`dspark serve --dry-run` prints the command to run on a GPU machine; "
-                          "--method none or ngram serves the target here")
+        raise DsparkError(
+            "DSpark serving needs a CUDA GPU (vLLM's V2 model runner); none is visible here",
+            "`dspark serve --dry-run` prints the command to run on a GPU machine; "
+            "--method none or ngram serves the target here",
+        )
     if not port_free(host, port):
         raise UsageError(f"port {port} on {host} is already in use", f"pass --port (another server on {port}?)")
     vllm = find_vllm()
     need = MIN_VLLM[method]
     if vllm.version is not None and version_tuple(vllm.version) < need:
-        raise UsageError(f"vLLM {vllm.version} ({vllm.distribution}) is too old for --method {method} "
-                         f"(needs >= {need[0]}.{need[1]})", f"pip install 'vllm>={need[0]}.{need[1]}'")
+        raise UsageError(
+            f"vLLM {vllm.version} ({vllm.distribution}) is too old for --method {method} "
+            f"(needs >= {need[0]}.{need[1]})",
+            f"pip install 'vllm>={need[0]}.{need[1]}'",
+        )
     return vllm
 
 
@@ -268,10 +285,18 @@ class Server:
 
     def __init__(self, command: list[str], env: dict[str, str], sink: IO[str]) -> None:
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self.proc = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                     errors="replace", bufsize=1, start_new_session=True,
-                                     preexec_fn=dies_with_parent(signal.SIGTERM))  # vLLM stops cleanly on it
+        self.proc = subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+            preexec_fn=dies_with_parent(signal.SIGTERM),
+        )  # vLLM stops cleanly on it
         self.pgid = self.proc.pid  # start_new_session: the child leads its own group
         # stops the whole group if this process is killed outright (PDEATHSIG reaches only the leader)
         self.reaper = group_reaper(self.pgid, STOP_GRACE_S)
@@ -314,13 +339,24 @@ class Server:
         cause = likely_cause(lines)
         root = root_cause(lines)
         shown = root or " | ".join(line.strip() for line in lines[-3:] if line.strip())
-        return DsparkError(f"vLLM {what} (exit code {self.proc.returncode}): {shown or 'no output'}",
-                           (f"likely cause: {cause}; " if cause else "") + "the full log is above or in --log")
+        return DsparkError(
+            f"vLLM {what} (exit code {self.proc.returncode}): {shown or 'no output'}",
+            (f"likely cause: {cause}; " if cause else "") + "the full log is above or in --log",
+        )
 
 
-def run_server(vllm: Vllm, argv: list[str], env: dict[str, str], *, host: str, port: int, log_file: str | None = None,
-               ready_timeout: float = 1800.0, on_ready: Callable[[Ready], None] | None = None,
-               sink: IO[str] | None = None) -> int:
+def run_server(
+    vllm: Vllm,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    host: str,
+    port: int,
+    log_file: str | None = None,
+    ready_timeout: float = 1800.0,
+    on_ready: Callable[[Ready], None] | None = None,
+    sink: IO[str] | None = None,
+) -> int:
     """Run vLLM until it is stopped by SIGINT/SIGTERM (returns 0, or 130 for SIGINT) or exits (DsparkError)."""
     import sys
 
@@ -349,8 +385,10 @@ def run_server(vllm: Vllm, argv: list[str], env: dict[str, str], *, host: str, p
                     on_ready(Ready(url, _served_model(url, argv[2]), server.proc.pid, group_pids(server.pgid)))
             elif not ready and time.monotonic() > deadline:
                 server.stop()
-                raise DsparkError(f"vLLM did not answer {url}/health within {ready_timeout:.0f} s",
-                                  "see its log; a large target can take longer: pass --ready-timeout")
+                raise DsparkError(
+                    f"vLLM did not answer {url}/health within {ready_timeout:.0f} s",
+                    "see its log; a large target can take longer: pass --ready-timeout",
+                )
             time.sleep(0.5 if not ready else 0.2)
         server.stop()
         return 130 if stop_signal[0] == signal.SIGINT else 0
@@ -365,13 +403,23 @@ def run_server(vllm: Vllm, argv: list[str], env: dict[str, str], *, host: str, p
 
 def ready_lines(info: Ready) -> list[str]:
     """What to tell the user once vLLM answers: the endpoint and its processes, a request to paste, how to stop."""
-    return [f"vLLM is up (pid {info.pid}; processes {' '.join(map(str, info.pids))}): {info.url}/v1  model {info.model}",
-            curl_request(info.url, info.model), "Ctrl-C stops it"]
+    return [
+        f"vLLM is up (pid {info.pid}; processes {' '.join(map(str, info.pids))}): {info.url}/v1  model {info.model}",
+        curl_request(info.url, info.model),
+        "Ctrl-C stops it",
+    ]
 
 
-def serve_draft(recipe: Recipe, argv: list[str], env: dict[str, str], *, method: str = "dspark",
-                log_file: str | None = None, ready_timeout: float = 1800.0,
-                on_line: Callable[[str, bool], None] | None = None) -> int:
+def serve_draft(
+    recipe: Recipe,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    method: str = "dspark",
+    log_file: str | None = None,
+    ready_timeout: float = 1800.0,
+    on_line: Callable[[str, bool], None] | None = None,
+) -> int:
     """`dspark serve`: preflight, then run vLLM (`serve_plan`'s `argv`, `env`) until Ctrl-C / SIGTERM.
 
     `on_line(text, ready)` gets what to tell the user: the command being started, the `ready_lines`
@@ -389,7 +437,15 @@ def serve_draft(recipe: Recipe, argv: list[str], env: dict[str, str], *, method:
             tell(line, index == 0)
 
     tell(f"starting: {shell_line(vllm.command(argv), env)}" + (f" (log: {log_file})" if log_file else ""), False)
-    code = run_server(vllm, argv, env, host=recipe.serve.host, port=recipe.serve.port, log_file=log_file,
-                      ready_timeout=ready_timeout, on_ready=on_ready)
+    code = run_server(
+        vllm,
+        argv,
+        env,
+        host=recipe.serve.host,
+        port=recipe.serve.port,
+        log_file=log_file,
+        ready_timeout=ready_timeout,
+        on_ready=on_ready,
+    )
     tell("vLLM stopped; no process left", False)
     return code

@@ -40,14 +40,27 @@ from typing import Any
 from dspark_cli.artifacts.draft import DRAFT_MANIFEST, read_draft_manifest
 from dspark_cli.errors import RecipeError, UsageError
 
-TRUST_FIELDS: dict[str, Any] = {"target.trust_remote_code": False, "serve.extra_args": [],
-                                "publish.hf_endpoint": None, "publish.modelscope_endpoint": None}
+TRUST_FIELDS: dict[str, Any] = {
+    "target.trust_remote_code": False,
+    "serve.extra_args": [],
+    "publish.hf_endpoint": None,
+    "publish.modelscope_endpoint": None,
+}
 # The one list of what a carried recipe may supply: a whole section (`target`) or one field (`serve.x`).
 # Trust fields inside an allowed section are refused above, never carried.
-CARRIED = ("target", "draft", "capture.aux_attn_res_stream", "capture.max_seq_len", "train.max_seq_len",
-           "serve.num_speculative_tokens",
-           "serve.attention_backend", "serve.draft_sample_method", "serve.rejection_sample_method",
-           "serve.enable_adaptive_verification", "publish.license")
+CARRIED = (
+    "target",
+    "draft",
+    "capture.aux_attn_res_stream",
+    "capture.max_seq_len",
+    "train.max_seq_len",
+    "serve.num_speculative_tokens",
+    "serve.attention_backend",
+    "serve.draft_sample_method",
+    "serve.rejection_sample_method",
+    "serve.enable_adaptive_verification",
+    "publish.license",
+)
 
 
 def recipe_of_dir(directory: str | Path) -> str | None:
@@ -91,13 +104,18 @@ def carry(tree: Any, source: str, overrides: list[str], *, whole: bool = False) 
         return {}
     leaves = _leaves(tree)
     mine = {item.split("=", 1)[0].strip() for item in overrides if "=" in item}
-    borrowed = [f"{name}: {leaves[name]!r}" for name, default in TRUST_FIELDS.items()
-                if name not in mine and name in leaves and leaves[name] != default]
+    borrowed = [
+        f"{name}: {leaves[name]!r}"
+        for name, default in TRUST_FIELDS.items()
+        if name not in mine and name in leaves and leaves[name] != default
+    ]
     if borrowed:
         first = borrowed[0].split(":")[0]
-        raise UsageError(f"{source} sets {', '.join(borrowed)}: dspark takes these only from your own recipe or "
-                         "overrides, never from a draft or run directory",
-                         f"pass --recipe YOUR_RECIPE, or repeat it yourself ({first}=...) if you trust this draft")
+        raise UsageError(
+            f"{source} sets {', '.join(borrowed)}: dspark takes these only from your own recipe or "
+            "overrides, never from a draft or run directory",
+            f"pass --recipe YOUR_RECIPE, or repeat it yourself ({first}=...) if you trust this draft",
+        )
     kept: dict[str, Any] = {}
     for dotted, value in leaves.items():
         if (dotted.split(".")[-1] != "output_dir" and dotted not in TRUST_FIELDS) if whole else _carried(dotted):
@@ -127,15 +145,20 @@ def carried_recipe(directory: str | Path, overrides: list[str], *, whole: bool =
             os.unlink(found)
     kept = carry(tree, found, overrides, whole=whole)
     kept["output_dir"] = str(Path(directory).resolve().parent)
-    handle = tempfile.NamedTemporaryFile("w", prefix=f"dspark-recipe-of-{Path(directory).resolve().name}-",  # noqa: SIM115
-                                         suffix=".yaml", delete=False)
+    handle = tempfile.NamedTemporaryFile(
+        "w",
+        prefix=f"dspark-recipe-of-{Path(directory).resolve().name}-",  # noqa: SIM115
+        suffix=".yaml",
+        delete=False,
+    )
     with handle:
         yaml.safe_dump(kept, handle, sort_keys=False)
     return handle.name
 
 
-def load_beside(recipe: str | None, directory: str | None, overrides: list[str], load: Callable[[str], Any], *,
-                whole: bool = False) -> Any:
+def load_beside(
+    recipe: str | None, directory: str | None, overrides: list[str], load: Callable[[str], Any], *, whole: bool = False
+) -> Any:
     """`load(recipe)` when the user gave one; else `load` of what the recipe `directory` carries may supply
     (`carried_recipe`; refused when it sets a trust field the user's `overrides` do not); None when there
     is neither."""
@@ -147,8 +170,10 @@ def load_beside(recipe: str | None, directory: str | None, overrides: list[str],
     try:
         return load(path)
     except RecipeError as exc:  # name the draft's recipe, not the temp file holding the part of it used
-        raise RecipeError(exc.problems, f"these come from the recipe {directory} carries and your overrides; "
-                          "pass --recipe YOUR_RECIPE or fix them with key=value") from None
+        raise RecipeError(
+            exc.problems,
+            f"these come from the recipe {directory} carries and your overrides; "
+            "pass --recipe YOUR_RECIPE or fix them with key=value",
+        ) from None
     finally:
         os.unlink(path)
-

@@ -46,8 +46,10 @@ class ChatFormat:
         except TemplateError as exc:  # the template refused (raise_exception) or did what its sandbox forbids
             name = getattr(self.tokenizer, "name_or_path", "the target")
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise UsageError(f"the chat template of {name} failed on a conversation ({type(exc).__name__}: {first})",
-                             "fix the template (target.tokenizer), or the conversations it refuses") from None
+            raise UsageError(
+                f"the chat template of {name} failed on a conversation ({type(exc).__name__}: {first})",
+                "fix the template (target.tokenizer), or the conversations it refuses",
+            ) from None
         if isinstance(out, dict) or hasattr(out, "input_ids"):  # transformers returns a BatchEncoding
             out = out["input_ids"]
         return list(out)

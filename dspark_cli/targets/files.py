@@ -42,8 +42,10 @@ def read_target_config(directory: str | Path) -> dict[str, Any]:
     """The target's config.json as a dict: a missing file is a UsageError, a broken one a DataError."""
     path = Path(directory) / CONFIG
     if not path.is_file():
-        raise UsageError(f"{directory}: no {CONFIG}, so not a model directory",
-                         "point target.model at the directory that holds the model's config.json and weights")
+        raise UsageError(
+            f"{directory}: no {CONFIG}, so not a model directory",
+            "point target.model at the directory that holds the model's config.json and weights",
+        )
     config = read_json_file(path)
     if not isinstance(config, dict):
         raise DataError(f"{path}: expected a JSON object, got {type(config).__name__}", _REDOWNLOAD)
@@ -63,8 +65,11 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             raise DataError(f"{path}: {size} bytes, too short for a safetensors file", _REDOWNLOAD)
         (length,) = struct.unpack("<Q", prefix)
         if length > min(MAX_HEADER_BYTES, size - 8):
-            raise DataError(f"{path}: its header claims {length:,} bytes, the file has {size:,} "
-                            "(truncated or not a safetensors file)", _REDOWNLOAD)
+            raise DataError(
+                f"{path}: its header claims {length:,} bytes, the file has {size:,} "
+                "(truncated or not a safetensors file)",
+                _REDOWNLOAD,
+            )
         raw = handle.read(length)
     try:
         header = json.loads(raw)
@@ -77,8 +82,12 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         if name == "__metadata__":
             continue
         offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and o >= 0 for o in offsets)
+            or offsets[0] > offsets[1]
+        ):
             raise DataError(f"{path}: tensor {name!r} has invalid data_offsets in the header", _REDOWNLOAD)
         end = max(end, offsets[1])
     if 8 + length + end > size:
@@ -97,8 +106,10 @@ def _weight_files(directory: Path) -> list[Path]:
         files = [directory / name for name in sorted(set(map(str, weight_map.values())))]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise DataError(f"{directory}: {len(missing)} weight file(s) listed in {INDEX} are missing "
-                            f"(first: {missing[0]})", "finish the download, or download the model again")
+            raise DataError(
+                f"{directory}: {len(missing)} weight file(s) listed in {INDEX} are missing (first: {missing[0]})",
+                "finish the download, or download the model again",
+            )
         return files
     single = directory / WEIGHTS
     return [single] if single.is_file() else []
@@ -134,8 +145,10 @@ def _checked(directory: Path, signature: tuple) -> dict[str, Any]:
         shapes.update({name: info.get("shape") for name, info in header.items() if name != "__metadata__"})
     problem = sizes_problem(config, shapes)
     if problem:
-        raise DataError(f"{directory / CONFIG}: {problem}",
-                        "config.json and the weights come from different models: restore the model's own config.json")
+        raise DataError(
+            f"{directory / CONFIG}: {problem}",
+            "config.json and the weights come from different models: restore the model's own config.json",
+        )
     return config
 
 
@@ -145,6 +158,7 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 def sizes_problem(config: dict[str, Any], shapes: dict[str, Any]) -> str | None:
     """Where config.json's sizes disagree with the weights' shapes (what a loader would refuse, or fill with
     random weights): the embedding's vocab x hidden, the first MLP's width, the number of layers. None: agree."""
+
     def claimed(key: str) -> Any:
         text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
         return config.get(key, text.get(key))

@@ -51,11 +51,15 @@ def resolve_target(name_or_path: str) -> Path | None:
         check_target_files(path)
         return path.resolve()
     if path.exists():
-        raise UsageError(f"target {name_or_path!r} is a file, not a model directory",
-                         "pass the directory that holds config.json")
+        raise UsageError(
+            f"target {name_or_path!r} is a file, not a model directory", "pass the directory that holds config.json"
+        )
     if is_hub_id(name_or_path):
         return None
     near = difflib.get_close_matches(name_or_path, list(BUNDLED_TARGETS), n=1, cutoff=0.6)
-    hint = (f"did you mean {near[0]!r}?" if near else
-            f"use a bundled target ({', '.join(BUNDLED_TARGETS)}), a local model directory or a hub id like Qwen/Qwen3-8B")
+    hint = (
+        f"did you mean {near[0]!r}?"
+        if near
+        else f"use a bundled target ({', '.join(BUNDLED_TARGETS)}), a local model directory or a hub id like Qwen/Qwen3-8B"
+    )
     raise UsageError(f"unknown target {name_or_path!r}: not a bundled name, a directory or a hub repo id", hint)

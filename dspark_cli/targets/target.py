@@ -119,11 +119,19 @@ class Target:
         try:
             from huggingface_hub import snapshot_download
 
-            return Path(snapshot_download(self.section.model, revision=self.section.revision, local_files_only=True,
-                                          allow_patterns=["*.json", "*.safetensors"]))
+            return Path(
+                snapshot_download(
+                    self.section.model,
+                    revision=self.section.revision,
+                    local_files_only=True,
+                    allow_patterns=["*.json", "*.safetensors"],
+                )
+            )
         except Exception:  # noqa: BLE001 - any hub/cache failure means the same thing to the user
-            raise UsageError(f"target {self.section.model} is not available locally",
-                             f"download it first: hf download {self.section.model}") from None
+            raise UsageError(
+                f"target {self.section.model} is not available locally",
+                f"download it first: hf download {self.section.model}",
+            ) from None
 
     def full_config(self) -> dict[str, Any] | None:
         """The whole config.json of a target on this machine, else None (hub id); a broken one raises."""
@@ -149,8 +157,9 @@ class Target:
         """The target's config as transformers reads it (`AutoConfig`, a multimodal one whole)."""
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(self.location, revision=self.section.revision,
-                                          trust_remote_code=self.section.trust_remote_code)
+        return AutoConfig.from_pretrained(
+            self.location, revision=self.section.revision, trust_remote_code=self.section.trust_remote_code
+        )
 
     def geometry(self, *, strict: bool = True) -> TargetGeometry:
         """Depth and width of the target from its local config.json, else from the recipe's declared values.
@@ -171,13 +180,19 @@ class Target:
         width = config.get("hidden_size", declared.hidden_size)
         if strict:
             if depth is None or width is None:
-                raise UsageError(f"target {declared.model}: depth and hidden size unknown (not a local model directory)",
-                                 "download it to a directory, or declare target.num_hidden_layers and target.hidden_size")
-            for name, value, found in (("num_hidden_layers", declared.num_hidden_layers, depth),
-                                       ("hidden_size", declared.hidden_size, width)):
+                raise UsageError(
+                    f"target {declared.model}: depth and hidden size unknown (not a local model directory)",
+                    "download it to a directory, or declare target.num_hidden_layers and target.hidden_size",
+                )
+            for name, value, found in (
+                ("num_hidden_layers", declared.num_hidden_layers, depth),
+                ("hidden_size", declared.hidden_size, width),
+            ):
                 if value is not None and value != found:
-                    raise ContractError(f"target.{name}: the recipe declares {value}, the target's config.json has "
-                                        f"{found}", f"remove target.{name} or fix it")
+                    raise ContractError(
+                        f"target.{name}: the recipe declares {value}, the target's config.json has {found}",
+                        f"remove target.{name} or fix it",
+                    )
         return TargetGeometry(
             location=str(local) if local is not None else declared.model,
             model_type=config.get("model_type"),
@@ -203,11 +218,14 @@ class Target:
 
         name = self.section.tokenizer or self.location
         try:
-            return AutoTokenizer.from_pretrained(name, revision=self.section.revision,
-                                                 trust_remote_code=self.section.trust_remote_code)
+            return AutoTokenizer.from_pretrained(
+                name, revision=self.section.revision, trust_remote_code=self.section.trust_remote_code
+            )
         except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot load the tokenizer of {name}: {str(exc).splitlines()[0][:200]}",
-                             "check target.model / target.tokenizer (offline: a local directory)") from None
+            raise UsageError(
+                f"cannot load the tokenizer of {name}: {str(exc).splitlines()[0][:200]}",
+                "check target.model / target.tokenizer (offline: a local directory)",
+            ) from None
 
     def mask_token_id(self, override: int | None = None) -> int | None:
         """`override` (draft.mask_token_id), else the tokenizer's mask token id (None when it has none)."""
@@ -232,8 +250,9 @@ class Target:
             elif isinstance(source, (list, tuple)):
                 ids.update(int(i) for i in source)
         if required and not ids:
-            raise UsageError("the target's tokenizer defines no end-of-sequence token",
-                             "set eos_token in its tokenizer_config.json")
+            raise UsageError(
+                "the target's tokenizer defines no end-of-sequence token", "set eos_token in its tokenizer_config.json"
+            )
         return frozenset(ids)
 
     def embeddings(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,9 +280,16 @@ class Target:
         from transformers import AutoModelForCausalLM
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        torch_dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32,
-                       "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-        model = AutoModelForCausalLM.from_pretrained(self.location, dtype=torch_dtype,
-                                                     trust_remote_code=self.section.trust_remote_code,
-                                                     revision=self.section.revision)
+        torch_dtype = {
+            "auto": torch.bfloat16 if device.startswith("cuda") else torch.float32,
+            "float32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "float16": torch.float16,
+        }[dtype]
+        model = AutoModelForCausalLM.from_pretrained(
+            self.location,
+            dtype=torch_dtype,
+            trust_remote_code=self.section.trust_remote_code,
+            revision=self.section.revision,
+        )
         return model.to(device), device

@@ -22,8 +22,12 @@ from dspark_cli.targets.files import read_target_config
 if TYPE_CHECKING:
     import torch
 
-EMBED_NAMES = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
-               "language_model.model.embed_tokens.weight", "embed_tokens.weight")
+EMBED_NAMES = (
+    "model.embed_tokens.weight",
+    "model.language_model.embed_tokens.weight",
+    "language_model.model.embed_tokens.weight",
+    "embed_tokens.weight",
+)
 LM_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
 
 
@@ -33,8 +37,10 @@ def _weight_map(directory: Path) -> dict[str, str]:
         return json.loads(index.read_text(encoding="utf-8"))["weight_map"]
     single = directory / "model.safetensors"
     if not single.is_file():
-        raise UsageError(f"{directory}: no model.safetensors or model.safetensors.index.json",
-                         "point target.model at a local directory with safetensors weights")
+        raise UsageError(
+            f"{directory}: no model.safetensors or model.safetensors.index.json",
+            "point target.model at a local directory with safetensors weights",
+        )
     from safetensors import safe_open
 
     with safe_open(str(single), framework="pt") as handle:
@@ -56,19 +62,24 @@ def load_embeddings(directory: Path, dtype: torch.dtype) -> tuple[torch.Tensor, 
     weight_map = _weight_map(directory)
     embed = _read(directory, weight_map, EMBED_NAMES)
     if embed is None:
-        raise DataError(f"{directory}: no embed_tokens tensor (looked for {EMBED_NAMES[0]} and variants)",
-                        "is this a causal LM checkpoint?")
+        raise DataError(
+            f"{directory}: no embed_tokens tensor (looked for {EMBED_NAMES[0]} and variants)",
+            "is this a causal LM checkpoint?",
+        )
     lm_head = _read(directory, weight_map, LM_HEAD_NAMES)
     if lm_head is None:
         config = read_target_config(directory)
         if not config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False)):
-            raise DataError(f"{directory}: no lm_head tensor and tie_word_embeddings is not set", "check the checkpoint")
+            raise DataError(
+                f"{directory}: no lm_head tensor and tie_word_embeddings is not set", "check the checkpoint"
+            )
         lm_head = embed
     return embed.to(dtype).requires_grad_(False), lm_head.to(dtype).requires_grad_(False)
 
 
-def load_final_norm(directory: Path, dtype: torch.dtype, *,
-                    hint: str = "set train.init: normal, or check the checkpoint") -> torch.Tensor:
+def load_final_norm(
+    directory: Path, dtype: torch.dtype, *, hint: str = "set train.init: normal, or check the checkpoint"
+) -> torch.Tensor:
     """The gain of the target's final RMSNorm [H], cast to `dtype`: the one tensor named `model.norm.weight`
     under any prefix (`language_model.model.norm.weight`, ...) that is neither a decoder layer's nor an MTP
     layer's. A UsageError (with `hint`) when there is not exactly one."""

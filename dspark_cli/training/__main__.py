@@ -20,8 +20,9 @@ from dspark_cli.errors import RecipeError, debug_enabled, user_error
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m dspark_cli.training",
-                                     description="One torchrun rank of `dspark train` (launched by it).")
+    parser = argparse.ArgumentParser(
+        prog="python -m dspark_cli.training", description="One torchrun rank of `dspark train` (launched by it)."
+    )
     parser.add_argument("recipe", help="recipe file or template name")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
     parser.add_argument("--resume", default="auto", help="auto, never, or a checkpoint path")

@@ -34,14 +34,26 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dspark_cli.contract import Contract
 from dspark_cli.artifacts.files import write_json_atomic
-from dspark_cli.artifacts.train import (LATEST, META, checkpoint_hint, is_complete_checkpoint, latest_checkpoint,
-                                        read_checkpoint_meta)
+from dspark_cli.artifacts.train import (
+    LATEST,
+    META,
+    checkpoint_hint,
+    is_complete_checkpoint,
+    latest_checkpoint,
+    read_checkpoint_meta,
+)
+from dspark_cli.contract import Contract
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.training.distributed import DistEnv, barrier
-from dspark_cli.training.integrity import (SafePlanner, SafeReader, checkpoint_errors, hash_own_files,
-                                          verify_checkpoint, write_checksums)
+from dspark_cli.training.integrity import (
+    SafePlanner,
+    SafeReader,
+    checkpoint_errors,
+    hash_own_files,
+    verify_checkpoint,
+    write_checksums,
+)
 
 if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe
@@ -60,8 +72,16 @@ def _state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[st
     return {"model": model_state, "optim": optim_state}
 
 
-def save_checkpoint(env: DistEnv, out_dir: Path, *, step: int, module: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, meta: dict[str, Any], recipe: Recipe) -> Path:
+def save_checkpoint(
+    env: DistEnv,
+    out_dir: Path,
+    *,
+    step: int,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    meta: dict[str, Any],
+    recipe: Recipe,
+) -> Path:
     import torch.distributed.checkpoint as dcp
 
     from dspark_cli.recipe import write_resolved
@@ -103,8 +123,11 @@ def clean_stale(out_dir: Path) -> list[str]:
     """Rank 0, before training: remove temp dirs that killed runs left (`checkpoints/.tmp-step-*`,
     `.final.tmp-*`); no other process writes into this directory while a run owns it."""
     out_dir = Path(out_dir)
-    stale = [*(out_dir / "checkpoints").glob(".tmp-step-*"), *out_dir.glob(".final.tmp-*"),
-             *(out_dir / "checkpoints").glob(f".{LATEST}.tmp")]
+    stale = [
+        *(out_dir / "checkpoints").glob(".tmp-step-*"),
+        *out_dir.glob(".final.tmp-*"),
+        *(out_dir / "checkpoints").glob(f".{LATEST}.tmp"),
+    ]
     for path in stale:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
@@ -153,8 +176,10 @@ def resolve_resume(out_dir: Path, resume: str) -> Path | None:
     if resume == "never":
         found = latest_checkpoint(out_dir)
         if found is not None:
-            raise UsageError(f"{out_dir} already holds checkpoints (latest {found.name}); --resume never would overwrite them",
-                             "continue with --resume auto, or train into another directory with -o DIR")
+            raise UsageError(
+                f"{out_dir} already holds checkpoints (latest {found.name}); --resume never would overwrite them",
+                "continue with --resume auto, or train into another directory with -o DIR",
+            )
         return None
     path = Path(resume)
     if (path / "checkpoints").is_dir():
@@ -163,8 +188,10 @@ def resolve_resume(out_dir: Path, resume: str) -> Path | None:
             raise UsageError(f"{path} has no complete checkpoint", "pass a checkpoints/step-NNNNNN directory")
         return found
     if not is_complete_checkpoint(path):
-        raise UsageError(f"--resume {resume}: not a complete dspark checkpoint (needs {META} and .metadata)",
-                         "pass --resume auto, never, or a checkpoints/step-NNNNNN directory")
+        raise UsageError(
+            f"--resume {resume}: not a complete dspark checkpoint (needs {META} and .metadata)",
+            "pass --resume auto, never, or a checkpoints/step-NNNNNN directory",
+        )
     return path
 
 
@@ -180,6 +207,7 @@ def check_meta(meta: Any, where: Path, num_steps: int | None = None) -> None:
     """meta.json's step and data position are what save_checkpoint writes: the step its directory is named
     after (and, given `num_steps`, within the run), a position of non-negative integers. Checksums only prove
     the files are as written, and a re-signed meta.json is as written too."""
+
     def count(value: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
 
@@ -193,15 +221,25 @@ def check_meta(meta: Any, where: Path, num_steps: int | None = None) -> None:
         problem = f"its meta.json claims step {step:,} but the checkpoint is {where.name}"
     elif num_steps is not None and step > num_steps:
         problem = f"its meta.json claims step {step:,}, past the run's {num_steps:,} steps"
-    elif not isinstance(position, dict) or not all(count(position.get(k)) for k in ("epoch", "consumed")) \
-            or not count(meta.get("tokens", 0)):
+    elif (
+        not isinstance(position, dict)
+        or not all(count(position.get(k)) for k in ("epoch", "consumed"))
+        or not count(meta.get("tokens", 0))
+    ):
         problem = "its data position or token count is not a set of non-negative integers"
     if problem:
         raise DataError(f"{where}: not a checkpoint dspark wrote: {problem}", checkpoint_hint(where))
 
 
-def load_checkpoint(env: DistEnv, path: Path, *, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    contract: Contract, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_checkpoint(
+    env: DistEnv,
+    path: Path,
+    *,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    contract: Contract,
+    settings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Verify every file against checksums.json (before anything is unpickled), check the contract
     and (given `settings`, settings.py) the training settings, then load model + optimizer through
     the reader and planner that run no code from the files."""

@@ -149,8 +149,14 @@ class StepStream:
 
     def _prepared(self, epoch: int) -> Iterator[tuple[Example, int]]:
         for index, seq in enumerate(self.source()):
-            example = prepare(seq, epoch=epoch, index=index, seed=self.seed, num_anchors=self.num_anchors,
-                              max_seq_len=self.max_seq_len)
+            example = prepare(
+                seq,
+                epoch=epoch,
+                index=index,
+                seed=self.seed,
+                num_anchors=self.num_anchors,
+                max_seq_len=self.max_seq_len,
+            )
             if example is not None:
                 yield example, example.num_tokens
 
@@ -199,7 +205,7 @@ def split_to(groups: list[list[Example]], count: int) -> list[list[Example]]:
     while len(groups) < count and any(len(g) > 1 for g in groups):
         big = max(range(len(groups)), key=lambda i: (len(groups[i]), -i))
         half = len(groups[big]) // 2
-        groups[big:big + 1] = [groups[big][:half], groups[big][half:]]
+        groups[big : big + 1] = [groups[big][:half], groups[big][half:]]
     return groups + [[] for _ in range(count - len(groups))]
 
 
@@ -222,13 +228,15 @@ class Batch:
         return (*self.input_ids.shape, self.anchors.shape[1])
 
     def to(self, device: torch.device) -> Batch:
-        moved = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
-                 for k, v in self.__dict__.items()}
+        moved = {
+            k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()
+        }
         return Batch(**moved)
 
 
-def collate(examples: list[Example], dtype: torch.dtype, like: Example | None = None,
-            shape: tuple[int, int, int] | None = None) -> Batch:
+def collate(
+    examples: list[Example], dtype: torch.dtype, like: Example | None = None, shape: tuple[int, int, int] | None = None
+) -> Batch:
     """Stack examples into a right-padded batch; hidden states cast to the compute dtype.
 
     `shape` = (rows, tokens, anchors): pad to exactly that (static shapes, training/shapes.py); rows
@@ -239,8 +247,15 @@ def collate(examples: list[Example], dtype: torch.dtype, like: Example | None = 
         assert like is not None, "an empty micro-batch needs an example to take its shapes from"
         if shape is not None:
             return _padded([], dtype, shape, like.aux.shape[-1], like.last_hidden.shape[-1])
-        empty = Example(like.epoch, like.index, like.input_ids[:2], like.aux[:2], like.last_hidden[:2],
-                        torch.zeros(2, dtype=torch.bool), torch.zeros(1, dtype=torch.long))
+        empty = Example(
+            like.epoch,
+            like.index,
+            like.input_ids[:2],
+            like.aux[:2],
+            like.last_hidden[:2],
+            torch.zeros(2, dtype=torch.bool),
+            torch.zeros(1, dtype=torch.long),
+        )
         batch = collate([empty], dtype)
         batch.anchor_mask.zero_()
         batch.num_tokens = 0
@@ -250,8 +265,7 @@ def collate(examples: list[Example], dtype: torch.dtype, like: Example | None = 
     return _padded(examples, dtype, shape, examples[0].aux.shape[-1], examples[0].last_hidden.shape[-1])
 
 
-def _padded(examples: list[Example], dtype: torch.dtype, shape: tuple[int, int, int], feat: int,
-            hidden: int) -> Batch:
+def _padded(examples: list[Example], dtype: torch.dtype, shape: tuple[int, int, int], feat: int, hidden: int) -> Batch:
     bsz, width, num_anchors = shape
     if len(examples) > bsz or any(e.num_tokens > width or e.anchors.numel() > num_anchors for e in examples):
         raise ValueError(f"{len(examples)} examples do not fit the batch shape {shape}")

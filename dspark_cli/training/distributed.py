@@ -76,17 +76,20 @@ def restart_store(world_size: int, environ: dict[str, str] | None = None) -> dis
     if int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) and int(environ.get("GROUP_WORLD_SIZE", "1") or 1) > 1:
         from dspark_cli.errors import UsageError
 
-        raise UsageError("torchrun --max-restarts across machines shares its rendezvous store with the ranks, so a "
-                         "restarted job would read the dead ranks' keys and hang",
-                         "start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment "
-                         "(dspark train sets it when it launches torchrun itself)")
+        raise UsageError(
+            "torchrun --max-restarts across machines shares its rendezvous store with the ranks, so a "
+            "restarted job would read the dead ranks' keys and hang",
+            "start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment "
+            "(dspark train sets it when it launches torchrun itself)",
+        )
     restart = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if restart == 0:
         return None
     from torch.distributed.constants import default_pg_timeout
 
-    shared = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), world_size, is_master=False,
-                           timeout=default_pg_timeout)
+    shared = dist.TCPStore(
+        environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), world_size, is_master=False, timeout=default_pg_timeout
+    )
     return dist.PrefixStore(f"dspark/restart-{restart}", shared)
 
 
@@ -175,8 +178,15 @@ def shutdown(env: DistEnv, *, failed: bool = False) -> None:
         dist.destroy_process_group()
 
 
-def torchrun_command(rank_args: list[str], *, nproc: int, nnodes: int = 1, rdzv_endpoint: str | None = None,
-                     run_id: str = "dspark-train", max_restarts: int = 0) -> list[str]:
+def torchrun_command(
+    rank_args: list[str],
+    *,
+    nproc: int,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    run_id: str = "dspark-train",
+    max_restarts: int = 0,
+) -> list[str]:
     """`python -m torch.distributed.run ... -m dspark_cli.training <rank_args>` for `nproc` processes per
     machine (each rank runs training/__main__.py); `max_restarts` > 0: torchrun restarts the whole gang
     after a rank dies (each rank resumes from the last checkpoint, as `rank_args` say `--resume=auto`)."""
@@ -187,8 +197,10 @@ def torchrun_command(rank_args: list[str], *, nproc: int, nnodes: int = 1, rdzv_
         if not rdzv_endpoint:
             from dspark_cli.errors import UsageError
 
-            raise UsageError("train.nnodes > 1 needs train.rdzv_endpoint (host:port of the rendezvous)",
-                             "set train.rdzv_endpoint=HOST:29400 and run the same command on every machine")
+            raise UsageError(
+                "train.nnodes > 1 needs train.rdzv_endpoint (host:port of the rendezvous)",
+                "set train.rdzv_endpoint=HOST:29400 and run the same command on every machine",
+            )
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={run_id}"]
     else:
         cmd += ["--standalone"]  # a free port on this machine; no clashes between runs

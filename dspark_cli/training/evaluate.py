@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from dspark_cli.training.data import collate, prepare
 from dspark_cli.targets import Target
+from dspark_cli.training.data import collate, prepare
 from dspark_cli.training.metrics import stats_size, summarize
 from dspark_cli.training.step import LossConfig, TrainStep, local_weight, trainable_slots
 
@@ -72,8 +72,16 @@ def replay(anchors: list[int], greedy: torch.Tensor, accept: torch.Tensor) -> tu
 
 
 @torch.no_grad()
-def evaluate_draft(model: Any, sequences: Iterable[Any], *, num_anchors: int = 1 << 20, max_seq_len: int = 4096,
-                   batch_size: int = 8, loss: LossConfig | None = None, seed: int = 0) -> dict[str, Any]:
+def evaluate_draft(
+    model: Any,
+    sequences: Iterable[Any],
+    *,
+    num_anchors: int = 1 << 20,
+    max_seq_len: int = 4096,
+    batch_size: int = 8,
+    loss: LossConfig | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Sum the training statistics over `sequences` and summarize; with anchors at every position (the
     default), also replay decoding (`tau_greedy_decode`, `tau_t1_decode`)."""
     loss = loss or LossConfig()
@@ -82,10 +90,13 @@ def evaluate_draft(model: Any, sequences: Iterable[Any], *, num_anchors: int = 1
     dtype = next(model.parameters()).dtype
     totals = torch.zeros(stats_size(n))
     tokens = greedy_steps = t1_steps = 0.0
-    examples = [e for i, s in enumerate(sequences)
-                if (e := prepare(s, epoch=0, index=i, seed=seed, num_anchors=num_anchors, max_seq_len=max_seq_len))]
+    examples = [
+        e
+        for i, s in enumerate(sequences)
+        if (e := prepare(s, epoch=0, index=i, seed=seed, num_anchors=num_anchors, max_seq_len=max_seq_len))
+    ]
     for start in range(0, len(examples), batch_size):
-        batch = collate(examples[start:start + batch_size], dtype)
+        batch = collate(examples[start : start + batch_size], dtype)
         ok = trainable_slots(batch, n)
         _, stats, (flat, greedy, accept) = step(batch, ok, local_weight(ok, loss.gamma), slots=True)
         totals += stats.float().cpu()
@@ -94,9 +105,13 @@ def evaluate_draft(model: Any, sequences: Iterable[Any], *, num_anchors: int = 1
             grid = torch.zeros(ok.numel())
             grid[flat.cpu()] = values.float().cpu()
             grids.append(grid.view(ok.shape))
-        for b, example in enumerate(examples[start:start + batch_size]):
+        for b, example in enumerate(examples[start : start + batch_size]):
             count = example.anchors.numel()
             row = replay(example.anchors.tolist(), grids[0][b, :count], grids[1][b, :count])
             tokens, greedy_steps, t1_steps = tokens + row[0], greedy_steps + row[1], t1_steps + row[2]
-    return {"sequences": len(examples), **summarize(totals.tolist(), n, loss),
-            "tau_greedy_decode": tokens / max(greedy_steps, 1.0), "tau_t1_decode": tokens / max(t1_steps, 1e-12)}
+    return {
+        "sequences": len(examples),
+        **summarize(totals.tolist(), n, loss),
+        "tau_greedy_decode": tokens / max(greedy_steps, 1.0),
+        "tau_t1_decode": tokens / max(t1_steps, 1e-12),
+    }

@@ -22,8 +22,16 @@ from collections.abc import Callable
 import torch
 
 # Dense (no sparsity) peak TFLOP/s by device-name fragment: (bf16/fp16, fp32 via TF32).
-CUDA_PEAKS = {"H200": (989.0, 494.0), "H100": (989.0, 494.0), "H800": (989.0, 494.0), "H20": (148.0, 74.0),
-              "A100": (312.0, 156.0), "A800": (312.0, 156.0), "L40S": (362.0, 183.0), "B200": (2250.0, 1100.0)}
+CUDA_PEAKS = {
+    "H200": (989.0, 494.0),
+    "H100": (989.0, 494.0),
+    "H800": (989.0, 494.0),
+    "H20": (148.0, 74.0),
+    "A100": (312.0, 156.0),
+    "A800": (312.0, 156.0),
+    "L40S": (362.0, 183.0),
+    "B200": (2250.0, 1100.0),
+}
 
 
 ATTENTION_OPS = ("bmm", "scaled_dot_product", "flex_attention")  # counted by `attention_flops` instead

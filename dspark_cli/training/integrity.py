@@ -39,8 +39,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from dspark_cli.artifacts.files import sha256_file, write_json_atomic
-from dspark_cli.artifacts.train import (CHECKSUMS, CHECKSUMS_FORMAT, checkpoint_file_problem, checkpoint_hint,
-                                        read_checksums)
+from dspark_cli.artifacts.train import (
+    CHECKSUMS,
+    CHECKSUMS_FORMAT,
+    checkpoint_file_problem,
+    checkpoint_hint,
+    read_checksums,
+)
 from dspark_cli.errors import DataError, DsparkError
 from dspark_cli.training.distributed import DistEnv
 
@@ -83,11 +88,19 @@ def verify_checkpoint(env: DistEnv, path: Path) -> None:
     `.metadata` and meta.json are among them. Collective: every rank calls it; ranks split the files."""
     path = Path(path)
     files = read_checksums(path)
-    problem = next((f"{path}: {CHECKSUMS} does not list {name}" for name in (".metadata", "meta.json")
-                    if name not in files), None)
+    problem = next(
+        (f"{path}: {CHECKSUMS} does not list {name}" for name in (".metadata", "meta.json") if name not in files), None
+    )
     if problem is None:
         names = sorted(files)
-        problem = next((p for name in names[env.rank::env.world_size] if (p := checkpoint_file_problem(path, name, files[name]))), None)
+        problem = next(
+            (
+                p
+                for name in names[env.rank :: env.world_size]
+                if (p := checkpoint_file_problem(path, name, files[name]))
+            ),
+            None,
+        )
     first = next((p for p in _gather(env, problem) if p), None)
     if first:
         raise DataError(first + "; nothing was loaded from it", checkpoint_hint(path))
@@ -96,9 +109,16 @@ def verify_checkpoint(env: DistEnv, path: Path) -> None:
 # -- loading that runs no code ----------------------------------------------------------------------
 
 _METADATA_CLASSES = {
-    "torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
-                                              "ChunkStorageMetadata", "TensorProperties", "StorageMeta",
-                                              "MetadataIndex", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "StorageMeta",
+        "MetadataIndex",
+        "_MEM_FORMAT_ENCODING",
+    },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.distributed.checkpoint.planner": {"LoadItemType", "WriteItemType"},
     "torch.serialization": {"_get_layout"},
@@ -149,6 +169,7 @@ class SafePlanner(DefaultLoadPlanner):
 
 # -- errors ------------------------------------------------------------------------------------------
 
+
 def _first_failure(exc: BaseException) -> str:
     if isinstance(exc, CheckpointException):
         for pair in exc.failures.values():
@@ -165,12 +186,14 @@ def checkpoint_errors(action: str, path: Path) -> Iterator[None]:
         yield
     except (CheckpointException, OSError, pickle.UnpicklingError, EOFError) as exc:
         if action == "load":
-            raise DataError(f"{path}: unreadable checkpoint ({_first_failure(exc)})",
-                            checkpoint_hint(Path(path))) from None
+            raise DataError(
+                f"{path}: unreadable checkpoint ({_first_failure(exc)})", checkpoint_hint(Path(path))
+            ) from None
         what = "writing final/" if path.name == "final" else f"saving checkpoint {path.name}"
-        raise DsparkError(f"{what} failed ({_first_failure(exc)}{_free_space(path.parent)}); the previous "
-                          "checkpoint is intact", "free disk space (or fix the error), then re-run: "
-                          "--resume auto continues from the latest checkpoint") from None
+        raise DsparkError(
+            f"{what} failed ({_first_failure(exc)}{_free_space(path.parent)}); the previous checkpoint is intact",
+            "free disk space (or fix the error), then re-run: --resume auto continues from the latest checkpoint",
+        ) from None
 
 
 def _free_space(directory: Path) -> str:

@@ -17,8 +17,8 @@ import signal
 import subprocess
 from collections.abc import Callable
 
-from dspark_cli.recipe.schema import Recipe
 from dspark_cli.machine.cpu import bind_threads, under_torchrun
+from dspark_cli.recipe.schema import Recipe
 
 
 def is_main_process() -> bool:
@@ -30,8 +30,15 @@ def world_size(recipe: Recipe) -> int:
     return recipe.train.nproc_per_node * recipe.train.nnodes
 
 
-def child_args(recipe_arg: str, overrides: list[str], *, nproc: int, resume: str, output_dir: str | None,
-               devices: tuple[list[int], list[int]] | None = None) -> list[str]:
+def child_args(
+    recipe_arg: str,
+    overrides: list[str],
+    *,
+    nproc: int,
+    resume: str,
+    output_dir: str | None,
+    devices: tuple[list[int], list[int]] | None = None,
+) -> list[str]:
     """The arguments of each torchrun child (`python -m dspark_cli.training`, training/__main__.py);
     `devices` (the launcher's producer / trainer split) travels as `capture.devices=[..]` and `train.devices=[..]`.
 
@@ -40,8 +47,10 @@ def child_args(recipe_arg: str, overrides: list[str], *, nproc: int, resume: str
     """
     args = [recipe_arg, *overrides, f"train.nproc_per_node={nproc}", f"--resume={resume}"]
     if devices is not None:
-        args += [f"capture.devices=[{','.join(map(str, devices[0]))}]",
-                 f"train.devices=[{','.join(map(str, devices[1]))}]"]
+        args += [
+            f"capture.devices=[{','.join(map(str, devices[0]))}]",
+            f"train.devices=[{','.join(map(str, devices[1]))}]",
+        ]
     return args + ([f"train.output_dir={output_dir}"] if output_dir else [])
 
 
@@ -67,26 +76,50 @@ def resolve_device_split(recipe: Recipe, gpus: int | None = None) -> str | None:
     if recipe.capture.mode != "online":
         return None
     line = apply_default_split(recipe, visible_gpus() if gpus is None else gpus)
-    return None if line is None else f"devices: {line} (the default split; set capture.devices and train.devices to choose)"
+    return (
+        None
+        if line is None
+        else f"devices: {line} (the default split; set capture.devices and train.devices to choose)"
+    )
 
 
-def launch_command(recipe: Recipe, *, recipe_arg: str, overrides: list[str], resume: str, output_dir: str | None,
-                   devices: tuple[list[int], list[int]] | None = None) -> list[str]:
+def launch_command(
+    recipe: Recipe,
+    *,
+    recipe_arg: str,
+    overrides: list[str],
+    resume: str,
+    output_dir: str | None,
+    devices: tuple[list[int], list[int]] | None = None,
+) -> list[str]:
     """The torchrun command line that trains `recipe` in `nproc_per_node x nnodes` children."""
     from dspark_cli.training.distributed import torchrun_command
 
     nproc = recipe.train.nproc_per_node
     args = child_args(recipe_arg, overrides, nproc=nproc, resume=resume, output_dir=output_dir, devices=devices)
-    return torchrun_command(args, nproc=nproc, nnodes=recipe.train.nnodes, rdzv_endpoint=recipe.train.rdzv_endpoint,
-                            run_id=recipe.name, max_restarts=recipe.train.max_restarts)
+    return torchrun_command(
+        args,
+        nproc=nproc,
+        nnodes=recipe.train.nnodes,
+        rdzv_endpoint=recipe.train.rdzv_endpoint,
+        run_id=recipe.name,
+        max_restarts=recipe.train.max_restarts,
+    )
 
 
-def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[str], resume: str,
-                            output_dir: str | None = None,
-                            on_launch: Callable[[list[str]], None] | None = None,
-                            before: Callable[[], None] | None = None,
-                            on_line: Callable[[str], None] | None = None,
-                            say: Callable[[str], None] | None = None, gpus: int | None = None) -> int | None:
+def relaunch_under_torchrun(
+    recipe: Recipe,
+    *,
+    recipe_arg: str,
+    overrides: list[str],
+    resume: str,
+    output_dir: str | None = None,
+    on_launch: Callable[[list[str]], None] | None = None,
+    before: Callable[[], None] | None = None,
+    on_line: Callable[[str], None] | None = None,
+    say: Callable[[str], None] | None = None,
+    gpus: int | None = None,
+) -> int | None:
     """Prepare this process for training, or train in torchrun's children instead.
 
     `before()` (the capture stage) runs first in this process -- never in a torchrun child, whose
@@ -121,8 +154,14 @@ def relaunch_under_torchrun(recipe: Recipe, *, recipe_arg: str, overrides: list[
         capture_once(recipe, before, say=say or print)  # one machine captures, the others wait for it
     elif before is not None:
         before()
-    cmd = launch_command(recipe, recipe_arg=recipe_arg, overrides=overrides, resume=resume, output_dir=output_dir,
-                         devices=(recipe.capture.devices, recipe.train.devices) if split is not None else None)
+    cmd = launch_command(
+        recipe,
+        recipe_arg=recipe_arg,
+        overrides=overrides,
+        resume=resume,
+        output_dir=output_dir,
+        devices=(recipe.capture.devices, recipe.train.devices) if split is not None else None,
+    )
     if on_launch is not None:
         on_launch(cmd)
     env = torchrun_environ()

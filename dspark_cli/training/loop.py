@@ -90,11 +90,14 @@ def check_finite(first_bad: torch.Tensor, env: DistEnv, last_saved: int) -> None
     """One-line error when some rank saw a non-finite step (read at log and checkpoint steps only)."""
     bad = all_reduce_min(first_bad, env)
     if bad < NEVER:
-        saved = (f"the last checkpoint (step {last_saved}) is from before it" if last_saved
-                 else "no checkpoint was written")
-        raise DsparkError(f"training diverged: non-finite loss or gradient norm at step {bad + 1}; stopped without "
-                          f"saving, {saved}", "lower train.lr or train.grad_clip, or check the captured data, and "
-                          "train again into a new directory (-o DIR)")
+        saved = (
+            f"the last checkpoint (step {last_saved}) is from before it" if last_saved else "no checkpoint was written"
+        )
+        raise DsparkError(
+            f"training diverged: non-finite loss or gradient norm at step {bad + 1}; stopped without saving, {saved}",
+            "lower train.lr or train.grad_clip, or check the captured data, and "
+            "train again into a new directory (-o DIR)",
+        )
 
 
 @dataclass
@@ -107,8 +110,16 @@ class StepResult:
     signatures: set[tuple[int, int, int]]  # the micro-batches' (rows, tokens, anchors)
 
 
-def train_step(env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Step,
-               cfg: LoopConfig, lr: float, *, count: bool = False) -> StepResult:
+def train_step(
+    env: DistEnv,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: Step,
+    cfg: LoopConfig,
+    lr: float,
+    *,
+    count: bool = False,
+) -> StepResult:
     """One optimiser step on this rank's share of `data`, in micro-batches whose gradients add up to
     the whole step's: of alike sequences (`data.micro_batches`: less padding), or with `cfg.shapes`
     of one length bucket each, padded to its fixed shape."""
@@ -158,14 +169,28 @@ def train_step(env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Opt
     grad_norm = clip_grad_norm([p for p in module.parameters() if p.requires_grad], cfg.grad_clip, env)
     optimizer.step()
     real = [g for g in groups if g]
-    return StepResult(sum(e.num_tokens for g in real for e in g), sum(len(g) for g in real), stats, grad_norm, flops,
-                      {b.signature for b in batches})
+    return StepResult(
+        sum(e.num_tokens for g in real for e in g),
+        sum(len(g) for g in real),
+        stats,
+        grad_norm,
+        flops,
+        {b.signature for b in batches},
+    )
 
 
-def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: Iterator[Step],
-               start_step: int, cfg: LoopConfig, log: Callable[[dict[str, Any]], None],
-               checkpoint: Callable[[int, dict[str, int], dict[str, Any] | None, int], None],
-               tokens_done: int = 0) -> dict[str, Any]:
+def train_loop(
+    *,
+    env: DistEnv,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    steps: Iterator[Step],
+    start_step: int,
+    cfg: LoopConfig,
+    log: Callable[[dict[str, Any]], None],
+    checkpoint: Callable[[int, dict[str, int], dict[str, Any] | None, int], None],
+    tokens_done: int = 0,
+) -> dict[str, Any]:
     """Run steps start_step .. num_steps - 1 (fewer if the data ends first; the last one is checkpointed).
 
     `checkpoint(step, data_position, last_record, tokens_done)` is called every `checkpoint_every`
@@ -201,17 +226,25 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
         last = step + 1 == cfg.num_steps
         if (step + 1) % cfg.log_every == 0 or last:
             check_finite(first_bad, env, saved)
-            totals = all_reduce_sum(torch.cat([acc, torch.tensor([acc_tokens, acc_seqs], dtype=acc.dtype,
-                                                                  device=acc.device)]), env).tolist()
+            totals = all_reduce_sum(
+                torch.cat([acc, torch.tensor([acc_tokens, acc_seqs], dtype=acc.dtype, device=acc.device)]), env
+            ).tolist()
             elapsed = max(time.perf_counter() - interval_start, 1e-9)
             tokens_per_s = totals[-2] / elapsed
-            record = {"step": step + 1, "num_steps": cfg.num_steps, **summarize(totals[:-2], n, cfg.loss),
-                      "grad_norm": _scalar(grad_norm), "lr": lr, "tokens": int(totals[-2]),
-                      "sequences": int(totals[-1]), "tokens_per_s": tokens_per_s,
-                      "tflops": flops_per_token * tokens_per_s / 1e12,
-                      "mfu": (flops_per_token * tokens_per_s / env.world_size / cfg.peak_flops
-                              if cfg.peak_flops else None),
-                      "memory_gib": memory_gib(env.device), "time": time.time()}
+            record = {
+                "step": step + 1,
+                "num_steps": cfg.num_steps,
+                **summarize(totals[:-2], n, cfg.loss),
+                "grad_norm": _scalar(grad_norm),
+                "lr": lr,
+                "tokens": int(totals[-2]),
+                "sequences": int(totals[-1]),
+                "tokens_per_s": tokens_per_s,
+                "tflops": flops_per_token * tokens_per_s / 1e12,
+                "mfu": (flops_per_token * tokens_per_s / env.world_size / cfg.peak_flops if cfg.peak_flops else None),
+                "memory_gib": memory_gib(env.device),
+                "time": time.time(),
+            }
             log(record)
             acc.zero_()
             acc_tokens = acc_seqs = 0
@@ -224,14 +257,23 @@ def train_loop(*, env: DistEnv, module: torch.nn.Module, optimizer: torch.optim.
     if done > saved and position is not None:
         check_finite(first_bad, env, saved)
         checkpoint(done, position, record, tokens_done)
-    return {"record": record, "step": done, "tokens": tokens_done,
-            "shapes": shape_summary(signatures, compiles, cfg.shapes, env)}
+    return {
+        "record": record,
+        "step": done,
+        "tokens": tokens_done,
+        "shapes": shape_summary(signatures, compiles, cfg.shapes, env),
+    }
 
 
-def shape_summary(signatures: set[tuple[int, int, int]], compiles: CompileCounter, plan: ShapePlan | None,
-                  env: DistEnv) -> dict[str, Any]:
+def shape_summary(
+    signatures: set[tuple[int, int, int]], compiles: CompileCounter, plan: ShapePlan | None, env: DistEnv
+) -> dict[str, Any]:
     """What a run compiled: distinct micro-batch shapes (rows, tokens, anchors) and dynamo's compiles
     (frames compiled, first compiles included, and graphs), each the most of any rank; the buckets."""
     counts = compiles.read()
-    return {"signatures": all_reduce_max(len(signatures), env), "compiles": all_reduce_max(counts["compiles"], env),
-            "graphs": all_reduce_max(counts["graphs"], env), "length_buckets": list(plan.lengths) if plan else None}
+    return {
+        "signatures": all_reduce_max(len(signatures), env),
+        "compiles": all_reduce_max(counts["compiles"], env),
+        "graphs": all_reduce_max(counts["graphs"], env),
+        "length_buckets": list(plan.lengths) if plan else None,
+    }

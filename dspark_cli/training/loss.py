@@ -53,8 +53,8 @@ def target_table(target_hidden: torch.Tensor, lm_head: torch.Tensor, chunk: int)
     """softmax(target_hidden @ lm_head.T) in fp32, [U, V], computed chunk by chunk."""
     out = torch.empty(target_hidden.shape[0], lm_head.shape[0], dtype=torch.float32, device=lm_head.device)
     for s in range(0, target_hidden.shape[0], chunk):
-        logits = F.linear(target_hidden[s:s + chunk].to(lm_head.dtype), lm_head).float()
-        torch.softmax(logits, dim=-1, out=out[s:s + chunk])
+        logits = F.linear(target_hidden[s : s + chunk].to(lm_head.dtype), lm_head).float()
+        torch.softmax(logits, dim=-1, out=out[s : s + chunk])
     return out
 
 
@@ -66,8 +66,20 @@ def ce_shares(ce_target: str, ce_argmax: float) -> tuple[float, float, float]:
     return (rest, ce_argmax, 0.0) if ce_target == "target" else (0.0, ce_argmax, rest)
 
 
-def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *, grads: bool,
-                shares: tuple[float, float, float] = (0.0, 0.0, 1.0)):
+def _rows_torch(
+    z,
+    q,
+    top,
+    labels,
+    w_ce,
+    w_l1,
+    out_scale,
+    by_l1: bool,
+    stats,
+    *,
+    grads: bool,
+    shares: tuple[float, float, float] = (0.0, 0.0, 1.0),
+):
     """The row-wise pass as torch operations, what `kernels.vocab.VocabKernel.rows` does in one kernel:
     fills stats [c, 4] (CE, L1, draft top-1 == label, draft top-1 == target top-1) from logits z and
     target probabilities q (overwritten), and with `grads` returns d/dz of w_ce*CE + w_l1*L1 divided
@@ -113,8 +125,23 @@ def _rows_torch(z, q, top, labels, w_ce, w_l1, out_scale, by_l1: bool, stats, *,
 
 class _VocabLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, markov_embed, markov_w2, lm_head, target, target_index, target_is_table,
-                labels, w_ce, w_l1, chunk, compute_dtype, use_kernel, shares):
+    def forward(
+        ctx,
+        hidden,
+        markov_embed,
+        markov_w2,
+        lm_head,
+        target,
+        target_index,
+        target_is_table,
+        labels,
+        w_ce,
+        w_l1,
+        chunk,
+        compute_dtype,
+        use_kernel,
+        shares,
+    ):
         grads_wanted = any(ctx.needs_input_grad[:3])
         num_slots = hidden.shape[0]
         device = hidden.device
@@ -135,8 +162,11 @@ class _VocabLoss(torch.autograd.Function):
         by_l1 = bool((w_l1 > 0).all())
         out_scale = w_l1 if by_l1 else torch.ones_like(w_l1)
         # fp32 on CPU: the row-wise passes below as one fused kernel (kernels.vocab), same results
-        kernel = (vocab_kernel() if device.type == "cpu" and compute_dtype == torch.float32 and target_is_table
-                  and use_kernel else None)
+        kernel = (
+            vocab_kernel()
+            if device.type == "cpu" and compute_dtype == torch.float32 and target_is_table and use_kernel
+            else None
+        )
         # the target's top-1 per table row, once (blocks of neighbouring anchors share rows)
         target_top = None
         if target_is_table:
@@ -148,8 +178,9 @@ class _VocabLoss(torch.autograd.Function):
             z = F.linear(torch.cat([h, m], dim=1), joint).float()  # [c, V] logits
             weights = (w_ce[s:e], w_l1[s:e], out_scale[s:e])
             if kernel is not None:  # z becomes the gradient in place
-                kernel.rows(z, target, rows, lab, target_top, *weights, by_l1, stats[s:e], grads=grads_wanted,
-                            shares=shares)
+                kernel.rows(
+                    z, target, rows, lab, target_top, *weights, by_l1, stats[s:e], grads=grads_wanted, shares=shares
+                )
                 g = z
             else:
                 if target_is_table:
@@ -167,22 +198,49 @@ class _VocabLoss(torch.autograd.Function):
         if grads_wanted:
             grad_he.mul_(out_scale[:, None].to(compute_dtype))
             grad_h, grad_e = grad_he[:, :split], grad_he[:, split:]
-            ctx.save_for_backward(grad_h.to(hidden.dtype), grad_e.to(markov_embed.dtype),
-                                  grad_w2_t.t().to(markov_w2.dtype))
+            ctx.save_for_backward(
+                grad_h.to(hidden.dtype), grad_e.to(markov_embed.dtype), grad_w2_t.t().to(markov_w2.dtype)
+            )
         return loss, stats
 
     @staticmethod
     def backward(ctx, grad_loss, grad_stats):
         del grad_stats
         grad_h, grad_e, grad_w2 = ctx.saved_tensors
-        return (grad_h * grad_loss, grad_e * grad_loss, grad_w2 * grad_loss,
-                None, None, None, None, None, None, None, None, None, None, None)
+        return (
+            grad_h * grad_loss,
+            grad_e * grad_loss,
+            grad_w2 * grad_loss,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torch.Tensor, lm_head: torch.Tensor,
-               target_hidden: torch.Tensor, target_index: torch.Tensor, labels: torch.Tensor,
-               w_ce: torch.Tensor, w_l1: torch.Tensor, *, chunk: int | None = None, use_kernel: bool = True,
-               ce_target: str = "label", ce_argmax: float = 0.0):
+def vocab_loss(
+    hidden: torch.Tensor,
+    markov_embed: torch.Tensor,
+    markov_w2: torch.Tensor,
+    lm_head: torch.Tensor,
+    target_hidden: torch.Tensor,
+    target_index: torch.Tensor,
+    labels: torch.Tensor,
+    w_ce: torch.Tensor,
+    w_l1: torch.Tensor,
+    *,
+    chunk: int | None = None,
+    use_kernel: bool = True,
+    ce_target: str = "label",
+    ce_argmax: float = 0.0,
+):
     """Fused CE + L1 over S slots. Returns (sum_s w_ce*CE + w_l1*L1, stats [S, NUM_SLOT_STATS]).
 
     hidden [S, H] and markov_embed [S, r] (differentiable), markov_w2 [V, r] (a parameter),
@@ -199,12 +257,31 @@ def vocab_loss(hidden: torch.Tensor, markov_embed: torch.Tensor, markov_w2: torc
     as_table = target_hidden.shape[0] * lm_head.shape[0] * 4 <= TABLE_BYTES
     with torch.autocast(device, enabled=False):  # dtypes are managed here: matmuls in `compute`, softmax in fp32
         target = target_table(target_hidden, lm_head.to(compute), chunk) if as_table else target_hidden
-        return _VocabLoss.apply(hidden, markov_embed, markov_w2, lm_head, target, target_index, as_table,
-                                labels, w_ce.float(), w_l1.float(), chunk, compute, use_kernel, shares)
+        return _VocabLoss.apply(
+            hidden,
+            markov_embed,
+            markov_w2,
+            lm_head,
+            target,
+            target_index,
+            as_table,
+            labels,
+            w_ce.float(),
+            w_l1.float(),
+            chunk,
+            compute,
+            use_kernel,
+            shares,
+        )
 
 
-def reference_loss_terms(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-                         ce_target: str = "label", ce_argmax: float = 0.0):
+def reference_loss_terms(
+    logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    labels: torch.Tensor,
+    ce_target: str = "label",
+    ce_argmax: float = 0.0,
+):
     """Unfused per-slot (CE, L1) with plain autograd: the independent check of `vocab_loss`. The CE's
     target distribution is written out: (1 - ce_argmax) * (q or onehot(label)) + ce_argmax * onehot(argmax q)."""
     dtype = torch.promote_types(logits.dtype, torch.float32)  # fp32, or fp64 for a high-precision check

@@ -55,45 +55,60 @@ def stats_vector(ok, flat, w_slot, per_slot, accept_t1, bce, conf):
         return (1.0 + grid.view(ok.shape).cumprod(dim=-1).sum(dim=-1)[anchors]).sum()
 
     scalars = [
-        w_slot.sum(), (w_slot * per_slot[:, 0]).sum(), (w_slot * per_slot[:, 1]).sum(),
+        w_slot.sum(),
+        (w_slot * per_slot[:, 0]).sum(),
+        (w_slot * per_slot[:, 1]).sum(),
         (w_slot * bce.detach()).sum() if bce is not None else zero,
         (w_slot * (conf - accept_t1).abs()).sum() if conf is not None else zero,
-        torch.tensor(float(flat.numel()), device=ok.device), anchors.sum().float(),
-        lengths(per_slot[:, 3]), lengths(accept_t1),
+        torch.tensor(float(flat.numel()), device=ok.device),
+        anchors.sum().float(),
+        lengths(per_slot[:, 3]),
+        lengths(accept_t1),
     ]
-    slots = [torch.bincount(k, weights=v, minlength=n).float()
-             for v in (torch.ones_like(accept_t1), per_slot[:, 2], per_slot[:, 3], accept_t1)]
+    slots = [
+        torch.bincount(k, weights=v, minlength=n).float()
+        for v in (torch.ones_like(accept_t1), per_slot[:, 2], per_slot[:, 3], accept_t1)
+    ]
     return torch.cat([torch.stack(scalars).float(), *slots])
 
 
 def summarize(vec: list[float], block_size: int, weights: Any) -> dict[str, Any]:
     """Summed stats -> the logged metrics (losses are slot-weighted means)."""
     s = dict(zip(SCALARS, vec[: len(SCALARS)]))
-    per = {name: vec[len(SCALARS) + i * block_size: len(SCALARS) + (i + 1) * block_size]
-           for i, name in enumerate(PER_SLOT)}
+    per = {
+        name: vec[len(SCALARS) + i * block_size : len(SCALARS) + (i + 1) * block_size]
+        for i, name in enumerate(PER_SLOT)
+    }
     w = max(s["weight"], 1e-12)
     ce, l1, bce = s["ce"] / w, s["l1"] / w, s["bce"] / w
     full = max(s["anchors"], 1.0)
     counts = [max(c, 1.0) for c in per["count"]]
     return {
         "loss": weights.ce * ce + weights.l1 * l1 + weights.confidence * bce,
-        "loss_ce": ce, "loss_l1": l1, "loss_bce": bce, "conf_abs_err": s["conf_err"] / w,
+        "loss_ce": ce,
+        "loss_l1": l1,
+        "loss_bce": bce,
+        "conf_abs_err": s["conf_err"] / w,
         "acc": sum(per["correct"]) / max(sum(per["count"]), 1.0),
         "acc_slot": [c / n for c, n in zip(per["correct"], counts)],
         "accept_greedy_slot": [c / n for c, n in zip(per["greedy"], counts)],
         "accept_t1_slot": [c / n for c, n in zip(per["t1"], counts)],
-        "tau_greedy": s["tau_greedy"] / full, "tau_t1": s["tau_t1"] / full,
-        "slots": int(s["slots"]), "anchors": int(s["anchors"]),
+        "tau_greedy": s["tau_greedy"] / full,
+        "tau_t1": s["tau_t1"] / full,
+        "slots": int(s["slots"]),
+        "anchors": int(s["anchors"]),
     }
 
 
 def format_line(record: dict[str, Any]) -> str:
     """One plain log line (what a non-TTY sees, and what the CLI progress line shows)."""
-    return (f"step {record['step']}/{record['num_steps']} loss {record['loss']:.4f} "
-            f"(ce {record['loss_ce']:.3f} l1 {record['loss_l1']:.3f} bce {record['loss_bce']:.3f}) "
-            f"acc {record['acc']:.3f} tau {record['tau_greedy']:.2f}/{record['tau_t1']:.2f} (greedy/T=1) "
-            f"gnorm {record['grad_norm']:.3f} lr {record['lr']:.2e} {record['tokens_per_s']:.0f} tok/s "
-            f"mem {record['memory_gib']:.2f} GiB")
+    return (
+        f"step {record['step']}/{record['num_steps']} loss {record['loss']:.4f} "
+        f"(ce {record['loss_ce']:.3f} l1 {record['loss_l1']:.3f} bce {record['loss_bce']:.3f}) "
+        f"acc {record['acc']:.3f} tau {record['tau_greedy']:.2f}/{record['tau_t1']:.2f} (greedy/T=1) "
+        f"gnorm {record['grad_norm']:.3f} lr {record['lr']:.2e} {record['tokens_per_s']:.0f} tok/s "
+        f"mem {record['memory_gib']:.2f} GiB"
+    )
 
 
 def format_summary(summary: TrainSummary) -> str:
@@ -101,9 +116,11 @@ def format_summary(summary: TrainSummary) -> str:
     from dspark_cli.training.shapes import describe
 
     final = summary.final_metrics or {}
-    return (f"train: {summary.steps} steps, {summary.tokens} tokens, loss {final.get('loss', float('nan')):.4f}, "
-            f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1, "
-            f"{describe(summary.shapes)} -> {summary.final}; next: dspark export {summary.output_dir}")
+    return (
+        f"train: {summary.steps} steps, {summary.tokens} tokens, loss {final.get('loss', float('nan')):.4f}, "
+        f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1, "
+        f"{describe(summary.shapes)} -> {summary.final}; next: dspark export {summary.output_dir}"
+    )
 
 
 class JsonlSink:
@@ -112,8 +129,11 @@ class JsonlSink:
     def __init__(self, path: Path, resume_step: int) -> None:
         self.path = path
         if path.exists():
-            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = [
+                line
+                for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+            ]
             tmp = path.with_name(f".{path.name}.tmp")
             tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
             os.replace(tmp, path)
@@ -132,8 +152,10 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise UsageError("train.metrics has tensorboard but the tensorboard package is not installed",
-                             "pip install tensorboard, or drop tensorboard from train.metrics") from None
+            raise UsageError(
+                "train.metrics has tensorboard but the tensorboard package is not installed",
+                "pip install tensorboard, or drop tensorboard from train.metrics",
+            ) from None
         self.writer = SummaryWriter(str(directory))
 
     def write(self, record: dict[str, Any]) -> None:
@@ -150,10 +172,18 @@ class WandbSink:
         try:
             import wandb
         except ImportError:
-            raise UsageError("train.metrics has wandb but the wandb package is not installed",
-                             "pip install wandb, or drop wandb from train.metrics") from None
-        self.run = wandb.init(project=project or "dspark", name=name, id=f"dspark-{name}", resume="allow",
-                              dir=str(directory), config=config)
+            raise UsageError(
+                "train.metrics has wandb but the wandb package is not installed",
+                "pip install wandb, or drop wandb from train.metrics",
+            ) from None
+        self.run = wandb.init(
+            project=project or "dspark",
+            name=name,
+            id=f"dspark-{name}",
+            resume="allow",
+            dir=str(directory),
+            config=config,
+        )
 
     def write(self, record: dict[str, Any]) -> None:
         self.run.log(dict(_flat_numbers(record)), step=record["step"])
@@ -175,8 +205,9 @@ class Sinks:
             sink.close()
 
 
-def open_sinks(kinds: list[str], out_dir: Path, *, resume_step: int, run_name: str, project: str | None,
-               config: dict[str, Any]) -> Sinks:
+def open_sinks(
+    kinds: list[str], out_dir: Path, *, resume_step: int, run_name: str, project: str | None, config: dict[str, Any]
+) -> Sinks:
     sinks: list[Any] = []
     for kind in kinds:
         if kind == "jsonl":

@@ -92,8 +92,17 @@ class _Length:
         self.item, self.num_tokens = item, item.num_tokens
 
 
-def plan_online(capture_plan: Any, *, max_seq_len: int, tokens_per_step: int, world_size: int, seed: int,
-                epochs: float = 1.0, max_steps: int | None = None, keep: bool = False) -> OnlinePlan:
+def plan_online(
+    capture_plan: Any,
+    *,
+    max_seq_len: int,
+    tokens_per_step: int,
+    world_size: int,
+    seed: int,
+    epochs: float = 1.0,
+    max_steps: int | None = None,
+    keep: bool = False,
+) -> OnlinePlan:
     """The whole run's steps and their per-rank split, from the capture plan's token ids and masks."""
     first: list[Item] = []
     by_shard: dict[int, list[Item]] = {}
@@ -117,7 +126,7 @@ def plan_online(capture_plan: Any, *, max_seq_len: int, tokens_per_step: int, wo
             group = list(by_shard[shard])
             rng.shuffle(group)
             epoch_items += [dataclasses.replace(i, epoch=epoch) for i in group]
-        items += epoch_items[:round(min(1.0, epochs - epoch) * len(epoch_items))]
+        items += epoch_items[: round(min(1.0, epochs - epoch) * len(epoch_items))]
         epoch += 1
     steps: list[list[list[Item]]] = []
     num_shards = len(capture_plan.shards)
@@ -134,8 +143,10 @@ def plan_online(capture_plan: Any, *, max_seq_len: int, tokens_per_step: int, wo
     if pending and groups and (max_steps is None or len(groups) < max_steps):
         groups[-1] += pending  # the few left at the end join the last step
     elif pending and not groups:
-        raise DataError(f"{len(items)} trainable sequences cannot give each of {world_size} ranks one",
-                        "use fewer ranks, or more datagen samples")
+        raise DataError(
+            f"{len(items)} trainable sequences cannot give each of {world_size} ranks one",
+            "use fewer ranks, or more datagen samples",
+        )
     for group in groups:
         split = Step([_Length(i) for i in group], {})
         steps.append([[e.item for e in split.for_rank(r, world_size)] for r in range(world_size)])
@@ -155,12 +166,18 @@ def utilisation(producer_wait_s: list[float], rank_wait_s: list[float], wall_s: 
     wall = max(wall_s, 1e-9)
     producer_idle = [min(1.0, w / wall) for w in producer_wait_s]
     rank_idle = [min(1.0, w / wall) for w in rank_wait_s]
-    return {"wall_s": round(wall_s, 1), "producer_wait_s": [round(w, 1) for w in producer_wait_s],
-            "rank_wait_s": [round(w, 1) for w in rank_wait_s],
-            "producer_busy": round(1.0 - sum(producer_idle) / max(len(producer_idle), 1), 3),
-            "trainer_busy": round(1.0 - sum(rank_idle) / max(len(rank_idle), 1), 3),
-            "bottleneck": ("producers" if sum(rank_idle) / max(len(rank_idle), 1)
-                           > sum(producer_idle) / max(len(producer_idle), 1) else "trainers")}
+    return {
+        "wall_s": round(wall_s, 1),
+        "producer_wait_s": [round(w, 1) for w in producer_wait_s],
+        "rank_wait_s": [round(w, 1) for w in rank_wait_s],
+        "producer_busy": round(1.0 - sum(producer_idle) / max(len(producer_idle), 1), 3),
+        "trainer_busy": round(1.0 - sum(rank_idle) / max(len(rank_idle), 1), 3),
+        "bottleneck": (
+            "producers"
+            if sum(rank_idle) / max(len(rank_idle), 1) > sum(producer_idle) / max(len(producer_idle), 1)
+            else "trainers"
+        ),
+    }
 
 
 class OnlineStep(Step):
@@ -188,28 +205,46 @@ class OnlineSource:
         train, capture = recipe.train, recipe.capture
         self.recipe, self.env, self.out_dir = recipe, env, out_dir
         if not capture.external_producers and (problems := device_split_problems(recipe)):
-            raise UsageError(f"the producer / trainer device split cannot work: {'; '.join(problems)}",
-                             "set capture.devices and train.devices to disjoint lists that fit (docs/online.md)")
+            raise UsageError(
+                f"the producer / trainer device split cannot work: {'; '.join(problems)}",
+                "set capture.devices and train.devices to disjoint lists that fit (docs/online.md)",
+            )
         capture_plan = build_plan(recipe)
         keep = capture.keep_max_bytes is not None
         if keep and (total := sum(capture_plan.shard_bytes(s) for s in capture_plan.shards)) > capture.keep_max_bytes:
-            raise UsageError(f"capture.keep_max_bytes={capture.keep_max_bytes} cannot hold the whole stream "
-                             f"({total} bytes) for train.epochs={train.epochs}",
-                             f"raise it to >= {total}, or unset it to read the data once")
+            raise UsageError(
+                f"capture.keep_max_bytes={capture.keep_max_bytes} cannot hold the whole stream "
+                f"({total} bytes) for train.epochs={train.epochs}",
+                f"raise it to >= {total}, or unset it to read the data once",
+            )
         epochs = train.epochs if keep else 1.0
-        self.plan = plan_online(capture_plan, max_seq_len=train.max_seq_len, tokens_per_step=train.tokens_per_step,
-                                world_size=env.world_size, seed=train.seed, epochs=epochs, max_steps=train.max_steps,
-                                keep=keep)
+        self.plan = plan_online(
+            capture_plan,
+            max_seq_len=train.max_seq_len,
+            tokens_per_step=train.tokens_per_step,
+            world_size=env.world_size,
+            seed=train.seed,
+            epochs=epochs,
+            max_steps=train.max_steps,
+            keep=keep,
+        )
         self.required = self.plan.required_shards()
         if not keep and self.required > capture.queue_max_shards:
-            raise UsageError(f"capture.queue_max_shards={capture.queue_max_shards} is too small: one training step "
-                             f"reads from {self.required} shards at once",
-                             f"set capture.queue_max_shards>={self.required}, or lower capture.shard_tokens")
+            raise UsageError(
+                f"capture.queue_max_shards={capture.queue_max_shards} is too small: one training step "
+                f"reads from {self.required} shards at once",
+                f"set capture.queue_max_shards>={self.required}, or lower capture.shard_tokens",
+            )
         self.location = stream_location(recipe)
         expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
-        self.reader = StreamReader(open_store(self.location), fingerprint=capture_plan.fingerprint,
-                                   workers=capture.workers, expect=expect, timeout_s=READ_TIMEOUT_S,
-                                   gave_up=lambda: self.supervisor.error if self.supervisor is not None else None)
+        self.reader = StreamReader(
+            open_store(self.location),
+            fingerprint=capture_plan.fingerprint,
+            workers=capture.workers,
+            expect=expect,
+            timeout_s=READ_TIMEOUT_S,
+            gave_up=lambda: self.supervisor.error if self.supervisor is not None else None,
+        )
         self.supervisor = None
         self.started = time.time()
         if env.is_main and not capture.external_producers:
@@ -221,25 +256,30 @@ class OnlineSource:
 
     def _start_producers(self) -> Any:
         from dspark_cli.capture import Supervisor
-        from dspark_cli.recipe import write_resolved
         from dspark_cli.machine.cpu import child_environ
+        from dspark_cli.recipe import write_resolved
 
         recipe_file = write_resolved(self.recipe, self.out_dir / "online-producer")
         log.info("starting %d capture producer(s) into %s", self.recipe.capture.workers, self.location)
-        return Supervisor(recipe_file, self.location, self.recipe, environ=child_environ(), on_event=log.warning).start()
+        return Supervisor(
+            recipe_file, self.location, self.recipe, environ=child_environ(), on_event=log.warning
+        ).start()
 
     def steps(self, start_step: int, position: dict[str, int]) -> Iterator[Step]:
         """This rank's share of steps start_step + 1 .. num_steps (None-free; the plan fixes them).
         Called by every rank at once: rank 0 rewinds the stream to start_step, then all go on together."""
         if start_step and position.get("consumed") != self.plan.consumed(start_step):
-            raise UsageError(f"the checkpoint at step {start_step} was made with another online step plan "
-                             f"(other train.nproc_per_node / nnodes, tokens_per_step or data)",
-                             "resume with the same number of ranks, or train into a new directory (-o DIR)")
+            raise UsageError(
+                f"the checkpoint at step {start_step} was made with another online step plan "
+                f"(other train.nproc_per_node / nnodes, tokens_per_step or data)",
+                "resume with the same number of ranks, or train into a new directory (-o DIR)",
+            )
         if self.env.is_main:
             below = self.plan.release_below(start_step)
             if self.reader.rewind(below, step=start_step, window=self.recipe.capture.queue_max_shards):
-                log.info("stream rewound to shard %d (step %d): the producers capture again what it lacks",
-                         below, start_step)
+                log.info(
+                    "stream rewound to shard %d (step %d): the producers capture again what it lacks", below, start_step
+                )
         from dspark_cli.training.distributed import barrier
 
         barrier(self.env)  # no rank reads before the stream is at this run's position
@@ -274,23 +314,35 @@ class OnlineSource:
                         del cache[key], remaining[key]
                     examples.append(self._prepare(item, seq, train))
                 consumed += sum(len(r) for r in ranks)
-                ids_log.write(json.dumps({"step": number + 1, "ids": [i.seq_id for i in ranks[rank]],
-                                          "pid": os.getpid()}) + "\n")
+                ids_log.write(
+                    json.dumps({"step": number + 1, "ids": [i.seq_id for i in ranks[rank]], "pid": os.getpid()}) + "\n"
+                )
                 ids_log.flush()
                 tokens = sum(i.num_tokens for r in ranks for i in r)
-                yield OnlineStep(examples, {"epoch": ranks[rank][-1].epoch, "consumed": consumed,
-                                            "step": number + 1}, tokens)
+                yield OnlineStep(
+                    examples, {"epoch": ranks[rank][-1].epoch, "consumed": consumed, "step": number + 1}, tokens
+                )
 
     def _prepare(self, item: Item, seq: Any, train: Any) -> Any:
         where = f"{self.location}: shard {item.shard} position {item.slot}"
         if seq is None or seq.id != item.seq_id:
-            raise DataError(f"{where} holds {getattr(seq, 'id', 'nothing')}, the plan says {item.seq_id}",
-                            "the stream was made from other datagen output; use a new stream")
-        example = prepare(seq, epoch=item.epoch, index=item.index, seed=train.seed, num_anchors=train.num_anchors,
-                          max_seq_len=train.max_seq_len)
+            raise DataError(
+                f"{where} holds {getattr(seq, 'id', 'nothing')}, the plan says {item.seq_id}",
+                "the stream was made from other datagen output; use a new stream",
+            )
+        example = prepare(
+            seq,
+            epoch=item.epoch,
+            index=item.index,
+            seed=train.seed,
+            num_anchors=train.num_anchors,
+            max_seq_len=train.max_seq_len,
+        )
         if example is None or example.num_tokens != item.num_tokens:
-            raise DataError(f"{where}: {item.seq_id} has no target states where its loss mask says so",
-                            "the capture backend dropped states; re-capture with capture.backend=hf to compare")
+            raise DataError(
+                f"{where}: {item.seq_id} has no target states where its loss mask says so",
+                "the capture backend dropped states; re-capture with capture.backend=hf to compare",
+            )
         return example
 
     def after_checkpoint(self, step: int) -> None:
@@ -310,13 +362,20 @@ class OnlineSource:
             self.reader.release(self.plan.num_shards, step=step, finished=True)
         self.close()
         summary = self.reader.summary()
-        summary.update(required_shards=self.required, planned_steps=self.num_steps,
-                       utilisation=utilisation(summary["producer_wait_s"], waits.tolist(), time.time() - self.started))
+        summary.update(
+            required_shards=self.required,
+            planned_steps=self.num_steps,
+            utilisation=utilisation(summary["producer_wait_s"], waits.tolist(), time.time() - self.started),
+        )
         if self.env.is_main:
             use = summary["utilisation"]
-            log.info("stream utilisation: producers busy %.0f%% (idle waiting for room), trainers busy %.0f%% "
-                     "(idle waiting for shards): the %s are the bottleneck", 100 * use["producer_busy"],
-                     100 * use["trainer_busy"], use["bottleneck"])
+            log.info(
+                "stream utilisation: producers busy %.0f%% (idle waiting for room), trainers busy %.0f%% "
+                "(idle waiting for shards): the %s are the bottleneck",
+                100 * use["producer_busy"],
+                100 * use["trainer_busy"],
+                use["bottleneck"],
+            )
         return summary
 
     def close(self) -> None:

@@ -33,8 +33,9 @@ def epoch_rng(seed: int, epoch: int) -> random.Random:
     return random.Random((seed * 1_000_003 + epoch) & 0xFFFFFFFFFFFF)
 
 
-def shuffle_stream(items: Iterable[tuple[T, int]], seed: int, epoch: int,
-                   buffer_tokens: int = SHUFFLE_BUFFER_TOKENS) -> Iterator[tuple[T, int]]:
+def shuffle_stream(
+    items: Iterable[tuple[T, int]], seed: int, epoch: int, buffer_tokens: int = SHUFFLE_BUFFER_TOKENS
+) -> Iterator[tuple[T, int]]:
     """(item, num_tokens) pairs in a seeded shuffle-buffer order; deterministic for a given input order."""
     rng = epoch_rng(seed, epoch)
     buffer: list[tuple[T, int]] = []
@@ -91,8 +92,16 @@ class TrainPlan:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def plan_run(*, lengths: list[int], tokens_per_step: int, epochs: float, max_steps: int | None,
-             world_size: int, seed: int, buffer_tokens: int = SHUFFLE_BUFFER_TOKENS) -> TrainPlan:
+def plan_run(
+    *,
+    lengths: list[int],
+    tokens_per_step: int,
+    epochs: float,
+    max_steps: int | None,
+    world_size: int,
+    seed: int,
+    buffer_tokens: int = SHUFFLE_BUFFER_TOKENS,
+) -> TrainPlan:
     """Simulate the run's packing over `lengths` (prepared sequences, source order)."""
     if not lengths:
         return TrainPlan(0, tokens_per_step, 0, 0, 0.0, 0.0, 0.0)
@@ -104,8 +113,15 @@ def plan_run(*, lengths: list[int], tokens_per_step: int, epochs: float, max_ste
         tokens += sum(step)
         if max_steps is not None and steps >= max_steps:
             break
-    return TrainPlan(steps, tokens_per_step, len(lengths), sum(lengths), seqs / len(lengths),
-                     seqs / max(steps, 1), tokens / max(steps, 1))
+    return TrainPlan(
+        steps,
+        tokens_per_step,
+        len(lengths),
+        sum(lengths),
+        seqs / len(lengths),
+        seqs / max(steps, 1),
+        tokens / max(steps, 1),
+    )
 
 
 def _length_stream(lengths: list[int], seed: int, epochs: float | None, buffer_tokens: int):

@@ -61,15 +61,17 @@ def _offline_source(recipe: Recipe, contract: Contract, env) -> tuple[Callable[[
     run`: `capture.ensure_capture`), never inside a rank, whose peers would wait for it in a
     collective: an incomplete capture here is a one-line error. A complete capture made with other
     capture settings is refused rather than trained on."""
-    from dspark_cli.capture import capture_pending, iter_captured
     from dspark_cli.artifacts.capture import read_capture
+    from dspark_cli.capture import capture_pending, iter_captured
     from dspark_cli.errors import DataError
 
     directory = Path(recipe.stage_dir("capture"))
     pending = capture_pending(recipe)
     if pending is not None:
-        raise DataError(f"{directory}: the capture output is {pending}; training reads a finished capture",
-                        "run `dspark train RECIPE` or `dspark run RECIPE`: both run the capture stage first")
+        raise DataError(
+            f"{directory}: the capture output is {pending}; training reads a finished capture",
+            "run `dspark train RECIPE` or `dspark run RECIPE`: both run the capture stage first",
+        )
     manifest = read_capture(directory)
     _check_capture_settings(recipe, directory, manifest)
     expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
@@ -81,9 +83,12 @@ def _check_capture_settings(recipe: Recipe, directory: Path, manifest: dict[str,
     capture = recipe.capture
     for key, made in (("max_seq_len", manifest.get("max_seq_len")), ("shard_tokens", manifest.get("shard_tokens"))):
         if made is not None and made != getattr(capture, key):
-            raise UsageError(f"{directory} holds capture output made with capture.{key}={made} (this recipe: "
-                             f"{getattr(capture, key)})", f"set capture.{key}={made}, or capture again into a new "
-                             "directory (capture.output_dir=DIR, or a new output_dir)")
+            raise UsageError(
+                f"{directory} holds capture output made with capture.{key}={made} (this recipe: "
+                f"{getattr(capture, key)})",
+                f"set capture.{key}={made}, or capture again into a new "
+                "directory (capture.output_dir=DIR, or a new output_dir)",
+            )
 
 
 def _online_source(recipe: Recipe, out_dir: Path, env, contract: Contract):
@@ -103,9 +108,16 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> TrainDryRun:
     capture = plan_capture(recipe)
     train = recipe.train
     world = world_size or train.nproc_per_node * train.nnodes
-    out = TrainDryRun(output_dir=recipe.stage_dir("train"), world_size=world, tokens_per_step=train.tokens_per_step,
-                      num_anchors=train.num_anchors, block_size=recipe.draft.block_size,
-                      capture_mode=capture["mode"], capture_bytes=capture.get("total_bytes"), exact=False)
+    out = TrainDryRun(
+        output_dir=recipe.stage_dir("train"),
+        world_size=world,
+        tokens_per_step=train.tokens_per_step,
+        num_anchors=train.num_anchors,
+        block_size=recipe.draft.block_size,
+        capture_mode=capture["mode"],
+        capture_bytes=capture.get("total_bytes"),
+        exact=False,
+    )
     lengths = None
     directory = Path(recipe.stage_dir("capture"))
     if recipe.capture.mode == "online" and capture.get("datagen_ready"):
@@ -113,13 +125,24 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> TrainDryRun:
         from dspark_cli.training.online import plan_online
 
         keep = recipe.capture.keep_max_bytes is not None
-        plan = plan_online(build_plan(recipe), max_seq_len=train.max_seq_len, tokens_per_step=train.tokens_per_step,
-                           world_size=world, seed=train.seed, epochs=train.epochs if keep else 1.0,
-                           max_steps=train.max_steps, keep=keep)
+        plan = plan_online(
+            build_plan(recipe),
+            max_seq_len=train.max_seq_len,
+            tokens_per_step=train.tokens_per_step,
+            world_size=world,
+            seed=train.seed,
+            epochs=train.epochs if keep else 1.0,
+            max_steps=train.max_steps,
+            keep=keep,
+        )
         return dataclasses.replace(
-            out, num_steps=len(plan.steps), num_sequences=plan.consumed(len(plan.steps)),
+            out,
+            num_steps=len(plan.steps),
+            num_sequences=plan.consumed(len(plan.steps)),
             num_tokens=sum(i.num_tokens for step in plan.steps for rank in step for i in rank),
-            stream_shards_needed=plan.required_shards(), exact=True)
+            stream_shards_needed=plan.required_shards(),
+            exact=True,
+        )
     if (directory / "manifest.json").is_file():
         from dspark_cli.capture import captured_lengths
 
@@ -128,10 +151,22 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> TrainDryRun:
         except Exception as exc:  # noqa: BLE001 - an incomplete capture: fall back to the estimate
             log.info("capture not readable yet (%s); estimating", exc)
     if lengths is not None:
-        run = plan_run(lengths=lengths, tokens_per_step=train.tokens_per_step, epochs=train.epochs,
-                       max_steps=train.max_steps, world_size=world, seed=train.seed)
-        return dataclasses.replace(out, num_steps=run.num_steps, num_sequences=run.num_sequences,
-                                   num_tokens=run.num_tokens, sequences_per_step=run.sequences_per_step, exact=True)
+        run = plan_run(
+            lengths=lengths,
+            tokens_per_step=train.tokens_per_step,
+            epochs=train.epochs,
+            max_steps=train.max_steps,
+            world_size=world,
+            seed=train.seed,
+        )
+        return dataclasses.replace(
+            out,
+            num_steps=run.num_steps,
+            num_sequences=run.num_sequences,
+            num_tokens=run.num_tokens,
+            sequences_per_step=run.sequences_per_step,
+            exact=True,
+        )
     tokens, seqs = capture.get("tokens"), capture.get("sequences")
     steps = train.max_steps
     if steps is None and tokens:
@@ -139,8 +174,13 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> TrainDryRun:
     return dataclasses.replace(out, num_steps=steps, num_sequences=seqs, num_tokens=tokens)
 
 
-def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[str, Any]], None] | None = None,
-              sequences: Callable[[], Iterable[Any]] | None = None) -> TrainSummary:
+def run_train(
+    recipe: Recipe,
+    *,
+    resume: str = "auto",
+    on_log: Callable[[dict[str, Any]], None] | None = None,
+    sequences: Callable[[], Iterable[Any]] | None = None,
+) -> TrainSummary:
     """Train the draft the recipe describes; returns the summary also written to manifest.json (rank 0)."""
     from dspark_cli.capture import resolve_layer_ids
     from dspark_cli.training.distributed import init_distributed, shutdown
@@ -182,9 +222,19 @@ def run_train(recipe: Recipe, *, resume: str = "auto", on_log: Callable[[dict[st
         try:
             from dspark_cli.training.session import train_session
 
-            summary = train_session(recipe, env=env, draft_config=draft_config,
-                                    contract=contract, out_dir=out_dir, sequences=sequences, resume=resume,
-                                    on_log=on_log, lengths=lengths, data_id=data_id, online=online)
+            summary = train_session(
+                recipe,
+                env=env,
+                draft_config=draft_config,
+                contract=contract,
+                out_dir=out_dir,
+                sequences=sequences,
+                resume=resume,
+                on_log=on_log,
+                lengths=lengths,
+                data_id=data_id,
+                online=online,
+            )
             failed = False
             return summary
         finally:

@@ -24,14 +24,13 @@ from typing import Any
 import torch
 
 from dspark_cli import __version__
-from dspark_cli.contract import Contract
-from dspark_cli.errors import DataError, UsageError
 from dspark_cli.artifacts.files import make_public, sha256_file, write_json_atomic
 from dspark_cli.artifacts.results import StreamSummary, TrainSummary
+from dspark_cli.contract import Contract
+from dspark_cli.errors import DataError, UsageError
 from dspark_cli.recipe import Recipe, write_resolved
 from dspark_cli.targets import Target
-from dspark_cli.training.checkpoint import (check_meta, clean_stale, load_checkpoint, resolve_resume,
-                                           save_checkpoint)
+from dspark_cli.training.checkpoint import check_meta, clean_stale, load_checkpoint, resolve_resume, save_checkpoint
 from dspark_cli.training.data import StepStream, prepare
 from dspark_cli.training.distributed import DistEnv, barrier, shard
 from dspark_cli.training.flops import peak_flops
@@ -44,8 +43,14 @@ from dspark_cli.training.step import LossConfig, TrainStep
 log = logging.getLogger(__name__)
 
 
-def build_step_module(recipe: Recipe, draft_config: Any, env: DistEnv, embed_dtype: torch.dtype, *,
-                      embeddings: tuple[torch.Tensor, torch.Tensor] | None = None) -> TrainStep:
+def build_step_module(
+    recipe: Recipe,
+    draft_config: Any,
+    env: DistEnv,
+    embed_dtype: torch.dtype,
+    *,
+    embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> TrainStep:
     """The seeded draft with the target's frozen embed_tokens / lm_head (the recipe's target's, or
     `embeddings` given directly, e.g. synthetic ones for benchmarks), its objective, on `env`'s device,
     with the run's fixed batch shapes (`TrainStep.shape_plan`). `embed_dtype` is the compute dtype:
@@ -61,8 +66,12 @@ def build_step_module(recipe: Recipe, draft_config: Any, env: DistEnv, embed_dty
     model.set_target_embeddings(embed, lm_head)
     if train.init == "target":  # synthetic `embeddings` come without a target: its norm is then left at 1
         model.init_from_target(None if embeddings else Target.of(recipe).final_norm())
-    step = TrainStep(model, LossConfig.of(train.loss), compile=train.compile,
-                     shapes=shape_plan(train, draft_config.block_size, env.device))
+    step = TrainStep(
+        model,
+        LossConfig.of(train.loss),
+        compile=train.compile,
+        shapes=shape_plan(train, draft_config.block_size, env.device),
+    )
     return shard(step.to(env.device), env, param_dtype=embed_dtype)
 
 
@@ -76,8 +85,10 @@ def lr_groups(module: torch.nn.Module, scales: dict[str, float]) -> list[dict[st
     unknown = sorted(k for k in scales if k not in modules)
     if unknown:
         top = ", ".join(name for name, _ in draft.named_children())
-        raise UsageError(f"train.lr_scale: {', '.join(unknown)} is not a module of the draft",
-                         f"name one of its modules, dotted: {top} (or deeper, e.g. layers.0.mlp)")
+        raise UsageError(
+            f"train.lr_scale: {', '.join(unknown)} is not a module of the draft",
+            f"name one of its modules, dotted: {top} (or deeper, e.g. layers.0.mlp)",
+        )
     groups: dict[float, list[torch.nn.Parameter]] = {}
     for name, param in draft.named_parameters():
         if not param.requires_grad:
@@ -98,14 +109,18 @@ def make_optimizer(module: torch.nn.Module, recipe: Recipe, env: DistEnv) -> tor
     # fused: one kernel per parameter instead of a dozen foreach passes, which on FSDP2's DTensor
     # parameters are a dozen DTensor dispatches (benchmarks/train_speed.py). The same implementation
     # for 1 and N processes.
-    return torch.optim.AdamW(params, lr=train.lr, betas=(train.betas[0], train.betas[1]),
-                             weight_decay=train.weight_decay, fused=True)
+    return torch.optim.AdamW(
+        params, lr=train.lr, betas=(train.betas[0], train.betas[1]), weight_decay=train.weight_decay, fused=True
+    )
 
 
 def count_lengths(sequences: Callable[[], Iterable[Any]], recipe: Recipe) -> list[int]:
     train = recipe.train
-    return [e.num_tokens for i, s in enumerate(sequences())
-            if (e := prepare(s, epoch=0, index=i, seed=train.seed, num_anchors=1, max_seq_len=train.max_seq_len))]
+    return [
+        e.num_tokens
+        for i, s in enumerate(sequences())
+        if (e := prepare(s, epoch=0, index=i, seed=train.seed, num_anchors=1, max_seq_len=train.max_seq_len))
+    ]
 
 
 def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEnv) -> dict[str, str] | None:
@@ -128,8 +143,11 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
         with checkpoint_errors("save", final):  # a full disk: one line, as for a checkpoint
             try:
                 make_public(tmp)
-                save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
-                          str(tmp / "model.safetensors"), metadata={"format": "pt", "dspark": __version__})
+                save_file(
+                    {k: v.detach().cpu().contiguous() for k, v in state.items()},
+                    str(tmp / "model.safetensors"),
+                    metadata={"format": "pt", "dspark": __version__},
+                )
             except SafetensorError as exc:  # its I/O errors are not OSErrors
                 raise OSError(str(exc)) from None
             make_public(tmp / "model.safetensors")
@@ -143,11 +161,21 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
     return {name: sha256_file(final / name) for name in ("model.safetensors", "config.json")}
 
 
-def train_session(recipe: Recipe, *, env: DistEnv, draft_config: Any, contract: Contract,
-                  out_dir: Path, sequences: Callable[[], Iterable[Any]], resume: str,
-                  on_log: Callable[[dict[str, Any]], None] | None, single_pass: bool = False,
-                  lengths: Callable[[], list[int]] | None = None, data_id: str | None = None,
-                  online: Any = None) -> TrainSummary:
+def train_session(
+    recipe: Recipe,
+    *,
+    env: DistEnv,
+    draft_config: Any,
+    contract: Contract,
+    out_dir: Path,
+    sequences: Callable[[], Iterable[Any]],
+    resume: str,
+    on_log: Callable[[dict[str, Any]], None] | None,
+    single_pass: bool = False,
+    lengths: Callable[[], list[int]] | None = None,
+    data_id: str | None = None,
+    online: Any = None,
+) -> TrainSummary:
     """`lengths()`: the prepared sequence lengths without reading hidden states (default: one pass
     over `sequences()`), needed to plan an epochs-based run. `data_id` identifies the data (the
     capture fingerprint): a checkpoint made from other data or settings is refused (settings.py).
@@ -166,8 +194,9 @@ def train_session(recipe: Recipe, *, env: DistEnv, draft_config: Any, contract: 
     optimizer = make_optimizer(module, recipe, env)
     start_step, position, tokens_done, meta = 0, {"epoch": 0, "consumed": 0}, 0, {}
     if checkpoint_path is not None:
-        meta = load_checkpoint(env, checkpoint_path, module=module, optimizer=optimizer, contract=contract,
-                               settings=settings)
+        meta = load_checkpoint(
+            env, checkpoint_path, module=module, optimizer=optimizer, contract=contract, settings=settings
+        )
         start_step, position, tokens_done = meta["step"], meta["position"], meta.get("tokens", 0)
         log.info("resumed from %s (step %d)", checkpoint_path, start_step)
 
@@ -178,18 +207,32 @@ def train_session(recipe: Recipe, *, env: DistEnv, draft_config: Any, contract: 
         num_steps = train.max_steps
     else:
         seq_lengths = lengths() if lengths is not None else count_lengths(sequences, recipe)
-        num_steps = plan_run(lengths=seq_lengths, tokens_per_step=train.tokens_per_step, epochs=train.epochs,
-                             max_steps=None, world_size=env.world_size, seed=train.seed).num_steps
+        num_steps = plan_run(
+            lengths=seq_lengths,
+            tokens_per_step=train.tokens_per_step,
+            epochs=train.epochs,
+            max_steps=None,
+            world_size=env.world_size,
+            seed=train.seed,
+        ).num_steps
     if checkpoint_path is not None:
         check_meta(meta, checkpoint_path, num_steps)  # a step past the run would end it at once, "finished"
     if num_steps == 0:
-        raise DataError("no trainable sequences: every captured sequence lacks loss-masked tokens with target states",
-                        "check datagen's loss masks and the capture output")
+        raise DataError(
+            "no trainable sequences: every captured sequence lacks loss-masked tokens with target states",
+            "check datagen's loss masks and the capture output",
+        )
     if env.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_resolved(recipe, out_dir)
-        sinks = open_sinks(list(train.metrics), out_dir, resume_step=start_step, run_name=recipe.name,
-                           project=train.wandb_project, config=recipe.model_dump(mode="json"))
+        sinks = open_sinks(
+            list(train.metrics),
+            out_dir,
+            resume_step=start_step,
+            run_name=recipe.name,
+            project=train.wandb_project,
+            config=recipe.model_dump(mode="json"),
+        )
 
     def on_record(record: dict[str, Any]) -> None:
         if env.is_main:
@@ -199,49 +242,110 @@ def train_session(recipe: Recipe, *, env: DistEnv, draft_config: Any, contract: 
                 on_log(record)
 
     def on_checkpoint(step: int, pos: dict[str, int], record: dict[str, Any] | None, tokens: int) -> None:
-        save_checkpoint(env, out_dir, step=step, module=module, optimizer=optimizer, recipe=recipe,
-                        meta={"num_steps": num_steps, "position": pos, "tokens": tokens,
-                              "contract": contract.to_dict(), "settings": settings, "metrics": record,
-                              "time": time.time()})
+        save_checkpoint(
+            env,
+            out_dir,
+            step=step,
+            module=module,
+            optimizer=optimizer,
+            recipe=recipe,
+            meta={
+                "num_steps": num_steps,
+                "position": pos,
+                "tokens": tokens,
+                "contract": contract.to_dict(),
+                "settings": settings,
+                "metrics": record,
+                "time": time.time(),
+            },
+        )
         if online is not None:  # the checkpoint covers these steps: their shards can go
             online.after_checkpoint(step)
 
     if online is not None:
         steps = online.steps(start_step, position)
     else:
-        steps = iter(StepStream(sequences, seed=train.seed, num_anchors=train.num_anchors,
-                                max_seq_len=train.max_seq_len, tokens_per_step=train.tokens_per_step,
-                                world_size=env.world_size, epochs=None if train.max_steps else train.epochs,
-                                num_items_per_epoch=len(seq_lengths) if seq_lengths else None,
-                                single_pass=single_pass, start=position))
-    cfg = LoopConfig(num_steps=num_steps, lr=train.lr, min_lr_ratio=train.min_lr_ratio, warmup_steps=train.warmup_steps,
-                     grad_clip=train.grad_clip, log_every=train.log_every, checkpoint_every=train.checkpoint_every,
-                     block_size=draft_config.block_size, loss=module.loss_config, data_dtype=dtype,
-                     autocast_dtype=torch.bfloat16 if bf16 else None, peak_flops=peak_flops(env.device, dtype),
-                     shapes=module.shape_plan)
+        steps = iter(
+            StepStream(
+                sequences,
+                seed=train.seed,
+                num_anchors=train.num_anchors,
+                max_seq_len=train.max_seq_len,
+                tokens_per_step=train.tokens_per_step,
+                world_size=env.world_size,
+                epochs=None if train.max_steps else train.epochs,
+                num_items_per_epoch=len(seq_lengths) if seq_lengths else None,
+                single_pass=single_pass,
+                start=position,
+            )
+        )
+    cfg = LoopConfig(
+        num_steps=num_steps,
+        lr=train.lr,
+        min_lr_ratio=train.min_lr_ratio,
+        warmup_steps=train.warmup_steps,
+        grad_clip=train.grad_clip,
+        log_every=train.log_every,
+        checkpoint_every=train.checkpoint_every,
+        block_size=draft_config.block_size,
+        loss=module.loss_config,
+        data_dtype=dtype,
+        autocast_dtype=torch.bfloat16 if bf16 else None,
+        peak_flops=peak_flops(env.device, dtype),
+        shapes=module.shape_plan,
+    )
     try:
-        result = train_loop(env=env, module=module, optimizer=optimizer, steps=steps, start_step=start_step,
-                            cfg=cfg, log=on_record, checkpoint=on_checkpoint, tokens_done=tokens_done)
+        result = train_loop(
+            env=env,
+            module=module,
+            optimizer=optimizer,
+            steps=steps,
+            start_step=start_step,
+            cfg=cfg,
+            log=on_record,
+            checkpoint=on_checkpoint,
+            tokens_done=tokens_done,
+        )
     finally:
         if env.is_main:
             sinks.close()
     files = write_final(module, draft_config, out_dir, env)
-    summary = TrainSummary(output_dir=str(out_dir), steps=result["step"], num_steps=num_steps,
-                           resumed_from=str(checkpoint_path) if checkpoint_path else None, tokens=result["tokens"],
-                           world_size=env.world_size, final_metrics=result["record"] or meta.get("metrics"),
-                           wall_s=round(time.time() - started, 1), shapes=result["shapes"],
-                           final=str(out_dir / "final"))
+    summary = TrainSummary(
+        output_dir=str(out_dir),
+        steps=result["step"],
+        num_steps=num_steps,
+        resumed_from=str(checkpoint_path) if checkpoint_path else None,
+        tokens=result["tokens"],
+        world_size=env.world_size,
+        final_metrics=result["record"] or meta.get("metrics"),
+        wall_s=round(time.time() - started, 1),
+        shapes=result["shapes"],
+        final=str(out_dir / "final"),
+    )
     if online is not None:
         summary.stream = stream = StreamSummary.from_dict(online.finish(result["step"]))
         if env.is_main:
-            log.info("stream %s: peak %d bytes (%d shards at most, bound %d)", stream.location, stream.peak_bytes,
-                     stream.peak_shards, stream.max_shards)
+            log.info(
+                "stream %s: peak %d bytes (%d shards at most, bound %d)",
+                stream.location,
+                stream.peak_bytes,
+                stream.peak_shards,
+                stream.max_shards,
+            )
     if env.is_main:
-        write_json_atomic(out_dir / "manifest.json", {
-            "kind": "dspark.train", "format_version": 1, "dspark": __version__, "complete": True,
-            "contract": contract.to_dict(), "settings": settings, "summary": summary.to_dict(),
-            "recipe": recipe.model_dump(mode="json"),
-            "files": {f"final/{name}": digest for name, digest in (files or {}).items()},
-        })
+        write_json_atomic(
+            out_dir / "manifest.json",
+            {
+                "kind": "dspark.train",
+                "format_version": 1,
+                "dspark": __version__,
+                "complete": True,
+                "contract": contract.to_dict(),
+                "settings": settings,
+                "summary": summary.to_dict(),
+                "recipe": recipe.model_dump(mode="json"),
+                "files": {f"final/{name}": digest for name, digest in (files or {}).items()},
+            },
+        )
     barrier(env)
     return summary

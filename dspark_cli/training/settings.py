@@ -23,13 +23,21 @@ from dspark_cli.errors import UsageError
 if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe
 
-IGNORED = frozenset({
-    "train.log_every", "train.metrics", "train.wandb_project", "train.checkpoint_every", "train.output_dir",
-    "train.nproc_per_node", "train.nnodes", "train.rdzv_endpoint",
-    "train.compile",  # the same math through inductor (tests/training/test_train_runs.py: 1e-8 relative)
-    "train.length_buckets",  # padding that is masked out: the same math (tests/training/test_train_units.py)
-    "draft.attention",  # kernel choice, not the model
-})
+IGNORED = frozenset(
+    {
+        "train.log_every",
+        "train.metrics",
+        "train.wandb_project",
+        "train.checkpoint_every",
+        "train.output_dir",
+        "train.nproc_per_node",
+        "train.nnodes",
+        "train.rdzv_endpoint",
+        "train.compile",  # the same math through inductor (tests/training/test_train_runs.py: 1e-8 relative)
+        "train.length_buckets",  # padding that is masked out: the same math (tests/training/test_train_units.py)
+        "draft.attention",  # kernel choice, not the model
+    }
+)
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
@@ -68,11 +76,15 @@ def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
 def check_same_settings(before: dict[str, Any] | None, now: dict[str, Any], *, where: Any, out_dir: Any) -> None:
     """One-line UsageError when the checkpoint at `where` was trained with other settings."""
     if before is None:
-        raise UsageError(f"{where}: checkpoint does not record its training settings (an older dspark)",
-                         f"train into a new directory with -o DIR, or move {out_dir} away to start over")
+        raise UsageError(
+            f"{where}: checkpoint does not record its training settings (an older dspark)",
+            f"train into a new directory with -o DIR, or move {out_dir} away to start over",
+        )
     changes = changed_settings(before, now)
     if changes:
         shown = ", ".join(changes[:4]) + (f" (+{len(changes) - 4} more)" if len(changes) > 4 else "")
-        raise UsageError(f"{out_dir} holds a training run with other settings: {shown}",
-                         f"train into a new directory with -o DIR, go back to the old settings, or move "
-                         f"{out_dir} away to start over")
+        raise UsageError(
+            f"{out_dir} holds a training run with other settings: {shown}",
+            f"train into a new directory with -o DIR, go back to the old settings, or move "
+            f"{out_dir} away to start over",
+        )

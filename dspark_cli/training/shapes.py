@@ -101,7 +101,7 @@ class ShapePlan:
         out = []
         for length in sorted(by_length, reverse=True):
             group, rows = by_length[length], self.rows(length)
-            out += [(length, group[i:i + rows]) for i in range(0, len(group), rows)]
+            out += [(length, group[i : i + rows]) for i in range(0, len(group), rows)]
         return out
 
     @property

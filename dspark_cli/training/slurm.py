@@ -58,31 +58,44 @@ def slurm_shape(recipe: Recipe, gpus_per_node: int) -> SlurmShape:
     from dspark_cli.errors import UsageError
 
     if recipe.capture.mode != "online":
-        raise UsageError("the Slurm job script runs online training; the recipe has capture.mode=offline",
-                         "add capture.mode=online")
+        raise UsageError(
+            "the Slurm job script runs online training; the recipe has capture.mode=offline", "add capture.mode=online"
+        )
     engine = recipe.datagen.tensor_parallel_size if recipe.capture.backend == "vllm" else 1
     if engine > gpus_per_node:
-        raise UsageError(f"one producer engine takes {engine} GPUs (datagen.tensor_parallel_size), more than "
-                         f"--gpus-per-node={gpus_per_node}", "give the nodes' GPU count, or a smaller engine")
+        raise UsageError(
+            f"one producer engine takes {engine} GPUs (datagen.tensor_parallel_size), more than "
+            f"--gpus-per-node={gpus_per_node}",
+            "give the nodes' GPU count, or a smaller engine",
+        )
     if recipe.train.nproc_per_node > gpus_per_node:
-        raise UsageError(f"train.nproc_per_node={recipe.train.nproc_per_node} is more than --gpus-per-node="
-                         f"{gpus_per_node}", "one rank per GPU: lower train.nproc_per_node or raise train.nnodes")
-    return SlurmShape(recipe.capture.workers, engine, gpus_per_node, recipe.train.nnodes,
-                      recipe.train.nproc_per_node)
+        raise UsageError(
+            f"train.nproc_per_node={recipe.train.nproc_per_node} is more than --gpus-per-node={gpus_per_node}",
+            "one rank per GPU: lower train.nproc_per_node or raise train.nnodes",
+        )
+    return SlurmShape(recipe.capture.workers, engine, gpus_per_node, recipe.train.nnodes, recipe.train.nproc_per_node)
 
 
 def slurm_script(recipe: Recipe, recipe_path: str, overrides: list[str], *, gpus_per_node: int = 8) -> str:
     """The job script's text for `recipe` (as loaded from `recipe_path` with `overrides`)."""
     shape = slurm_shape(recipe, gpus_per_node)
-    fixed = [o for o in overrides if not o.startswith(("capture.workers=", "train.nnodes=", "train.nproc_per_node=",
-                                                       "capture.mode="))]
-    shape_args = ["capture.mode=online", f"capture.workers={shape.workers}", f"train.nnodes={shape.train_nodes}",
-                  f"train.nproc_per_node={shape.nproc_per_node}", *fixed]
+    fixed = [
+        o
+        for o in overrides
+        if not o.startswith(("capture.workers=", "train.nnodes=", "train.nproc_per_node=", "capture.mode="))
+    ]
+    shape_args = [
+        "capture.mode=online",
+        f"capture.workers={shape.workers}",
+        f"train.nnodes={shape.train_nodes}",
+        f"train.nproc_per_node={shape.nproc_per_node}",
+        *fixed,
+    ]
     quoted = " ".join(shlex.quote(a) for a in shape_args)
     name = shlex.quote(f"dspark-{recipe.name}")
     return f"""#!/bin/bash
 # dspark online training on a Slurm allocation, written by `dspark init ... --slurm`.
-#   sbatch {shlex.quote(recipe_path.rsplit('/', 1)[-1].rsplit('.', 1)[0])}.sbatch [key=value ...]   # overrides go to every node
+#   sbatch {shlex.quote(recipe_path.rsplit("/", 1)[-1].rsplit(".", 1)[0])}.sbatch [key=value ...]   # overrides go to every node
 # nodes 0..{shape.producer_nodes - 1}: `dspark produce` ({shape.workers} producer(s) of {shape.engine_gpus} GPU(s), \
 {shape.producers_per_node} per node)
 # nodes {shape.producer_nodes}..{shape.nodes - 1}: `dspark train` under torchrun (--nnodes={shape.train_nodes}, \

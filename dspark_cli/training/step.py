@@ -43,8 +43,15 @@ class LossConfig:
     @classmethod
     def of(cls, loss: Any) -> LossConfig:
         """From the recipe's `train.loss` section."""
-        return cls(ce=loss.ce, l1=loss.l1, confidence=loss.confidence, gamma=loss.slot_decay_gamma,
-                   weighting=loss.slot_weighting, ce_target=loss.ce_target, ce_argmax=loss.ce_argmax)
+        return cls(
+            ce=loss.ce,
+            l1=loss.l1,
+            confidence=loss.confidence,
+            gamma=loss.slot_decay_gamma,
+            weighting=loss.slot_weighting,
+            ce_target=loss.ce_target,
+            ce_argmax=loss.ce_argmax,
+        )
 
 
 def label_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -62,8 +69,7 @@ def trainable_slots(batch: Batch, block_size: int) -> torch.Tensor:
     return ok & inside & batch.anchor_mask.unsqueeze(-1)
 
 
-def block_states(draft: nn.Module, batch: Batch, groups: int, attn_impl: str | None = None,
-                 rope_table=None):
+def block_states(draft: nn.Module, batch: Batch, groups: int, attn_impl: str | None = None, rope_table=None):
     """(hidden [B, A, N, H], target_ids, prev_ids) exactly as `draft.forward` (attention kernel
     `attn_impl`, default the draft's; RoPE angles gathered from `rope_table` when given, see
     `DSparkDraftModel.rope_table`), with the anchors of each row split into `groups` rows that
@@ -90,8 +96,14 @@ def block_states(draft: nn.Module, batch: Batch, groups: int, attn_impl: str | N
     block_ids = torch.full_like(block_pos, draft.config.mask_token_id)
     block_ids[..., 0] = anchor_ids.reshape(rows, -1)
     layout = BlockLayout(num_ctx=seq_len, block_size=n, ctx_limit=anchors)
-    hidden = draft.backbone(draft.embed(block_ids.view(rows, -1)), block_pos.view(rows, -1), ctx, layout,
-                            attn_impl=attn_impl, rope_table=rope_table)
+    hidden = draft.backbone(
+        draft.embed(block_ids.view(rows, -1)),
+        block_pos.view(rows, -1),
+        ctx,
+        layout,
+        attn_impl=attn_impl,
+        rope_table=rope_table,
+    )
     label_pos = label_positions(batch.anchors, n).clamp(max=seq_len - 1)
     target_ids = batch.input_ids.gather(1, label_pos.view(bsz, -1)).view(bsz, num_anchors, n)
     prev_ids = torch.cat([anchor_ids.unsqueeze(-1), target_ids[..., :-1]], dim=-1)
@@ -141,8 +153,14 @@ def local_weight(ok: torch.Tensor, gamma: float) -> torch.Tensor:
 
 
 class TrainStep(nn.Module):
-    def __init__(self, draft: nn.Module, loss: LossConfig, anchor_groups: int | None = None,
-                 compile: bool = False, shapes: ShapePlan | None = None) -> None:
+    def __init__(
+        self,
+        draft: nn.Module,
+        loss: LossConfig,
+        anchor_groups: int | None = None,
+        compile: bool = False,
+        shapes: ShapePlan | None = None,
+    ) -> None:
         """`anchor_groups`: rows each sequence's anchors are split into (None: `choose_groups`).
         `compile`: run `block_states` (context K/V, the block backbone) through `torch.compile`, which
         fuses its element-wise chains (norms, RoPE, SiLU, residual adds) forward and backward.
@@ -166,8 +184,11 @@ class TrainStep(nn.Module):
         fn = self._compiled_states.get(device.type)
         if fn is None:
             options = {"cpp_wrapper": True} if device.type == "cpu" else None
-            static = {} if self.shape_plan is None else {
-                "dynamic": False, "recompile_limit": max(8, self.shape_plan.max_shapes + 1)}
+            static = (
+                {}
+                if self.shape_plan is None
+                else {"dynamic": False, "recompile_limit": max(8, self.shape_plan.max_shapes + 1)}
+            )
             fn = self._compiled_states[device.type] = compile_fn(block_states, options=options, **static)
         return fn
 
@@ -182,8 +203,9 @@ class TrainStep(nn.Module):
             table = self._rope_tables[device] = self.draft.rope_table(1 << (length - 1).bit_length(), device)
         return table
 
-    def forward(self, batch: Batch, ok: torch.Tensor, global_weight: torch.Tensor, scale: float = 1.0,
-                slots: bool = False):
+    def forward(
+        self, batch: Batch, ok: torch.Tensor, global_weight: torch.Tensor, scale: float = 1.0, slots: bool = False
+    ):
         """(loss * scale, stats sums); with `slots`, also (flat slot index, greedy accept, T=1 accept) per
         trainable slot, for evaluation."""
         draft, cfg = self.draft, self.loss_config
@@ -222,9 +244,19 @@ class TrainStep(nn.Module):
             # meaning, and the weights do not depend on which rank or micro-batch holds the block
             share = expected_length_share(conf, flat, (bsz, num_anchors, n))
             w_vocab = share * per_block_ratio(w, share, flat // n, bsz * num_anchors)
-        loss, per_slot = vocab_loss(hidden, markov, draft.markov_head.markov_w2.weight, draft.target_lm_head,
-                                    target_hidden, target_index, labels, cfg.ce * w_vocab, cfg.l1 * w_vocab,
-                                    ce_target=cfg.ce_target, ce_argmax=cfg.ce_argmax)
+        loss, per_slot = vocab_loss(
+            hidden,
+            markov,
+            draft.markov_head.markov_w2.weight,
+            draft.target_lm_head,
+            target_hidden,
+            target_index,
+            labels,
+            cfg.ce * w_vocab,
+            cfg.l1 * w_vocab,
+            ce_target=cfg.ce_target,
+            ce_argmax=cfg.ce_argmax,
+        )
         accept_t1 = (1.0 - per_slot[:, 1] / 2).clamp(0.0, 1.0)
         bce = None
         if logit is not None:

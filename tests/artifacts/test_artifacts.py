@@ -50,12 +50,15 @@ def test_finished_capture_tells_unfinished_from_foreign(tmp_path):
     assert one_line(info.value) and str(tmp_path / "manifest.json") in str(info.value)
 
 
-@pytest.mark.parametrize("manifest, error", [
-    ('{"kind": "dspark.train", "comp', "corrupt manifest"),
-    ('{"kind": "dspark.capture", "complete": true}', "not the manifest of a dspark training run"),
-    ('{"kind": "dspark.train", "complete": false}', "training did not finish"),
-    (None, "training did not finish"),
-])
+@pytest.mark.parametrize(
+    "manifest, error",
+    [
+        ('{"kind": "dspark.train", "comp', "corrupt manifest"),
+        ('{"kind": "dspark.capture", "complete": true}', "not the manifest of a dspark training run"),
+        ('{"kind": "dspark.train", "complete": false}', "training did not finish"),
+        (None, "training did not finish"),
+    ],
+)
 def test_a_training_output_without_a_finished_manifest_is_one_line(tmp_path, manifest, error):
     """Export and training's evaluation read runs/NAME/train through `load_draft_dir`; its manifest.json
     used to be read with a bare json.loads (a corrupt one was a traceback, a foreign one was trusted)."""
@@ -132,20 +135,48 @@ def test_stage_results_go_to_json_and_back_with_their_nested_records():
     """A torchrun run's summary is read back from rank 0's manifest: `from_dict(to_dict())` is the same
     result, nested records (the stream, the published files) typed again; keys a later version adds are
     ignored and fields an earlier manifest lacks take their defaults."""
-    from dspark_cli.artifacts.results import (PublishedFile, PublishSummary, StreamSummary, TrainSummary)
+    from dspark_cli.artifacts.results import PublishedFile, PublishSummary, StreamSummary, TrainSummary
 
-    stream = StreamSummary(location="runs/x/hidden-stream", producers=2, peak_bytes=10, peak_shards=3, max_shards=3,
-                           producer_restarts=1, producer_wait_s=[0.5, 0.25], rewinds=0, required_shards=2)
-    train = TrainSummary(output_dir="runs/x/train", steps=4, num_steps=4, resumed_from=None, tokens=512, world_size=2,
-                         final_metrics={"loss": 1.5}, wall_s=3.0, shapes=None, final="runs/x/train/final", stream=stream)
+    stream = StreamSummary(
+        location="runs/x/hidden-stream",
+        producers=2,
+        peak_bytes=10,
+        peak_shards=3,
+        max_shards=3,
+        producer_restarts=1,
+        producer_wait_s=[0.5, 0.25],
+        rewinds=0,
+        required_shards=2,
+    )
+    train = TrainSummary(
+        output_dir="runs/x/train",
+        steps=4,
+        num_steps=4,
+        resumed_from=None,
+        tokens=512,
+        world_size=2,
+        final_metrics={"loss": 1.5},
+        wall_s=3.0,
+        shapes=None,
+        final="runs/x/train/final",
+        stream=stream,
+    )
     data = json.loads(json.dumps(train.to_dict()))
     assert data["stream"]["peak_shards"] == 3 and TrainSummary.from_dict(data) == train
     assert TrainSummary.from_dict({**data, "added_later": 1}) == train
     del data["stream"]
     assert TrainSummary.from_dict(data).stream is None
-    published = PublishSummary(repo_id="me/d", hubs=["huggingface"], private=True, draft_dir="d", architecture=None,
-                               card="generated", files=[PublishedFile("README.md", 10, "generated")], dry_run=False,
-                               urls={"huggingface": "http://127.0.0.1/me/d"})
+    published = PublishSummary(
+        repo_id="me/d",
+        hubs=["huggingface"],
+        private=True,
+        draft_dir="d",
+        architecture=None,
+        card="generated",
+        files=[PublishedFile("README.md", 10, "generated")],
+        dry_run=False,
+        urls={"huggingface": "http://127.0.0.1/me/d"},
+    )
     assert PublishSummary.from_dict(json.loads(json.dumps(published.to_dict()))) == published
 
 
@@ -153,15 +184,31 @@ def test_a_bench_result_has_tau_lines_for_the_threshold_zero_runs():
     from dspark_cli.artifacts.results import BenchSummary
 
     def run(temperature, threshold, mean):
-        return {"dataset": "tiny-eval", "temperature": temperature, "threshold": threshold,
-                "tau": {"mean": mean, "ci95": [mean - 0.1, mean + 0.1]}, "calibration": {"verdict": "calibrated",
-                                                                                       "overall": {"ece": 0.05}}}
+        return {
+            "dataset": "tiny-eval",
+            "temperature": temperature,
+            "threshold": threshold,
+            "tau": {"mean": mean, "ci95": [mean - 0.1, mean + 0.1]},
+            "calibration": {"verdict": "calibrated", "overall": {"ece": 0.05}},
+        }
 
-    report = {"kind": "dspark.bench", "format_version": 1, "dspark": "0", "name": "x", "created": "now", "target": "t",
-              "draft_dir": "d", "bench": {}, "serve": {}, "warnings": [], "complete": True,
-              "offline": {"runs": [run(0.0, 0.0, 3.0), run(0.0, 0.5, 2.0), run(1.0, 0.0, 2.5)],
-                          "baselines": [{"name": "ngram", "dataset": "tiny-eval", "temperature": 0.0,
-                                         "tau": {"mean": 1.1}}]}}
+    report = {
+        "kind": "dspark.bench",
+        "format_version": 1,
+        "dspark": "0",
+        "name": "x",
+        "created": "now",
+        "target": "t",
+        "draft_dir": "d",
+        "bench": {},
+        "serve": {},
+        "warnings": [],
+        "complete": True,
+        "offline": {
+            "runs": [run(0.0, 0.0, 3.0), run(0.0, 0.5, 2.0), run(1.0, 0.0, 2.5)],
+            "baselines": [{"name": "ngram", "dataset": "tiny-eval", "temperature": 0.0, "tau": {"mean": 1.1}}],
+        },
+    }
     summary = BenchSummary.from_dict(report)
     lines = summary.tau_lines()
     assert [(line.temperature, line.tau) for line in lines] == [(0.0, 3.0), (1.0, 2.5)]

@@ -51,8 +51,10 @@ def literal_tables(draft_curve, verify_curve, max_num_reqs, max_batch_tokens, cu
                     result[value] = ys[-1] + slope * (value - xs[-1])
         return result
 
-    return ([max(v, 0.0) for v in build_table(max_num_reqs, draft_curve)],
-            [max(v, 1e-6) for v in build_table(max_batch_tokens, verify_curve)])
+    return (
+        [max(v, 0.0) for v in build_table(max_num_reqs, draft_curve)],
+        [max(v, 1e-6) for v in build_table(max_batch_tokens, verify_curve)],
+    )
 
 
 def literal_budget(stale, scheduled, num_sampling, num_non_draft, draft_table, verify_table, max_total_logits):
@@ -126,9 +128,15 @@ def test_budget_and_selection_match_the_literal_transcription():
         assert verify_t.tolist() == pytest.approx(lit_verify, rel=1e-12, abs=1e-12)
         max_logits = rng.choice([10**6, num_reqs + rng.randint(0, num_reqs * num_steps)])
         non_draft = num_reqs
-        ours = choose_budget(np.array(stale), np.array(scheduled), num_sampling_requests=num_reqs,
-                             num_non_draft_tokens=non_draft, draft_cost_ms=draft_t, verify_cost_ms=verify_t,
-                             max_total_logits=max_logits)
+        ours = choose_budget(
+            np.array(stale),
+            np.array(scheduled),
+            num_sampling_requests=num_reqs,
+            num_non_draft_tokens=non_draft,
+            draft_cost_ms=draft_t,
+            verify_cost_ms=verify_t,
+            max_total_logits=max_logits,
+        )
         theirs = literal_budget(stale, scheduled, num_reqs, non_draft, lit_draft, lit_verify, max_logits)
         assert ours == theirs
         budgets.append(ours)
@@ -152,15 +160,17 @@ def test_against_vllms_own_functions():
         limit = rng.choice([0, 8, 32])
         cost = CostModel(tuple(random_curve(rng, 64)), tuple(random_curve(rng, 256)), limit, "random", True)
         ours = cost_tables(cost, num_reqs, num_reqs * (num_steps + 1))
-        theirs = build_cost_tables_from_curves(list(cost.draft_curve), list(cost.verify_curve), num_reqs,
-                                               num_reqs * (num_steps + 1), limit)
+        theirs = build_cost_tables_from_curves(
+            list(cost.draft_curve), list(cost.verify_curve), num_reqs, num_reqs * (num_steps + 1), limit
+        )
         assert np.allclose(ours[0], theirs[0], rtol=1e-12) and np.allclose(ours[1], theirs[1], rtol=1e-12)
         if sum(scheduled) < 2:
             continue
         budget = rng.randint(1, sum(scheduled) - 1)  # vLLM calls it only when the budget binds
         capacities = torch.tensor(scheduled, dtype=torch.int32)
-        _assign_draft_token_budget(torch.tensor(conf, dtype=torch.float32), torch.arange(num_reqs), capacities,
-                                   budget, num_steps)
+        _assign_draft_token_budget(
+            torch.tensor(conf, dtype=torch.float32), torch.arange(num_reqs), capacities, budget, num_steps
+        )
         assert admit(np.array(conf), np.array(scheduled), budget).tolist() == capacities.tolist()
 
 
@@ -206,9 +216,23 @@ def test_fixed_k_tokens_per_step_are_the_turns_own_mean_at_every_concurrency():
 
 
 def test_cost_models_from_a_profile_a_table_and_bad_input(tmp_path):
-    samples = [{"forward_ms": 3.0 + 0.01 * t, "drafter_ms": 0.5 + 0.01 * r, "num_target_tokens": t, "num_reqs": r,
-                "full_cudagraph": graph} for t, r, graph in [(8, 1, True), (8, 1, True), (64, 8, True), (64, 8, False),
-                                                             (512, 64, True), (1024, 128, False)]]
+    samples = [
+        {
+            "forward_ms": 3.0 + 0.01 * t,
+            "drafter_ms": 0.5 + 0.01 * r,
+            "num_target_tokens": t,
+            "num_reqs": r,
+            "full_cudagraph": graph,
+        }
+        for t, r, graph in [
+            (8, 1, True),
+            (8, 1, True),
+            (64, 8, True),
+            (64, 8, False),
+            (512, 64, True),
+            (1024, 128, False),
+        ]
+    ]
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"samples": samples, "cudagraph_limit": 512}))
     cost = load_cost_model(str(path))
@@ -229,8 +253,18 @@ def test_a_bad_cost_model_is_one_line_before_any_work(tmp_path):
 
     from dspark_cli.cli import app
 
-    result = CliRunner().invoke(app, ["bench", str(tmp_path), "--offline", "--recipe", "tiny",
-                                      f"output_dir={tmp_path}", "bench.cost_model=no-such-profile.json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            str(tmp_path),
+            "--offline",
+            "--recipe",
+            "tiny",
+            f"output_dir={tmp_path}",
+            "bench.cost_model=no-such-profile.json",
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "bench.cost_model: 'no-such-profile.json' is neither h200-estimate nor a file" in result.output
     assert not (tmp_path / "bench" / "bench.json").exists()

@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import torch
-
 from bench_support import TINY_LAYER_IDS, tiny_random_target, write_random_draft
 
 from dspark_cli.bench.baselines import NgramDrafter, propose_ngram, untrained_drafter
@@ -53,8 +52,9 @@ def test_matches_vllms_ngram_proposer_on_random_token_sequences():
         min_n = rng.randint(1, 4)
         max_n = rng.randint(min_n, 7)
         cases.append((tokens, min_n, max_n, len(tokens) + rng.randint(0, 10), rng.randint(1, 8)))
-    child = subprocess.run([sys.executable, "-c", _VLLM_NGRAM], input=json.dumps(cases), capture_output=True,
-                           text=True, timeout=600)
+    child = subprocess.run(
+        [sys.executable, "-c", _VLLM_NGRAM], input=json.dumps(cases), capture_output=True, text=True, timeout=600
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     theirs_all = json.loads(child.stdout.strip().splitlines()[-1])
     found = 0
@@ -71,9 +71,15 @@ def target():
 
 
 def _greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.slow  # speculative generation on the tiny target: ~20 s loaded

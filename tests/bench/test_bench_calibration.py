@@ -105,8 +105,20 @@ def test_the_model_card_shows_the_calibration(tmp_path):
     recipe = load_recipe("tiny", [f"output_dir={tmp_path}"])
     draft = export_random_draft(recipe, tmp_path / "draft")
     cal = calibration([_turn([([0.9, 0.5], 2), ([0.9, 0.5], 0), ([0.3, 0.8], 1), ([0.25, 0.8], 0)])], block_size=2)
-    bench = {"offline": {"runs": [{"dataset": "tiny-eval", "temperature": 1.0, "threshold": 0.0, "num_turns": 1,
-                                   "tau": {"mean": 2.0, "ci95": [1.5, 2.5], "n": 4}, "calibration": cal}]}}
+    bench = {
+        "offline": {
+            "runs": [
+                {
+                    "dataset": "tiny-eval",
+                    "temperature": 1.0,
+                    "threshold": 0.0,
+                    "num_turns": 1,
+                    "tau": {"mean": 2.0, "ci95": [1.5, 2.5], "n": 4},
+                    "calibration": cal,
+                }
+            ]
+        }
+    }
     manifest = json.loads((draft / "dspark_manifest.json").read_text())
     card = model_card(draft, manifest, repo_id="me/tiny-dspark", recipe=recipe, license_id="apache-2.0", bench=bench)
     assert "## Confidence head calibration" in card

@@ -58,8 +58,9 @@ def test_few_turn_intervals_are_t_intervals_clipped_to_what_tau_can_be():
     assert ratio_estimate([6, 2], [2, 2], bounds=(1.0, 8.0))["ci95"] == [1.0, 8.0]
     assert ratio_estimate([6], [2], bounds=(1.0, 8.0))["ci95"] == [None, None]  # one turn: no interval
     # the demo's old last bin (2 turns, 6 steps): within [1, N + 1] now
-    bins = by_context([_turn([3, 0, 4], [300, 310, 320]), _turn([0, 1, 0], [400, 410, 420])],
-                      [0, 256, 512], block_size=7)
+    bins = by_context(
+        [_turn([3, 0, 4], [300, 310, 320]), _turn([0, 1, 0], [400, 410, 420])], [0, 256, 512], block_size=7
+    )
     low, high = bins[0]["tau"]["ci95"]
     assert 1.0 <= low and high <= 8.0 and bins[0]["num_turns"] == 2
 
@@ -83,15 +84,28 @@ def test_plot_and_table_show_every_bin_with_its_turns(tmp_path):
 
     chain = [_turn([4, 3, 2], [20 + 150 * k, 200 + 150 * k, 700 + 40 * k]) for k in range(4)]
     bins = by_context(chain, bin_edges(1024), block_size=7)
-    sweep = {"dataset": "tiny-eval-chained", "temperature": 0.0, "datasets": ["tiny-eval"], "num_conversations": 2,
-             "turns_per_conversation": [2, 2], "longest_context": 823, "max_model_len": 1024, "num_turns": 4,
-             "bins": bins, "note": drop_note(bins)}
-    offline = {"runs": [{"dataset": "tiny-eval", "temperature": 0.0, "by_context": by_context(chain[:1], [0, 128], 7)}],
-               "context_sweep": [sweep]}
+    sweep = {
+        "dataset": "tiny-eval-chained",
+        "temperature": 0.0,
+        "datasets": ["tiny-eval"],
+        "num_conversations": 2,
+        "turns_per_conversation": [2, 2],
+        "longest_context": 823,
+        "max_model_len": 1024,
+        "num_turns": 4,
+        "bins": bins,
+        "note": drop_note(bins),
+    }
+    offline = {
+        "runs": [{"dataset": "tiny-eval", "temperature": 0.0, "by_context": by_context(chain[:1], [0, 128], 7)}],
+        "context_sweep": [sweep],
+    }
     assert [b["high"] for b in bins] == [128, 256, 512, 1024]
     path = plot_context({"offline": offline}, tmp_path / "context_sweep.png")
     with Image.open(path) as image:
         assert json.loads(image.text["Description"])["series"] == [
-            "tiny-eval-chained T=0 (sweep: 2 conversations)", "tiny-eval T=0"]
+            "tiny-eval-chained T=0 (sweep: 2 conversations)",
+            "tiny-eval T=0",
+        ]
     text = "\n".join(context_markdown(offline))
     assert "2 conversations, 4 turns, longest context 823 of 1024 tokens" in text and "| 512-1024 | 5 | 4 |" in text

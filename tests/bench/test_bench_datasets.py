@@ -1,6 +1,6 @@
 """Bench datasets: names to sources, conversations reduced to the user turns the target answers.
 
-    .venv/bin/python -m pytest tests/bench/test_bench_datasets.py -q
+.venv/bin/python -m pytest tests/bench/test_bench_datasets.py -q
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import json
 import pytest
 
 from dspark_cli.bench.datasets import category, dataset_source, load_datasets
-from dspark_cli.prompts.bundled import BUNDLED_DATASETS
 from dspark_cli.errors import UsageError
+from dspark_cli.prompts.bundled import BUNDLED_DATASETS
 from dspark_cli.recipe.schema import BenchSection
 
 MT_BENCH = BUNDLED_DATASETS["mt-bench"]  # FastChat's question.jsonl, bundled
@@ -22,7 +22,12 @@ def test_names_map_to_sources():
     label, source = dataset_source("mt_bench", bench)
     assert label == "mt_bench" and source.path == "/data/question.jsonl"
     label, source = dataset_source("speed_bench", bench)
-    assert (label, source.path, source.subset, source.split) == ("speed_bench", "nvidia/SPEED-Bench", "qualitative", "test")
+    assert (label, source.path, source.subset, source.split) == (
+        "speed_bench",
+        "nvidia/SPEED-Bench",
+        "qualitative",
+        "test",
+    )
     label, source = dataset_source("speed_bench:throughput_1k", bench)
     assert (label, source.subset) == ("speed_bench:throughput_1k", "throughput_1k")
     label, source = dataset_source("tiny-eval", bench)
@@ -32,17 +37,26 @@ def test_names_map_to_sources():
 def test_conversation_files_keep_user_turns_and_categories(tmp_path):
     path = tmp_path / "chats.jsonl"
     records = [
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                      {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}],
-         "category": "chat"},
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": "Bye"},
+            ],
+            "category": "chat",
+        },
         {"prompt": "Add 2 and 2", "response": "4"},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     (dataset,) = load_datasets(BenchSection(datasets=[str(path)]))
     first, second = dataset.conversations
     assert dataset.name == "chats.jsonl"
-    assert first.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                              {"role": "user", "content": "Bye"}]  # the target writes every answer itself
+    assert first.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "user", "content": "Bye"},
+    ]  # the target writes every answer itself
     assert first.user_turns == ["Hi", "Bye"] and category(first) == "chat" and category(second) == "all"
     assert len(load_datasets(BenchSection(datasets=[str(path)], num_prompts=1))[0].conversations) == 1
 
@@ -54,7 +68,15 @@ def test_mt_bench_is_bundled_and_read_by_default():
     assert dataset.name == "mt_bench" and len(dataset.conversations) == 80
     assert all(len(c.user_turns) == 2 for c in dataset.conversations)
     assert {category(c) for c in dataset.conversations} == {
-        "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+        "writing",
+        "roleplay",
+        "reasoning",
+        "math",
+        "coding",
+        "extraction",
+        "stem",
+        "humanities",
+    }
 
 
 def test_unreachable_mt_bench_names_the_field(monkeypatch):

@@ -62,7 +62,12 @@ class Endpoint:
                 elif mode == "binary":
                     self._send(bytes(range(256)) * 64, "application/octet-stream")
                 elif mode == "sse-junk":
-                    junk = [b"data: 12345", b'data: "text"', b"data: [1, 2]", b"data: {{{ \xff\xfe"]  # JSON, but no chunk
+                    junk = [
+                        b"data: 12345",
+                        b'data: "text"',
+                        b"data: [1, 2]",
+                        b"data: {{{ \xff\xfe",
+                    ]  # JSON, but no chunk
                     self._send(b"\n\n".join(junk * 10) + b"\n\n", "text/event-stream")
                 elif mode == "huge":  # announces 10 GB, sends a little
                     self._send(_chunk("hi") * 10, "text/event-stream", length=10 * 10**9)
@@ -70,8 +75,14 @@ class Endpoint:
                     self._send(json.dumps({"id": "x", "object": "chat.completion", "usage": {}}).encode())
                 elif mode == "good":  # a well-formed stream of two chunks, the usage record, [DONE]
                     usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
-                    self._send(_chunk("hello") + _chunk(" there") + b"data: " + json.dumps(usage).encode()
-                               + b"\n\ndata: [DONE]\n\n", "text/event-stream")
+                    self._send(
+                        _chunk("hello")
+                        + _chunk(" there")
+                        + b"data: "
+                        + json.dumps(usage).encode()
+                        + b"\n\ndata: [DONE]\n\n",
+                        "text/event-stream",
+                    )
 
             def do_GET(self) -> None:
                 endpoint.requests.append(self.path)
@@ -117,9 +128,14 @@ def test_an_endpoint_that_never_answers_is_given_up_on(tmp_path, models_too):
     # case 5: no timeout, the bench waited for good (a real `dspark` process, stopped by the test if it hangs)
     with Endpoint("silent", models_too=models_too) as endpoint:
         start = time.monotonic()
-        out = subprocess.run([DSPARK, "bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint",
-                              endpoint.url, *FAST], capture_output=True, text=True, timeout=90, check=False,
-                             env={**os.environ, "DSPARK_HTTP_TIMEOUT": "2", "HF_HUB_OFFLINE": "1"})
+        out = subprocess.run(
+            [DSPARK, "bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint", endpoint.url, *FAST],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+            env={**os.environ, "DSPARK_HTTP_TIMEOUT": "2", "HF_HUB_OFFLINE": "1"},
+        )
     assert out.returncode in (1, 2), out.stderr
     assert time.monotonic() - start < 60
     line = one_line(out.stderr)
@@ -127,19 +143,23 @@ def test_an_endpoint_that_never_answers_is_given_up_on(tmp_path, models_too):
     assert not reported(tmp_path)
 
 
-@pytest.mark.parametrize(("mode", "models_too", "expected"), [
-    ("binary", True, "not an OpenAI-compatible model list"),
-    ("huge", True, "the server announces 10,000,000,000 bytes"),
-    ("binary", False, "no chat completion chunk"),
-    ("sse-junk", False, "not a chat completion chunk: '12345'"),
-    ("huge", False, "the server announces 10000000000 bytes"),
-    ("no-choices", False, "no chat completion chunk"),
-])
+@pytest.mark.parametrize(
+    ("mode", "models_too", "expected"),
+    [
+        ("binary", True, "not an OpenAI-compatible model list"),
+        ("huge", True, "the server announces 10,000,000,000 bytes"),
+        ("binary", False, "no chat completion chunk"),
+        ("sse-junk", False, "not a chat completion chunk: '12345'"),
+        ("huge", False, "the server announces 10000000000 bytes"),
+        ("no-choices", False, "no chat completion chunk"),
+    ],
+)
 def test_an_endpoint_answering_junk_is_one_line_and_not_a_report(tmp_path, mode, models_too, expected):
     # case 6: tracebacks ("internal error"), or exit 0 with a report of 0 tok/s
     with Endpoint(mode, models_too=models_too) as endpoint:
-        result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint",
-                                          endpoint.url, *FAST])
+        result = CliRunner().invoke(
+            app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint", endpoint.url, *FAST]
+        )
     assert result.exit_code == 1, result.output
     line = one_line(result.output)
     assert endpoint.url in line and expected in line, line
@@ -149,16 +169,30 @@ def test_an_endpoint_answering_junk_is_one_line_and_not_a_report(tmp_path, mode,
 # --- case 7: everything checkable before the work, results kept as they come ---------------------------
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    (json.dumps({"kind": "dspark.bench", "offline": {"runs": []}}), "has no online runs"),
-    ('{"kind": "dspark.bench", "online":', "invalid JSON"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (json.dumps({"kind": "dspark.bench", "offline": {"runs": []}}), "has no online runs"),
+        ('{"kind": "dspark.bench", "online":', "invalid JSON"),
+    ],
+)
 def test_a_bad_baseline_report_is_refused_before_any_request(tmp_path, text, expected):
     baseline = tmp_path / "offline-only.json"
     baseline.write_text(text)
     with Endpoint("good") as endpoint:
-        result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint",
-                                          endpoint.url, f"bench.baseline_report={baseline}", *FAST])
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--recipe",
+                "tiny",
+                f"output_dir={tmp_path}",
+                "--endpoint",
+                endpoint.url,
+                f"bench.baseline_report={baseline}",
+                *FAST,
+            ],
+        )
     assert result.exit_code == 1 and expected in one_line(result.output), result.output
     assert endpoint.requests == []
 
@@ -174,8 +208,9 @@ def full_dir(tmp_path):
 
 def test_a_full_disk_stops_the_bench_before_the_benchmark_naming_the_file(full_dir):
     with Endpoint("good") as endpoint:
-        result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={full_dir}", "--endpoint",
-                                          endpoint.url, *FAST])
+        result = CliRunner().invoke(
+            app, ["bench", "--recipe", "tiny", f"output_dir={full_dir}", "--endpoint", endpoint.url, *FAST]
+        )
     line = one_line(result.output)
     assert result.exit_code == 1 and "no space left on device" in line, result.output
     assert str(full_dir / "bench" / "bench.json") in line
@@ -194,8 +229,19 @@ def test_results_are_written_as_they_come(tmp_path, monkeypatch):
 
     monkeypatch.setattr(online, "measure_level", measure_and_look)
     with Endpoint("good") as endpoint:
-        result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint",
-                                          endpoint.url, *FAST[:-1], "bench.concurrency=[1, 2]"])
+        result = CliRunner().invoke(
+            app,
+            [
+                "bench",
+                "--recipe",
+                "tiny",
+                f"output_dir={tmp_path}",
+                "--endpoint",
+                endpoint.url,
+                *FAST[:-1],
+                "bench.concurrency=[1, 2]",
+            ],
+        )
     assert result.exit_code == 0, result.output
     assert [s["complete"] for s in seen] == [False, False]
     assert "online" not in seen[0] and len(seen[1]["online"]["endpoint_runs"]["levels"]) == 1
@@ -208,7 +254,8 @@ def test_a_refused_bench_leaves_an_earlier_report_as_it_was(tmp_path):
     earlier.parent.mkdir()
     earlier.write_text('{"kind": "dspark.bench", "complete": true, "note": "last week"}\n')
     with Endpoint("binary", models_too=True) as endpoint:
-        result = CliRunner().invoke(app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint",
-                                          endpoint.url, *FAST])
+        result = CliRunner().invoke(
+            app, ["bench", "--recipe", "tiny", f"output_dir={tmp_path}", "--endpoint", endpoint.url, *FAST]
+        )
     assert result.exit_code == 1, result.output
     assert earlier.read_text() == '{"kind": "dspark.bench", "complete": true, "note": "last week"}\n'

@@ -17,7 +17,6 @@ import random
 
 import pytest
 import torch
-
 from bench_support import (
     TINY_LAYER_IDS,
     TableDrafter,
@@ -52,11 +51,14 @@ def table_pair(seed: int = 1) -> tuple[TableLM, TableLM]:
 
 
 @pytest.mark.slow  # a chi-square test of the output law: thousands of generations, 15-40 s each loaded
-@pytest.mark.parametrize(("method", "draft_method", "temperature", "top_p"), [
-    ("standard", "probabilistic", 1.0, 1.0),
-    ("block", "probabilistic", 1.0, 1.0),
-    ("block", "greedy", 0.8, 0.9),
-])
+@pytest.mark.parametrize(
+    ("method", "draft_method", "temperature", "top_p"),
+    [
+        ("standard", "probabilistic", 1.0, 1.0),
+        ("block", "probabilistic", 1.0, 1.0),
+        ("block", "greedy", 0.8, 0.9),
+    ],
+)
 def test_engine_output_law_is_the_targets(method, draft_method, temperature, top_p):
     target_lm, draft_lm = table_pair()
     target, drafter = TableTarget(target_lm), TableDrafter(draft_lm)
@@ -80,8 +82,10 @@ def test_engine_output_law_is_the_targets(method, draft_method, temperature, top
         steps += out.num_steps
     stat, df, pvalue = chi_square_pvalue(counts, 6000 * table_law(target_lm, [0], 4, temperature, top_p))
     assert 0.2 < accepted / steps < 1.8, "the case must exercise partial acceptance"
-    print(f"{method}/{draft_method} T={temperature} top_p={top_p}: chi2 {stat:.1f} on {df} df, p = {pvalue:.3f}, "
-          f"accepted per step {accepted / steps:.2f}")
+    print(
+        f"{method}/{draft_method} T={temperature} top_p={top_p}: chi2 {stat:.1f} on {df} df, p = {pvalue:.3f}, "
+        f"accepted per step {accepted / steps:.2f}"
+    )
     assert pvalue > ALPHA, f"chi2 = {stat:.1f} on {df} df, p = {pvalue:.2e}"
 
 
@@ -107,7 +111,7 @@ class ReplayDrafter:
 
     def propose(self, anchor, *, temperature, greedy, num_tokens, generator, history=None):
         start = sum(r.shape[0] for r in self.rows) + 1  # the context ends before the anchor
-        truth = self.sequence[start:start + num_tokens]
+        truth = self.sequence[start : start + num_tokens]
         truth += [0] * (num_tokens - len(truth))
         drafts = [t if self.rng.random() > 0.3 else (t + 1) % self.vocab for t in truth]
         return Proposal(torch.tensor(drafts), None, None)
@@ -116,8 +120,14 @@ class ReplayDrafter:
 def test_t0_output_equals_target_greedy_and_context_states_match_recompute():
     model = tiny_random_target()
     prompt = [5, 17, 33, 2, 9, 41]
-    reference = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                               max_new_tokens=48, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):]
+    reference = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=48,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )[0, len(prompt) :]
     reference = reference.tolist()
     target = HFTarget(model, TINY_LAYER_IDS)
     drafter = ReplayDrafter(prompt, reference, model.config.vocab_size)

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_support import export_random_draft
 from PIL import Image
 from typer.testing import CliRunner
-
-from bench_support import export_random_draft
 
 from dspark_cli.cli import app
 from dspark_cli.recipe import load_recipe
@@ -31,10 +30,18 @@ pytestmark = [
 
 def _recipe(tmp_path: Path, target: str):
     arch = "mla" if target == "tiny-mla" else "gqa"
-    return load_recipe("tiny", [f"target.model={target}", f"draft.arch={arch}", f"output_dir={tmp_path / 'run'}",
-                                "bench.datasets=[mt_bench]", "bench.num_prompts=2",
-                                "bench.max_tokens=32",
-                                "bench.confidence_thresholds=[0.0, 0.6]"])
+    return load_recipe(
+        "tiny",
+        [
+            f"target.model={target}",
+            f"draft.arch={arch}",
+            f"output_dir={tmp_path / 'run'}",
+            "bench.datasets=[mt_bench]",
+            "bench.num_prompts=2",
+            "bench.max_tokens=32",
+            "bench.confidence_thresholds=[0.0, 0.6]",
+        ],
+    )
 
 
 @pytest.mark.slow  # the engine over MT-Bench prompts on both tiny targets: ~10 s each loaded
@@ -52,9 +59,14 @@ def test_engine_equals_target_greedy_on_mt_bench(tmp_path, target):
     out = bench.engine(0.0).generate(prompt, sampling)
     model = bench.target.model
     with torch.no_grad():
-        ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             max_new_tokens=48, do_sample=False, eos_token_id=sorted(bench.stop_ids),
-                             pad_token_id=bench.chat.tokenizer.pad_token_id)[0, len(prompt):].tolist()
+        ref = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=48,
+            do_sample=False,
+            eos_token_id=sorted(bench.stop_ids),
+            pad_token_id=bench.chat.tokenizer.pad_token_id,
+        )[0, len(prompt) :].tolist()
     assert out.token_ids == ref[: len(out.token_ids)] and len(out.token_ids) == len(ref)
     assert out.num_steps >= 1 and 1.0 <= out.tau < 1.3
 
@@ -64,11 +76,25 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     recipe = _recipe(tmp_path, "tiny-mla")
     draft = export_random_draft(recipe, tmp_path / "draft")
     # the draft's recipe supplies its description (target, geometry); bench settings are the user's
-    result = CliRunner().invoke(app, ["bench", str(draft), "--offline", "bench.temperatures=[0.0, 1.0]",
-                                      "bench.datasets=[mt_bench]", "bench.num_prompts=2", "bench.max_tokens=32",
-                                      "bench.confidence_thresholds=[0.0, 0.6]", "bench.model_concurrency=[1, 16, 256]",
-                                      "bench.context_sweep=true", "bench.context_sweep_conversations=2",
-                                      "target.max_model_len=512", "--format", "json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            str(draft),
+            "--offline",
+            "bench.temperatures=[0.0, 1.0]",
+            "bench.datasets=[mt_bench]",
+            "bench.num_prompts=2",
+            "bench.max_tokens=32",
+            "bench.confidence_thresholds=[0.0, 0.6]",
+            "bench.model_concurrency=[1, 16, 256]",
+            "bench.context_sweep=true",
+            "bench.context_sweep_conversations=2",
+            "target.max_model_len=512",
+            "--format",
+            "json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     runs = data["offline"]["runs"]
@@ -88,7 +114,11 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     # the baselines on the same prompts, the adaptive-verification model and the context sweep
     offline = data["offline"]
     assert [(b["name"], b["temperature"]) for b in offline["baselines"]] == [
-        ("ngram", 0.0), ("ngram", 1.0), ("untrained", 0.0), ("untrained", 1.0)]
+        ("ngram", 0.0),
+        ("ngram", 1.0),
+        ("untrained", 0.0),
+        ("untrained", 1.0),
+    ]
     assert all(b["tau"]["mean"] >= 1.0 for b in offline["baselines"])
     model = offline["adaptive_verification"]
     assert model["cost_model"]["estimate"] is True and "estimate" in model["cost_model"]["label"]
@@ -98,23 +128,36 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     [context] = offline["context_sweep"]
     assert context["temperature"] == 0.0 and context["dataset"] == "mt_bench-chained"
     assert context["num_conversations"] == 2 and context["max_model_len"] == 512
-    assert context["num_turns"] == sum(context["turns_per_conversation"]) and min(context["turns_per_conversation"]) >= 2
+    assert (
+        context["num_turns"] == sum(context["turns_per_conversation"]) and min(context["turns_per_conversation"]) >= 2
+    )
     # well past one turn (383 measured: a conversation ends when the next MT-Bench turn would not fit)
     assert 256 < context["longest_context"] <= 512
     assert context["bins"][-1]["high"] == 512 and context["note"]
     assert runs[0]["calibration"]["overall"]["n"] > 0 and runs[0]["by_context"]
     text = (bench_dir / "bench.md").read_text()
-    for title in ("### Calibration of the confidence head", "### Baselines (same engine, same prompts)",
-                  "### vLLM adaptive verification across concurrency (model)", "### Acceptance by context length"):
+    for title in (
+        "### Calibration of the confidence head",
+        "### Baselines (same engine, same prompts)",
+        "### vLLM adaptive verification across concurrency (model)",
+        "### Acceptance by context length",
+    ):
         assert title in text
-    expected = {"acceptance_per_position": ["offline mt_bench T=0", "offline mt_bench T=1"],
-                "tau_by_category": ["mt_bench T=0", "mt_bench T=1"],
-                "confidence_tradeoff": ["mt_bench T=0", "mt_bench T=1"],
-                "calibration": ["mt_bench T=0", "mt_bench T=1"],
-                "baselines": ["draft", "ngram", "untrained"],
-                "adaptive_verification": ["mt_bench T=0 fixed-k", "mt_bench T=0 adaptive", "mt_bench T=1 fixed-k",
-                                          "mt_bench T=1 adaptive", "no speculation"],
-                "context_sweep": ["mt_bench-chained T=0 (sweep: 2 conversations)", "mt_bench T=0", "mt_bench T=1"]}
+    expected = {
+        "acceptance_per_position": ["offline mt_bench T=0", "offline mt_bench T=1"],
+        "tau_by_category": ["mt_bench T=0", "mt_bench T=1"],
+        "confidence_tradeoff": ["mt_bench T=0", "mt_bench T=1"],
+        "calibration": ["mt_bench T=0", "mt_bench T=1"],
+        "baselines": ["draft", "ngram", "untrained"],
+        "adaptive_verification": [
+            "mt_bench T=0 fixed-k",
+            "mt_bench T=0 adaptive",
+            "mt_bench T=1 fixed-k",
+            "mt_bench T=1 adaptive",
+            "no speculation",
+        ],
+        "context_sweep": ["mt_bench-chained T=0 (sweep: 2 conversations)", "mt_bench T=0", "mt_bench T=1"],
+    }
     assert set(data["files"]["plots"]) == set(expected)
     for name, series in expected.items():
         with Image.open(bench_dir / f"{name}.png") as image:
@@ -158,7 +201,8 @@ def test_a_drafts_recipe_cannot_make_bench_run_the_targets_code(tmp_path):
     (evil / "evil.py").write_text(
         f"open({str(marker)!r}, 'w').write('ran')\n"
         "from transformers import DeepseekV3Config as Base\n"
-        "class EvilConfig(Base):\n    pass\nEvilModel = None\n")
+        "class EvilConfig(Base):\n    pass\nEvilModel = None\n"
+    )
     data = yaml.safe_load((draft / "recipe.yaml").read_text())
     data["target"].update({"model": str(evil), "trust_remote_code": True})
     (draft / "recipe.yaml").write_text(yaml.safe_dump(data))
@@ -247,8 +291,13 @@ def test_a_drafts_recipe_sends_nothing_anywhere_and_writes_only_beside_the_draft
     draft = export_random_draft(recipe, tmp_path / "downloads" / "foreign" / "draft")
     data = yaml.safe_load((draft / "recipe.yaml").read_text())
     data.update({"name": "tiny", "output_dir": "runs/{name}"})
-    data["bench"].update({"endpoint": f"http://127.0.0.1:{server.server_address[1]}", "output_dir": str(victim),
-                          "datasets": [str(conversations)]})
+    data["bench"].update(
+        {
+            "endpoint": f"http://127.0.0.1:{server.server_address[1]}",
+            "output_dir": str(victim),
+            "datasets": [str(conversations)],
+        }
+    )
     (draft / "recipe.yaml").write_text(yaml.safe_dump(data))
     _resign(draft)
     try:

@@ -1,6 +1,6 @@
 """Bench statistics, the /metrics parser and the report (JSON, Markdown, PNG plots with their series).
 
-    .venv/bin/python -m pytest tests/bench/test_bench_report.py -q
+.venv/bin/python -m pytest tests/bench/test_bench_report.py -q
 """
 
 from __future__ import annotations
@@ -35,10 +35,18 @@ def test_prometheus_parser_and_spec_counters():
     parsed = parse_prometheus(VLLM_METRICS)
     assert parsed["vllm:num_requests_running"] == [({"engine": "0", "model_name": "tiny-mla"}, 0.0)]
     counters = spec_counters(VLLM_METRICS)
-    assert counters == {"num_drafts": 120.0, "num_draft_tokens": 360.0, "num_accepted_tokens": 150.0,
-                        "num_accepted_tokens_per_pos": [80.0, 45.0, 25.0]}
-    before = {"num_drafts": 20.0, "num_draft_tokens": 60.0, "num_accepted_tokens": 50.0,
-              "num_accepted_tokens_per_pos": [30.0, 15.0, 5.0]}
+    assert counters == {
+        "num_drafts": 120.0,
+        "num_draft_tokens": 360.0,
+        "num_accepted_tokens": 150.0,
+        "num_accepted_tokens_per_pos": [80.0, 45.0, 25.0],
+    }
+    before = {
+        "num_drafts": 20.0,
+        "num_draft_tokens": 60.0,
+        "num_accepted_tokens": 50.0,
+        "num_accepted_tokens_per_pos": [30.0, 15.0, 5.0],
+    }
     delta = counter_delta(before, counters)
     assert delta["num_drafts"] == 100 and delta["num_accepted_tokens"] == 100
     assert delta["tau"] == pytest.approx(2.0)  # 1 + 100 accepted / 100 drafting steps
@@ -65,8 +73,10 @@ def test_ratio_estimate_interval_covers_the_truth():
 
 
 def test_summarize_counts_tau_and_positions():
-    turns = [TurnStats("a", accepted=[2, 0, 3], verified=[3, 3, 3], output_tokens=8, seconds=2.0),
-             TurnStats("b", accepted=[1, 1], verified=[3, 2], output_tokens=4, seconds=1.0)]
+    turns = [
+        TurnStats("a", accepted=[2, 0, 3], verified=[3, 3, 3], output_tokens=8, seconds=2.0),
+        TurnStats("b", accepted=[1, 1], verified=[3, 2], output_tokens=4, seconds=1.0),
+    ]
     out = summarize(turns, block_size=3)
     assert out["tau"]["mean"] == pytest.approx((3 + 1 + 4 + 2 + 2) / 5)
     assert [p["mean"] for p in out["acceptance_per_position"]] == pytest.approx([4 / 5, 2 / 5, 1 / 5])
@@ -78,33 +88,102 @@ def test_summarize_counts_tau_and_positions():
 
 def _result() -> dict:
     per_pos = [{"mean": 0.8 - 0.1 * i, "ci95": [0.7 - 0.1 * i, 0.9 - 0.1 * i], "n": 10} for i in range(4)]
-    run = {"dataset": "mt_bench", "temperature": 1.0, "threshold": 0.0, "num_turns": 4, "num_steps": 40,
-           "tau": {"mean": 3.1, "ci95": [2.8, 3.4], "n": 40}, "acceptance_per_position": per_pos,
-           "verified_per_step": 5.0, "drafts_per_step": 4.0, "output_tokens": 120, "seconds": 2.0,
-           "tokens_per_second": 60.0,
-           "by_category": {"writing": {"num_turns": 2, "num_steps": 20, "tau": {"mean": 3.3, "ci95": [3.0, 3.6], "n": 20}},
-                           "math": {"num_turns": 2, "num_steps": 20, "tau": {"mean": 2.9, "ci95": [2.5, 3.3], "n": 20}}}}
-    run["calibration"] = calibration([TurnStats("all", [2, 0, 1, 4], [4, 4, 4, 4], 0, 0.0,
-                                                [[0.9, 0.7, 0.5, 0.4], [0.3, 0.5, 0.5, 0.5], [0.8, 0.4, 0.3, 0.2],
-                                                 [0.95, 0.9, 0.9, 0.8]])], 4)
-    sweep = [{"dataset": "mt_bench", "temperature": 1.0, "threshold": t, "tau": 3.1 - t, "tau_ci95": [None, None],
-              "verified_per_step": 5.0 - 3 * t, "drafts_per_step": 4.0 - 3 * t,
-              "tokens_per_verified": (3.1 - t) / (5.0 - 3 * t), "tokens_per_second": 60.0} for t in (0.0, 0.3, 0.7)]
-    engine = {"num_speculative_tokens": 4, "rejection_sample_method": "block", "draft_sample_method": "probabilistic",
-              "top_p": 1.0, "max_tokens": 32, "device": "cpu", "dtype": "float32", "warnings": []}
+    run = {
+        "dataset": "mt_bench",
+        "temperature": 1.0,
+        "threshold": 0.0,
+        "num_turns": 4,
+        "num_steps": 40,
+        "tau": {"mean": 3.1, "ci95": [2.8, 3.4], "n": 40},
+        "acceptance_per_position": per_pos,
+        "verified_per_step": 5.0,
+        "drafts_per_step": 4.0,
+        "output_tokens": 120,
+        "seconds": 2.0,
+        "tokens_per_second": 60.0,
+        "by_category": {
+            "writing": {"num_turns": 2, "num_steps": 20, "tau": {"mean": 3.3, "ci95": [3.0, 3.6], "n": 20}},
+            "math": {"num_turns": 2, "num_steps": 20, "tau": {"mean": 2.9, "ci95": [2.5, 3.3], "n": 20}},
+        },
+    }
+    run["calibration"] = calibration(
+        [
+            TurnStats(
+                "all",
+                [2, 0, 1, 4],
+                [4, 4, 4, 4],
+                0,
+                0.0,
+                [[0.9, 0.7, 0.5, 0.4], [0.3, 0.5, 0.5, 0.5], [0.8, 0.4, 0.3, 0.2], [0.95, 0.9, 0.9, 0.8]],
+            )
+        ],
+        4,
+    )
+    sweep = [
+        {
+            "dataset": "mt_bench",
+            "temperature": 1.0,
+            "threshold": t,
+            "tau": 3.1 - t,
+            "tau_ci95": [None, None],
+            "verified_per_step": 5.0 - 3 * t,
+            "drafts_per_step": 4.0 - 3 * t,
+            "tokens_per_verified": (3.1 - t) / (5.0 - 3 * t),
+            "tokens_per_second": 60.0,
+        }
+        for t in (0.0, 0.3, 0.7)
+    ]
+    engine = {
+        "num_speculative_tokens": 4,
+        "rejection_sample_method": "block",
+        "draft_sample_method": "probabilistic",
+        "top_p": 1.0,
+        "max_tokens": 32,
+        "device": "cpu",
+        "dtype": "float32",
+        "warnings": [],
+    }
 
     def level(c, tps, tau):
-        spec = None if tau is None else {"num_drafts": 10 * c, "num_draft_tokens": 30 * c,
-                                         "num_accepted_tokens": int(10 * c * (tau - 1)),
-                                         "num_accepted_tokens_per_pos": [6 * c, 4 * c, 2 * c], "tau": tau}
-        return {"concurrency": c, "temperature": 0.0, "output_tokens_per_second": tps, "ttft_mean": 0.05,
-                "tpot_mean": 1 / tps, "spec_decode": spec}
+        spec = (
+            None
+            if tau is None
+            else {
+                "num_drafts": 10 * c,
+                "num_draft_tokens": 30 * c,
+                "num_accepted_tokens": int(10 * c * (tau - 1)),
+                "num_accepted_tokens_per_pos": [6 * c, 4 * c, 2 * c],
+                "tau": tau,
+            }
+        )
+        return {
+            "concurrency": c,
+            "temperature": 0.0,
+            "output_tokens_per_second": tps,
+            "ttft_mean": 0.05,
+            "tpot_mean": 1 / tps,
+            "spec_decode": spec,
+        }
 
-    endpoint = {"endpoint": "http://spec", "datasets": ["mt_bench"], "levels": [level(1, 30.0, 2.2), level(4, 80.0, 2.1)]}
-    baseline = {"endpoint": "http://base", "datasets": ["mt_bench"], "levels": [level(1, 20.0, None), level(4, 70.0, None)]}
+    endpoint = {
+        "endpoint": "http://spec",
+        "datasets": ["mt_bench"],
+        "levels": [level(1, 30.0, 2.2), level(4, 80.0, 2.1)],
+    }
+    baseline = {
+        "endpoint": "http://base",
+        "datasets": ["mt_bench"],
+        "levels": [level(1, 20.0, None), level(4, 70.0, None)],
+    }
     online = {"endpoint_runs": endpoint, "baseline_runs": baseline, "speedup": speedups(endpoint, baseline)}
-    result = {"name": "unit", "target": "tiny", "draft_dir": "d", "warnings": [],
-              "offline": {"engine": engine, "runs": [run], "confidence_sweep": sweep}, "online": online}
+    result = {
+        "name": "unit",
+        "target": "tiny",
+        "draft_dir": "d",
+        "warnings": [],
+        "offline": {"engine": engine, "runs": [run], "confidence_sweep": sweep},
+        "online": online,
+    }
     result["reference"] = reference_rows(result, {"mt_bench_tau_t1": 3.72, "mt_bench_tau_t0": 4.0})
     return result
 

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 import train_fixtures as tf
 
 from dspark_cli.bench.engine import DSparkDrafter, HFTarget, Sampling, Speculation, SpeculativeEngine
@@ -46,8 +45,10 @@ def trained(tmp_path_factory):
     work = tmp_path_factory.mktemp("bench-trained")
     tf.make_target(work / "target")
     sequences = tf.make_sequences(work / "target", num=NUM_SEQUENCES)
-    recipe = tf.tiny_recipe(work, [f"train.max_steps={STEPS}", f"train.checkpoint_every={STEPS}", "train.log_every=50",
-                                   "train.num_anchors=24"])
+    recipe = tf.tiny_recipe(
+        work,
+        [f"train.max_steps={STEPS}", f"train.checkpoint_every={STEPS}", "train.log_every=50", "train.num_anchors=24"],
+    )
     from dspark_cli.training.run import run_train
 
     run_train(recipe, resume="never", sequences=lambda: iter(sequences))
@@ -70,7 +71,7 @@ def test_engine_steps_accept_the_teacher_forced_prefix_and_tau_matches_training(
     for i, seq in enumerate(sequences):
         prompt = seq.input_ids[: tf.PROMPT].tolist()
         out = engine.generate(prompt, Sampling(temperature=0.0, max_tokens=tf.LENGTH - tf.PROMPT), seed=i)
-        assert out.token_ids == seq.input_ids[tf.PROMPT:].tolist()  # T = 0: the target's greedy text
+        assert out.token_ids == seq.input_ids[tf.PROMPT :].tolist()  # T = 0: the target's greedy text
         turns.append(TurnStats("all", out.accepted, out.verified, len(out.token_ids), out.seconds))
         anchors, position = [], tf.PROMPT
         for accepted in out.accepted:
@@ -78,8 +79,9 @@ def test_engine_steps_accept_the_teacher_forced_prefix_and_tau_matches_training(
             position += accepted + 1
         inside = [(a, acc) for a, acc in zip(anchors, out.accepted, strict=True) if a + BLOCK < tf.LENGTH]
         with torch.no_grad():
-            forward = drafter.model(seq.aux_hidden.float().unsqueeze(0), seq.input_ids.unsqueeze(0),
-                                    torch.tensor([[a for a, _ in inside]]))
+            forward = drafter.model(
+                seq.aux_hidden.float().unsqueeze(0), seq.input_ids.unsqueeze(0), torch.tensor([[a for a, _ in inside]])
+            )
         teacher = (forward.logits.argmax(-1) == forward.target_ids)[0].long().cumprod(-1).sum(-1)
         agree += sum(int(acc == int(t)) for (_, acc), t in zip(inside, teacher, strict=True))
         checked += len(inside)
@@ -143,8 +145,11 @@ def test_calibration_tells_the_trained_head_from_a_constant(trained):
         turns = []
         for i, seq in enumerate(sequences[:24]):
             out = engine.generate(seq.input_ids[: tf.PROMPT].tolist(), Sampling(temperature=0.0, max_tokens=40), seed=i)
-            turns.append(TurnStats("all", out.accepted, out.verified, len(out.token_ids), out.seconds,
-                                   out.confidences, out.contexts))
+            turns.append(
+                TurnStats(
+                    "all", out.accepted, out.verified, len(out.token_ids), out.seconds, out.confidences, out.contexts
+                )
+            )
         reports[name] = calibration(turns, BLOCK)
     head, constant = reports["head"], reports["constant"]
     print({k: (r["verdict"], r["overall"]["ece"], r["overall"]["auc"]) for k, r in reports.items()})
@@ -155,7 +160,18 @@ def test_calibration_tells_the_trained_head_from_a_constant(trained):
     assert head["verdict"] == "calibrated", head["reasons"]  # measured: ECE 0.052, AUC 0.97
     assert head["overall"]["brier"] < constant["overall"]["brier"]
     # a constant at the observed rate has no calibration error, and is still reported: it ranks nothing
-    flat = calibration([TurnStats("all", t.accepted, t.verified, 0, 0.0,
-                                  [[constant["overall"]["observed"]] * len(c) for c in t.confidences])
-                        for t in turns], BLOCK)
+    flat = calibration(
+        [
+            TurnStats(
+                "all",
+                t.accepted,
+                t.verified,
+                0,
+                0.0,
+                [[constant["overall"]["observed"]] * len(c) for c in t.confidences],
+            )
+            for t in turns
+        ],
+        BLOCK,
+    )
     assert flat["verdict"] == "uninformative" and flat["overall"]["ece"] == pytest.approx(0.0, abs=1e-9)

@@ -74,8 +74,9 @@ def draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return (probs.cumsum(-1) <= u).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
-def one_step(target_table, draft_table, *, temperature, top_p, probabilistic, method, gen,
-             verifier=None, complete=True):
+def one_step(
+    target_table, draft_table, *, temperature, top_p, probabilistic, method, gen, verifier=None, complete=True
+):
     """Draft K tokens from the draft table, verify; return (completed sequences [B, L], accepted [B])."""
     drafts = torch.zeros(TRIALS, K, dtype=torch.long)
     for i in range(K):
@@ -88,8 +89,9 @@ def one_step(target_table, draft_table, *, temperature, top_p, probabilistic, me
     target_logits = target_table[rows]  # [B, K + 1, V]
     draft_logits = draft_table[rows[:, :K]] if probabilistic else None
     if verifier is None:
-        out = verify(target_logits, draft_logits, drafts, temperature=temperature, top_p=top_p,
-                     method=method, generator=gen)
+        out = verify(
+            target_logits, draft_logits, drafts, temperature=temperature, top_p=top_p, method=method, generator=gen
+        )
     else:
         p = target_probs(target_logits, temperature, top_p)
         q = (draft_logits / temperature).softmax(-1)
@@ -130,8 +132,11 @@ def chi_square_pvalue(seqs: torch.Tensor, law: torch.Tensor) -> tuple[float, flo
     assert observed[~keep].sum() == 0, "a sequence the target can never produce was emitted"
     stat = float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum())
     df = int(keep.sum()) - 1
-    return stat, float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
-                                               torch.tensor(stat / 2.0, dtype=torch.float64)))
+    return stat, float(
+        torch.special.gammaincc(
+            torch.tensor(df / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)
+        )
+    )
 
 
 CASES = [  # (method, probabilistic drafts, temperature, top_p)
@@ -148,8 +153,9 @@ CASES = [  # (method, probabilistic drafts, temperature, top_p)
 def test_verification_is_lossless(method, probabilistic, temperature, top_p):
     target, draft = tables(seed=1)
     gen = torch.Generator().manual_seed(2)
-    seqs, accepted = one_step(target, draft, temperature=temperature, top_p=top_p,
-                              probabilistic=probabilistic, method=method, gen=gen)
+    seqs, accepted = one_step(
+        target, draft, temperature=temperature, top_p=top_p, probabilistic=probabilistic, method=method, gen=gen
+    )
     stat, pvalue = chi_square_pvalue(seqs, exact_law(target, temperature, top_p))
     assert 0.3 < accepted.float().mean() < K - 0.3, "the case must exercise partial acceptance"
     assert pvalue > ALPHA, f"{method}: chi2 = {stat:.1f}, p = {pvalue:.2e}"
@@ -184,8 +190,9 @@ def _block_acceptance_is_running_ratio(p, q, drafts, gen):  # block with h_i = c
 def test_the_test_catches_lossy_verifiers(broken):
     target, draft = tables(seed=1)
     gen = torch.Generator().manual_seed(2)
-    seqs, _ = one_step(target, draft, temperature=1.0, top_p=1.0, probabilistic=True, method="standard",
-                       gen=gen, verifier=broken)
+    seqs, _ = one_step(
+        target, draft, temperature=1.0, top_p=1.0, probabilistic=True, method="standard", gen=gen, verifier=broken
+    )
     stat, pvalue = chi_square_pvalue(seqs, exact_law(target, 1.0, 1.0))
     assert pvalue < 1e-12, f"chi2 = {stat:.1f}: the test cannot tell this lossy verifier apart"
 
@@ -196,8 +203,16 @@ def test_block_accepts_at_least_as_many_tokens(probabilistic):
     means = {}
     for method in ("standard", "block"):
         gen = torch.Generator().manual_seed(4)
-        _, accepted = one_step(target, draft, temperature=1.0, top_p=1.0, probabilistic=probabilistic,
-                               method=method, gen=gen, complete=False)
+        _, accepted = one_step(
+            target,
+            draft,
+            temperature=1.0,
+            top_p=1.0,
+            probabilistic=probabilistic,
+            method=method,
+            gen=gen,
+            complete=False,
+        )
         means[method] = (accepted.double().mean().item(), accepted.double().std().item() / TRIALS**0.5)
     (std_mean, std_se), (blk_mean, blk_se) = means["standard"], means["block"]
     assert blk_mean > std_mean - 3 * (std_se**2 + blk_se**2) ** 0.5, means

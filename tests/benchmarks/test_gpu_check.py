@@ -31,8 +31,14 @@ IMAGE_STAND_INS = ["rich", "pyyaml", "annotated-doc", "shellingham"]
 def _check(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[dict, str]:
     out = tmp_path / "gpu_check.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, str(CHECK), "--out", str(out), *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(CHECK), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stderr
 
@@ -41,8 +47,13 @@ def _check(tmp_path: Path, *args: str, timeout: float = 900) -> tuple[dict, str]
 def test_prepare_and_install_into_a_clean_venv(tmp_path):
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     wheels = tmp_path / "wheels"
-    prep = subprocess.run(["bash", "benchmarks/gpu/prepare.sh", "--python-version", version, "--dest", str(wheels)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    prep = subprocess.run(
+        ["bash", "benchmarks/gpu/prepare.sh", "--python-version", version, "--dest", str(wheels)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert prep.returncode == 0, prep.stderr[-2000:]
     names = {p.name.split("-")[0].lower() for p in wheels.glob("*.whl")}
     assert {"pydantic", "pydantic_core", "typer", "setuptools", "wheel"} <= names
@@ -52,15 +63,23 @@ def test_prepare_and_install_into_a_clean_venv(tmp_path):
     python = clean / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", *IMAGE_STAND_INS], check=True, timeout=300)
     site = tmp_path / "site"
-    inst = subprocess.run(["bash", "benchmarks/gpu/install.sh", str(site), str(wheels)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHON": str(python)})
+    inst = subprocess.run(
+        ["bash", "benchmarks/gpu/install.sh", str(site), str(wheels)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHON": str(python)},
+    )
     assert inst.returncode == 0, inst.stderr[-2000:]
     assert (site / "dspark_cli" / "targets" / "tiny").is_dir()  # package data came along
     env = {**os.environ, "PYTHONPATH": str(site)}
     env.pop("VIRTUAL_ENV", None)
-    code = ("import dspark_cli, pydantic; from dspark_cli.recipe import load_recipe, template_names; "
-            "print(dspark_cli.__file__); print(pydantic.__file__); print(template_names()); "
-            "print(load_recipe('kimi-k3').draft.num_layers)")
+    code = (
+        "import dspark_cli, pydantic; from dspark_cli.recipe import load_recipe, template_names; "
+        "print(dspark_cli.__file__); print(pydantic.__file__); print(template_names()); "
+        "print(load_recipe('kimi-k3').draft.num_layers)"
+    )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
@@ -128,7 +147,13 @@ def test_time_limit_stops_a_section_and_keeps_the_results(tmp_path):
 
 @pytest.mark.slow  # the check script in a child process: 14 s loaded
 def test_an_unknown_section_is_refused_before_anything_runs(tmp_path):
-    proc = subprocess.run([sys.executable, str(CHECK), "--out", str(tmp_path / "x.json"), "--sections", "throughput,numerix"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(CHECK), "--out", str(tmp_path / "x.json"), "--sections", "throughput,numerix"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
     assert proc.returncode == 2 and "unknown section(s) numerix" in proc.stderr
     assert not (tmp_path / "x.json").exists()

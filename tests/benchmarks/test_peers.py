@@ -60,8 +60,12 @@ def test_features_are_specforge_dspark_records_of_our_layers(captured, tmp_path)
     assert record["target_last_hidden_states"].shape == (n, hidden)
     assert record["hidden_states"].dtype == record["target_last_hidden_states"].dtype == torch.float32
     outputs = {}
-    hooks = [model.model.layers[k].register_forward_hook(
-        lambda _m, _i, out, k=k: outputs.__setitem__(k, out[0] if isinstance(out, tuple) else out)) for k in layer_ids]
+    hooks = [
+        model.model.layers[k].register_forward_hook(
+            lambda _m, _i, out, k=k: outputs.__setitem__(k, out[0] if isinstance(out, tuple) else out)
+        )
+        for k in layer_ids
+    ]
     with torch.no_grad():
         states = model(record["input_ids"][None], output_hidden_states=True).hidden_states
     for hook in hooks:
@@ -81,12 +85,19 @@ def test_specforge_draft_has_our_tensor_names_and_shapes(captured, tmp_path):
     from dspark_cli.training.run import build_draft_config
 
     peers.specforge_draft_config(captured, tmp_path / "draft.json")
-    code = ("import json, sys; from specforge.training.model_loading import load_draft_config_source; "
-            "from specforge.modeling.draft.dspark import DSparkDraftModel as M; "
-            "m = M(load_draft_config_source(sys.argv[1])); "
-            "print(json.dumps({k: list(v.shape) for k, v in m.state_dict().items()}))")
-    proc = subprocess.run([str(VENV_PYTHON), "-c", code, str(tmp_path / "draft.json")], capture_output=True,
-                          text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    code = (
+        "import json, sys; from specforge.training.model_loading import load_draft_config_source; "
+        "from specforge.modeling.draft.dspark import DSparkDraftModel as M; "
+        "m = M(load_draft_config_source(sys.argv[1])); "
+        "print(json.dumps({k: list(v.shape) for k, v in m.state_dict().items()}))"
+    )
+    proc = subprocess.run(
+        [str(VENV_PYTHON), "-c", code, str(tmp_path / "draft.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     ids = resolve_layer_ids(captured, Target.of(captured).geometry().num_hidden_layers)
@@ -101,9 +112,17 @@ def test_train_speed_quotes_the_recorded_peers_run(tmp_path, monkeypatch):
     assert not hasattr(train_speed, "ISSUE_PEERS")
     monkeypatch.setattr(train_speed, "PEERS_RESULT", tmp_path / "peers.json")
     assert "no recorded side-by-side run" in train_speed.peers_line()
-    (tmp_path / "peers.json").write_text(json.dumps({
-        "date": "2026-12-01", "command": "python benchmarks/peers/run.py", "target": "tiny-gqa",
-        "load_average_start": [2.0, 2.0, 2.0], "tokens_per_s": {"dspark": 300.0, "SpecForge 0.2.0": 100.0}}))
+    (tmp_path / "peers.json").write_text(
+        json.dumps(
+            {
+                "date": "2026-12-01",
+                "command": "python benchmarks/peers/run.py",
+                "target": "tiny-gqa",
+                "load_average_start": [2.0, 2.0, 2.0],
+                "tokens_per_s": {"dspark": 300.0, "SpecForge 0.2.0": 100.0},
+            }
+        )
+    )
     line = train_speed.peers_line()
     assert "SpecForge 0.2.0 100 tokens/s" in line and "3.00x" in line and "met." in line
 
@@ -113,10 +132,24 @@ def test_the_goals_compare_with_specforge_only_and_name_the_same_time_run():
     dspark run), and the same-time run said to be a different budget from the same-steps comparison."""
     recorded = json.loads((ROOT / "benchmarks" / "results" / "peers.json").read_text())
     same = "dspark, SpecForge's time (600 steps)"
-    rows = [{"trainer": t, "dataset": "tiny-eval", "temperature": 0.0, "tau": tau, "ci95": [tau - 0.1, tau + 0.1],
-             "turns": 200, "steps": 100} for t, tau in (("dspark", 2.0), ("SpecForge 0.2.0", 1.6), (same, 2.6))]
-    result = {**recorded, "steps": 160, "tau": rows, "same_time": {"trainer": same, "steps": 600, "wall_s": 590.0,
-                                                      "peer_wall_s": 601.0}}
+    rows = [
+        {
+            "trainer": t,
+            "dataset": "tiny-eval",
+            "temperature": 0.0,
+            "tau": tau,
+            "ci95": [tau - 0.1, tau + 0.1],
+            "turns": 200,
+            "steps": 100,
+        }
+        for t, tau in (("dspark", 2.0), ("SpecForge 0.2.0", 1.6), (same, 2.6))
+    ]
+    result = {
+        **recorded,
+        "steps": 160,
+        "tau": rows,
+        "same_time": {"trainer": same, "steps": 600, "wall_s": 590.0, "peer_wall_s": 601.0},
+    }
     text = peers.markdown(result)
     assert "T=0.0: 2.00 vs 1.60 (SpecForge 0.2.0) = 1.25x -- met" in text
     assert "(600 dspark steps in 590 s vs SpecForge's 160 in 601 s), tiny-eval T=0.0: 2.60 vs 1.60 = 1.62x" in text
@@ -127,23 +160,53 @@ def test_the_objective_table_reads_its_gains_against_each_groups_first_row():
     import objective
 
     def row(name, overrides, t0, t1):
-        return {"name": name, "overrides": overrides, "train_wall_s": 100.0,
-                "tau": {"0.0": {"tau": t0, "ci95": [t0 - 0.1, t0 + 0.1]}, "1.0": {"tau": t1, "ci95": [t1 - 0.1, t1 + 0.1]}}}
+        return {
+            "name": name,
+            "overrides": overrides,
+            "train_wall_s": 100.0,
+            "tau": {"0.0": {"tau": t0, "ci95": [t0 - 0.1, t0 + 0.1]}, "1.0": {"tau": t1, "ci95": [t1 - 0.1, t1 + 0.1]}},
+        }
 
     # the objective group starts from the published objective; the settings group from the recipe as shipped
-    assert objective.GROUPS["objective"][0][1] == {"train.loss.ce_target": "label", "train.loss.slot_weighting": "decay"}
+    assert objective.GROUPS["objective"][0][1] == {
+        "train.loss.ce_target": "label",
+        "train.loss.slot_weighting": "decay",
+    }
     assert objective.GROUPS["settings"][0][1] == {}
     for group in objective.GROUPS.values():  # every later row changes something, and no two rows are the same
         assert all(o for _, o in group[1:]) and len({str(o) for _, o in group}) == len(group)
-    base = {"command": "python benchmarks/objective.py", "date": "2026-12-02", "machine": "m", "wall_s": 60, "data": "d",
-            "steps": 160, "loss": "ce 0.5", "eval_prompts": 200}
-    text = objective.markdown({**base, "rows": [row("published", {"train.loss.ce_target": "label"}, 2.0, 1.6),
-                                                row("soft", {"train.loss.ce_target": "target"}, 2.2, 1.5)]})
+    base = {
+        "command": "python benchmarks/objective.py",
+        "date": "2026-12-02",
+        "machine": "m",
+        "wall_s": 60,
+        "data": "d",
+        "steps": 160,
+        "loss": "ce 0.5",
+        "eval_prompts": 200,
+    }
+    text = objective.markdown(
+        {
+            **base,
+            "rows": [
+                row("published", {"train.loss.ce_target": "label"}, 2.0, 1.6),
+                row("soft", {"train.loss.ce_target": "target"}, 2.2, 1.5),
+            ],
+        }
+    )
     assert text.startswith("# The training objective's options")
     assert "| published | `train.loss.ce_target=label` | 2.00 [1.90, 2.10] | 1.60 [1.50, 1.70] | 100 |" in text
-    assert "| soft | `train.loss.ce_target=target` | 2.20 [2.10, 2.30] (+10.0%) | 1.50 [1.40, 1.60] (-6.2%) | 100 |" in text
-    text = objective.markdown({**base, "group": "settings", "rows": [row("the tiny recipe", {}, 2.0, 2.0),
-                                                                     row("floor", {"train.min_lr_ratio": "0.0"}, 2.1, 1.9)]})
+    assert (
+        "| soft | `train.loss.ce_target=target` | 2.20 [2.10, 2.30] (+10.0%) | 1.50 [1.40, 1.60] (-6.2%) | 100 |"
+        in text
+    )
+    text = objective.markdown(
+        {
+            **base,
+            "group": "settings",
+            "rows": [row("the tiny recipe", {}, 2.0, 2.0), row("floor", {"train.min_lr_ratio": "0.0"}, 2.1, 1.9)],
+        }
+    )
     assert text.startswith("# Training settings, one at a time")
     assert "| the tiny recipe | none | 2.00 [1.90, 2.10] | 2.00 [1.90, 2.10] | 100 |" in text
     assert "| floor | `train.min_lr_ratio=0.0` | 2.10 [2.00, 2.20] (+5.0%) | 1.90 [1.80, 2.00] (-5.0%) | 100 |" in text
@@ -188,9 +251,12 @@ def _target_states(recipe, input_ids):
 
     model = AutoModelForCausalLM.from_pretrained(resolve_target("tiny-gqa"), dtype=torch.float32)
     outputs = {}
-    hooks = [layer.register_forward_hook(
-        lambda _m, _i, out, k=k: outputs.__setitem__(k, (out[0] if isinstance(out, tuple) else out)[0]))
-        for k, layer in enumerate(model.model.layers)]
+    hooks = [
+        layer.register_forward_hook(
+            lambda _m, _i, out, k=k: outputs.__setitem__(k, (out[0] if isinstance(out, tuple) else out)[0])
+        )
+        for k, layer in enumerate(model.model.layers)
+    ]
     with torch.no_grad():
         states = model(input_ids[None], output_hidden_states=True).hidden_states
     for hook in hooks:
@@ -314,8 +380,14 @@ print(json.dumps({"item": {k: [list(v.shape), float(v.float().sum())] for k, v i
 
 
 def _peer_check(venv: Path, code: str, *args: str) -> dict:
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code, *map(str, args)], capture_output=True, text=True,
-                          check=False, timeout=600, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -332,8 +404,10 @@ def _our_names(captured) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (peers.SPECULATORS_VENV / "bin" / "python").is_file(),
-                    reason="no speculators venv (bash benchmarks/peers/setup_speculators.sh)")
+@pytest.mark.skipif(
+    not (peers.SPECULATORS_VENV / "bin" / "python").is_file(),
+    reason="no speculators venv (bash benchmarks/peers/setup_speculators.sh)",
+)
 def test_speculators_reads_the_conversion_and_its_draft_is_ours(captured, tmp_path):
     """speculators' own dataset reader (ArrowDataset + FileTransfer) takes the conversion: the sample it
     hands its trainer is our sequence (the captured layers, its pre-norm last state, our loss mask), and
@@ -343,8 +417,13 @@ def test_speculators_reads_the_conversion_and_its_draft_is_ours(captured, tmp_pa
 
     data = peers.to_speculators(captured, tmp_path / "spec")
     seq = next(iter(iter_captured(captured.stage_dir("capture"))))
-    theirs = _peer_check(peers.SPECULATORS_VENV, SPECULATORS_CHECK, tmp_path / "spec", resolve_target("tiny-gqa"),
-                         ",".join(map(str, data["target_layer_ids"])))
+    theirs = _peer_check(
+        peers.SPECULATORS_VENV,
+        SPECULATORS_CHECK,
+        tmp_path / "spec",
+        resolve_target("tiny-gqa"),
+        ",".join(map(str, data["target_layer_ids"])),
+    )
     item, n = theirs["item"], seq.num_tokens
     assert item["input_ids"][0] == [n] and item["input_ids"][1] == pytest.approx(float(seq.input_ids.sum()))
     assert item["loss_mask"][1] == pytest.approx(float(seq.loss_mask.sum()))
@@ -355,8 +434,10 @@ def test_speculators_reads_the_conversion_and_its_draft_is_ours(captured, tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (peers.NEMO_VENV / "bin" / "python").is_file(),
-                    reason="no NeMo AutoModel venv (bash benchmarks/peers/setup_nemo_automodel.sh)")
+@pytest.mark.skipif(
+    not (peers.NEMO_VENV / "bin" / "python").is_file(),
+    reason="no NeMo AutoModel venv (bash benchmarks/peers/setup_nemo_automodel.sh)",
+)
 def test_nemo_automodel_reads_the_conversion_and_its_draft_is_ours(captured, tmp_path):
     """NeMo AutoModel's own cache checks (read_manifest, the recipe's _validate_cached_dspark_manifest for
     this target and layer ids in fp32) and reader (CachedDSparkDataset) take the conversion, and its Qwen3
@@ -366,8 +447,13 @@ def test_nemo_automodel_reads_the_conversion_and_its_draft_is_ours(captured, tmp
 
     data = peers.to_nemo_automodel(captured, tmp_path / "nemo")
     seq = next(iter(iter_captured(captured.stage_dir("capture"))))
-    theirs = _peer_check(peers.NEMO_VENV, NEMO_CHECK, tmp_path / "nemo", resolve_target("tiny-gqa"),
-                         ",".join(map(str, data["target_layer_ids"])))
+    theirs = _peer_check(
+        peers.NEMO_VENV,
+        NEMO_CHECK,
+        tmp_path / "nemo",
+        resolve_target("tiny-gqa"),
+        ",".join(map(str, data["target_layer_ids"])),
+    )
     item, width = theirs["item"], data["seq_length"]
     assert item["input_ids"] == [[width], pytest.approx(float(seq.input_ids.sum()))]
     assert item["loss_mask"] == [[width], pytest.approx(float(seq.loss_mask.sum()))]
@@ -383,15 +469,43 @@ def test_the_multi_peer_report_compares_with_the_best_of_all_peers():
     the fastest peer, and every peer's unmatched settings and CPU changes listed."""
     trainers = ["dspark", peers.SPECFORGE, peers.SPECULATORS, peers.NEMO]
     taus = {0.0: (2.0, 1.6, 1.9, 1.5), 1.0: (2.0, 1.7, 1.6, 1.8)}
-    rows = [{"trainer": t, "dataset": "tiny-eval", "temperature": temp, "tau": tau, "ci95": [tau - 0.1, tau + 0.1],
-             "turns": 30} for temp, values in taus.items() for t, tau in zip(trainers, values)]
-    training = [{"trainer": t, "run": 0, "steps": 24, "tokens_per_step": 2000.0, "tokens_per_s": speed, "wall_s": 60.0,
-                 "peak_mib": 700.0, "final_loss": None if t == peers.NEMO else 2.0}
-                for t, speed in zip(trainers, (4000.0, 800.0, 1000.0, 500.0))]
+    rows = [
+        {
+            "trainer": t,
+            "dataset": "tiny-eval",
+            "temperature": temp,
+            "tau": tau,
+            "ci95": [tau - 0.1, tau + 0.1],
+            "turns": 30,
+        }
+        for temp, values in taus.items()
+        for t, tau in zip(trainers, values)
+    ]
+    training = [
+        {
+            "trainer": t,
+            "run": 0,
+            "steps": 24,
+            "tokens_per_step": 2000.0,
+            "tokens_per_s": speed,
+            "wall_s": 60.0,
+            "peak_mib": 700.0,
+            "final_loss": None if t == peers.NEMO else 2.0,
+        }
+        for t, speed in zip(trainers, (4000.0, 800.0, 1000.0, 500.0))
+    ]
     recorded = json.loads((ROOT / "benchmarks" / "results" / "peers.json").read_text())
-    result = {**recorded, "steps": 24, "tau": rows, "training": training, "peers": trainers[1:],
-              "tokens_per_s": {t["trainer"]: t["tokens_per_s"] for t in training}, "speed_ratio": 4.0,
-              "fastest_peer": peers.SPECULATORS, "timings": {**recorded["timings"], "convert_s": 30.0}}
+    result = {
+        **recorded,
+        "steps": 24,
+        "tau": rows,
+        "training": training,
+        "peers": trainers[1:],
+        "tokens_per_s": {t["trainer"]: t["tokens_per_s"] for t in training},
+        "speed_ratio": 4.0,
+        "fastest_peer": peers.SPECULATORS,
+        "timings": {**recorded["timings"], "convert_s": 30.0},
+    }
     text = peers.markdown_all(result)
     assert "T=0.0: 2.00 vs 1.90 (speculators 0.9.0) = 1.05x -- not met" in text
     assert "T=1.0: 2.00 vs 1.80 (NeMo AutoModel 0.7.0) = 1.11x -- met" in text

@@ -20,16 +20,18 @@ from safetensors.torch import save_file
 
 from dspark_cli.capture import contract_for_recipe, iter_captured, plan_capture, run_capture, verify_captured
 from dspark_cli.capture.plan import build_plan
-from dspark_cli.targets import Target
 from dspark_cli.capture.vllm import VLLMCapturer, engine_kwargs, k3_environment, vllm_layout
 from dspark_cli.errors import ContractError, DataError, DsparkError, UsageError
 from dspark_cli.recipe import load_recipe
+from dspark_cli.targets import Target
 
 TARGETS = ("tiny-mla", "tiny-gqa")
 BF16_RTOL = 2.0**-8  # one bf16 rounding step
 
 
-def reference_forward(model_dir: str, ids: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.nn.Module]:
+def reference_forward(
+    model_dir: str, ids: torch.Tensor
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.nn.Module]:
     """A plain, unbatched fp32 transformers forward: (hidden_states tuple, raw output of the last layer, model)."""
     from transformers import AutoModelForCausalLM
 
@@ -97,7 +99,10 @@ def test_shards_are_small_and_exactly_planned(captured):
     assert manifest["bytes_per_token"] < plan["goal_bytes_per_token"] == 2 * (n + 1) * hidden + 5
     assert manifest["contract"]["layer_convention"].startswith("output_of_layer_k")
     assert manifest["contract"]["last_hidden"] == "post_final_norm" and manifest["layout"]["dtype"] == "bfloat16"
-    assert plan["already_done"] == len(manifest["shards"]) and (Path(recipe.stage_dir("capture")) / "recipe.yaml").is_file()
+    assert (
+        plan["already_done"] == len(manifest["shards"])
+        and (Path(recipe.stage_dir("capture")) / "recipe.yaml").is_file()
+    )
     assert [s.id for s in sequences] == [i for s in build_plan(recipe).shards for i in s.ids]
 
 
@@ -162,7 +167,7 @@ def test_vllm_translation_and_postprocessing_match_hf_capture(captured, tmp_path
         assert close(mine.aux_hidden, hf.aux_hidden)
         # vLLM hands over the pre-norm state in bf16; normalised and rounded again: two roundings.
         assert close(mine.last_hidden, hf.last_hidden, steps=2)
-        assert not close(mine.last_hidden[hf.loss_mask], hf.aux_hidden[hf.loss_mask, -geometry.hidden_size:], steps=2)
+        assert not close(mine.last_hidden[hf.loss_mask], hf.aux_hidden[hf.loss_mask, -geometry.hidden_size :], steps=2)
     fake.keep = 8
     with pytest.raises(DataError, match="differ from the sample"):
         capturer.capture(samples[:1])
@@ -171,15 +176,24 @@ def test_vllm_translation_and_postprocessing_match_hf_capture(captured, tmp_path
 def _fake_k3(tmp_path: Path) -> Path:
     target = tmp_path / "Kimi-K3-mini"
     target.mkdir()
-    (target / "config.json").write_text(json.dumps({"model_type": "kimi_k3", "num_hidden_layers": 12,
-                                                    "hidden_size": 64, "rms_norm_eps": 1e-5}))
+    (target / "config.json").write_text(
+        json.dumps({"model_type": "kimi_k3", "num_hidden_layers": 12, "hidden_size": 64, "rms_norm_eps": 1e-5})
+    )
     return target
 
 
 def test_kimi_k3_stream_is_part_of_the_contract(tmp_path, monkeypatch):
     target = _fake_k3(tmp_path)
-    recipe = load_recipe("tiny", [f"target.model={target}", f"output_dir={tmp_path}/run", "capture.backend=vllm",
-                                  "capture.aux_attn_res_stream=true", "draft.target_layer_ids=[1, 5, 11]"])
+    recipe = load_recipe(
+        "tiny",
+        [
+            f"target.model={target}",
+            f"output_dir={tmp_path}/run",
+            "capture.backend=vllm",
+            "capture.aux_attn_res_stream=true",
+            "draft.target_layer_ids=[1, 5, 11]",
+        ],
+    )
     contract = contract_for_recipe(recipe)
     assert contract.extra == {"aux_attn_res_stream": True}
     plan = plan_capture(recipe)
@@ -325,7 +339,11 @@ def test_plan_before_datagen_and_dry_run_sizes(tmp_path):
 
 def test_package_import_does_not_import_torch():
     code = "import sys, dspark_cli.capture as c; c.__all__; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
 
 
 @pytest.mark.slow  # two captures, one by two worker processes: ~35 s loaded
@@ -345,11 +363,15 @@ def test_two_workers_write_what_one_process_writes_and_keep_a_killed_workers_sha
     assert len(plan.shards) >= 3
     out = Path(two.stage_dir("capture"))
     out.mkdir(parents=True)
-    write_json_atomic(out / "manifest.json", capture_manifest(plan, {}, [], complete=False))  # as the killed run left it
+    write_json_atomic(
+        out / "manifest.json", capture_manifest(plan, {}, [], complete=False)
+    )  # as the killed run left it
     kept = one_manifest["shards"][1]
     shutil.copy(Path(one.stage_dir("capture")) / kept["file"], out / kept["file"])
-    write_json_atomic(out / ".worker-1.json", {"fingerprint": plan.fingerprint, "worker": 1, "workers": 2,
-                                               "backend": {}, "shards": [kept]})
+    write_json_atomic(
+        out / ".worker-1.json",
+        {"fingerprint": plan.fingerprint, "worker": 1, "workers": 2, "backend": {}, "shards": [kept]},
+    )
     mtime = (out / kept["file"]).stat().st_mtime_ns
     summary = run_capture(two)
     assert summary.workers == 2 and summary.shards == len(plan.shards)
@@ -381,10 +403,17 @@ def test_workers_of_a_killed_capture_stage_die_with_it(tmp_path):
     import time
 
     recipe = capture_recipe("tiny-mla", tmp_path, "capture.shard_tokens=150", "capture.workers=2")
-    overrides = ["target.model=tiny-mla", f"output_dir={tmp_path / 'run'}", "capture.shard_tokens=150",
-                 "capture.workers=2", *DATAGEN_OVERRIDES]
-    code = ("import sys; from dspark_cli.recipe import load_recipe; from dspark_cli.capture import run_capture; "
-            "run_capture(load_recipe('tiny', sys.argv[1:]))")
+    overrides = [
+        "target.model=tiny-mla",
+        f"output_dir={tmp_path / 'run'}",
+        "capture.shard_tokens=150",
+        "capture.workers=2",
+        *DATAGEN_OVERRIDES,
+    ]
+    code = (
+        "import sys; from dspark_cli.recipe import load_recipe; from dspark_cli.capture import run_capture; "
+        "run_capture(load_recipe('tiny', sys.argv[1:]))"
+    )
     stage = subprocess.Popen([sys.executable, "-c", code, *overrides], env={**os.environ, "HF_HUB_OFFLINE": "1"})
     deadline = time.time() + 120
     while len(workers := children(stage.pid)) < 2 and time.time() < deadline and stage.poll() is None:
@@ -395,8 +424,10 @@ def test_workers_of_a_killed_capture_stage_die_with_it(tmp_path):
     # at once (a worker alone needs longer than this to load torch and its target, let alone capture)
     left = wait_gone(workers, 3)
     assert left == [], f"capture workers {left} outlived the killed stage"
-    assert not (Path(recipe.stage_dir("capture")) / "manifest.json").is_file() or not json.loads(
-        (Path(recipe.stage_dir("capture")) / "manifest.json").read_text())["complete"]
+    assert (
+        not (Path(recipe.stage_dir("capture")) / "manifest.json").is_file()
+        or not json.loads((Path(recipe.stage_dir("capture")) / "manifest.json").read_text())["complete"]
+    )
 
 
 @pytest.mark.slow  # a capture in a child process: ~45 s loaded

@@ -13,15 +13,16 @@ import json
 import threading
 
 import pytest
-
 from capture_support import capture_recipe
-from dspark_cli.capture import capture_pending, ensure_capture
-from dspark_cli.targets import BUNDLED_TARGETS
-from dspark_cli.capture.gate import LOCK, capture_once
 
-pytestmark = [pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-gqa"] / "config.json").is_file(),
-                                 reason="tiny-gqa is not built"),
-              pytest.mark.slow]  # real captures by two launchers
+from dspark_cli.capture import capture_pending, ensure_capture
+from dspark_cli.capture.gate import LOCK, capture_once
+from dspark_cli.targets import BUNDLED_TARGETS
+
+pytestmark = [
+    pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-gqa"] / "config.json").is_file(), reason="tiny-gqa is not built"),
+    pytest.mark.slow,
+]  # real captures by two launchers
 
 
 def test_two_launchers_on_one_directory_capture_once_and_both_start_after_it_is_complete(tmp_path):

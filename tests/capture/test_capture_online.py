@@ -20,13 +20,22 @@ import pytest
 import torch
 from capture_support import capture_recipe
 
-from dspark_cli.capture import (StreamProducer, StreamReader, build_plan, contract_for_recipe, iter_captured,
-                                open_store, run_capture)
+from dspark_cli.capture import (
+    StreamProducer,
+    StreamReader,
+    build_plan,
+    contract_for_recipe,
+    iter_captured,
+    open_store,
+    run_capture,
+)
 from dspark_cli.capture.stream import producer_key, read_json
 from dspark_cli.errors import DataError
 from dspark_cli.recipe import write_resolved
 
-pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+pytestmark = (
+    pytest.mark.slow
+)  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,11 +56,19 @@ def watch(directory: Path, stop: threading.Event, seen: dict[str, int]) -> None:
 
 
 def test_two_producers_fill_a_bounded_stream_that_matches_offline(tmp_path):
-    recipe = capture_recipe("tiny-gqa", tmp_path, "capture.shard_tokens=50", "capture.queue_max_shards=2",
-                            "capture.batch_size=2", "capture.workers=2")
+    recipe = capture_recipe(
+        "tiny-gqa",
+        tmp_path,
+        "capture.shard_tokens=50",
+        "capture.queue_max_shards=2",
+        "capture.batch_size=2",
+        "capture.workers=2",
+    )
     run_capture(recipe)
     offline = list(iter_captured(recipe.stage_dir("capture"), expect=contract_for_recipe(recipe)))
-    shard_sizes = [s["bytes"] for s in json.loads((Path(recipe.stage_dir("capture")) / "manifest.json").read_text())["shards"]]
+    shard_sizes = [
+        s["bytes"] for s in json.loads((Path(recipe.stage_dir("capture")) / "manifest.json").read_text())["shards"]
+    ]
     assert len(shard_sizes) >= 5  # enough shards for unbounded producers to overrun a bound of 2
     stream_dir = tmp_path / "stream"
     stream_dir.mkdir()
@@ -59,10 +76,20 @@ def test_two_producers_fill_a_bounded_stream_that_matches_offline(tmp_path):
     seen, stop = {"shards": 0, "bytes": 0}, threading.Event()
     watcher = threading.Thread(target=watch, args=(stream_dir / "shards", stop, seen), daemon=True)
     watcher.start()
-    supervisor = subprocess.Popen([sys.executable, "-m", "dspark_cli.capture.online", str(tmp_path / "cfg" / "recipe.yaml"),
-                                   str(stream_dir)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    reader = StreamReader(open_store(stream_dir), fingerprint=build_plan(recipe).fingerprint, workers=2,
-                          expect=contract_for_recipe(recipe), timeout_s=120)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "dspark_cli.capture.online", str(tmp_path / "cfg" / "recipe.yaml"), str(stream_dir)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    reader = StreamReader(
+        open_store(stream_dir),
+        fingerprint=build_plan(recipe).fingerprint,
+        workers=2,
+        expect=contract_for_recipe(recipe),
+        timeout_s=120,
+    )
     online = []
     try:
         for index in range(len(shard_sizes)):  # the trainer's order; a slow one: the producers wait for it
@@ -94,23 +121,34 @@ def test_a_producer_that_died_for_good_is_a_one_line_error_after_what_it_publish
     from dspark_cli.capture import Supervisor, online
 
     monkeypatch.setattr(online, "MAX_RESTARTS", 0)
-    recipe = capture_recipe("tiny-gqa", tmp_path, "capture.shard_tokens=50", "capture.queue_max_shards=1",
-                            "capture.batch_size=2")
+    recipe = capture_recipe(
+        "tiny-gqa", tmp_path, "capture.shard_tokens=50", "capture.queue_max_shards=1", "capture.batch_size=2"
+    )
     plan = build_plan(recipe)
     assert len(plan.shards) >= 2
     write_resolved(recipe, tmp_path / "cfg")
     store = open_store(tmp_path / "stream")
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    supervisor = Supervisor(tmp_path / "cfg" / "recipe.yaml", str(tmp_path / "stream"), recipe, environ=environ,
-                            poll_s=0.05).start()
+    supervisor = Supervisor(
+        tmp_path / "cfg" / "recipe.yaml", str(tmp_path / "stream"), recipe, environ=environ, poll_s=0.05
+    ).start()
     try:
-        reader = StreamReader(store, fingerprint=plan.fingerprint, workers=1, expect=contract_for_recipe(recipe),
-                              poll_s=0.02, timeout_s=120)
+        reader = StreamReader(
+            store,
+            fingerprint=plan.fingerprint,
+            workers=1,
+            expect=contract_for_recipe(recipe),
+            poll_s=0.02,
+            timeout_s=120,
+        )
         got = [s.id for s in reader.read(0)]  # the producer now waits: shard 1 is outside the 1-shard window
         os.kill(read_json(store, producer_key(0))["producer"]["pid"], signal.SIGKILL)
         reader.timeout_s = 20  # the supervisor notices within its poll; a timeout would fail the match
-        with pytest.raises(DataError, match=r"capture producer 0 failed: capture producer 0 died 1 times "
-                                            r"\(last exit -9\)") as info:
+        with pytest.raises(
+            DataError,
+            match=r"capture producer 0 failed: capture producer 0 died 1 times "
+            r"\(last exit -9\)",
+        ) as info:
             reader.read(1)
     finally:
         supervisor.stop()
@@ -129,11 +167,13 @@ def test_a_producer_that_dies_before_its_first_status_stops_the_reader_at_once(t
     write_resolved(recipe, tmp_path / "cfg")
     store = open_store(tmp_path / "stream")
     environ = {**os.environ, "PYTHONHOME": str(tmp_path / "no-python-here")}  # "Fatal Python error", exit 1
-    supervisor = Supervisor(tmp_path / "cfg" / "recipe.yaml", str(tmp_path / "stream"), recipe, environ=environ,
-                            poll_s=0.05).start()
+    supervisor = Supervisor(
+        tmp_path / "cfg" / "recipe.yaml", str(tmp_path / "stream"), recipe, environ=environ, poll_s=0.05
+    ).start()
     try:
-        reader = StreamReader(store, fingerprint=plan.fingerprint, workers=1, poll_s=0.02, timeout_s=300,
-                              gave_up=lambda: supervisor.error)
+        reader = StreamReader(
+            store, fingerprint=plan.fingerprint, workers=1, poll_s=0.02, timeout_s=300, gave_up=lambda: supervisor.error
+        )
         started = time.monotonic()
         with pytest.raises(DataError, match=r"no shard 0: capture producer 0 failed \(exit 1\)") as info:
             reader.read(0)
@@ -164,17 +204,20 @@ def test_restarted_producer_captures_only_what_it_had_not_published(tmp_path):
             return inner.capture(samples)
 
     store = open_store(tmp_path / "stream")
-    reader = StreamReader(store, fingerprint=plan.fingerprint, workers=1, expect=contract_for_recipe(recipe),
-                          poll_s=0.01, timeout_s=30)
+    reader = StreamReader(
+        store, fingerprint=plan.fingerprint, workers=1, expect=contract_for_recipe(recipe), poll_s=0.01, timeout_s=30
+    )
     with pytest.raises(KeyboardInterrupt):
-        run_capture(recipe, queue=StreamProducer(store, worker=0, workers=1, max_shards=10),
-                    capturer=DiesAtThirdShard())
+        run_capture(
+            recipe, queue=StreamProducer(store, worker=0, workers=1, max_shards=10), capturer=DiesAtThirdShard()
+        )
     assert sorted(read_json(store, producer_key(0))["shards"]) == ["shard-00000.safetensors", "shard-00001.safetensors"]
     with pytest.raises(DataError, match="capture producer 0 failed: KeyboardInterrupt") as info:
         reader.read(0)  # until it is restarted
     assert "\n" not in str(info.value)
-    summary = run_capture(recipe, queue=StreamProducer(store, worker=0, workers=1, max_shards=10, restarts=1),
-                          capturer=inner)
+    summary = run_capture(
+        recipe, queue=StreamProducer(store, worker=0, workers=1, max_shards=10, restarts=1), capturer=inner
+    )
     assert summary.captured_tokens < plan.num_tokens  # only the missing shards were captured again
     status = read_json(store, producer_key(0))
     assert status["finished"] and status["error"] is None and status["restarts"] == 1

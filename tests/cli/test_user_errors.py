@@ -32,6 +32,7 @@ def _target_copy(tmp_path: Path, name: str = "tiny-gqa") -> Path:
 
 # --- the target's files --------------------------------------------------------------------------------
 
+
 def _corrupt_config(target: Path) -> str:
     (target / "config.json").write_text('{"hidden_size": 64,\n "vocab_size": ')
     return "config.json: invalid JSON"
@@ -58,8 +59,9 @@ def _huge_header(target: Path) -> str:
 def test_a_broken_target_is_named_by_validate_and_every_stage(tmp_path, breakage, command):
     target = _target_copy(tmp_path)
     needle = breakage(target)
-    result = invoke(command[0], "tiny", f"target.model={target}", "draft.arch=gqa", f"output_dir={tmp_path / 'run'}",
-                    *command[1:])
+    result = invoke(
+        command[0], "tiny", f"target.model={target}", "draft.arch=gqa", f"output_dir={tmp_path / 'run'}", *command[1:]
+    )
     assert_user_error(result, "target.model:", str(target), needle)
     assert not (tmp_path / "run").exists()
 
@@ -76,12 +78,15 @@ def test_a_safetensors_header_claiming_1e12_bytes_is_no_memory_error(tmp_path):
 
 # --- where outputs go ----------------------------------------------------------------------------------
 
+
 def test_an_output_dir_that_is_a_file(tmp_path):
     in_the_way = tmp_path / "runs"
     in_the_way.write_text("not a directory\n")
-    for args in (["validate", "tiny", f"output_dir={in_the_way}"],
-                 ["datagen", "tiny", *DATAGEN, f"output_dir={in_the_way}"],
-                 ["validate", "tiny", f"export.output_dir={in_the_way}/draft"]):
+    for args in (
+        ["validate", "tiny", f"output_dir={in_the_way}"],
+        ["datagen", "tiny", *DATAGEN, f"output_dir={in_the_way}"],
+        ["validate", "tiny", f"export.output_dir={in_the_way}/draft"],
+    ):
         result = invoke(*args)  # caught with the recipe, before any stage starts
         assert result.exit_code == 2 and "internal error" not in result.output, result.output
         assert f"{in_the_way} is a file" in result.output.splitlines()[0], result.output
@@ -115,8 +120,11 @@ def full_dir(tmp_path):
 
 @pytest.mark.parametrize("command", ["datagen", "init"])
 def test_a_read_only_directory(read_only_dir, command):
-    args = (["datagen", "tiny", *DATAGEN, f"output_dir={read_only_dir / 'run'}"] if command == "datagen"
-            else ["init", "tiny", "-o", str(read_only_dir / "my.yaml")])
+    args = (
+        ["datagen", "tiny", *DATAGEN, f"output_dir={read_only_dir / 'run'}"]
+        if command == "datagen"
+        else ["init", "tiny", "-o", str(read_only_dir / "my.yaml")]
+    )
     result = invoke(*args)
     assert_user_error(result, str(read_only_dir))
     assert ("read-only file system" in result.output) or ("permission denied" in result.output)
@@ -125,8 +133,11 @@ def test_a_read_only_directory(read_only_dir, command):
 
 @pytest.mark.parametrize("command", ["datagen", "init"])
 def test_a_full_disk(full_dir, command):
-    args = (["datagen", "tiny", *DATAGEN, f"output_dir={full_dir / 'run'}"] if command == "datagen"
-            else ["init", "tiny", "-o", str(full_dir / "my.yaml")])
+    args = (
+        ["datagen", "tiny", *DATAGEN, f"output_dir={full_dir / 'run'}"]
+        if command == "datagen"
+        else ["init", "tiny", "-o", str(full_dir / "my.yaml")]
+    )
     result = invoke(*args)
     assert_user_error(result, "no space left on device", exit_code=1)
     if command == "init":  # the temporary copy is gone, nothing half-written is left
@@ -135,12 +146,14 @@ def test_a_full_disk(full_dir, command):
 
 # --- inputs --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet"])
 def test_a_binary_prompts_file(tmp_path, suffix):
     prompts = tmp_path / f"prompts{suffix}"
     prompts.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(255, -1, -1)) * 8)  # a gzip file, say
-    result = invoke("datagen", "tiny", f"datagen.sources=[{{path: {prompts}}}]", f"output_dir={tmp_path / 'run'}",
-                    "--dry-run")
+    result = invoke(
+        "datagen", "tiny", f"datagen.sources=[{{path: {prompts}}}]", f"output_dir={tmp_path / 'run'}", "--dry-run"
+    )
     assert_user_error(result, str(prompts))
     assert "not UTF-8 text" in result.output or "not a readable Parquet file" in result.output
 

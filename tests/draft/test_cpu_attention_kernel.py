@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from dspark_cli.draft.attention import BlockLayout, block_attention
-from dspark_cli.kernels import library
 from dspark_cli.kernels import attention as kernel
+from dspark_cli.kernels import library
 
 pytestmark = pytest.mark.skipif(library() is None, reason="the C kernels could not be built here (no gcc?)")
 
@@ -62,7 +62,7 @@ def test_kernel_matches_float64_reference(monkeypatch, case, keep, strided, thre
         monkeypatch.setattr(kernel, "PROBS_BYTES", 0)
     bsz, hq, hk, ctx, blocks, n, d, dv = CASES[case]
     q, k, v, ctx_limit = inputs(bsz, hq, hk, ctx, blocks, n, d, dv, strided=strided)
-    scale = d ** -0.5
+    scale = d**-0.5
     assert kernel.applies(q, k, v, n)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -105,8 +105,13 @@ def test_block_attention_uses_the_kernel_only_where_it_applies(monkeypatch):
 def test_inputs_the_c_code_cannot_take_are_refused():
     """The C code indexes with the sizes it is given: anything else is a ValueError before it runs."""
     q, k, v, ctx_limit = inputs(1, 2, 1, 16, 2, 4, 16, 16, strided=False)
-    for bad in ((q[..., :8], k[..., :8], v, ctx_limit, 4), (q, k, v[..., :8], ctx_limit, 4), (q, k, v, ctx_limit, 3),
-                (q, k, v, ctx_limit[:, :1], 4), (q.double(), k.double(), v.double(), ctx_limit, 4)):
+    for bad in (
+        (q[..., :8], k[..., :8], v, ctx_limit, 4),
+        (q, k, v[..., :8], ctx_limit, 4),
+        (q, k, v, ctx_limit, 3),
+        (q, k, v, ctx_limit[:, :1], 4),
+        (q.double(), k.double(), v.double(), ctx_limit, 4),
+    ):
         with pytest.raises(ValueError):
             torch.ops.dspark.block_attention(*bad, 0.25, False)
 
@@ -131,8 +136,11 @@ def test_custom_op_registration_and_torch_compile():
         torch.library.opcheck(torch.ops.dspark.block_attention.default, (*leaves, ctx_limit, 5, 0.25, keep))
 
     def attend(q, k, v, ctx_limit):
-        return block_attention(q, k, v, BlockLayout(num_ctx=24, block_size=5, ctx_limit=ctx_limit), 0.25,
-                               "blockwise").square().sum()
+        return (
+            block_attention(q, k, v, BlockLayout(num_ctx=24, block_size=5, ctx_limit=ctx_limit), 0.25, "blockwise")
+            .square()
+            .sum()
+        )
 
     traced: set = set()
 
@@ -152,6 +160,7 @@ def test_custom_op_registration_and_torch_compile():
 def test_kernel_on_is_marked_as_torch_compilers_decorator_would_mark_it():
     """`kernel_on` sets the mark itself (the decorator imports all of torch._dynamo); torch's own
     decorator must set exactly that mark, or compiled graphs would trace into ctypes."""
+
     def probe() -> bool:
         return True
 
@@ -163,11 +172,13 @@ def test_kernel_on_is_marked_as_torch_compilers_decorator_would_mark_it():
 def test_loading_the_draft_does_not_import_torch_dynamo():
     """`dspark publish` or `export --check` lists a draft's tensors on the meta device: no torch._dynamo
     (~2 s of imports per process), and the initialisers torch.nn.init held before are back after."""
-    code = ("import sys, torch; from dspark_cli.recipe import load_recipe; "
-            "from dspark_cli.export.roster import tensor_roster; from dspark_cli.draft.build import draft_config_from_recipe; "
-            "r = load_recipe('kimi-k3'); cfg = draft_config_from_recipe(r.draft.model_dump(), r.target.model_dump()); "
-            "init = dict(vars(torch.nn.init)); rows = tensor_roster(cfg); "
-            "assert rows and vars(torch.nn.init) == init; print('torch._dynamo' in sys.modules)")
+    code = (
+        "import sys, torch; from dspark_cli.recipe import load_recipe; "
+        "from dspark_cli.export.roster import tensor_roster; from dspark_cli.draft.build import draft_config_from_recipe; "
+        "r = load_recipe('kimi-k3'); cfg = draft_config_from_recipe(r.draft.model_dump(), r.target.model_dump()); "
+        "init = dict(vars(torch.nn.init)); rows = tensor_roster(cfg); "
+        "assert rows and vars(torch.nn.init) == init; print('torch._dynamo' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from reference.dspark_reference import DSparkReference
 from reference.tiny_drafts import tiny_model, tiny_sequence
 
@@ -56,14 +55,14 @@ def test_greedy_drafting_matches_reference_and_training(arch, with_markov):
         slot = cache.add_request()
         if a:
             cache.append(slot, aux[0, :a])
-        block = draft_block(model, cache, [slot], ids[0, a:a + 1])
+        block = draft_block(model, cache, [slot], ids[0, a : a + 1])
         step = ref.step(aux[0, :a], int(ids[0, a]), 5)
         assert block.tokens[0].tolist() == step.tokens
         _close(block.logits[0], torch.stack(step.logits))
         _close(block.confidence[0], step.confidence)
         # the training forward, teacher-forced with the drafted tokens, gives the same slots
         forced_ids = ids.clone()
-        forced_ids[0, a + 1:a + 6] = block.tokens[0]
+        forced_ids[0, a + 1 : a + 6] = block.tokens[0]
         out = model(aux, forced_ids, torch.tensor([[a]]))
         _close(out.logits[0, 0], block.logits[0])
         _close(out.confidence[0, 0], block.confidence[0])
@@ -76,14 +75,11 @@ def test_temperature_drafting_matches_reference_given_the_same_noise(arch):
     cache = ContextCache(model)
     slot = cache.add_request()
     cache.append(slot, aux[0, :7])
-    block = draft_block(model, cache, [slot], ids[0, 7:8], temperature=0.7,
-                        generator=torch.Generator().manual_seed(11))
+    block = draft_block(model, cache, [slot], ids[0, 7:8], temperature=0.7, generator=torch.Generator().manual_seed(11))
     # drafting draws torch.rand(B, V) once per slot, slot by slot (drafting.py docstring)
     gen = torch.Generator().manual_seed(11)
-    noise = [-torch.log(-torch.log(torch.rand((1, 97), generator=gen)))[0].double()
-             for _ in range(4)]
-    step = _reference(model, embed, lm_head).step(aux[0, :7], int(ids[0, 7]), 4,
-                                                  temperature=0.7, gumbel=noise)
+    noise = [-torch.log(-torch.log(torch.rand((1, 97), generator=gen)))[0].double() for _ in range(4)]
+    step = _reference(model, embed, lm_head).step(aux[0, :7], int(ids[0, 7]), 4, temperature=0.7, gumbel=noise)
     assert block.tokens[0].tolist() == step.tokens
     _close(block.logits[0], torch.stack(step.logits))
 
@@ -113,7 +109,7 @@ def test_batched_drafting_equals_one_request_at_a_time(arch):
     anchors = torch.stack([ids[b, n] for b, n in enumerate(lengths)])
     batched = draft_block(model, cache, slots, anchors)
     for b, slot in enumerate(slots):
-        single = draft_block(model, cache, [slot], anchors[b:b + 1])
+        single = draft_block(model, cache, [slot], anchors[b : b + 1])
         assert batched.tokens[b].tolist() == single.tokens[0].tolist()
         _close(batched.logits[b], single.logits[0])
         _close(batched.confidence[b], single.confidence[0])
@@ -155,14 +151,16 @@ def test_padded_batch_equals_rows_one_by_one(arch):
     for b in range(2):
         n = int(seq_lens[b])
         keep = anchor_mask[b]
-        row = model(aux[b:b + 1, :n], ids[b:b + 1, :n], anchors[b:b + 1, keep])
+        row = model(aux[b : b + 1, :n], ids[b : b + 1, :n], anchors[b : b + 1, keep])
         valid = batch.valid[b, keep]
         assert torch.equal(valid, row.valid[0])
         _close(batch.logits[b, keep][valid], row.logits[0][valid])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("impl", ["eager", pytest.param("flex", marks=pytest.mark.slow), "blockwise"])  # flex: a compile
+@pytest.mark.parametrize(
+    "impl", ["eager", pytest.param("flex", marks=pytest.mark.slow), "blockwise"]
+)  # flex: a compile
 def test_attention_impls_agree(arch, impl):
     model, _, _ = tiny_model(arch, block_size=3)
     other, _, _ = tiny_model(arch, block_size=3, attn_impl=impl)
@@ -204,8 +202,10 @@ def test_mla_absorbed_attention_equals_materialised():
     cos, sin = model.rope_angles(6 + torch.arange(3).expand(2, 3))
     layout = BlockLayout(num_ctx=6, block_size=3, ctx_limit=torch.tensor([[6], [4]]))
     attn = model.layers[0].self_attn
-    _close(attn(x, cos, sin, ctx[0], layout, "sdpa", absorbed=True),
-           attn(x, cos, sin, ctx[0], layout, "sdpa", absorbed=False))
+    _close(
+        attn(x, cos, sin, ctx[0], layout, "sdpa", absorbed=True),
+        attn(x, cos, sin, ctx[0], layout, "sdpa", absorbed=False),
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -236,8 +236,7 @@ def test_bf16_agrees_within_rounding_budget(arch, num_layers):
     a real bug (wrong RoPE, mask or head) moves logits by O(rms). Confidences (sigmoid) get
     u (L + 2) absolute.
     """
-    model, embed, lm_head = tiny_model(arch, block_size=5, num_layers=num_layers,
-                                       dtype=torch.bfloat16)
+    model, embed, lm_head = tiny_model(arch, block_size=5, num_layers=num_layers, dtype=torch.bfloat16)
     aux, ids = tiny_sequence(16, seed=5, dtype=torch.bfloat16)
     ref = _reference(model, embed, lm_head)
     budget = 4 * BF16_UNIT_ROUNDOFF * (num_layers + 2)
@@ -250,12 +249,11 @@ def test_bf16_agrees_within_rounding_budget(arch, num_layers):
         expected = torch.stack(step.logits)
         tol = dict(rtol=0.0, atol=budget * float(expected.pow(2).mean().sqrt()))
         _close(out.logits[0, j], expected, **tol)
-        _close(out.confidence[0, j], step.confidence,
-               rtol=0.0, atol=BF16_UNIT_ROUNDOFF * (num_layers + 2))
+        _close(out.confidence[0, j], step.confidence, rtol=0.0, atol=BF16_UNIT_ROUNDOFF * (num_layers + 2))
         slot = cache.add_request()
         if a:
             cache.append(slot, aux[0, :a])
-        block = draft_block(model, cache, [slot], ids[0, a:a + 1], block_size=5)
+        block = draft_block(model, cache, [slot], ids[0, a : a + 1], block_size=5)
         greedy = ref.step(aux[0, :a], int(ids[0, a]), 5, forced=block.tokens[0].tolist())
         _close(block.logits[0], torch.stack(greedy.logits), **tol)
 
@@ -267,8 +265,7 @@ def test_draft_probs_and_per_request_temperatures():
     slots = [cache.add_request(), cache.add_request()]
     cache.extend({slots[0]: aux[0, :5], slots[1]: aux[1, :5]})
     temps = torch.tensor([0.0, 1.0])
-    block = draft_block(model, cache, slots, ids[:, 5], temperature=temps,
-                        generator=torch.Generator().manual_seed(0))
+    block = draft_block(model, cache, slots, ids[:, 5], temperature=temps, generator=torch.Generator().manual_seed(0))
     greedy = draft_block(model, cache, slots[:1], ids[:1, 5])
     assert block.tokens[0].tolist() == greedy.tokens[0].tolist()  # T=0 row stays greedy
     probs = block.probs(temps)

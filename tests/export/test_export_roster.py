@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from reference.tiny_drafts import tiny_config
 from reference.vllm_rosters import k3_map, qwen3_map, simulate_load
 from test_draft_config import K3_DRAFT, K3_TARGET, QWEN3_8B_DRAFT, QWEN3_8B_TARGET
@@ -42,7 +41,10 @@ def test_k3_recipe_roster_equals_what_k3dspark_loads():
     assert by_name["layers.0.self_attn.q_a_proj.weight"]["shape"] == [1536, 7168]
     assert by_name["markov_head.markov_w2.weight"]["shape"] == [163840, 256]
     assert by_name["confidence_head.proj.weight"] == {
-        "name": "confidence_head.proj.weight", "shape": [1, 7168 + 256], "dtype": "float32"}
+        "name": "confidence_head.proj.weight",
+        "shape": [1, 7168 + 256],
+        "dtype": "float32",
+    }
     assert by_name["final_norm.weight"]["dtype"] == "bfloat16"
     assert not any("embed_tokens" in n or "lm_head" in n for n in by_name)
     # every layer's kv_a_proj_with_mqa also fills its shard of the fused context_kv_proj
@@ -88,19 +90,22 @@ def _broken(roster, drop=None, add=None, reshape=None, dtype=None):
         ("k3", dict(drop="layers.1.self_attn.kv_b_proj.weight"), "never filled"),
         ("k3", dict(drop="layers.1.self_attn.kv_a_proj_with_mqa.weight"), "never filled"),
         ("k3", dict(reshape="layers.0.mlp.up_proj.weight"), "shape"),
-        ("k3", dict(add={"name": "layers.0.self_attn.o_proj.bias", "shape": [64],
-                         "dtype": "bfloat16"}), "silently ignored"),
-        ("k3", dict(add={"name": "model.final_norm.weight", "shape": [64],
-                         "dtype": "bfloat16"}), "unknown"),
-        ("k3", dict(add={"name": "embed_tokens.weight", "shape": [97, 64],
-                         "dtype": "bfloat16"}), "dropped"),
+        (
+            "k3",
+            dict(add={"name": "layers.0.self_attn.o_proj.bias", "shape": [64], "dtype": "bfloat16"}),
+            "silently ignored",
+        ),
+        ("k3", dict(add={"name": "model.final_norm.weight", "shape": [64], "dtype": "bfloat16"}), "unknown"),
+        ("k3", dict(add={"name": "embed_tokens.weight", "shape": [97, 64], "dtype": "bfloat16"}), "dropped"),
         ("k3", dict(dtype="confidence_head.proj.weight"), "float32"),
         ("qwen3", dict(drop="layers.1.self_attn.v_proj.weight"), "never filled"),
         ("qwen3", dict(drop="hidden_norm.weight"), "never filled"),
-        ("qwen3", dict(add={"name": "layers.0.self_attn.qkv_proj.weight", "shape": [128, 64],
-                            "dtype": "bfloat16"}), "no shard"),
-        ("qwen3", dict(add={"name": "lm_head.weight", "shape": [97, 64],
-                            "dtype": "bfloat16"}), "dropped"),
+        (
+            "qwen3",
+            dict(add={"name": "layers.0.self_attn.qkv_proj.weight", "shape": [128, 64], "dtype": "bfloat16"}),
+            "no shard",
+        ),
+        ("qwen3", dict(add={"name": "lm_head.weight", "shape": [97, 64], "dtype": "bfloat16"}), "dropped"),
     ],
 )
 def test_the_load_check_catches_broken_exports(engine, change, complaint):
@@ -111,8 +116,7 @@ def test_the_load_check_catches_broken_exports(engine, change, complaint):
 
 def test_a_disabled_confidence_head_is_dropped_not_loaded():
     cfg = tiny_config("gqa", confidence=False)
-    roster = tensor_roster(draft_config_from_recipe(
-        {**QWEN3_8B_DRAFT, "confidence_head": True}, QWEN3_8B_TARGET))
+    roster = tensor_roster(draft_config_from_recipe({**QWEN3_8B_DRAFT, "confidence_head": True}, QWEN3_8B_TARGET))
     conf = [t for t in roster if t["name"].startswith("confidence_head.")]
     shipped = tensor_roster(cfg) + conf  # a head the config does not enable
     report = _load("qwen3", cfg, shipped)
@@ -156,8 +160,13 @@ def test_name_mapping_agrees_with_vllms_own_mappers():
     k3_names = [t["name"] for t in tensor_roster(k3_cfg)]
     qwen3_cfg = draft_config_from_recipe(QWEN3_8B_DRAFT, QWEN3_8B_TARGET)
     qwen3_names = [t["name"] for t in tensor_roster(qwen3_cfg)]
-    child = subprocess.run([sys.executable, "-c", _VLLM_MAPPERS], capture_output=True, text=True, timeout=300,
-                           input=json.dumps([k3_names, k3_cfg.num_hidden_layers, qwen3_names]))
+    child = subprocess.run(
+        [sys.executable, "-c", _VLLM_MAPPERS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        input=json.dumps([k3_names, k3_cfg.num_hidden_layers, qwen3_names]),
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     k3_real, qwen3_real = json.loads(child.stdout.strip().splitlines()[-1])
     ours = [[target, shard] for _, target, shard in k3_map(k3_names, vllm_config_dict(k3_cfg))]
@@ -176,6 +185,9 @@ def test_export_dry_run_plan_is_json_and_consistent():
     assert plan["architecture"] == "K3DSparkModel"
     assert plan["num_tensors"] == len(plan["tensors"]) == 67
     assert plan["config"]["target_layer_ids"] == [2, 23, 47, 71, 89]
-    fp32 = sum(t["shape"][0] * (t["shape"][1] if len(t["shape"]) > 1 else 1)
-               for t in plan["tensors"] if t["dtype"] == "float32")
+    fp32 = sum(
+        t["shape"][0] * (t["shape"][1] if len(t["shape"]) > 1 else 1)
+        for t in plan["tensors"]
+        if t["dtype"] == "float32"
+    )
     assert plan["num_bytes"] == 2 * (plan["num_parameters"] - fp32) + 4 * fp32

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from test_export import drafts, edit_config, trained_dir
 
 from dspark_cli.artifacts.draft import build_model, draft_config_from_vllm_dict, load_draft_dir
@@ -69,9 +68,11 @@ def test_speculators_draft_is_checked_and_drafts_like_the_native_one(tmp_path):
     manifest = json.loads((spec_dir / "dspark_manifest.json").read_text())
     assert manifest["format"] == "speculators" and manifest["architecture"] == "Qwen3DSparkModel"
     loaded = load_draft_dir(spec_dir)
-    for (t1, l1, c1), (t2, l2, c2) in zip(drafts(model, embed, lm_head),
-                                          drafts(build_model(loaded.config, loaded.state_dict), embed, lm_head),
-                                          strict=True):
+    for (t1, l1, c1), (t2, l2, c2) in zip(
+        drafts(model, embed, lm_head),
+        drafts(build_model(loaded.config, loaded.state_dict), embed, lm_head),
+        strict=True,
+    ):
         assert torch.equal(t1, t2) and torch.equal(l1, l2) and torch.equal(c1, c2)
     # the loader rules still apply through the speculators form
     edit_config(spec_dir, sample_from_anchor=False)

@@ -33,8 +33,13 @@ def four_gpu_nodes(monkeypatch):
     import torch
 
     real = glob.glob
-    monkeypatch.setattr(glob, "glob", lambda pattern, **kw: [f"/dev/nvidia{i}" for i in range(4)]
-                        if pattern.startswith("/dev/nvidia") else real(pattern, **kw))
+    monkeypatch.setattr(
+        glob,
+        "glob",
+        lambda pattern, **kw: (
+            [f"/dev/nvidia{i}" for i in range(4)] if pattern.startswith("/dev/nvidia") else real(pattern, **kw)
+        ),
+    )
 
     def starts_cuda() -> int:
         raise AssertionError("torch.cuda.device_count() starts CUDA in the preflight's process")
@@ -51,8 +56,18 @@ def test_gpus_are_counted_from_device_nodes_and_cuda_visible_devices_without_sta
     import torch
 
     assert Machine().gpus == 4
-    for visible, count in [("", 0), ("0,1", 2), ("3,1", 2), ("1,7,2", 1), ("-1", 0), ("0,-1,1", 1), ("2,2", 1),
-                           ("GPU-4f1c,GPU-77aa", 2), ("x", 0), ("0, 1, 2, 3", 4)]:
+    for visible, count in [
+        ("", 0),
+        ("0,1", 2),
+        ("3,1", 2),
+        ("1,7,2", 1),
+        ("-1", 0),
+        ("0,-1,1", 1),
+        ("2,2", 1),
+        ("GPU-4f1c,GPU-77aa", 2),
+        ("x", 0),
+        ("0, 1, 2, 3", 4),
+    ]:
         four_gpu_nodes.setenv("CUDA_VISIBLE_DEVICES", visible)
         assert Machine().gpus == count, visible
     assert Machine(gpus=8).gpus == 8  # a described machine is taken as said
@@ -66,8 +81,9 @@ def test_no_device_node_means_no_gpu_whatever_cuda_visible_devices_says(monkeypa
 
 
 def test_the_default_split_puts_producers_first_and_ranks_next():
-    tp2 = _recipe("capture.backend=vllm", "datagen.tensor_parallel_size=2", "capture.workers=2",
-                  "train.nproc_per_node=4")
+    tp2 = _recipe(
+        "capture.backend=vllm", "datagen.tensor_parallel_size=2", "capture.workers=2", "train.nproc_per_node=4"
+    )
     assert default_split(tp2, 8) == ([0, 1, 2, 3], [4, 5, 6, 7])
     assert default_split(_recipe("capture.workers=3", "train.nproc_per_node=2"), 8) == ([0, 1, 2], [3, 4])
     # nothing pinned: no GPU, offline, external producers, or a list given
@@ -91,29 +107,39 @@ def test_the_preflight_refuses_a_default_split_the_machine_cannot_hold():
 
 def _child_recipe(cmd: list[str]):
     """The recipe a torchrun child of `cmd` loads (its `-m dspark_cli.training RECIPE key=value ...` arguments)."""
-    args = cmd[cmd.index("dspark_cli.training") + 1:]
+    args = cmd[cmd.index("dspark_cli.training") + 1 :]
     return load_recipe(args[0], [a for a in args[1:] if not a.startswith("--")])
 
 
 def test_the_launcher_passes_one_split_to_every_rank_and_the_producers_rank_0_starts():
-    recipe = _recipe("capture.backend=vllm", "datagen.tensor_parallel_size=2", "capture.workers=2",
-                     "train.nproc_per_node=4")
+    recipe = _recipe(
+        "capture.backend=vllm", "datagen.tensor_parallel_size=2", "capture.workers=2", "train.nproc_per_node=4"
+    )
     line = resolve_device_split(recipe, gpus=8)
     assert line is not None and "producers on GPUs 0-3, trainer ranks on GPUs 4-7" in line
     assert (recipe.capture.devices, recipe.train.devices) == ([0, 1, 2, 3], [4, 5, 6, 7])  # in place: one process
     assert resolve_device_split(recipe, gpus=8) is None  # resolved once; given lists are left alone
-    cmd = launch_command(recipe, recipe_arg="tiny", overrides=[*ONLINE, "capture.backend=vllm",
-                         "datagen.tensor_parallel_size=2", "capture.workers=2"], resume="auto", output_dir=None,
-                         devices=(recipe.capture.devices, recipe.train.devices))
+    cmd = launch_command(
+        recipe,
+        recipe_arg="tiny",
+        overrides=[*ONLINE, "capture.backend=vllm", "datagen.tensor_parallel_size=2", "capture.workers=2"],
+        resume="auto",
+        output_dir=None,
+        devices=(recipe.capture.devices, recipe.train.devices),
+    )
     assert "capture.devices=[0,1,2,3]" in cmd and "train.devices=[4,5,6,7]" in cmd
     child = _child_recipe(cmd)
     assert (child.capture.devices, child.train.devices) == ([0, 1, 2, 3], [4, 5, 6, 7])
     # each rank narrows to the trainer GPUs (local rank r on the r-th); rank 0's producers get theirs
-    for outer, ranks, producers in [(None, "4,5,6,7", ["0,1", "2,3"]),
-                                    ("8,9,10,11,12,13,14,15", "12,13,14,15", ["8,9", "10,11"])]:
+    for outer, ranks, producers in [
+        (None, "4,5,6,7", ["0,1", "2,3"]),
+        ("8,9,10,11,12,13,14,15", "12,13,14,15", ["8,9", "10,11"]),
+    ]:
         environ = {} if outer is None else {"CUDA_VISIBLE_DEVICES": outer}
         assert narrow_train_devices(child, environ) == ranks
-        assert [producer_environ(child, w, {**environ, "RANK": "0"})["CUDA_VISIBLE_DEVICES"] for w in (0, 1)] == producers
+        assert [
+            producer_environ(child, w, {**environ, "RANK": "0"})["CUDA_VISIBLE_DEVICES"] for w in (0, 1)
+        ] == producers
     # on CPU: no split, no device overrides
     cpu = _recipe("capture.workers=2", "train.nproc_per_node=2")
     assert resolve_device_split(cpu, gpus=0) is None and cpu.capture.devices is None
@@ -124,9 +150,10 @@ def test_the_launcher_passes_one_split_to_every_rank_and_the_producers_rank_0_st
 def test_max_restarts_reaches_torchrun():
     recipe = load_recipe("tiny", ["train.nproc_per_node=2", "train.max_restarts=2"])
     cmd = launch_command(recipe, recipe_arg="tiny", overrides=[], resume="auto", output_dir=None)
-    assert "--max-restarts=2" in cmd[:cmd.index("-m", 2)] and "--resume=auto" in cmd
-    default = launch_command(load_recipe("tiny", ["train.nproc_per_node=2"]), recipe_arg="tiny", overrides=[],
-                             resume="auto", output_dir=None)
+    assert "--max-restarts=2" in cmd[: cmd.index("-m", 2)] and "--resume=auto" in cmd
+    default = launch_command(
+        load_recipe("tiny", ["train.nproc_per_node=2"]), recipe_arg="tiny", overrides=[], resume="auto", output_dir=None
+    )
     assert not [a for a in default if a.startswith("--max-restarts")]
     # the ranks get a store of their own, so a restarted gang never reads its predecessors' keys
     assert torchrun_environ({"PATH": "/bin"}) == {"PATH": "/bin", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -142,14 +169,28 @@ def test_a_restarted_gang_on_torchruns_shared_store_gets_keys_of_its_own():
     from dspark_cli.errors import UsageError
 
     with pytest.raises(UsageError, match="across machines"):  # agents count restarts differently: refused
-        restart_store(16, {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0",
-                           "TORCHELASTIC_MAX_RESTARTS": "3", "GROUP_WORLD_SIZE": "2"})
+        restart_store(
+            16,
+            {
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHELASTIC_RESTART_COUNT": "0",
+                "TORCHELASTIC_MAX_RESTARTS": "3",
+                "GROUP_WORLD_SIZE": "2",
+            },
+        )
     import torch.distributed as dist
 
     shared = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)  # torchrun's agent store
     shared.set("0/rank_0", "address of the dead gang's rank 0")
-    store = restart_store(2, {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "1",
-                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(shared.port)})
+    store = restart_store(
+        2,
+        {
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCHELASTIC_RESTART_COUNT": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(shared.port),
+        },
+    )
     assert store is not None and not store.check(["0/rank_0"])  # the old key is not seen
     store.set("0/rank_0", "new")
     assert shared.get("dspark/restart-1/0/rank_0") == b"new"

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from dspark_cli.errors import RecipeError, UsageError
-from dspark_cli.recipe import Recipe, load_recipe, template_dir, template_names, write_resolved
 from dspark_cli.preflight.shared import shared_problems
+from dspark_cli.recipe import Recipe, load_recipe, template_dir, template_names, write_resolved
 from dspark_cli.recipe.schema import SECTIONS
 
 
@@ -86,7 +86,9 @@ def test_precedence_defaults_yaml_overrides_flags(tmp_path):
 
 
 def test_override_values_are_yaml():
-    recipe = load_recipe(None, ["draft.target_layer_ids=[1, 2, 3]", "draft.confidence_head=false", "train.max_steps=null"])
+    recipe = load_recipe(
+        None, ["draft.target_layer_ids=[1, 2, 3]", "draft.confidence_head=false", "train.max_steps=null"]
+    )
     assert recipe.draft.target_layer_ids == [1, 2, 3]
     assert recipe.draft.confidence_head is False and recipe.train.max_steps is None
 

@@ -20,8 +20,12 @@ def test_recipe_reference_is_up_to_date():
 def test_cli_reference_is_up_to_date(tmp_path):
     out = tmp_path / "cli.md"
     typer_bin = Path(sys.executable).with_name("typer")
-    subprocess.run([str(typer_bin), "dspark_cli.cli", "utils", "docs", "--name", "dspark", "--output", str(out)],
-                   check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(
+        [str(typer_bin), "dspark_cli.cli", "utils", "docs", "--name", "dspark", "--output", str(out)],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
     assert (ROOT / "docs/cli.md").read_text() == out.read_text(), (
         "docs/cli.md is stale: run `typer dspark_cli.cli utils docs --name dspark --output docs/cli.md`"
     )

@@ -41,11 +41,43 @@ ALLOWED: dict[str, set[str]] = {
     "serving": {"errors", "lazy", "recipe", "targets", "artifacts", "export", "machine"},
     "publish": {"errors", "lazy", "hubrules", "recipe", "artifacts", "export", "serving", "network"},
     # the one preflight of every stage: recipe rules, this machine, output paths (what serve / publish refuse)
-    "preflight": {"errors", "lazy", "hubrules", "recipe", "targets", "artifacts", "prompts", "machine", "datagen", "capture",
-                  "export", "serving", "publish", "draft"},
+    "preflight": {
+        "errors",
+        "lazy",
+        "hubrules",
+        "recipe",
+        "targets",
+        "artifacts",
+        "prompts",
+        "machine",
+        "datagen",
+        "capture",
+        "export",
+        "serving",
+        "publish",
+        "draft",
+    },
     "pipeline": {"errors", "recipe", "artifacts", "datagen", "capture", "training", "export", "bench", "publish"},
-    "cli": {"errors", "recipe", "targets", "ui", "pipeline", "datagen", "capture", "training", "export", "bench",
-            "serving", "publish", "artifacts", "prompts", "draft", "kernels", "contract", "preflight"},
+    "cli": {
+        "errors",
+        "recipe",
+        "targets",
+        "ui",
+        "pipeline",
+        "datagen",
+        "capture",
+        "training",
+        "export",
+        "bench",
+        "serving",
+        "publish",
+        "artifacts",
+        "prompts",
+        "draft",
+        "kernels",
+        "contract",
+        "preflight",
+    },
 }
 
 
@@ -81,17 +113,23 @@ def forbidden_edges(root: Path) -> list[str]:
             parts = module.split(".")
             targets = [(parts[1], parts[2:])] if len(parts) > 1 else [(name, []) for name in names]
             for target, inner in targets:
-                if target == source or target.startswith("__") or not (root / target).exists() and \
-                        not (root / f"{target}.py").exists():
+                if (
+                    target == source
+                    or target.startswith("__")
+                    or not (root / target).exists()
+                    and not (root / f"{target}.py").exists()
+                ):
                     continue
                 if target not in ALLOWED[source]:
                     problems.append(f"{where}:{line}: {source} imports {module} ({source} -> {target} not allowed)")
                 elif target in STAGES and source not in COMMANDS:
                     submodules = [n for n in names if (root / target / f"{n}.py").exists()] if not inner else inner
                     if inner or submodules:
-                        problems.append(f"{where}:{line}: {source} imports {target}'s internals ({module}"
-                                        f"{' ' + ', '.join(submodules) if not inner else ''}); import the name "
-                                        f"from dspark_cli.{target} (its __init__ exports)")
+                        problems.append(
+                            f"{where}:{line}: {source} imports {target}'s internals ({module}"
+                            f"{' ' + ', '.join(submodules) if not inner else ''}); import the name "
+                            f"from dspark_cli.{target} (its __init__ exports)"
+                        )
     return problems
 
 
@@ -102,7 +140,7 @@ def test_the_package_follows_the_layout():
 def test_every_allowed_part_exists():
     parts = {_part(p, PACKAGE) for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
     parts -= {"__init__", "__main__"}
-    assert parts == set(ALLOWED), (parts ^ set(ALLOWED))
+    assert parts == set(ALLOWED), parts ^ set(ALLOWED)
 
 
 def test_a_forbidden_edge_and_a_reach_into_internals_are_reported(tmp_path):
@@ -118,8 +156,9 @@ def test_a_forbidden_edge_and_a_reach_into_internals_are_reported(tmp_path):
     (root / "bench" / "ok.py").write_text("from dspark_cli.export import verify_draft\nimport dspark_cli.targets\n")
     bench_y, publish_z, targets_x = forbidden_edges(root)  # sorted by file; bench/ok.py is fine
     assert bench_y.startswith("dspark_cli/bench/y.py:2: bench imports export's internals (dspark_cli.export.integrity)")
-    assert publish_z.startswith("dspark_cli/publish/z.py:1: publish imports export's internals (dspark_cli.export "
-                                "integrity)")
+    assert publish_z.startswith(
+        "dspark_cli/publish/z.py:1: publish imports export's internals (dspark_cli.export integrity)"
+    )
     assert targets_x.endswith("(targets -> bench not allowed)")
 
 
@@ -211,8 +250,9 @@ def test_a_cycle_is_found(tmp_path):
     (root / "stage" / "__init__.py").write_text('_EXPORTS = {"run": "dspark_cli.stage.run"}\n')
     (root / "stage" / "run.py").write_text("def run():\n    from dspark_cli.stage.workers import w\n")
     (root / "stage" / "workers.py").write_text("from dspark_cli.stage import run\n")
-    (root / "other.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                   "    from dspark_cli.stage.run import run\n")
+    (root / "other.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dspark_cli.stage.run import run\n"
+    )
     (root / "stage" / "plain.py").write_text("import dspark_cli.other\n")
     assert import_cycles(import_graph(root)) == [["dspark_cli.stage.run", "dspark_cli.stage.workers"]]
 
@@ -268,7 +308,8 @@ def test_recipe_has_no_rules():
     for path in sorted((PACKAGE / "recipe").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
-                    node.name.lstrip("_").startswith("check") or node.name.endswith("problems")):
+                node.name.lstrip("_").startswith("check") or node.name.endswith("problems")
+            ):
                 found.append(f"{path.name}:{node.lineno} {node.name}")
             elif isinstance(node, ast.Assign) and any("RULES" in getattr(t, "id", "") for t in node.targets):
                 found.append(f"{path.name}:{node.lineno} a rule table")
@@ -296,8 +337,14 @@ def test_cli_and_pipeline_call_the_same_stage_entries():
     pipeline = _stage_functions([PACKAGE / "pipeline.py"])
     commands = _stage_functions(sorted((PACKAGE / "cli").glob("*.py")))
     assert pipeline - commands == {"dspark_cli.capture.run.run_capture"}
-    for entry in ("datagen.run.run_datagen", "training.launch.relaunch_under_torchrun", "training.run.run_train",
-                  "export.run.export_checkpoint", "bench.run.run_bench", "publish.run.publish_draft"):
+    for entry in (
+        "datagen.run.run_datagen",
+        "training.launch.relaunch_under_torchrun",
+        "training.run.run_train",
+        "export.run.export_checkpoint",
+        "bench.run.run_bench",
+        "publish.run.publish_draft",
+    ):
         assert f"dspark_cli.{entry}" in pipeline & commands, entry
 
 
@@ -311,8 +358,13 @@ def test_shard_tensors_are_named_only_in_capture_shards():
         if path == owner:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get_tensor" and node.args and \
-                    isinstance(node.args[0], ast.Constant) and node.args[0].value in tensors:
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) == "get_tensor"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value in tensors
+            ):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} get_tensor({node.args[0].value!r})")
             elif isinstance(node, ast.Constant) and node.value in tensors - {"input_ids", "loss_mask"}:
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
@@ -360,9 +412,15 @@ def test_stage_entries_return_the_dataclasses_of_artifacts_results():
     each entry's return annotation names only classes defined there (or None)."""
     results = ast.parse((PACKAGE / "artifacts" / "results.py").read_text(encoding="utf-8"))
     typed = {node.name for node in results.body if isinstance(node, ast.ClassDef)}
-    entries = {"datagen/run.py": "run_datagen", "capture/run.py": "run_capture", "training/run.py": "run_train",
-               "export/run.py": "export_checkpoint", "bench/run.py": "run_bench", "publish/run.py": "publish_draft",
-               "capture/online.py": "supervise"}
+    entries = {
+        "datagen/run.py": "run_datagen",
+        "capture/run.py": "run_capture",
+        "training/run.py": "run_train",
+        "export/run.py": "export_checkpoint",
+        "bench/run.py": "run_bench",
+        "publish/run.py": "publish_draft",
+        "capture/online.py": "supervise",
+    }
     entries_also = {"training/run.py": "plan_train", "export/run.py": "meta_plan", "capture/run.py": "ensure_capture"}
     found = {}
     for table in (entries, entries_also):
@@ -372,7 +430,10 @@ def test_stage_entries_return_the_dataclasses_of_artifacts_results():
             found[name] = set(ast.unparse(function.returns).replace(" ", "").split("|")) - {"None"}
     assert {name: names - typed for name, names in found.items() if names - typed} == {}
     pipeline = ast.parse((PACKAGE / "pipeline.py").read_text(encoding="utf-8"))
-    for function in (n for n in pipeline.body if isinstance(n, ast.FunctionDef) and n.name.startswith("run_")
-                     and n.name != "run_pipeline"):
+    for function in (
+        n
+        for n in pipeline.body
+        if isinstance(n, ast.FunctionDef) and n.name.startswith("run_") and n.name != "run_pipeline"
+    ):
         names = set(ast.unparse(function.returns).replace(" ", "").split("|")) - {"None"}
         assert names <= typed, (function.name, names)

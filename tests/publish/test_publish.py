@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
-
 from bench_support import export_random_draft
 from hub_server import LoopbackHub, LoopbackModelScope
+from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.recipe import load_recipe
@@ -47,12 +46,34 @@ def exported(tmp_path_factory) -> Path:
     bench = root / "bench"
     bench.mkdir()
     (bench / "bench.md").write_text("# bench\n", encoding="utf-8")
-    (bench / "bench.json").write_text(json.dumps({"kind": "dspark.bench", "draft_dir": str(draft), "offline": {"runs": [
-        {"dataset": "tiny-eval", "temperature": 0.0, "threshold": 0.0, "num_turns": 20,
-         "tau": {"mean": 2.25, "ci95": [2.0, 2.5], "n": 100}},
-        {"dataset": "tiny-eval", "temperature": 0.0, "threshold": 0.5, "num_turns": 20,
-         "tau": {"mean": 2.0, "ci95": [1.8, 2.2], "n": 100}}]},
-        "files": {"checksums": {"bench.md": hashlib.sha256(b"# bench\n").hexdigest()}}}), encoding="utf-8")
+    (bench / "bench.json").write_text(
+        json.dumps(
+            {
+                "kind": "dspark.bench",
+                "draft_dir": str(draft),
+                "offline": {
+                    "runs": [
+                        {
+                            "dataset": "tiny-eval",
+                            "temperature": 0.0,
+                            "threshold": 0.0,
+                            "num_turns": 20,
+                            "tau": {"mean": 2.25, "ci95": [2.0, 2.5], "n": 100},
+                        },
+                        {
+                            "dataset": "tiny-eval",
+                            "temperature": 0.0,
+                            "threshold": 0.5,
+                            "num_turns": 20,
+                            "tau": {"mean": 2.0, "ci95": [1.8, 2.2], "n": 100},
+                        },
+                    ]
+                },
+                "files": {"checksums": {"bench.md": hashlib.sha256(b"# bench\n").hexdigest()}},
+            }
+        ),
+        encoding="utf-8",
+    )
     return draft
 
 
@@ -77,16 +98,31 @@ def resign(draft: Path) -> None:
     (draft / "dspark_manifest.json").write_text(json.dumps(manifest))
 
 
-def publish(*args: str, hub: LoopbackHub | None, token: str | None = TOKEN, home: Path,
-            ms: LoopbackModelScope | None = None, ms_token: str | None = MS_TOKEN) -> subprocess.CompletedProcess:
+def publish(
+    *args: str,
+    hub: LoopbackHub | None,
+    token: str | None = TOKEN,
+    home: Path,
+    ms: LoopbackModelScope | None = None,
+    ms_token: str | None = MS_TOKEN,
+) -> subprocess.CompletedProcess:
     """`dspark publish ARGS` with only these hubs and tokens visible (HOME too: no stored logins). The suite
     runs offline (scripts/dev.sh sets HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE, which huggingface_hub also
     honours); these processes may reach the loopback servers only."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HF_", "MODELSCOPE_")) and k != "TRANSFORMERS_OFFLINE"}
-    env.update({"HOME": str(home), "HF_HOME": str(home / "hf"), "MODELSCOPE_CACHE": str(home / "ms"),
-                "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONWARNINGS": "ignore",
-                "COLUMNS": "200"})
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_")) and k != "TRANSFORMERS_OFFLINE"
+    }
+    env.update(
+        {
+            "HOME": str(home),
+            "HF_HOME": str(home / "hf"),
+            "MODELSCOPE_CACHE": str(home / "ms"),
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "PYTHONWARNINGS": "ignore",
+            "COLUMNS": "200",
+        }
+    )
     if hub is not None:
         env["HF_ENDPOINT"] = hub.url
     if token is not None:
@@ -108,8 +144,15 @@ def test_publish_commits_the_draft_and_its_model_card_in_one_commit(exported, tm
     assert f"published to huggingface: {hub.url}/{REPO}/commit/" in out.stdout
     repo = hub.repos[REPO]
     assert repo.private and len(repo.commits) == 1 and "K3DSparkModel" in repo.commits[0]
-    expected = {"config.json", "model.safetensors", "dspark_manifest.json", "recipe.yaml", "README.md",
-                "bench/bench.json", "bench/bench.md"}
+    expected = {
+        "config.json",
+        "model.safetensors",
+        "dspark_manifest.json",
+        "recipe.yaml",
+        "README.md",
+        "bench/bench.json",
+        "bench/bench.md",
+    }
     assert set(repo.files) == expected
     for name in ("config.json", "model.safetensors", "dspark_manifest.json", "recipe.yaml"):
         assert repo.files[name] == (exported / name).read_bytes(), name  # byte for byte, LFS included
@@ -120,8 +163,13 @@ def test_publish_commits_the_draft_and_its_model_card_in_one_commit(exported, tm
     assert meta["license"] == "apache-2.0" and "dspark" in meta["tags"] and meta["library_name"] == "vllm"
     manifest = json.loads((exported / "dspark_manifest.json").read_text())
     spec = json.loads(card.split("--speculative-config '")[1].split("'")[0])
-    assert spec == {"method": "dspark", "model": REPO, "num_speculative_tokens": manifest["contract"]["block_size"],
-                    "draft_sample_method": "probabilistic", "rejection_sample_method": "block"}
+    assert spec == {
+        "method": "dspark",
+        "model": REPO,
+        "num_speculative_tokens": manifest["contract"]["block_size"],
+        "draft_sample_method": "probabilistic",
+        "rejection_sample_method": "block",
+    }
     assert "vllm serve tiny-mla " in card and str(exported.parent) not in card  # no local paths on the card
     assert "| tiny-eval | 0 | 20 | 2.25 [2.00, 2.50] |" in card  # threshold-0 runs only
     assert card.count("| tiny-eval |") == 1
@@ -201,8 +249,18 @@ def test_an_existing_readme_is_published_as_is(exported, tmp_path):
 
 def test_both_hubs_get_the_same_files_in_one_commit_each(exported, tmp_path):
     with LoopbackHub(TOKEN) as hub, LoopbackModelScope(MS_TOKEN) as ms:
-        out = publish(str(exported), "--repo-id", REPO, "--hub", "huggingface", "--hub", "modelscope",
-                      hub=hub, ms=ms, home=tmp_path)
+        out = publish(
+            str(exported),
+            "--repo-id",
+            REPO,
+            "--hub",
+            "huggingface",
+            "--hub",
+            "modelscope",
+            hub=hub,
+            ms=ms,
+            home=tmp_path,
+        )
     assert out.returncode == 0, out.stderr
     assert f"published to modelscope: {ms.url}/models/{REPO}" in out.stdout
     hf_repo, ms_repo = hub.repos[REPO], ms.repos[REPO]
@@ -215,12 +273,34 @@ def test_both_hubs_get_the_same_files_in_one_commit_each(exported, tmp_path):
 
 def test_modelscope_refusals(exported, tmp_path):
     with LoopbackHub(TOKEN) as hub, LoopbackModelScope(MS_TOKEN) as ms:
-        no_token = publish(str(exported), "--repo-id", REPO, "--hub", "huggingface", "--hub", "modelscope",
-                           hub=hub, ms=ms, ms_token=None, home=tmp_path)
+        no_token = publish(
+            str(exported),
+            "--repo-id",
+            REPO,
+            "--hub",
+            "huggingface",
+            "--hub",
+            "modelscope",
+            hub=hub,
+            ms=ms,
+            ms_token=None,
+            home=tmp_path,
+        )
         assert no_token.returncode == 2 and "no ModelScope token found" in no_token.stderr
         assert hub.requests == [] and ms.requests == []  # every token is checked before the first upload
-        wrong = publish(str(exported), "--repo-id", REPO, "--hub", "huggingface", "--hub", "modelscope", hub=hub,
-                        ms=ms, ms_token="ms_wrong", home=tmp_path)
+        wrong = publish(
+            str(exported),
+            "--repo-id",
+            REPO,
+            "--hub",
+            "huggingface",
+            "--hub",
+            "modelscope",
+            hub=hub,
+            ms=ms,
+            ms_token="ms_wrong",
+            home=tmp_path,
+        )
     assert wrong.returncode == 1 and "ModelScope refused the upload" in wrong.stderr
     # the first hub did get it: the error says so rather than leaving the user to guess
     assert f"already published to huggingface ({hub.url}/{REPO}/commit/" in wrong.stderr
@@ -234,8 +314,13 @@ def test_run_with_publish_checks_the_destination_and_tokens_before_the_first_sta
     assert no_repo.exit_code == 2 and "publish needs a destination repo" in no_repo.output
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
     env.update({"HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "PYTHONWARNINGS": "ignore"})
-    no_token = subprocess.run([DSPARK, "run", "tiny", f"output_dir={tmp_path / 'b'}", f"publish.repo_id={REPO}",
-                               "--publish"], capture_output=True, text=True, env=env, timeout=120)
+    no_token = subprocess.run(
+        [DSPARK, "run", "tiny", f"output_dir={tmp_path / 'b'}", f"publish.repo_id={REPO}", "--publish"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert no_token.returncode == 2 and "no Hugging Face token found" in no_token.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # no stage ran
 
@@ -270,8 +355,11 @@ def test_publish_uploads_only_the_bench_files_bench_listed(exported, tmp_path):
         assert {p for p in hub.repos[REPO].files if p.startswith("bench/")} == {"bench/bench.json", "bench/bench.md"}
         assert b"the user's secret" not in b"".join(hub.repos[REPO].files.values())
         report = json.loads((bench / "bench.json").read_text())
-        for name, problem in (("zz-link.png", "is a symlink"), ("../secret.txt", "is not a file name"),
-                              ("bench.md", "changed since dspark bench wrote it")):
+        for name, problem in (
+            ("zz-link.png", "is a symlink"),
+            ("../secret.txt", "is not a file name"),
+            ("bench.md", "changed since dspark bench wrote it"),
+        ):
             report["files"]["checksums"] = {name: hashlib.sha256(b"# bench\n").hexdigest()}
             (bench / "bench.json").write_text(json.dumps(report))
             if name == "bench.md":
@@ -296,8 +384,9 @@ def test_a_one_prompt_bench_report_makes_a_card(exported, tmp_path):
     report_file.write_text(json.dumps(report))
     result = runner.invoke(app, ["publish", str(draft), "--repo-id", REPO, "--dry-run", "--format", "json"])
     plan = json.loads(result.output)
-    assert "Measured acceptance" not in plan["card_text"] and not any(f["path"].startswith("bench/")
-                                                                      for f in plan["files"])
+    assert "Measured acceptance" not in plan["card_text"] and not any(
+        f["path"].startswith("bench/") for f in plan["files"]
+    )
 
 
 # --- an allow-list of what export wrote, integrity and trust --------------------------------------------
@@ -344,16 +433,32 @@ def test_a_hub_that_echoes_the_authorization_header_never_shows_the_token(export
     # servers that repeat `Authorization: Bearer <token>` in an error body
     secret_hf, secret_ms = "hf_SecretLoopbackToken123456", "ms-secret-loopback-token-987654"
     both = ("--hub", "huggingface", "--hub", "modelscope")
-    with LoopbackHub(secret_hf, fail_commits=1, echo_auth=True) as hub, \
-            LoopbackModelScope(secret_ms, fail_commits=10, echo_auth=True) as ms:  # more than its client retries
+    with (
+        LoopbackHub(secret_hf, fail_commits=1, echo_auth=True) as hub,
+        LoopbackModelScope(secret_ms, fail_commits=10, echo_auth=True) as ms,
+    ):  # more than its client retries
         hf_wrong = publish(str(exported), "--repo-id", REPO, hub=hub, token="hf_WrongButStillSecret99", home=tmp_path)
         hf_failed = publish(str(exported), "--repo-id", REPO, hub=hub, token=secret_hf, home=tmp_path)
-        ms_wrong = publish(str(exported), "--repo-id", REPO, *both, hub=hub, token=secret_hf, ms=ms,
-                           ms_token="ms-wrong-but-still-secret-42", home=tmp_path)
-        ms_failed = publish(str(exported), "--repo-id", REPO, *both, hub=hub, token=secret_hf, ms=ms,
-                            ms_token=secret_ms, home=tmp_path)
-    for out, secret in ((hf_wrong, "hf_WrongButStillSecret99"), (hf_failed, secret_hf),
-                        (ms_wrong, "ms-wrong-but-still-secret-42"), (ms_failed, secret_ms)):
+        ms_wrong = publish(
+            str(exported),
+            "--repo-id",
+            REPO,
+            *both,
+            hub=hub,
+            token=secret_hf,
+            ms=ms,
+            ms_token="ms-wrong-but-still-secret-42",
+            home=tmp_path,
+        )
+        ms_failed = publish(
+            str(exported), "--repo-id", REPO, *both, hub=hub, token=secret_hf, ms=ms, ms_token=secret_ms, home=tmp_path
+        )
+    for out, secret in (
+        (hf_wrong, "hf_WrongButStillSecret99"),
+        (hf_failed, secret_hf),
+        (ms_wrong, "ms-wrong-but-still-secret-42"),
+        (ms_failed, secret_ms),
+    ):
         assert out.returncode == 1, out.stderr
         if secret in (secret_hf, "hf_WrongButStillSecret99"):  # ModelScope's echoes were in its (now quiet) logs
             assert "Bearer ***" in out.stderr, out.stderr  # the server did echo it: the test sees the scrubbed echo
@@ -365,22 +470,37 @@ def test_a_hub_that_echoes_the_authorization_header_never_shows_the_token(export
 
 
 def test_every_hub_without_a_token_is_named(exported, tmp_path):
-    out = publish(str(exported), "--repo-id", REPO, "--hub", "huggingface", "--hub", "modelscope",
-                  hub=None, token=None, ms=None, ms_token=None, home=tmp_path)
+    out = publish(
+        str(exported),
+        "--repo-id",
+        REPO,
+        "--hub",
+        "huggingface",
+        "--hub",
+        "modelscope",
+        hub=None,
+        token=None,
+        ms=None,
+        ms_token=None,
+        home=tmp_path,
+    )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 2, out.stderr
     assert "no token found for Hugging Face or ModelScope" in out.stderr
     assert "hf auth login" in out.stderr and "modelscope login" in out.stderr
 
 
-@pytest.mark.parametrize(("repo_id", "expected"), [
-    ("me/" + "x" * 200, "its name is 200 characters long; the hubs allow at most 96"),
-    ("o" * 97 + "/draft", "its owner is 97 characters long"),
-    ("me/my draft", "its name 'my draft' may hold only letters, digits, '_', '-' and '.'"),
-    ("me/-draft", "its name '-draft' may hold only letters, digits, '_', '-' and '.', and may not start or end"),
-    ("me/a--b", "contains '--' or '..'"),
-    ("me/draft.git", "ends in '.git'"),
-    ("me/a/b", "is not of the form owner/name"),
-])
+@pytest.mark.parametrize(
+    ("repo_id", "expected"),
+    [
+        ("me/" + "x" * 200, "its name is 200 characters long; the hubs allow at most 96"),
+        ("o" * 97 + "/draft", "its owner is 97 characters long"),
+        ("me/my draft", "its name 'my draft' may hold only letters, digits, '_', '-' and '.'"),
+        ("me/-draft", "its name '-draft' may hold only letters, digits, '_', '-' and '.', and may not start or end"),
+        ("me/a--b", "contains '--' or '..'"),
+        ("me/draft.git", "ends in '.git'"),
+        ("me/a/b", "is not of the form owner/name"),
+    ],
+)
 def test_repo_names_the_hubs_refuse_are_refused_first(exported, repo_id, expected):
     result = runner.invoke(app, ["publish", str(exported), "--repo-id", repo_id, "--dry-run"])
     assert result.exit_code == 2 and result.output.startswith("error: publish.repo_id: "), result.output
@@ -393,7 +513,9 @@ def test_scrub_removes_tokens_and_credential_shapes_only():
     from dspark_cli.publish.hubs import scrub
 
     assert scrub("401: you sent Authorization: Bearer abc.def-123") == "401: you sent Authorization: Bearer ***"
-    assert scrub("GET /x?token=s3cr3t&a=1 and {'api_key': 'abcdefgh12'}") == "GET /x?token=***&a=1 and {'api_key': '***'}"
+    assert (
+        scrub("GET /x?token=s3cr3t&a=1 and {'api_key': 'abcdefgh12'}") == "GET /x?token=***&a=1 and {'api_key': '***'}"
+    )
     assert scrub("hf_" + "a" * 34 + " leaked") == "hf_*** leaked"
     assert scrub("my-own-secret-value here", ("my-own-secret-value",)) == "*** here"
     kept = "serve.num_speculative_tokens: 5 differs from draft.block_size 7; /models/hf_cache/x"
@@ -413,8 +535,9 @@ def test_a_hub_that_never_answers_is_given_up_on(exported, tmp_path, monkeypatch
 
 def test_a_modelscope_500_is_one_line_without_request_dumps(exported, tmp_path):
     with LoopbackModelScope(MS_TOKEN, fail_commits=100) as ms:
-        out = publish(str(exported), "--repo-id", REPO, "--hub", "modelscope", hub=None, token=None, ms=ms,
-                      home=tmp_path)
+        out = publish(
+            str(exported), "--repo-id", REPO, "--hub", "modelscope", hub=None, token=None, ms=ms, home=tmp_path
+        )
     assert out.returncode == 1 and "500" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 2, out.stderr  # was ~50 lines of request/response dumps
     assert ms.repos[REPO].files == {}
@@ -440,9 +563,12 @@ def test_a_killed_modelscope_publish_leaves_no_staging_folder_behind(exported, t
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
     env.update({"HOME": str(tmp_path), "MODELSCOPE_API_TOKEN": MS_TOKEN, "PYTHONWARNINGS": "ignore"})
     with LoopbackModelScope(MS_TOKEN, stall=True) as stalled:
-        proc = subprocess.Popen([DSPARK, "publish", str(draft), "--repo-id", REPO, "--hub", "modelscope"],
-                                env={**env, "MODELSCOPE_ENDPOINT": stalled.url}, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [DSPARK, "publish", str(draft), "--repo-id", REPO, "--hub", "modelscope"],
+            env={**env, "MODELSCOPE_ENDPOINT": stalled.url},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 120
         while not stalled.requests and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)

@@ -73,16 +73,15 @@ class DSparkReference:
         """Per head (k [nope + rope], v [v_dim]) of one token with input x at position pos."""
         c = self.cfg
         lat = self._p(layer, "self_attn.kv_a_proj_with_mqa.weight") @ x
-        kv_c = _rms(lat[: c.kv_lora_rank], self._p(layer, "self_attn.kv_a_layernorm.weight"),
-                    c.rms_norm_eps)
-        k_pe = _rotate(lat[c.kv_lora_rank:], pos, c.rope_theta, interleaved=True)
+        kv_c = _rms(lat[: c.kv_lora_rank], self._p(layer, "self_attn.kv_a_layernorm.weight"), c.rms_norm_eps)
+        k_pe = _rotate(lat[c.kv_lora_rank :], pos, c.rope_theta, interleaved=True)
         kvb = self._p(layer, "self_attn.kv_b_proj.weight")
         per_head = c.qk_nope_head_dim + c.v_head_dim
         keys, values = [], []
         for h in range(c.num_attention_heads):
-            rows = kvb[h * per_head:(h + 1) * per_head] @ kv_c
+            rows = kvb[h * per_head : (h + 1) * per_head] @ kv_c
             keys.append(torch.cat([rows[: c.qk_nope_head_dim], k_pe]))
-            values.append(rows[c.qk_nope_head_dim:])
+            values.append(rows[c.qk_nope_head_dim :])
         return keys, values
 
     def _gqa_kv(self, layer, x, pos):
@@ -92,30 +91,31 @@ class DSparkReference:
         v_all = self._p(layer, "self_attn.v_proj.weight") @ x
         keys, values = [], []
         for g in range(c.num_key_value_heads):
-            k = _rms(k_all[g * d:(g + 1) * d], self._p(layer, "self_attn.k_norm.weight"),
-                     c.rms_norm_eps)
+            k = _rms(k_all[g * d : (g + 1) * d], self._p(layer, "self_attn.k_norm.weight"), c.rms_norm_eps)
             keys.append(_rotate(k, pos, c.rope_theta, interleaved=False))
-            values.append(v_all[g * d:(g + 1) * d])
+            values.append(v_all[g * d : (g + 1) * d])
         return keys, values
 
     def _queries(self, layer, x, pos):
         c = self.cfg
         queries = []
         if c.arch == "mla":
-            q_c = _rms(self._p(layer, "self_attn.q_a_proj.weight") @ x,
-                       self._p(layer, "self_attn.q_a_layernorm.weight"), c.rms_norm_eps)
+            q_c = _rms(
+                self._p(layer, "self_attn.q_a_proj.weight") @ x,
+                self._p(layer, "self_attn.q_a_layernorm.weight"),
+                c.rms_norm_eps,
+            )
             q_all = self._p(layer, "self_attn.q_b_proj.weight") @ q_c
             width = c.qk_nope_head_dim + c.qk_rope_head_dim
             for h in range(c.num_attention_heads):
-                q = q_all[h * width:(h + 1) * width]
-                rope = _rotate(q[c.qk_nope_head_dim:], pos, c.rope_theta, interleaved=True)
+                q = q_all[h * width : (h + 1) * width]
+                rope = _rotate(q[c.qk_nope_head_dim :], pos, c.rope_theta, interleaved=True)
                 queries.append(torch.cat([q[: c.qk_nope_head_dim], rope]))
             return queries
         d = c.head_dim
         q_all = self._p(layer, "self_attn.q_proj.weight") @ x
         for h in range(c.num_attention_heads):
-            q = _rms(q_all[h * d:(h + 1) * d], self._p(layer, "self_attn.q_norm.weight"),
-                     c.rms_norm_eps)
+            q = _rms(q_all[h * d : (h + 1) * d], self._p(layer, "self_attn.q_norm.weight"), c.rms_norm_eps)
             queries.append(_rotate(q, pos, c.rope_theta, interleaved=False))
         return queries
 
@@ -123,8 +123,9 @@ class DSparkReference:
         return (self._mla_kv if self.cfg.arch == "mla" else self._gqa_kv)(layer, x, pos)
 
     # -- one drafting step ----------------------------------------------------------------
-    def step(self, context_aux, anchor: int, num_slots: int, *, forced=None,
-             temperature: float = 0.0, gumbel=None) -> RefStep:
+    def step(
+        self, context_aux, anchor: int, num_slots: int, *, forced=None, temperature: float = 0.0, gumbel=None
+    ) -> RefStep:
         """context_aux [p, F] (target states of positions 0..p-1), anchor token at position p.
 
         forced: N token ids to use as the sampled tokens (teacher forcing) instead of sampling.
@@ -133,8 +134,9 @@ class DSparkReference:
         c = self.cfg
         proj, norm, final = NAMES[c.arch]
         p = len(context_aux)
-        context = [_rms(self.w[f"{proj}.weight"] @ a.double(), self.w[f"{norm}.weight"],
-                        c.rms_norm_eps) for a in context_aux]
+        context = [
+            _rms(self.w[f"{proj}.weight"] @ a.double(), self.w[f"{norm}.weight"], c.rms_norm_eps) for a in context_aux
+        ]
         tokens_in = [anchor] + [c.mask_token_id] * (num_slots - 1)
         hidden = [self.embed[t].clone() for t in tokens_in]
         for layer in range(c.num_hidden_layers):
@@ -145,8 +147,7 @@ class DSparkReference:
             attn_out = [self._attend(layer, xs[i], p + i, all_kv) for i in range(num_slots)]
             hidden = [h + a for h, a in zip(hidden, attn_out)]
             for i in range(num_slots):
-                x = _rms(hidden[i], self._p(layer, "post_attention_layernorm.weight"),
-                         c.rms_norm_eps)
+                x = _rms(hidden[i], self._p(layer, "post_attention_layernorm.weight"), c.rms_norm_eps)
                 gate = self._p(layer, "mlp.gate_proj.weight") @ x
                 up = self._p(layer, "mlp.up_proj.weight") @ x
                 hidden[i] = hidden[i] + self._p(layer, "mlp.down_proj.weight") @ (_silu(gate) * up)
@@ -161,7 +162,7 @@ class DSparkReference:
         out = []
         for h, q in enumerate(queries):
             g = h if c.arch == "mla" else h // heads_per_kv
-            scores = [float(q @ keys[g]) * qk_dim ** -0.5 for keys, _ in all_kv]
+            scores = [float(q @ keys[g]) * qk_dim**-0.5 for keys, _ in all_kv]
             top = max(scores)
             weights = [math.exp(s - top) for s in scores]
             total = sum(weights)

@@ -11,19 +11,36 @@ HIDDEN, VOCAB, TARGET_LAYERS = 64, 97, 6
 LAYER_IDS = [0, 2, 5]
 
 
-def tiny_config(arch: str, *, block_size: int = 4, num_layers: int = 2, confidence: bool = True,
-                with_markov: bool = True):
+def tiny_config(
+    arch: str, *, block_size: int = 4, num_layers: int = 2, confidence: bool = True, with_markov: bool = True
+):
     geometry = (
-        dict(num_attention_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
-             qk_rope_head_dim=8, v_head_dim=12)
+        dict(
+            num_attention_heads=4,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=12,
+        )
         if arch == "mla"
         else dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     )
     return draft_config_from_values(
-        arch=arch, target_hidden_size=HIDDEN, vocab_size=VOCAB, num_layers=num_layers,
-        block_size=block_size, target_layer_ids=LAYER_IDS, target_num_hidden_layers=TARGET_LAYERS,
-        markov_rank=8, enable_confidence_head=confidence, confidence_head_with_markov=with_markov,
-        mask_token_id=VOCAB - 1, intermediate_size=96, rope_theta=1000.0, **geometry,
+        arch=arch,
+        target_hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        num_layers=num_layers,
+        block_size=block_size,
+        target_layer_ids=LAYER_IDS,
+        target_num_hidden_layers=TARGET_LAYERS,
+        markov_rank=8,
+        enable_confidence_head=confidence,
+        confidence_head_with_markov=with_markov,
+        mask_token_id=VOCAB - 1,
+        intermediate_size=96,
+        rope_theta=1000.0,
+        **geometry,
     )
 
 

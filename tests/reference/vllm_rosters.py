@@ -35,10 +35,14 @@ class VParam:
 def k3_params(v: dict) -> dict[str, VParam]:
     """K3DSparkForCausalLM's named_parameters() (tp=1, unquantized, no output gate)."""
     h, n = v["hidden_size"], v["num_hidden_layers"]
-    heads, nope, rope, vd = (v["num_attention_heads"], v["qk_nope_head_dim"],
-                             v["qk_rope_head_dim"], v["v_head_dim"])
-    ql, kl, inter, r, vocab = (v["q_lora_rank"], v["kv_lora_rank"], v["intermediate_size"],
-                               v["markov_rank"], v["vocab_size"])
+    heads, nope, rope, vd = (v["num_attention_heads"], v["qk_nope_head_dim"], v["qk_rope_head_dim"], v["v_head_dim"])
+    ql, kl, inter, r, vocab = (
+        v["q_lora_rank"],
+        v["kv_lora_rank"],
+        v["intermediate_size"],
+        v["markov_rank"],
+        v["vocab_size"],
+    )
     p = {
         "model.context_proj.weight": VParam((h, v["target_hidden_size"] * v["num_target_layers"])),
         "model.context_norm.weight": VParam((h,)),
@@ -56,8 +60,7 @@ def k3_params(v: dict) -> dict[str, VParam]:
         p[m + "mlp.down_proj.weight"] = VParam((h, inter))
         p[m + "input_layernorm.weight"] = VParam((h,))
         p[m + "post_attention_layernorm.weight"] = VParam((h,))
-    p["model.context_kv_proj.weight"] = VParam((n * (kl + rope), h),
-                                               {i: kl + rope for i in range(n)})
+    p["model.context_kv_proj.weight"] = VParam((n * (kl + rope), h), {i: kl + rope for i in range(n)})
     p["model.final_norm.weight"] = VParam((h,))
     _heads(p, v, r, vocab, h)
     return p
@@ -66,16 +69,20 @@ def k3_params(v: dict) -> dict[str, VParam]:
 def qwen3_params(v: dict) -> dict[str, VParam]:
     """Qwen3DSparkForCausalLM's named_parameters() (tp=1, unquantized, full vocab)."""
     h, n, d = v["hidden_size"], v["num_hidden_layers"], v["head_dim"]
-    heads, kv, inter, r, vocab = (v["num_attention_heads"], v["num_key_value_heads"],
-                                  v["intermediate_size"], v["markov_rank"], v["vocab_size"])
+    heads, kv, inter, r, vocab = (
+        v["num_attention_heads"],
+        v["num_key_value_heads"],
+        v["intermediate_size"],
+        v["markov_rank"],
+        v["vocab_size"],
+    )
     p = {
         "model.embed_tokens.weight": VParam((pad_vocab(vocab), h), from_target=True),
         "model.mask_embedding": VParam((h,), from_target=True),  # unused placeholder
     }
     for i in range(n):
         a = f"model.layers.{i}.self_attn."
-        p[a + "qkv_proj.weight"] = VParam(((heads + 2 * kv) * d, h),
-                                          {"q": heads * d, "k": kv * d, "v": kv * d})
+        p[a + "qkv_proj.weight"] = VParam(((heads + 2 * kv) * d, h), {"q": heads * d, "k": kv * d, "v": kv * d})
         p[a + "o_proj.weight"] = VParam((h, heads * d))
         p[a + "q_norm.weight"] = VParam((d,))
         p[a + "k_norm.weight"] = VParam((d,))
@@ -95,8 +102,7 @@ def qwen3_params(v: dict) -> dict[str, VParam]:
 
 def _heads(p, v, r, vocab, h):
     p["model.markov_head.markov_w1.weight"] = VParam((vocab, r))  # plain nn.Embedding
-    p["model.markov_head.markov_w2.weight"] = VParam((pad_vocab(vocab), r),
-                                                     loaded_shape=(vocab, r))
+    p["model.markov_head.markov_w2.weight"] = VParam((pad_vocab(vocab), r), loaded_shape=(vocab, r))
     if v.get("enable_confidence_head", False):
         width = h + (r if v.get("confidence_head_with_markov", False) else 0)
         p["model.confidence_head.proj.weight"] = VParam((1, width), dtype="float32")
@@ -104,12 +110,19 @@ def _heads(p, v, r, vocab, h):
 
 
 # -- name mapping, step by step as the loaders do it -----------------------------------------
-K3_STACKED = {".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1),
-              ".q_a_proj": (".fused_qkv_a_proj", 0),
-              ".kv_a_proj_with_mqa": (".fused_qkv_a_proj", 1)}
-QWEN3_STACKED = {".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"),
-                 ".v_proj": (".qkv_proj", "v"), ".gate_proj": (".gate_up_proj", 0),
-                 ".up_proj": (".gate_up_proj", 1)}
+K3_STACKED = {
+    ".gate_proj": (".gate_up_proj", 0),
+    ".up_proj": (".gate_up_proj", 1),
+    ".q_a_proj": (".fused_qkv_a_proj", 0),
+    ".kv_a_proj_with_mqa": (".fused_qkv_a_proj", 1),
+}
+QWEN3_STACKED = {
+    ".q_proj": (".qkv_proj", "q"),
+    ".k_proj": (".qkv_proj", "k"),
+    ".v_proj": (".qkv_proj", "v"),
+    ".gate_proj": (".gate_up_proj", 0),
+    ".up_proj": (".gate_up_proj", 1),
+}
 
 
 def _stack(name, stacked):
@@ -155,7 +168,7 @@ def qwen3_map(names: list[str], v: dict) -> list[tuple[str, str | None, object]]
             out.append((orig, None, None))
             continue
         if name.startswith("model."):
-            inner, shard = _stack(name[len("model."):], QWEN3_STACKED)
+            inner, shard = _stack(name[len("model.") :], QWEN3_STACKED)
             name = "model." + inner
         else:
             shard = None
@@ -169,8 +182,9 @@ class LoadReport:
     problems: list = field(default_factory=list)
 
 
-def simulate_load(engine: str, v: dict, checkpoint: dict[str, tuple[int, ...]],
-                  dtypes: dict[str, str] | None = None) -> LoadReport:
+def simulate_load(
+    engine: str, v: dict, checkpoint: dict[str, tuple[int, ...]], dtypes: dict[str, str] | None = None
+) -> LoadReport:
     params = k3_params(v) if engine == "k3" else qwen3_params(v)
     mapping = (k3_map if engine == "k3" else qwen3_map)(list(checkpoint), v)
     report = LoadReport()
@@ -196,8 +210,7 @@ def simulate_load(engine: str, v: dict, checkpoint: dict[str, tuple[int, ...]],
         if shape != tuple(expected):
             report.problems.append(f"{orig} -> {target}[{shard}]: shape {shape} != {expected}")
         if key in report.filled:
-            report.problems.append(f"{orig} -> {target}[{shard}]: filled twice "
-                                   f"(also by {report.filled[key]})")
+            report.problems.append(f"{orig} -> {target}[{shard}]: filled twice (also by {report.filled[key]})")
         report.filled[key] = orig
         if dtypes and param.dtype == "float32" and dtypes[orig] != "float32":
             report.problems.append(f"{orig}: vLLM keeps it in float32, exported {dtypes[orig]}")

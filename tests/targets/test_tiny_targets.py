@@ -54,6 +54,7 @@ HELD_OUT_MIN_EOS_SHARE = 0.95
 
 # ----------------------------------------------------------------------------- resolution (no torch needed)
 
+
 def test_bundled_names_resolve_to_shipped_dirs():
     for name in TARGETS:
         path = resolve_target(name)
@@ -92,13 +93,16 @@ def test_unknown_name_and_file_are_usage_errors(tmp_path):
 
 
 def test_targets_package_is_import_light():
-    code = ("import sys, dspark_cli.targets; "
-            "heavy = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys, dspark_cli.targets; "
+        "heavy = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules]; print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 # ----------------------------------------------------------------------------- shipped files and contract
+
 
 def _config(name: str) -> dict:
     return json.loads((TINY_DIR / name / "config.json").read_text())
@@ -107,8 +111,15 @@ def _config(name: str) -> dict:
 @pytest.mark.parametrize("name", TARGETS)
 def test_shipped_files_fit_the_budget(name):
     d = TINY_DIR / name
-    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-              "generation_config.json", "README.md", "build.json"):
+    for f in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "README.md",
+        "build.json",
+    ):
         assert (d / f).is_file(), f
     assert (d / "model.safetensors").stat().st_size <= MAX_BYTES
 
@@ -144,11 +155,15 @@ def test_tokenizer_specials_and_chat_template(hf_target):
     assert len(tok) == model.config.vocab_size == _config(name)["vocab_size"]
     assert tok.eos_token == "<|end|>" and tok.eos_token_id == model.config.eos_token_id == 1
     assert tok.mask_token == "<|mask|>" and tok.mask_token_id == 5 and tok.pad_token_id == 0
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "def f():\n    return 1\n"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "def f():\n    return 1\n"},
+    ]
     text = tok.apply_chat_template(messages, tokenize=False)
-    assert text == ("<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n"
-                    "<|assistant|>\ndef f():\n    return 1\n<|end|>\n")
+    assert text == (
+        "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\ndef f():\n    return 1\n<|end|>\n"
+    )
     prompt = tok.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)
     assert prompt.endswith("<|user|>\nHi<|end|>\n<|assistant|>\n")
     # The assistant turn's last real token is EOS, and training encodes conversations the same way.
@@ -161,6 +176,7 @@ def test_tokenizer_specials_and_chat_template(hf_target):
 
 
 # ----------------------------------------------------------------------------- the build's determinism
+
 
 @pytest.fixture(scope="module")
 def corpus():
@@ -209,13 +225,16 @@ def test_anti_repetition_stage_is_deterministic_and_targets_repeats(hf_target, c
     cfg = FinetuneConfig(iterations=2, batch_size=2, ul_prompts=2, ul_new_tokens=24, warmup_steps=1)
     weights = []
     for _ in range(2):
-        model = AutoModelForCausalLM.from_pretrained(str(TINY_DIR / name), dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(
+            str(TINY_DIR / name), dtype=torch.float32, attn_implementation="sdpa"
+        )
         finetune(model, tok, rows, training_prompts(tok, pairs), cfg, Path(os.devnull), name)
         weights.append(model.state_dict())
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]), name
 
 
 # ----------------------------------------------------------------------------- the second held-out set
+
 
 def _ngrams(text: str, n: int) -> set[tuple[str, ...]]:
     import re
@@ -246,13 +265,16 @@ def test_tiny_requests_are_new_requests_not_corpus_prompts(corpus):
     known = set().union(*(_ngrams(p, 5) for p in seen))
     shared = {p: sorted(_ngrams(p, 5) & known) for p in prompts if _ngrams(p, 5) & known}
     assert not shared
-    templates = re.compile(r"What is the signature of `|Explain what (the class )?`|Write a Python function `"
-                           r"|Write the method `|What is the `[\w.]+` module for\?|in the style of `")
+    templates = re.compile(
+        r"What is the signature of `|Explain what (the class )?`|Write a Python function `"
+        r"|Write the method `|What is the `[\w.]+` module for\?|in the style of `"
+    )
     assert not [p for p in prompts if templates.search(p)]
     assert _ngrams("So what is the signature of it?", 5) & known  # the check sees a corpus template
 
 
 # ----------------------------------------------------------------------------- quality and engine agreement
+
 
 @pytest.fixture(scope="module")
 def eval_set(corpus):
@@ -313,7 +335,10 @@ def test_vllm_and_hf_greedy_are_token_identical_and_chat_like(hf_target, eval_se
     assert g.loop_share <= MAX_LOOP_SHARE, (name, g)
     recorded = json.loads((TINY_DIR / name / "build.json").read_text())["generation"]
     assert (recorded["eos_share"], recorded["ast_share"], recorded["loop_share"]) == (
-        g.eos_share, g.ast_share, g.loop_share)
+        g.eos_share,
+        g.ast_share,
+        g.loop_share,
+    )
 
 
 def test_loop_detector_flags_degenerate_text_and_spares_the_corpus(hf_target, corpus):
@@ -350,8 +375,9 @@ def test_vllm_chat_renders_the_same_template(hf_target, tiny_vllm):
     name, model, tok = hf_target
     messages = [{"role": "user", "content": "Explain what `json.dumps` does."}]
     out = tiny_vllm(name).chat(messages, SamplingParams(temperature=0.0, max_tokens=64), use_tqdm=False)[0]
-    assert list(out.prompt_token_ids) == tok.apply_chat_template(messages, add_generation_prompt=True,
-                                                                 tokenize=True, return_dict=False)
+    assert list(out.prompt_token_ids) == tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert out.outputs[0].token_ids[-1] == tok.eos_token_id and out.outputs[0].text.strip()
 
 
@@ -382,11 +408,16 @@ def test_card_reports_the_numbers():
     for name in TARGETS:
         card = (TINY_DIR / name / "README.md").read_text()
         record = json.loads((TINY_DIR / name / "build.json").read_text())
-        for needle in ("PSF", f"Python {record['python']}", f"{record['eval_prompts']['accuracy']:.3f}",
-                       f"{record['generation']['eos_share']:.2f}", f"{record['generation']['ast_share']:.2f}",
-                       f"{record['generation']['loop_share']:.2f}",
-                       f"{record['generation_held_out']['loop_share']:.2f}",
-                       "build_tiny"):
+        for needle in (
+            "PSF",
+            f"Python {record['python']}",
+            f"{record['eval_prompts']['accuracy']:.3f}",
+            f"{record['generation']['eos_share']:.2f}",
+            f"{record['generation']['ast_share']:.2f}",
+            f"{record['generation']['loop_share']:.2f}",
+            f"{record['generation_held_out']['loop_share']:.2f}",
+            "build_tiny",
+        ):
             assert needle in card, (name, needle)
 
 

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import train_fixtures
 from procs_support import descendants, hold_lock, wait_gone
 
@@ -26,20 +25,34 @@ DSPARK = str(Path(sys.executable).with_name("dspark"))
 
 
 def _overrides(work: Path) -> list[str]:
-    return [f"target.model={work / 'target'}", "target.dtype=float32", f"output_dir={work / 'run'}",
-            "draft.arch=gqa", "draft.num_layers=2", "draft.block_size=4", "draft.markov_rank=16",
-            f"draft.mask_token_id={train_fixtures.VOCAB - 1}", "draft.target_layer_ids=[0, 2]",
-            "train.num_anchors=12", "train.max_seq_len=64", "train.tokens_per_step=256", "train.epochs=2.0",
-            "train.max_steps=null", "train.warmup_steps=1",
-            "train.log_every=2", "train.checkpoint_every=4", "capture.max_seq_len=64"]
+    return [
+        f"target.model={work / 'target'}",
+        "target.dtype=float32",
+        f"output_dir={work / 'run'}",
+        "draft.arch=gqa",
+        "draft.num_layers=2",
+        "draft.block_size=4",
+        "draft.markov_rank=16",
+        f"draft.mask_token_id={train_fixtures.VOCAB - 1}",
+        "draft.target_layer_ids=[0, 2]",
+        "train.num_anchors=12",
+        "train.max_seq_len=64",
+        "train.tokens_per_step=256",
+        "train.epochs=2.0",
+        "train.max_steps=null",
+        "train.warmup_steps=1",
+        "train.log_every=2",
+        "train.checkpoint_every=4",
+        "capture.max_seq_len=64",
+    ]
 
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
     """A complete capture directory for the fixture target, as capture writes it."""
+    from dspark_cli.artifacts.files import write_json_atomic
     from dspark_cli.capture.plan import contract_for_recipe
     from dspark_cli.capture.shards import shard_name, write_shard
-    from dspark_cli.artifacts.files import write_json_atomic
     from dspark_cli.recipe import load_recipe
 
     work = tmp_path_factory.mktemp("train-cli")
@@ -49,12 +62,23 @@ def captured(tmp_path_factory):
     out = Path(recipe.stage_dir("capture"))
     out.mkdir(parents=True)
     layer_ids = train_fixtures.LAYER_IDS
-    shards = [write_shard(out / shard_name(i), sequences[i * 5:(i + 1) * 5], layer_ids=layer_ids,
-                          hidden_size=train_fixtures.HIDDEN) for i in range(2)]
-    write_json_atomic(out / "manifest.json", {
-        "kind": "dspark.capture", "format_version": 1, "complete": True,
-        "contract": contract_for_recipe(recipe).to_dict(),
-        "layout": {"target_layer_ids": layer_ids, "hidden_size": train_fixtures.HIDDEN}, "shards": shards})
+    shards = [
+        write_shard(
+            out / shard_name(i), sequences[i * 5 : (i + 1) * 5], layer_ids=layer_ids, hidden_size=train_fixtures.HIDDEN
+        )
+        for i in range(2)
+    ]
+    write_json_atomic(
+        out / "manifest.json",
+        {
+            "kind": "dspark.capture",
+            "format_version": 1,
+            "complete": True,
+            "contract": contract_for_recipe(recipe).to_dict(),
+            "layout": {"target_layer_ids": layer_ids, "hidden_size": train_fixtures.HIDDEN},
+            "shards": shards,
+        },
+    )
     return work
 
 
@@ -68,8 +92,11 @@ def test_dry_run_prints_the_exact_plan_and_writes_nothing(captured):
     assert out.returncode == 0, out.stderr
     assert "train plan (exact; nothing written)" in out.stdout
     # 10 sequences of 64 tokens, 4 per step, 2 epochs: 20 sequences -> 5 steps
-    table = {cells[0]: cells[1] for line in out.stdout.splitlines()
-             if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 2}
+    table = {
+        cells[0]: cells[1]
+        for line in out.stdout.splitlines()
+        if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 2
+    }
     assert table["steps"] == "5" and table["sequences per epoch"] == "10" and table["processes"] == "1"
     assert table["tokens per step (all ranks)"] == "256"
     assert not (captured / "run" / "train").exists()
@@ -106,23 +133,31 @@ def test_a_rank_reports_its_failure_as_the_cli_does(captured, tmp_path):
     rank = [sys.executable, "-m", "dspark_cli.training", "tiny"]
     bad = subprocess.run([*rank, "train.lr=-1"], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and bad.stderr.splitlines()[0] == "error: train.lr: must be greater than 0 (got -1)"
-    resume = subprocess.run([*rank, *_overrides(captured), f"--resume={tmp_path}", f"train.output_dir={tmp_path / 't'}"],
-                            capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    resume = subprocess.run(
+        [*rank, *_overrides(captured), f"--resume={tmp_path}", f"train.output_dir={tmp_path / 't'}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert resume.returncode == 2 and "Traceback" not in resume.stderr
     lines = resume.stderr.strip().splitlines()
     assert len(lines) == 2 and "not a complete dspark checkpoint" in lines[0] and lines[1].startswith("hint: ")
 
 
 def test_plan_lengths_from_shard_metadata_equal_the_prepared_sequences(captured):
-    from dspark_cli.capture import iter_captured
+    from dspark_cli.capture import captured_lengths, iter_captured
     from dspark_cli.recipe import load_recipe
     from dspark_cli.training.data import prepare
-    from dspark_cli.capture import captured_lengths
 
     recipe = load_recipe("tiny", _overrides(captured))
     for max_len in (64, 20):
-        prepared = [e.num_tokens for i, s in enumerate(iter_captured(recipe.stage_dir("capture")))
-                    if (e := prepare(s, epoch=0, index=i, seed=0, num_anchors=1, max_seq_len=max_len))]
+        prepared = [
+            e.num_tokens
+            for i, s in enumerate(iter_captured(recipe.stage_dir("capture")))
+            if (e := prepare(s, epoch=0, index=i, seed=0, num_anchors=1, max_seq_len=max_len))
+        ]
         assert captured_lengths(recipe.stage_dir("capture"), max_len) == prepared
     assert prepared == [] or set(prepared) == {20}  # truncated
 
@@ -134,8 +169,10 @@ def test_an_incomplete_capture_inside_training_is_one_line(captured, tmp_path):
     from dspark_cli.recipe import load_recipe
     from dspark_cli.training.run import run_train
 
-    recipe = load_recipe("tiny", [*_overrides(captured), f"capture.output_dir={tmp_path / 'none'}",
-                                  f"train.output_dir={tmp_path / 'train'}"])
+    recipe = load_recipe(
+        "tiny",
+        [*_overrides(captured), f"capture.output_dir={tmp_path / 'none'}", f"train.output_dir={tmp_path / 'train'}"],
+    )
     with pytest.raises(DataError, match="capture output is not made yet") as err:
         run_train(recipe, resume="never")
     assert "\n" not in str(err.value) and "dspark train RECIPE" in err.value.hint
@@ -150,9 +187,24 @@ def test_a_sigkilled_launcher_takes_torchrun_and_its_ranks_with_it(captured, tmp
     import time
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    launcher = subprocess.Popen([DSPARK, "train", "tiny", *_overrides(captured), "-o", str(tmp_path / "t"),
-                                 "--nproc", "2", "train.max_steps=1000", "train.epochs=1000.0"],
-                                env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        [
+            DSPARK,
+            "train",
+            "tiny",
+            *_overrides(captured),
+            "-o",
+            str(tmp_path / "t"),
+            "--nproc",
+            "2",
+            "train.max_steps=1000",
+            "train.epochs=1000.0",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 180
     while len(tree := descendants(launcher.pid)) < 3 and time.time() < deadline and launcher.poll() is None:
         time.sleep(0.2)  # torchrun and its 2 ranks
@@ -172,10 +224,27 @@ def test_a_rank_that_fails_mid_run_does_not_hang_the_others(captured, tmp_path):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     with open(tmp_path / "stderr", "w+") as stderr:
-        launcher = subprocess.Popen([DSPARK, "train", "tiny", *_overrides(captured), "-o", str(tmp_path / "t"),
-                                     "--nproc", "2", "train.max_steps=1000", "train.epochs=1000.0",
-                                     "train.log_every=1", "train.checkpoint_every=1000"],
-                                    env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        launcher = subprocess.Popen(
+            [
+                DSPARK,
+                "train",
+                "tiny",
+                *_overrides(captured),
+                "-o",
+                str(tmp_path / "t"),
+                "--nproc",
+                "2",
+                "train.max_steps=1000",
+                "train.epochs=1000.0",
+                "train.log_every=1",
+                "train.checkpoint_every=1000",
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
         assert launcher.stdout is not None
         tree: list[int] = []
         try:

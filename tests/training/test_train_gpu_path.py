@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import train_fixtures
 from reference.tiny_drafts import tiny_model, tiny_sequence
 
@@ -69,12 +68,19 @@ def _analytic_forward_flops(cfg, seq_len: int, anchors: list[int]) -> int:
 
     total = mm(t, cfg.target_hidden_size * cfg.num_target_layers, h)  # context projection
     if cfg.arch == "mla":
-        latent, qk, v = cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, \
-            cfg.v_head_dim
-        layer = (mm(t, h, latent) + mm(q, h, latent)  # context and own latents
-                 + mm(q, h, cfg.q_lora_rank) + mm(q, cfg.q_lora_rank, heads * qk)  # queries
-                 + mm(t + q, cfg.kv_lora_rank, heads * (cfg.qk_nope_head_dim + v))  # kv_b over every key
-                 + mm(q, heads * v, h))
+        latent, qk, v = (
+            cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+            cfg.qk_nope_head_dim + cfg.qk_rope_head_dim,
+            cfg.v_head_dim,
+        )
+        layer = (
+            mm(t, h, latent)
+            + mm(q, h, latent)  # context and own latents
+            + mm(q, h, cfg.q_lora_rank)
+            + mm(q, cfg.q_lora_rank, heads * qk)  # queries
+            + mm(t + q, cfg.kv_lora_rank, heads * (cfg.qk_nope_head_dim + v))  # kv_b over every key
+            + mm(q, heads * v, h)
+        )
     else:
         qk = v = cfg.head_dim
         kv = 2 * cfg.num_key_value_heads * cfg.head_dim
@@ -124,9 +130,13 @@ def _examples(lengths: list[int], num_anchors: int):
     for i, length in enumerate(lengths):
         mask = torch.ones(length, dtype=torch.bool)
         mask[:4] = False
-        seq = CapturedSequence(f"s/{i}", torch.randint(0, VOCAB - 1, (length,), generator=gen), mask,
-                               torch.randn(length, HIDDEN * len(LAYER_IDS), generator=gen),
-                               torch.randn(length, HIDDEN, generator=gen))
+        seq = CapturedSequence(
+            f"s/{i}",
+            torch.randint(0, VOCAB - 1, (length,), generator=gen),
+            mask,
+            torch.randn(length, HIDDEN * len(LAYER_IDS), generator=gen),
+            torch.randn(length, HIDDEN, generator=gen),
+        )
         out.append(prepare(seq, epoch=0, index=i, seed=0, num_anchors=num_anchors, max_seq_len=max(lengths)))
     return out
 

@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import train_fixtures
 
-pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+pytestmark = (
+    pytest.mark.slow
+)  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
 
 ROOT = Path(__file__).resolve().parents[2]
 DSPARK = str(Path(sys.executable).with_name("dspark"))
@@ -52,7 +53,11 @@ def finished(tmp_path_factory):
     out = _train(work)
     assert out.returncode == 0, out.stderr[-3000:]
     assert sorted(p.name for p in (work / "run" / "train" / "checkpoints").iterdir()) == [
-        "latest", "step-000002", "step-000004", "step-000005"]
+        "latest",
+        "step-000002",
+        "step-000004",
+        "step-000005",
+    ]
     return work
 
 
@@ -74,8 +79,9 @@ def _flip(path: Path, at: float = 0.5, count: int = 2) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["distcp-flip", "distcp-overwrite", "distcp-truncate", "metadata-overwrite",
-                                    "metadata-truncate"])
+@pytest.mark.parametrize(
+    "damage", ["distcp-flip", "distcp-overwrite", "distcp-truncate", "metadata-overwrite", "metadata-truncate"]
+)
 def test_a_damaged_checkpoint_is_refused_before_it_is_read(work, damage):
     """Case 3 (and 6's truncated files): was a silent resume (NaN loss / changed weights) or a raw
     CheckpointException traceback; now one line naming the file, before torch reads it."""
@@ -85,7 +91,7 @@ def test_a_damaged_checkpoint_is_refused_before_it_is_read(work, damage):
         _flip(victim)
     elif how == "overwrite":
         data = bytearray(victim.read_bytes())
-        data[len(data) // 3: len(data) // 3 + 64] = b"\x00" * 64
+        data[len(data) // 3 : len(data) // 3 + 64] = b"\x00" * 64
         victim.write_bytes(bytes(data))
     else:
         victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
@@ -151,9 +157,15 @@ def test_a_payload_in_non_tensor_state_never_runs(work, tmp_path, monkeypatch):
     real_state = ckpt_mod._state
     monkeypatch.setattr(ckpt_mod, "_state", lambda m, o: {**real_state(m, o), "extra": Evil()})
     recipe = train_fixtures.tiny_recipe(work)
-    path = ckpt_mod.save_checkpoint(env, tmp_path / "out", step=1, module=module, optimizer=optimizer,
-                                    meta={"contract": None, "position": {"epoch": 0, "consumed": 1}},
-                                    recipe=recipe)  # a meta.json that passes check_meta: the payload is reached
+    path = ckpt_mod.save_checkpoint(
+        env,
+        tmp_path / "out",
+        step=1,
+        module=module,
+        optimizer=optimizer,
+        meta={"contract": None, "position": {"epoch": 0, "consumed": 1}},
+        recipe=recipe,
+    )  # a meta.json that passes check_meta: the payload is reached
     monkeypatch.setattr(ckpt_mod, "_state", lambda m, o: {**real_state(m, o), "extra": None})
     monkeypatch.setattr(ckpt_mod, "check_contract", lambda *a: None)
     from dspark_cli.errors import DataError
@@ -206,14 +218,20 @@ def _recorded(work: Path) -> tuple[bytes, bytes]:
     return (train_dir / "recipe.yaml").read_bytes(), (train_dir / "manifest.json").read_bytes()
 
 
-@pytest.mark.parametrize("change, named, fix", [
-    # the preflight's line (it refuses before any work; training itself would refuse the same)
-    (("train.max_steps=2", "capture.max_seq_len=256"), "captured with capture.max_seq_len=64, this recipe says 256",
-     "capture into a new capture.output_dir"),
-    (("train.max_steps=2",), "train.max_steps None -> 2", "-o DIR"),
-    (("draft.num_layers=3",), "draft.num_layers 2 -> 3", "-o DIR"),
-    (("train.lr=0.01", "train.seed=3"), "train.lr 0.003 -> 0.01, train.seed 0 -> 3", "-o DIR"),  # tiny's lr 3e-3
-])
+@pytest.mark.parametrize(
+    "change, named, fix",
+    [
+        # the preflight's line (it refuses before any work; training itself would refuse the same)
+        (
+            ("train.max_steps=2", "capture.max_seq_len=256"),
+            "captured with capture.max_seq_len=64, this recipe says 256",
+            "capture into a new capture.output_dir",
+        ),
+        (("train.max_steps=2",), "train.max_steps None -> 2", "-o DIR"),
+        (("draft.num_layers=3",), "draft.num_layers 2 -> 3", "-o DIR"),
+        (("train.lr=0.01", "train.seed=3"), "train.lr 0.003 -> 0.01, train.seed 0 -> 3", "-o DIR"),  # tiny's lr 3e-3
+    ],
+)
 def test_a_rerun_with_other_settings_is_refused_and_records_nothing(work, change, named, fix):
     """Case 5: exited 0 with the old result and rewrote recipe.yaml + the manifest (or a traceback)."""
     before = _recorded(work)
@@ -235,8 +253,9 @@ def test_settings_that_do_not_shape_the_result_may_change_and_the_hint_works(wor
 
 def _mount_tmpfs(directory: Path, size: str) -> bool:
     directory.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True
+    )
     return done.returncode == 0
 
 
@@ -282,7 +301,10 @@ def _resign_meta(ckpt: Path, **changes) -> None:
     meta.update(changes)
     (ckpt / "meta.json").write_text(json.dumps(meta))
     sums = json.loads((ckpt / "checksums.json").read_text())
-    sums["files"]["meta.json"] = {"bytes": (ckpt / "meta.json").stat().st_size, "sha256": sha256_file(ckpt / "meta.json")}
+    sums["files"]["meta.json"] = {
+        "bytes": (ckpt / "meta.json").stat().st_size,
+        "sha256": sha256_file(ckpt / "meta.json"),
+    }
     (ckpt / "checksums.json").write_text(json.dumps(sums))
 
 
@@ -291,8 +313,10 @@ def test_a_resigned_meta_claiming_step_1e12_is_not_trusted(work):
     ckpt = _ckpt(work)
     _resign_meta(ckpt, step=10**12)
     err = _one_line_error(_train(work))
-    assert f"{ckpt}: not a checkpoint dspark wrote: its meta.json claims step 1,000,000,000,000 but the " \
-           "checkpoint is step-000005" in err
+    assert (
+        f"{ckpt}: not a checkpoint dspark wrote: its meta.json claims step 1,000,000,000,000 but the "
+        "checkpoint is step-000005" in err
+    )
     renamed = ckpt.with_name(f"step-{10**12}")  # renamed to match, and `latest` pointed at it
     ckpt.rename(renamed)
     (renamed.parent / "latest").write_text(renamed.name + "\n")

@@ -14,7 +14,9 @@ import pytest
 
 from dspark_cli.targets import BUNDLED_TARGETS
 
-pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+pytestmark = (
+    pytest.mark.slow
+)  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
 
 
 @pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-gqa"] / "config.json").is_file(), reason="tiny-gqa is not built")
@@ -23,10 +25,21 @@ def test_online_max_steps_stops_the_run_and_the_producers(tmp_path):
 
     from dspark_cli.training.run import run_train
 
-    recipe = capture_recipe("tiny-gqa", tmp_path, "capture.mode=online", "capture.shard_tokens=60",
-                            "capture.queue_max_shards=2", "draft.arch=gqa", "train.max_steps=2",
-                            "train.tokens_per_step=64", "train.max_seq_len=64", "train.num_anchors=8",
-                            "train.log_every=1", "train.checkpoint_every=1", "train.warmup_steps=1")
+    recipe = capture_recipe(
+        "tiny-gqa",
+        tmp_path,
+        "capture.mode=online",
+        "capture.shard_tokens=60",
+        "capture.queue_max_shards=2",
+        "draft.arch=gqa",
+        "train.max_steps=2",
+        "train.tokens_per_step=64",
+        "train.max_seq_len=64",
+        "train.num_anchors=8",
+        "train.log_every=1",
+        "train.checkpoint_every=1",
+        "train.warmup_steps=1",
+    )
     records = []
     summary = run_train(recipe, resume="auto", on_log=records.append)
     stream = Path(recipe.stage_dir("capture") + "-stream")

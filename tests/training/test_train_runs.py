@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 import train_fixtures
 
-pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+pytestmark = (
+    pytest.mark.slow
+)  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = str(ROOT / "tests" / "train_fixtures.py")
@@ -49,8 +50,14 @@ def _run(workdir: Path, *args: str, nproc: int = 1) -> tuple[list[dict], dict]:
 def _kill_at_step(work: Path, *args: str, step: int = 7) -> int | None:
     """Run the worker on `work` and SIGKILL it once it logs `step`; the step it was killed at (None: it
     finished first) -- its return code is then -SIGKILL."""
-    proc = subprocess.Popen([sys.executable, WORKER, str(work), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=_env(), cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, str(work), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
     killed_at = None
     for line in proc.stdout:
         if line.startswith("{") and json.loads(line).get("step") == step:
@@ -121,8 +128,12 @@ def test_two_fsdp2_processes_match_one_under_the_tiny_recipes_objective(target_r
     # the tiny recipe's objective (0.5 CE against the target's distribution + 0.5 L1, slots weighted by
     # their share of the expected accepted length): its slot weights come from each block's own
     # confidence estimates, so a rank-local normalisation would show up here as a different loss
-    objective = ("train.loss.ce=0.5", "train.loss.l1=0.5", "train.loss.ce_target=target",
-                 "train.loss.slot_weighting=expected_length")
+    objective = (
+        "train.loss.ce=0.5",
+        "train.loss.l1=0.5",
+        "train.loss.ce_target=target",
+        "train.loss.slot_weighting=expected_length",
+    )
     one, _ = _run(_workdir(target_root, tmp_path, "one"), *STEPS, *objective, "--vary")
     two, summary = _run(_workdir(target_root, tmp_path, "two"), *STEPS, *objective, "--vary", nproc=2)
     published, _ = _run(_workdir(target_root, tmp_path, "published"), *STEPS, "--vary")
@@ -139,8 +150,12 @@ def test_two_fsdp2_processes_match_one_under_the_tiny_recipes_objective(target_r
 def test_a_ce_share_on_the_targets_argmax_trains_alike_on_two_fsdp2_processes(target_root, tmp_path):
     """`train.loss.ce_argmax` on top of the tiny recipe's objective: 2 processes give 1 process's loss
     curve, and the share changes the curve (it reaches the loss)."""
-    objective = ("train.loss.ce=0.5", "train.loss.l1=0.5", "train.loss.ce_target=target",
-                 "train.loss.slot_weighting=expected_length")
+    objective = (
+        "train.loss.ce=0.5",
+        "train.loss.l1=0.5",
+        "train.loss.ce_target=target",
+        "train.loss.slot_weighting=expected_length",
+    )
     share = (*objective, "train.loss.ce_argmax=0.25")
     one, _ = _run(_workdir(target_root, tmp_path, "one"), *STEPS, *share, "--vary")
     two, summary = _run(_workdir(target_root, tmp_path, "two"), *STEPS, *share, "--vary", nproc=2)
@@ -204,8 +219,13 @@ def test_compiled_training_over_static_shapes_gives_the_loss_curve_of_eager(targ
     version-independent helper (`draft/compiling.py`)."""
     vary = (*STEPS, "--vary")
     eager, eager_summary = _run(_workdir(target_root, tmp_path, "eager"), *vary, "train.length_buckets=fit")
-    compiled, summary = _run(_workdir(target_root, tmp_path, "compiled"), *vary, "train.compile=true",
-                             "train.length_buckets=[16,32]", "--torch-2.11-compile")
+    compiled, summary = _run(
+        _workdir(target_root, tmp_path, "compiled"),
+        *vary,
+        "train.compile=true",
+        "train.length_buckets=[16,32]",
+        "--torch-2.11-compile",
+    )
     shapes = summary["shapes"]
     assert shapes["length_buckets"] == [16, 32, 64]
     assert shapes["signatures"] <= 2 and 1 <= shapes["compiles"] <= 2, shapes
@@ -223,8 +243,9 @@ def test_bf16_with_fsdp2_mixed_precision_trains_on_two_processes(target_root, tm
     """`train.precision=bf16` on 2 gloo processes: FSDP2 gathers bf16 parameters and reduce-scatters
     fp32 gradients (gloo cannot reduce bf16; fp32 is what the sum should be in anyway); the loss is
     finite and falls as the fp32 run's does (2.75 -> 1.99 over 8 steps, measured)."""
-    records, summary = _run(_workdir(target_root, tmp_path, "bf16"), "train.max_steps=8", "train.precision=bf16",
-                            nproc=2)
+    records, summary = _run(
+        _workdir(target_root, tmp_path, "bf16"), "train.max_steps=8", "train.precision=bf16", nproc=2
+    )
     assert summary["world_size"] == 2 and [r["step"] for r in records] == list(range(1, 9))
     losses = [r["loss"] for r in records]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.3, losses
@@ -260,8 +281,8 @@ def test_sigkill_then_resume_auto_finishes_with_the_uninterrupted_loss(one_proce
 def test_outputs_are_loadable_without_torch_distributed(one_process):
     from safetensors.torch import load_file
 
-    from dspark_cli.draft.model import DSparkDraftModel
     from dspark_cli.artifacts.draft import build_model, load_draft_dir
+    from dspark_cli.draft.model import DSparkDraftModel
 
     work, records, summary = one_process
     train_dir = work / "run" / "train"
@@ -271,12 +292,20 @@ def test_outputs_are_loadable_without_torch_distributed(one_process):
     assert manifest["summary"]["steps"] == 12 and manifest["summary"]["tokens"] == 12 * 4 * 64
     draft = load_draft_dir(train_dir)
     model = build_model(draft.config, draft.state_dict)
-    assert set(load_file(str(train_dir / "final" / "model.safetensors"))) == set(DSparkDraftModel(draft.config).state_dict())
+    assert set(load_file(str(train_dir / "final" / "model.safetensors"))) == set(
+        DSparkDraftModel(draft.config).state_dict()
+    )
     assert not any("embed_tokens" in k or "lm_head" in k for k in draft.state_dict)
     assert model.config.mask_token_id == train_fixtures.VOCAB - 1
     assert sorted(p.name for p in (train_dir / "checkpoints").iterdir()) == [
-        "latest", "step-000004", "step-000008", "step-000012"]
-    assert (train_dir / "recipe.yaml").is_file() and (train_dir / "checkpoints" / "step-000012" / "recipe.yaml").is_file()
+        "latest",
+        "step-000004",
+        "step-000008",
+        "step-000012",
+    ]
+    assert (train_dir / "recipe.yaml").is_file() and (
+        train_dir / "checkpoints" / "step-000012" / "recipe.yaml"
+    ).is_file()
 
 
 def test_resume_under_another_contract_fails_in_one_line(one_process, tmp_path):

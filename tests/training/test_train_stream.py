@@ -26,18 +26,32 @@ from mooncake_support import mooncake_master, needs_mooncake
 
 from dspark_cli.targets import BUNDLED_TARGETS
 
-pytestmark = [pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-gqa"] / "config.json").is_file(),
-                                 reason="tiny-gqa is not built"),
-              pytest.mark.slow]  # every test here runs processes for a minute or more
+pytestmark = [
+    pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-gqa"] / "config.json").is_file(), reason="tiny-gqa is not built"),
+    pytest.mark.slow,
+]  # every test here runs processes for a minute or more
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 NUM_PROMPTS = 12
 MAX_SHARDS = 3
 # each step: two or three ~50-token sequences; shards of ~2 sequences; a checkpoint every 2 steps
-TRAIN = ["capture.mode=online", "capture.workers=2", "capture.shard_tokens=100", f"capture.queue_max_shards={MAX_SHARDS}",
-         "capture.batch_size=4", "draft.arch=gqa", "train.max_steps=null", "train.epochs=1.0", "train.tokens_per_step=128",
-         "train.max_seq_len=64", "train.num_anchors=8", "train.log_every=1", "train.checkpoint_every=2",
-         "train.warmup_steps=1", "train.lr=3e-3"]
+TRAIN = [
+    "capture.mode=online",
+    "capture.workers=2",
+    "capture.shard_tokens=100",
+    f"capture.queue_max_shards={MAX_SHARDS}",
+    "capture.batch_size=4",
+    "draft.arch=gqa",
+    "train.max_steps=null",
+    "train.epochs=1.0",
+    "train.tokens_per_step=128",
+    "train.max_seq_len=64",
+    "train.num_anchors=8",
+    "train.log_every=1",
+    "train.checkpoint_every=2",
+    "train.warmup_steps=1",
+    "train.lr=3e-3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +63,12 @@ def datagen(tmp_path_factory):
     from dspark_cli.recipe import load_recipe
 
     root = tmp_path_factory.mktemp("stream-datagen")
-    overrides = ["target.model=tiny-gqa", f"output_dir={root}", *DATAGEN_OVERRIDES,
-                 f"datagen.sources=[{{path: tiny-prompts, max_samples: {NUM_PROMPTS}}}]"]
+    overrides = [
+        "target.model=tiny-gqa",
+        f"output_dir={root}",
+        *DATAGEN_OVERRIDES,
+        f"datagen.sources=[{{path: tiny-prompts, max_samples: {NUM_PROMPTS}}}]",
+    ]
     run_datagen(load_recipe("tiny", overrides))
     return overrides, root / "data"
 
@@ -71,8 +89,15 @@ def planned_ids(overrides: list[str]) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 class Watcher:
@@ -133,8 +158,9 @@ def trained_ids(train_dir: Path, num_steps: int, checkpoint_every: int) -> tuple
 
 
 def run_dspark(args: list[str], *, timeout: float = 400, on_start=None) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen([str(BIN / "dspark"), *args], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [str(BIN / "dspark"), *args], cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         if on_start is not None:
             on_start(proc)
@@ -215,15 +241,20 @@ def test_two_producers_two_ranks_train_every_sample_once_like_offline(datagen, u
     assert summary["num_steps"] == uninterrupted[0]["num_steps"]
     assert_same_weights(tmp_path / "run" / "train", uninterrupted[1])
     # the offline run on the same data (one process, its own shuffled order): same neighbourhood
-    offline = load_recipe("tiny", [o for o in overrides if not o.startswith(("capture.mode", "train.nproc"))]
-                          + ["capture.mode=offline", f"train.output_dir={tmp_path / 'offline'}"])
+    offline = load_recipe(
+        "tiny",
+        [o for o in overrides if not o.startswith(("capture.mode", "train.nproc"))]
+        + ["capture.mode=offline", f"train.output_dir={tmp_path / 'offline'}"],
+    )
     from dspark_cli.capture import ensure_capture
 
     ensure_capture(offline)  # capture is its own stage, before training
     reference = run_train(offline, resume="never")
     online_final, offline_final = summary["final_metrics"], reference.final_metrics
-    print(f"tau online {online_final['tau_greedy']:.3f} ({summary['num_steps']} steps) offline "
-          f"{offline_final['tau_greedy']:.3f} ({reference.num_steps} steps); peak {summary['stream']['peak_bytes']} bytes")
+    print(
+        f"tau online {online_final['tau_greedy']:.3f} ({summary['num_steps']} steps) offline "
+        f"{offline_final['tau_greedy']:.3f} ({reference.num_steps} steps); peak {summary['stream']['peak_bytes']} bytes"
+    )
     assert abs(online_final["tau_greedy"] - offline_final["tau_greedy"]) <= TAU_TOLERANCE, (online_final, offline_final)
 
 
@@ -254,6 +285,7 @@ def test_a_killed_producer_is_restarted_and_no_sample_is_lost_or_repeated(datage
             except (FileNotFoundError, json.JSONDecodeError):
                 return False
             return len(data["shards"]) >= 1 and not data["finished"]
+
         wait_for(published, what="producer 0's first shard")
         pid = json.loads(status.read_text())["producer"]["pid"]
         os.kill(pid, signal.SIGKILL)
@@ -282,8 +314,13 @@ def kill_rank_1_after_the_first_checkpoint(train_dir: Path, overrides: list[str]
     from dspark_cli.training.online import plan_online
 
     recipe = load_recipe("tiny", overrides)
-    plan = plan_online(build_plan(recipe), max_seq_len=recipe.train.max_seq_len,
-                       tokens_per_step=recipe.train.tokens_per_step, world_size=2, seed=recipe.train.seed)
+    plan = plan_online(
+        build_plan(recipe),
+        max_seq_len=recipe.train.max_seq_len,
+        tokens_per_step=recipe.train.tokens_per_step,
+        world_size=2,
+        seed=recipe.train.seed,
+    )
     covered = plan.release_below(2)
     assert plan.release_below(3) > covered and len(plan.steps) >= 4  # the data gives a rewind to test
     rank1, consumer = train_dir / "stream-ids" / "rank-1.jsonl", train_dir.parent / "hidden-stream" / "consumer.json"
@@ -295,6 +332,7 @@ def kill_rank_1_after_the_first_checkpoint(train_dir: Path, overrides: list[str]
                 return json.loads(consumer.read_text())["released_below"] > covered and rank1.is_file()
             except (FileNotFoundError, json.JSONDecodeError, KeyError):
                 return False
+
         wait_for(released_past_the_checkpoint, what="a release past the checkpoint at step 2", poll_s=0.002)
         pid = json.loads(rank1.read_text().splitlines()[-1])["pid"]
         os.kill(pid, signal.SIGKILL)
@@ -305,8 +343,9 @@ def kill_rank_1_after_the_first_checkpoint(train_dir: Path, overrides: list[str]
     return killer, killed
 
 
-def assert_resumed_after_the_checkpoint(train_dir: Path, killed: list[int], overrides: list[str],
-                                        reference: dict) -> None:
+def assert_resumed_after_the_checkpoint(
+    train_dir: Path, killed: list[int], overrides: list[str], reference: dict
+) -> None:
     summary = json.loads((train_dir / "manifest.json").read_text())["summary"]
     assert summary["resumed_from"].endswith("step-000002") and summary["world_size"] == 2
     assert summary["stream"]["rewinds"] == 1  # released past the checkpoint: captured again
@@ -320,20 +359,23 @@ def assert_resumed_after_the_checkpoint(train_dir: Path, killed: list[int], over
     assert_same_weights(train_dir, reference)
 
 
-def test_a_killed_rank_restarts_from_its_checkpoint_at_the_checkpointed_stream_position(datagen, uninterrupted,
-                                                                                         tmp_path):
+def test_a_killed_rank_restarts_from_its_checkpoint_at_the_checkpointed_stream_position(
+    datagen, uninterrupted, tmp_path
+):
     """Rank 1 SIGKILLed: the whole job ends; the same command again (--resume auto) resumes at step 3,
     rewinds the stream and trains the same weights as the uninterrupted run."""
     overrides = overrides_for(datagen, tmp_path, "train.nproc_per_node=2")
     train_dir = tmp_path / "run" / "train"
     killer, killed = kill_rank_1_after_the_first_checkpoint(train_dir, overrides)
     cmd = [str(BIN / "dspark"), "train", "tiny", *overrides]
-    first = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=400)
+    first = subprocess.run(
+        cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400
+    )
     killer.join(timeout=5)
     assert killed and first.returncode != 0, first.stdout[-3000:]
-    again = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=400)  # the same command: --resume auto is the default
+    again = subprocess.run(
+        cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400
+    )  # the same command: --resume auto is the default
     assert again.returncode == 0, again.stdout[-4000:]
     assert_resumed_after_the_checkpoint(train_dir, killed, overrides, uninterrupted[1])
 
@@ -361,8 +403,13 @@ def test_kept_stream_trains_two_epochs_within_its_byte_bound(datagen, tmp_path):
     from dspark_cli.training.run import run_train
 
     bound = 50_000_000
-    overrides = overrides_for(datagen, tmp_path, "train.epochs=2.0", f"capture.keep_max_bytes={bound}",
-                              f"capture.queue_max_shards={MAX_SHARDS}")
+    overrides = overrides_for(
+        datagen,
+        tmp_path,
+        "train.epochs=2.0",
+        f"capture.keep_max_bytes={bound}",
+        f"capture.queue_max_shards={MAX_SHARDS}",
+    )
     stream = tmp_path / "run" / "hidden-stream"
     with Watcher(stream) as watch:
         summary = run_train(load_recipe("tiny", overrides), resume="never")
@@ -375,7 +422,8 @@ def test_kept_stream_trains_two_epochs_within_its_byte_bound(datagen, tmp_path):
 
 @needs_mooncake
 def test_over_mooncake_a_killed_producer_changes_nothing_and_training_matches_the_filesystem_stream(
-        datagen, uninterrupted, tmp_path):
+    datagen, uninterrupted, tmp_path
+):
     """The same 2-producer, 2-rank run over `mooncake://` (a real mooncake_master on loopback; this test's
     client lends the memory, as a mooncake_client would), producer 0 SIGKILLed after its first shard:
     every sample once, the bound, and the same loss and weights as over the shared-filesystem stream."""
@@ -397,6 +445,7 @@ def test_over_mooncake_a_killed_producer_changes_nothing_and_training_matches_th
                     return False
                 status = json.loads(data)
                 return len(status["shards"]) >= 1 and not status["finished"]
+
             wait_for(published, what="producer 0's first shard in Mooncake")
             pid = json.loads(lender.get("producers/0.json"))["producer"]["pid"]
             os.kill(pid, signal.SIGKILL)
@@ -426,19 +475,40 @@ def test_the_slurm_script_trains_online_on_a_simulated_three_node_allocation(dat
 
     overrides = overrides_for(datagen, tmp_path, "train.nnodes=2", "train.nproc_per_node=1")
     recipe = tmp_path / "job.yaml"
-    made = subprocess.run([str(BIN / "dspark"), "init", "tiny", "-o", str(recipe), "--slurm", "--gpus-per-node=2",
-                           *overrides], cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=120, check=False)
+    made = subprocess.run(
+        [str(BIN / "dspark"), "init", "tiny", "-o", str(recipe), "--slurm", "--gpus-per-node=2", *overrides],
+        cwd=tmp_path,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert made.returncode == 0, made.stdout
     script = tmp_path / "job.sbatch"
     text = script.read_text()
     assert "#SBATCH --nodes=3" in text and "PRODUCER_NODES=1" in text and "TRAIN_NODES=2" in text
     logs = tmp_path / "logs"
-    allocation = {"SLURM_JOB_NODELIST": "localhost,localhost,localhost", "SLURM_NNODES": "3", "SLURM_JOB_ID": "4242",
-                  "DSPARK_LOGS": str(logs), "DSPARK_RDZV_PORT": str(free_port())}
-    nodes = [subprocess.Popen(["bash", str(script), "--node"], cwd=tmp_path, start_new_session=True,
-                              env={**env(), **allocation, "SLURM_NODEID": str(node)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for node in range(3)]
+    allocation = {
+        "SLURM_JOB_NODELIST": "localhost,localhost,localhost",
+        "SLURM_NNODES": "3",
+        "SLURM_JOB_ID": "4242",
+        "DSPARK_LOGS": str(logs),
+        "DSPARK_RDZV_PORT": str(free_port()),
+    }
+    nodes = [
+        subprocess.Popen(
+            ["bash", str(script), "--node"],
+            cwd=tmp_path,
+            start_new_session=True,
+            env={**env(), **allocation, "SLURM_NODEID": str(node)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in range(3)
+    ]
     deadline = time.monotonic() + 900
     try:  # like srun --kill-on-bad-exit: one node failing ends the others
         while any(node.poll() is None for node in nodes) and time.monotonic() < deadline:
@@ -451,8 +521,10 @@ def test_the_slurm_script_trains_online_on_a_simulated_three_node_allocation(dat
                 os.killpg(node.pid, signal.SIGKILL)
                 node.wait()
     outs = [node.stdout.read() for node in nodes]
-    detail = "\n".join(f"--- node {k} ---\n{(logs / f'node-{k}.log').read_text()[-3000:] if (logs / f'node-{k}.log').is_file() else outs[k]}"
-                       for k in range(3))
+    detail = "\n".join(
+        f"--- node {k} ---\n{(logs / f'node-{k}.log').read_text()[-3000:] if (logs / f'node-{k}.log').is_file() else outs[k]}"
+        for k in range(3)
+    )
     assert [node.returncode for node in nodes] == [0, 0, 0], detail
     assert "produce: 2 producer(s) done" in (logs / "node-0.log").read_text()
     for k in (1, 2):

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import train_fixtures
 
-pytestmark = pytest.mark.slow  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
+pytestmark = (
+    pytest.mark.slow
+)  # every test here runs dspark stages in processes (torchrun, producers, training): minutes
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +31,25 @@ def trained(tmp_path_factory):
     target = train_fixtures.make_target(work / "target")
     train = train_fixtures.make_sequences(target, num=32, seed=0)
     held_out = train_fixtures.make_sequences(target, num=8, seed=1)
-    recipe = train_fixtures.tiny_recipe(work, ["train.max_steps=150", "train.log_every=50", "train.checkpoint_every=150",
-                                               "train.lr=5e-3", "train.warmup_steps=10", "train.num_anchors=24"])
+    recipe = train_fixtures.tiny_recipe(
+        work,
+        [
+            "train.max_steps=150",
+            "train.log_every=50",
+            "train.checkpoint_every=150",
+            "train.lr=5e-3",
+            "train.warmup_steps=10",
+            "train.num_anchors=24",
+        ],
+    )
     summary = run_train(recipe, resume="never", sequences=lambda: iter(train))
     return work, target, held_out, summary
 
 
 def test_trained_tau_rises_far_above_an_untrained_draft(trained):
     from dspark_cli.draft.model import DSparkDraftModel
-    from dspark_cli.training.evaluate import evaluate_draft, load_trained_draft
     from dspark_cli.targets import Target
+    from dspark_cli.training.evaluate import evaluate_draft, load_trained_draft
 
     work, target, held_out, _ = trained
     model = load_trained_draft(work / "run" / "train", Target.named(str(target)))
@@ -48,8 +58,10 @@ def test_trained_tau_rises_far_above_an_untrained_draft(trained):
     untrained.set_target_embeddings(*Target.named(str(target)).embeddings())
     before = evaluate_draft(untrained, held_out, num_anchors=1000)
     after = evaluate_draft(model, held_out, num_anchors=1000)
-    print(f"tau greedy {before['tau_greedy']:.2f} -> {after['tau_greedy']:.2f}, "
-          f"T=1 {before['tau_t1']:.2f} -> {after['tau_t1']:.2f}")
+    print(
+        f"tau greedy {before['tau_greedy']:.2f} -> {after['tau_greedy']:.2f}, "
+        f"T=1 {before['tau_t1']:.2f} -> {after['tau_t1']:.2f}"
+    )
     assert before["tau_greedy"] < 1.3 and before["tau_t1"] < 1.6
     assert after["tau_greedy"] > before["tau_greedy"] + 1.0
     assert after["tau_t1"] > before["tau_t1"] + 0.5
@@ -62,20 +74,26 @@ def test_logged_tau_agrees_with_real_greedy_speculative_decoding(trained):
     from dspark_cli.training.evaluate import evaluate_draft, load_trained_draft
 
     work, target, held_out, _ = trained
-    metric = evaluate_draft(load_trained_draft(work / "run" / "train", Target.named(str(target))), held_out, num_anchors=1000)
+    metric = evaluate_draft(
+        load_trained_draft(work / "run" / "train", Target.named(str(target))), held_out, num_anchors=1000
+    )
     engine_target = HFTarget.load(str(target), train_fixtures.LAYER_IDS, dtype="float32", device="cpu")
     drafter = DSparkDrafter.from_dir(str(work / "run" / "train"), engine_target)
     engine = SpeculativeEngine(engine_target, drafter, Speculation(4, "greedy", "standard"))
     accepted = steps = 0
     for seq in held_out:
         prompt = seq.input_ids[: train_fixtures.PROMPT].tolist()
-        out = engine.generate(prompt, Sampling(temperature=0.0, max_tokens=train_fixtures.LENGTH - train_fixtures.PROMPT))
-        assert out.token_ids == seq.input_ids[train_fixtures.PROMPT:].tolist()[: len(out.token_ids)]  # lossless
+        out = engine.generate(
+            prompt, Sampling(temperature=0.0, max_tokens=train_fixtures.LENGTH - train_fixtures.PROMPT)
+        )
+        assert out.token_ids == seq.input_ids[train_fixtures.PROMPT :].tolist()[: len(out.token_ids)]  # lossless
         accepted += sum(out.accepted)
         steps += out.num_steps
     real_tau = (accepted + steps) / steps
-    print(f"teacher-forced tau: mean {metric['tau_greedy']:.2f}, replayed {metric['tau_greedy_decode']:.2f}; "
-          f"speculative decoding tau {real_tau:.2f}")
+    print(
+        f"teacher-forced tau: mean {metric['tau_greedy']:.2f}, replayed {metric['tau_greedy_decode']:.2f}; "
+        f"speculative decoding tau {real_tau:.2f}"
+    )
     assert real_tau > 2.0
     # replaying decoding on the teacher-forced acceptances is what decoding measures (up to the end of each
     # text, where the engine keeps drafting past max_tokens as vLLM counts it)

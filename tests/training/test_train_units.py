@@ -1,6 +1,6 @@
 """Trainer pieces against independent references: fused loss, metrics, schedule, anchors, packing, resume order.
 
-    .venv/bin/python -m pytest tests/training/test_train_units.py -q
+.venv/bin/python -m pytest tests/training/test_train_units.py -q
 """
 
 from __future__ import annotations
@@ -41,11 +41,22 @@ def _kernel_or_skip(use_kernel: bool):
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["cpu-kernel", "torch"])
-@pytest.mark.parametrize("as_table,l1_weights,ce_target,ce_argmax", [
-    (True, "positive", "label", 0.0), (False, "positive", "label", 0.0), (True, "some zero", "label", 0.0),
-    (True, "zero", "label", 0.0), (True, "positive", "target", 0.0), (False, "positive", "target", 0.0),
-    (True, "some zero", "target", 0.0), (True, "positive", "target", 0.3), (False, "positive", "target", 0.3),
-    (True, "zero", "target", 1.0), (True, "positive", "label", 0.6)])
+@pytest.mark.parametrize(
+    "as_table,l1_weights,ce_target,ce_argmax",
+    [
+        (True, "positive", "label", 0.0),
+        (False, "positive", "label", 0.0),
+        (True, "some zero", "label", 0.0),
+        (True, "zero", "label", 0.0),
+        (True, "positive", "target", 0.0),
+        (False, "positive", "target", 0.0),
+        (True, "some zero", "target", 0.0),
+        (True, "positive", "target", 0.3),
+        (False, "positive", "target", 0.3),
+        (True, "zero", "target", 1.0),
+        (True, "positive", "label", 0.6),
+    ],
+)
 def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weights, ce_target, ce_argmax, use_kernel):
     """Both implementations (the fused CPU kernel runs for fp32 tables on CPU) against float64
     autograd on every [slots, vocab] tensor; vocab 97 is no multiple of the SIMD width. The reference
@@ -55,14 +66,28 @@ def test_fused_vocab_loss_matches_plain_autograd(monkeypatch, as_table, l1_weigh
     h, e, w2, lm, target, index, labels, w_ce, w_l1 = _loss_inputs()
     if l1_weights != "positive":  # the gradient takes another form unless every L1 weight is > 0
         w_l1 = w_l1 * (torch.arange(len(w_l1)) % 3 != 0) if l1_weights == "some zero" else w_l1 * 0
-    loss, stats = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1, chunk=16,
-                                      use_kernel=use_kernel, ce_target=ce_target, ce_argmax=ce_argmax)  # 5 chunks
+    loss, stats = loss_mod.vocab_loss(
+        h,
+        e,
+        w2,
+        lm,
+        target,
+        index,
+        labels,
+        w_ce,
+        w_l1,
+        chunk=16,
+        use_kernel=use_kernel,
+        ce_target=ce_target,
+        ce_argmax=ce_argmax,
+    )  # 5 chunks
     grads = torch.autograd.grad(loss, (h, e, w2))
     # reference: float64, every [slots, vocab] tensor materialised, autograd end to end
     h64, e64, w64 = (t.detach().double().requires_grad_() for t in (h, e, w2))
     logits = h64 @ lm.double().T + e64 @ w64.T
-    ce, l1 = loss_mod.reference_loss_terms(logits, target[index].double() @ lm.double().T, labels,
-                                           ce_target=ce_target, ce_argmax=ce_argmax)
+    ce, l1 = loss_mod.reference_loss_terms(
+        logits, target[index].double() @ lm.double().T, labels, ce_target=ce_target, ce_argmax=ce_argmax
+    )
     ref = (w_ce.double() * ce).sum() + (w_l1.double() * l1).sum()
     ref_grads = torch.autograd.grad(ref, (h64, e64, w64))
     torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-5, atol=1e-5)
@@ -106,7 +131,9 @@ def test_fused_vocab_loss_under_bf16_autocast_is_close():
         low, _ = loss_mod.vocab_loss(h, e, w2, lm, target, index, labels, w_ce, w_l1)
     low.backward()
     assert h.grad.dtype == torch.float32 and w2.grad.dtype == torch.float32
-    assert abs(float(low.detach()) - float(exact.detach())) / float(exact.detach()) < 0.03  # bf16 logits: ~3 significant digits
+    assert (
+        abs(float(low.detach()) - float(exact.detach())) / float(exact.detach()) < 0.03
+    )  # bf16 logits: ~3 significant digits
 
 
 def test_tau_and_slot_metrics_by_hand():
@@ -166,8 +193,19 @@ def test_expected_length_weights_keep_each_blocks_decay_total():
 
 
 def test_lr_schedule_warmup_then_cosine_to_the_floor():
-    cfg = LoopConfig(num_steps=110, lr=1e-3, min_lr_ratio=0.1, warmup_steps=10, grad_clip=1.0, log_every=1,
-                     checkpoint_every=10, block_size=7, loss=LossConfig(), data_dtype=torch.float32, autocast_dtype=None)
+    cfg = LoopConfig(
+        num_steps=110,
+        lr=1e-3,
+        min_lr_ratio=0.1,
+        warmup_steps=10,
+        grad_clip=1.0,
+        log_every=1,
+        checkpoint_every=10,
+        block_size=7,
+        loss=LossConfig(),
+        data_dtype=torch.float32,
+        autocast_dtype=None,
+    )
     lrs = [lr_at(s, cfg) for s in range(200)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
@@ -181,8 +219,12 @@ def _seq(length, prompt, seed):
     mask[prompt:] = True
     last = torch.randn(length, 8, generator=g)
     last[~mask] = 0  # as capture stores it
-    return SimpleNamespace(input_ids=torch.randint(0, 50, (length,), generator=g), loss_mask=mask,
-                           aux_hidden=torch.randn(length, 16, generator=g), last_hidden=last)
+    return SimpleNamespace(
+        input_ids=torch.randint(0, 50, (length,), generator=g),
+        loss_mask=mask,
+        aux_hidden=torch.randn(length, 16, generator=g),
+        last_hidden=last,
+    )
 
 
 def test_labels_anchors_and_slots_follow_the_capture_convention():
@@ -204,8 +246,15 @@ def test_labels_anchors_and_slots_follow_the_capture_convention():
 
 
 def _stream(seqs, **kw):
-    args = dict(seed=5, num_anchors=4, max_seq_len=32, tokens_per_step=60, world_size=2, epochs=1.5,
-                num_items_per_epoch=len(seqs))
+    args = dict(
+        seed=5,
+        num_anchors=4,
+        max_seq_len=32,
+        tokens_per_step=60,
+        world_size=2,
+        epochs=1.5,
+        num_items_per_epoch=len(seqs),
+    )
     args.update(kw)
     return StepStream(lambda: iter(seqs), **args)
 
@@ -245,12 +294,25 @@ def test_block_states_with_anchor_rows_equal_the_drafts_forward(arch):
     model, _, _ = tiny_model(arch, block_size=3)
     aux, ids = tiny_sequence(20, batch=2)
     anchors = torch.tensor([[0, 3, 7, 8, 12, 19], [1, 2, 5, 9, 10, 11]])
-    batch = Batch(aux, ids, torch.zeros(2, 20, 64), torch.ones(2, 20, dtype=torch.bool), torch.tensor([20, 20]),
-                  anchors, torch.ones_like(anchors, dtype=torch.bool), 40)
+    batch = Batch(
+        aux,
+        ids,
+        torch.zeros(2, 20, 64),
+        torch.ones(2, 20, dtype=torch.bool),
+        torch.tensor([20, 20]),
+        anchors,
+        torch.ones_like(anchors, dtype=torch.bool),
+        40,
+    )
     ref = model(aux, ids, anchors, compute_logits=False)
     table = model.rope_table(20 + 3, aux.device)
-    for groups, impl, rope in ((1, None, None), (2, None, None), (3, None, table), (6, None, None),
-                               (1, "blockwise", table)):
+    for groups, impl, rope in (
+        (1, None, None),
+        (2, None, None),
+        (3, None, table),
+        (6, None, None),
+        (1, "blockwise", table),
+    ):
         hidden, target_ids, prev_ids = block_states(model, batch, groups, impl, rope)
         torch.testing.assert_close(hidden, ref.hidden, rtol=1e-5, atol=1e-5)
         assert torch.equal(target_ids, ref.target_ids) and torch.equal(prev_ids, ref.prev_ids)
@@ -264,7 +326,7 @@ def test_replay_matches_a_monte_carlo_of_decoding():
     accept = torch.rand(len(anchors), 3, generator=g)
     for j, p in enumerate(anchors):  # slots past a response's end accept nothing
         last = 10 if p <= 10 else 22
-        accept[j, max(0, last - p):] = 0.0
+        accept[j, max(0, last - p) :] = 0.0
     greedy = (accept > 0.5).float()
     tokens, greedy_steps, t1_steps = replay(anchors, greedy, accept)
     assert tokens == 8 + 3
@@ -295,8 +357,10 @@ def test_micro_batches_group_alike_rows_and_pad_to_a_common_count():
     from dspark_cli.training.data import micro_batches, row_cost, split_to
 
     rng = random.Random(3)
-    examples = [prepare(_seq(rng.randint(8, 60), prompt=4, seed=i), epoch=0, index=i, seed=0, num_anchors=12,
-                        max_seq_len=64) for i in range(20)]
+    examples = [
+        prepare(_seq(rng.randint(8, 60), prompt=4, seed=i), epoch=0, index=i, seed=0, num_anchors=12, max_seq_len=64)
+        for i in range(20)
+    ]
     groups = micro_batches(examples)
     assert sorted(id(e) for g in groups for e in g) == sorted(id(e) for e in examples)
     assert 1 < len(groups) < len(examples)
@@ -367,8 +431,10 @@ def test_the_cli_loads_a_recipe_without_importing_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from dspark_cli.cli import _load; _load('tiny', ['train.max_steps=3']); "
-            "import dspark_cli.machine.cpu; print('torch' in sys.modules)")
+    code = (
+        "import sys; from dspark_cli.cli import _load; _load('tiny', ['train.max_steps=3']); "
+        "import dspark_cli.machine.cpu; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -383,8 +449,10 @@ def test_count_flops_leaves_attention_kernels_to_the_analytic_count():
     a, b = torch.randn(8, 16), torch.randn(16, 4)
     q = k = v = torch.randn(2, 3, 5, 16)
     assert count_flops(lambda: a @ b) == 2 * 8 * 16 * 4
-    assert count_flops(lambda: (a @ b, torch.bmm(q[0], k[0].transpose(1, 2)),
-                                F.scaled_dot_product_attention(q, k, v))) == 2 * 8 * 16 * 4
+    assert (
+        count_flops(lambda: (a @ b, torch.bmm(q[0], k[0].transpose(1, 2)), F.scaled_dot_product_attention(q, k, v)))
+        == 2 * 8 * 16 * 4
+    )
 
 
 def test_attention_choice_for_training(monkeypatch):
@@ -416,16 +484,21 @@ def test_attention_choice_for_training(monkeypatch):
         with pytest.raises(ValueError, match="attn_impl must be one of"):
             bad()
 
+
 def _draft_examples(lengths, num_anchors, hidden=64, features=192, vocab=96):
     g = torch.Generator().manual_seed(5)
     out = []
     for i, length in enumerate(lengths):
         mask = torch.zeros(length, dtype=torch.bool)
-        mask[length // 3:] = True
+        mask[length // 3 :] = True
         last = torch.randn(length, hidden, generator=g)
         last[~mask] = 0  # as capture stores it
-        seq = SimpleNamespace(input_ids=torch.randint(0, vocab, (length,), generator=g), loss_mask=mask,
-                              aux_hidden=torch.randn(length, features, generator=g), last_hidden=last)
+        seq = SimpleNamespace(
+            input_ids=torch.randint(0, vocab, (length,), generator=g),
+            loss_mask=mask,
+            aux_hidden=torch.randn(length, features, generator=g),
+            last_hidden=last,
+        )
         out.append(prepare(seq, epoch=0, index=i, seed=0, num_anchors=num_anchors, max_seq_len=64))
     return out
 
@@ -489,8 +562,10 @@ def test_shape_plan_buckets_rows_and_anchors():
     assert [plan.shape(n) for n in plan.lengths] == [(2, 16, 6), (1, 32, 6), (1, 64, 6)]  # costs 40, 56, 88
     assert ShapePlan((16, 64), num_anchors=32, block_size=4).shape(16) == (2, 16, 16)  # anchors <= tokens
     rng = random.Random(3)
-    examples = [prepare(_seq(rng.randint(8, 64), prompt=4, seed=i), epoch=0, index=i, seed=0, num_anchors=6,
-                        max_seq_len=64) for i in range(30)]
+    examples = [
+        prepare(_seq(rng.randint(8, 64), prompt=4, seed=i), epoch=0, index=i, seed=0, num_anchors=6, max_seq_len=64)
+        for i in range(30)
+    ]
     groups = plan.micro_batches(examples)
     assert sorted(id(e) for _, g in groups for e in g) == sorted(id(e) for e in examples)
     batches = [collate(g, torch.float32, shape=plan.shape(length)) for length, g in groups]
@@ -528,8 +603,11 @@ def test_fsdp2_under_bf16_gathers_bf16_parameters_and_keeps_fp32_masters(tmp_pat
     assert dist.get_world_size() == 1
     try:
         model, _, _ = tiny_model("gqa", attn_impl="sdpa")
-        step = shard(TrainStep(model, LossConfig()), DistEnv(0, 1, 0, torch.device("cpu"), owns_group=True),
-                     param_dtype=torch.bfloat16)
+        step = shard(
+            TrainStep(model, LossConfig()),
+            DistEnv(0, 1, 0, torch.device("cpu"), owns_group=True),
+            param_dtype=torch.bfloat16,
+        )
         seen = []
         model.layers[0].register_forward_pre_hook(lambda m, _: seen.append(next(m.parameters()).dtype))
         batch = collate(_draft_examples([23, 40], num_anchors=10), torch.bfloat16)
@@ -592,13 +670,21 @@ def test_every_recipe_loss_weight_reaches_the_step():
     objective option cannot be read from the recipe and then dropped on the way to the loss."""
     from dspark_cli.recipe.schema import LossWeights
 
-    changed = {"ce": 0.7, "ce_target": "target", "ce_argmax": 0.25, "l1": 0.3, "confidence": 0.5,
-               "slot_decay_gamma": 2.0, "slot_weighting": "expected_length"}
+    changed = {
+        "ce": 0.7,
+        "ce_target": "target",
+        "ce_argmax": 0.25,
+        "l1": 0.3,
+        "confidence": 0.5,
+        "slot_decay_gamma": 2.0,
+        "slot_weighting": "expected_length",
+    }
     assert set(changed) == set(LossWeights.model_fields)
     assert all(changed[k] != f.default for k, f in LossWeights.model_fields.items())
     got = LossConfig.of(LossWeights(**changed))
-    assert got == LossConfig(ce=0.7, l1=0.3, confidence=0.5, gamma=2.0, weighting="expected_length",
-                             ce_target="target", ce_argmax=0.25)
+    assert got == LossConfig(
+        ce=0.7, l1=0.3, confidence=0.5, gamma=2.0, weighting="expected_length", ce_target="target", ce_argmax=0.25
+    )
 
 
 @pytest.mark.parametrize("arch", ["mla", "gqa"])
@@ -638,8 +724,16 @@ def test_lr_scale_trains_each_module_at_its_multiple_of_the_schedule():
     model, _, _ = tiny_model("gqa", attn_impl="sdpa")
     step = TrainStep(model, LossConfig())
     scales = {"markov_head": 3.0, "layers.0": 0.5, "layers.0.mlp": 2.0}
-    expected = {name: 3.0 if name.startswith("markov_head.") else 2.0 if name.startswith("layers.0.mlp.")
-                else 0.5 if name.startswith("layers.0.") else 1.0 for name, _ in model.named_parameters()}
+    expected = {
+        name: 3.0
+        if name.startswith("markov_head.")
+        else 2.0
+        if name.startswith("layers.0.mlp.")
+        else 0.5
+        if name.startswith("layers.0.")
+        else 1.0
+        for name, _ in model.named_parameters()
+    }
     assert sorted(set(expected.values())) == [0.5, 1.0, 2.0, 3.0]
     recipe = SimpleNamespace(train=SimpleNamespace(lr=2e-3, betas=[0.9, 0.999], weight_decay=0.0, lr_scale=scales))
     env = DistEnv(0, 1, 0, torch.device("cpu"))
@@ -648,9 +742,19 @@ def test_lr_scale_trains_each_module_at_its_multiple_of_the_schedule():
     assert {n: by_param[id(p)] for n, p in model.named_parameters()} == expected
 
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    cfg = LoopConfig(num_steps=10, lr=2e-3, min_lr_ratio=0.1, warmup_steps=0, grad_clip=0.5, log_every=1,
-                     checkpoint_every=10, block_size=4, loss=LossConfig(), data_dtype=torch.float32,
-                     autocast_dtype=None)
+    cfg = LoopConfig(
+        num_steps=10,
+        lr=2e-3,
+        min_lr_ratio=0.1,
+        warmup_steps=0,
+        grad_clip=0.5,
+        log_every=1,
+        checkpoint_every=10,
+        block_size=4,
+        loss=LossConfig(),
+        data_dtype=torch.float32,
+        autocast_dtype=None,
+    )
     result = train_step(env, step, optimizer, Step(_draft_examples([23, 40], num_anchors=10), {}), cfg, lr=1.5e-3)
     assert float(result.grad_norm) > 0.5  # the update follows the clipped gradients
     assert sorted(g["lr"] for g in optimizer.param_groups) == pytest.approx([7.5e-4, 1.5e-3, 3e-3, 4.5e-3])

@@ -57,8 +57,13 @@ def _prepare(build_dir: Path, vocab_size: int) -> dict:
     seq_len = TrainConfig().seq_len
     too_long = sum(len(ids) > seq_len + 1 for ids, _ in examples)
     rows = pack_rows(examples, seq_len, tokenizer.pad_token_id, seed=0)
-    torch.save({"ids": torch.tensor([r[0] for r in rows], dtype=torch.int16),
-                "mask": torch.tensor([r[1] for r in rows], dtype=torch.bool)}, build_dir / "rows.pt")
+    torch.save(
+        {
+            "ids": torch.tensor([r[0] for r in rows], dtype=torch.int16),
+            "mask": torch.tensor([r[1] for r in rows], dtype=torch.bool),
+        },
+        build_dir / "rows.pt",
+    )
     for name in TARGETS:
         tokenizer.save_pretrained(build_dir / name)
     info = {
@@ -91,12 +96,16 @@ def _finetune(name: str, out: Path, tokenizer, rows, iterations: int | None = No
     model, log = finetune(model, tokenizer, rows, prompts, cfg, out / "finetune_log.jsonl", name)
     finetune_s = time.time() - t0
     save_target(model, tokenizer, out, out)
-    return {**config_dict(cfg), "finetune_s": round(finetune_s, 1),
-            "final_mle_loss": sum(e["mle_loss"] for e in log[-20:]) / len(log[-20:])}
+    return {
+        **config_dict(cfg),
+        "finetune_s": round(finetune_s, 1),
+        "final_mle_loss": sum(e["mle_loss"] for e in log[-20:]) / len(log[-20:]),
+    }
 
 
-def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None,
-            finetune_iterations: int | None = None) -> None:
+def _worker(
+    name: str, build_dir: Path, steps: int, eval_held_out: int | None, finetune_iterations: int | None = None
+) -> None:
     """One target: train, save in bf16 (config dtype float32, so engines compute in fp32 by default), evaluate."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig
@@ -117,8 +126,12 @@ def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None,
     model, log = train(model_config, rows, cfg, out / "train_log.jsonl", name)
     train_s = time.time() - t0
     save_target(model, tokenizer, out, out)  # bf16 storage (8 MB budget), config dtype float32 for engines
-    GenerationConfig(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                     pad_token_id=tokenizer.pad_token_id, do_sample=False).save_pretrained(out)
+    GenerationConfig(
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    ).save_pretrained(out)
     finetune_result = _finetune(name, out, tokenizer, rows, finetune_iterations) if finetune_iterations != 0 else None
     t1 = time.time()
     metrics = evaluate_dir(str(out), num_held_out=eval_held_out)
@@ -135,8 +148,11 @@ def _worker(name: str, build_dir: Path, steps: int, eval_held_out: int | None,
         **metrics,
     }
     (build_dir / f"{name}.result.json").write_text(json.dumps(result, indent=2))
-    print(f"[{name}] done: train {train_s:.0f}s, held-out acc {metrics['eval_prompts']['accuracy']:.3f}, "
-          f"eos {metrics['generation']['eos_share']:.2f}, ast {metrics['generation']['ast_share']:.2f}", flush=True)
+    print(
+        f"[{name}] done: train {train_s:.0f}s, held-out acc {metrics['eval_prompts']['accuracy']:.3f}, "
+        f"eos {metrics['generation']['eos_share']:.2f}, ast {metrics['generation']['ast_share']:.2f}",
+        flush=True,
+    )
 
 
 def _held_out_rates(target_dir: Path, env: dict) -> dict | None:
@@ -147,15 +163,24 @@ def _held_out_rates(target_dir: Path, env: dict) -> dict | None:
         print(f"[build] vllm is not installed: {target_dir.name}'s card skips the held-out loop rates", flush=True)
         return None
     out = target_dir / ".loop_rates.json"
-    subprocess.run([sys.executable, "-m", "tools.tiny_targets.loop_rates", str(target_dir), "--out", str(out)],
-                   env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "tools.tiny_targets.loop_rates", str(target_dir), "--out", str(out)],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     result = json.loads(out.read_text())
     out.unlink()
     return result
 
 
-def build(out: Path, steps: dict[str, int], vocab_size: int = VOCAB_SIZE, eval_held_out: int | None = None,
-          finetune_iterations: int | None = None) -> None:
+def build(
+    out: Path,
+    steps: dict[str, int],
+    vocab_size: int = VOCAB_SIZE,
+    eval_held_out: int | None = None,
+    finetune_iterations: int | None = None,
+) -> None:
     wall0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     build_dir = out / ".build"
@@ -169,8 +194,17 @@ def build(out: Path, steps: dict[str, int], vocab_size: int = VOCAB_SIZE, eval_h
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     procs = {}
     for name in TARGETS:
-        cmd = [sys.executable, "-m", "tools.tiny_targets.build_tiny", "--worker", name, "--out", str(out),
-               "--steps", str(steps[name])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tools.tiny_targets.build_tiny",
+            "--worker",
+            name,
+            "--out",
+            str(out),
+            "--steps",
+            str(steps[name]),
+        ]
         if eval_held_out:
             cmd += ["--eval-held-out", str(eval_held_out)]
         if finetune_iterations is not None:
@@ -181,12 +215,22 @@ def build(out: Path, steps: dict[str, int], vocab_size: int = VOCAB_SIZE, eval_h
         raise SystemExit(f"build failed for {', '.join(failed)}; see the output above (build dir {build_dir})")
     held_out = {name: _held_out_rates(build_dir / name, env) for name in TARGETS}
     wall_s = time.time() - wall0
-    host = {"cpus": os.cpu_count(), "machine": platform.machine(), "torch_threads_per_model": 1,
-            "load_average_at_end": os.getloadavg()[0]}
+    host = {
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "torch_threads_per_model": 1,
+        "load_average_at_end": os.getloadavg()[0],
+    }
     for name in TARGETS:
         result = json.loads((build_dir / f"{name}.result.json").read_text())
-        record = {"name": name, "build_wall_s": round(wall_s, 1), "host": host, **info, **result,
-                  "generation_held_out": held_out[name]}
+        record = {
+            "name": name,
+            "build_wall_s": round(wall_s, 1),
+            "host": host,
+            **info,
+            **result,
+            "generation_held_out": held_out[name],
+        }
         (build_dir / name / "build.json").write_text(json.dumps(record, indent=2) + "\n")
         write_card(build_dir / name, record)
     for name in TARGETS:
@@ -200,16 +244,33 @@ def build(out: Path, steps: dict[str, int], vocab_size: int = VOCAB_SIZE, eval_h
 def main() -> None:
     parser = argparse.ArgumentParser(description="Rebuild the bundled tiny targets from scratch on CPU.")
     parser.add_argument("--out", type=Path, required=True, help="folder that receives tiny-mla/ and tiny-gqa/")
-    parser.add_argument("--steps", type=int, default=None, help="training steps for each target (default: "
-                        + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps for each target (default: "
+        + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items())
+        + ")",
+    )
     parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
-    parser.add_argument("--eval-held-out", type=int, default=None,
-                        help="evaluate loss/accuracy on only this many held-out pairs (smoke runs)")
-    parser.add_argument("--cards-only", action="store_true",
-                        help="only rewrite each target's README.md from its build.json (no training)")
-    parser.add_argument("--finetune-iterations", type=int, default=None,
-                        help="iterations of the anti-repetition stage (finetune_tiny.py) after the base training; "
-                             "0 skips it (default: finetune_tiny.FinetuneConfig, per target overrides in FINETUNE)")
+    parser.add_argument(
+        "--eval-held-out",
+        type=int,
+        default=None,
+        help="evaluate loss/accuracy on only this many held-out pairs (smoke runs)",
+    )
+    parser.add_argument(
+        "--cards-only",
+        action="store_true",
+        help="only rewrite each target's README.md from its build.json (no training)",
+    )
+    parser.add_argument(
+        "--finetune-iterations",
+        type=int,
+        default=None,
+        help="iterations of the anti-repetition stage (finetune_tiny.py) after the base training; "
+        "0 skips it (default: finetune_tiny.FinetuneConfig, per target overrides in FINETUNE)",
+    )
     parser.add_argument("--worker", choices=TARGETS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cards_only:

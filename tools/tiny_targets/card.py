@@ -1,6 +1,6 @@
 """The README.md card written next to each tiny target's weights, from its build.json record.
 
-    python -m tools.tiny_targets.build_tiny --out dspark_cli/targets/tiny     # writes both cards
+python -m tools.tiny_targets.build_tiny --out dspark_cli/targets/tiny     # writes both cards
 """
 
 from __future__ import annotations
@@ -32,10 +32,25 @@ start on 2 cores; in eager mode add `compilation_config={"custom_ops": ["-rotary
 
 
 def _arch_rows(config: dict) -> list[str]:
-    keys = ["hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-            "first_k_dense_replace", "topk_method", "rope_interleave", "vocab_size", "tie_word_embeddings",
-            "max_position_embeddings"]
+    keys = [
+        "hidden_size",
+        "num_hidden_layers",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "first_k_dense_replace",
+        "topk_method",
+        "rope_interleave",
+        "vocab_size",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+    ]
     return [f"| `{k}` | {config[k]} |" for k in keys if k in config]
 
 
@@ -44,9 +59,11 @@ def _held_out_rows(held: dict | None) -> str:
     if not held:
         return ""
     code = held["by_task"].get("code", {"num_prompts": 0, "loops": 0})
-    return (f"| responses ending with EOS, {held['pairs']} pairs (vLLM) | {held['eos_share']:.2f} |\n"
-            f"| responses with a repetition loop, {held['pairs']} pairs (vLLM) | {held['loop_share']:.2f} |\n"
-            f"| of which code prompts that loop | {code['loops']}/{code['num_prompts']} |\n")
+    return (
+        f"| responses ending with EOS, {held['pairs']} pairs (vLLM) | {held['eos_share']:.2f} |\n"
+        f"| responses with a repetition loop, {held['pairs']} pairs (vLLM) | {held['loop_share']:.2f} |\n"
+        f"| of which code prompts that loop | {code['loops']}/{code['num_prompts']} |\n"
+    )
 
 
 def _finetune_text(record: dict) -> str:
@@ -57,24 +74,24 @@ def _finetune_text(record: dict) -> str:
     text = f"""
 ### Against repetition loops
 
-Then {ft['iterations']} iterations of `finetune_tiny.py` on the saved weights: each one MLE step on {ft['batch_size']}
+Then {ft["iterations"]} iterations of `finetune_tiny.py` on the saved weights: each one MLE step on {ft["batch_size"]}
 packed rows as above and one sequence-level unlikelihood step (Welleck et al., 2019): the model greedily continues
-{ft['ul_prompts']} training prompts for {ft['ul_new_tokens']} tokens, and every token that completes a {ft['ngram']}-gram
-already seen in that continuation gets the loss -log(1 - p). Peak lr {ft['lr']}, warmup {ft['warmup_steps']}, cosine to
-{ft['min_lr_ratio']}x, seed {ft['seed']}, {ft['num_threads']} thread; {ft['finetune_s'] / 60:.1f} min. MLE steps alone (the
+{ft["ul_prompts"]} training prompts for {ft["ul_new_tokens"]} tokens, and every token that completes a {ft["ngram"]}-gram
+already seen in that continuation gets the loss -log(1 - p). Peak lr {ft["lr"]}, warmup {ft["warmup_steps"]}, cosine to
+{ft["min_lr_ratio"]}x, seed {ft["seed"]}, {ft["num_threads"]} thread; {ft["finetune_s"] / 60:.1f} min. MLE steps alone (the
 control) left the loop share where it was; n = 4 (the paper's) also penalises code's legitimate repeats and cost accuracy.
 """
     before = record.get("before_finetune")
     if before and before.get("generation_held_out") and record.get("generation_held_out"):
         b, a = before, record
         text += f"""
-| before -> after the stage | 50 eval prompts | {a['generation_held_out']['pairs']} pairs (vLLM) |
+| before -> after the stage | 50 eval prompts | {a["generation_held_out"]["pairs"]} pairs (vLLM) |
 | --- | --- | --- |
-| EOS share | {b['generation']['eos_share']:.2f} -> {a['generation']['eos_share']:.2f} | {b['generation_held_out']['eos_share']:.2f} -> {a['generation_held_out']['eos_share']:.2f} |
-| loop share | {b['generation']['loop_share']:.2f} -> {a['generation']['loop_share']:.2f} | {b['generation_held_out']['loop_share']:.2f} -> {a['generation_held_out']['loop_share']:.2f} |
-| next-token accuracy | {b['eval_prompts']['accuracy']:.3f} -> {a['eval_prompts']['accuracy']:.3f} | |
-| parse share (code) | {b['generation']['ast_share']:.2f} -> {a['generation']['ast_share']:.2f} | {b['generation_held_out']['ast_share']:.2f} -> {a['generation_held_out']['ast_share']:.2f} |
-| mean response tokens | {b['generation']['mean_new_tokens']:.1f} -> {a['generation']['mean_new_tokens']:.1f} | {b['generation_held_out']['mean_new_tokens']:.1f} -> {a['generation_held_out']['mean_new_tokens']:.1f} |
+| EOS share | {b["generation"]["eos_share"]:.2f} -> {a["generation"]["eos_share"]:.2f} | {b["generation_held_out"]["eos_share"]:.2f} -> {a["generation_held_out"]["eos_share"]:.2f} |
+| loop share | {b["generation"]["loop_share"]:.2f} -> {a["generation"]["loop_share"]:.2f} | {b["generation_held_out"]["loop_share"]:.2f} -> {a["generation_held_out"]["loop_share"]:.2f} |
+| next-token accuracy | {b["eval_prompts"]["accuracy"]:.3f} -> {a["eval_prompts"]["accuracy"]:.3f} | |
+| parse share (code) | {b["generation"]["ast_share"]:.2f} -> {a["generation"]["ast_share"]:.2f} | {b["generation_held_out"]["ast_share"]:.2f} -> {a["generation_held_out"]["ast_share"]:.2f} |
+| mean response tokens | {b["generation"]["mean_new_tokens"]:.1f} -> {a["generation"]["mean_new_tokens"]:.1f} | {b["generation_held_out"]["mean_new_tokens"]:.1f} -> {a["generation_held_out"]["mean_new_tokens"]:.1f} |
 """
     return text
 
@@ -91,7 +108,7 @@ def write_card(target_dir: Path, record: dict) -> None:
     text = f"""# {name}
 
 A tiny *trained* chat model bundled with dspark as a speculative-decoding target: {family}.
-Architecture `{arch}`, {record['num_params'] / 1e6:.2f} M parameters, weights stored in bfloat16
+Architecture `{arch}`, {record["num_params"] / 1e6:.2f} M parameters, weights stored in bfloat16
 (`model.safetensors`, {size_mb:.2f} MB); `config.json` says `dtype: float32`, so engines compute in float32.
 Resolve it anywhere dspark takes a target: `target.model: {name}`.
 
@@ -99,17 +116,17 @@ Rebuild (deterministic, CPU): `python -m tools.tiny_targets.build_tiny --out dsp
 
 ## Corpus and license
 
-The Python {record['python']} standard library's own source (PSF License Agreement, a permissive,
+The Python {record["python"]} standard library's own source (PSF License Agreement, a permissive,
 GPL-compatible license), turned into single-turn chats by `tools/tiny_targets/corpus.py`: "Write a Python
 function `f(args)` that ..." -> the function's source, "Explain what `module.f` does." -> its docstring's first
 paragraph, signature and module questions; a third get one of three system prompts. Split by a hash of the
-object's qualified name: {record['num_train_pairs']} training pairs, {record['num_held_out_pairs']} held out
+object's qualified name: {record["num_train_pairs"]} training pairs, {record["num_held_out_pairs"]} held out
 (no task about a held-out object is trained on). The corpus depends on the Python version: rebuild with
-Python {record['python']} to reproduce these weights.
+Python {record["python"]} to reproduce these weights.
 
 ## Tokenizer
 
-Byte-level BPE trained here on the training split (`tokenizers`), {record['vocab_size']} tokens, shared by both
+Byte-level BPE trained here on the training split (`tokenizers`), {record["vocab_size"]} tokens, shared by both
 tiny targets. Specials: `<|pad|>` 0, `<|end|>` 1 (EOS, ends every turn), `<|system|>` 2, `<|user|>` 3,
 `<|assistant|>` 4, `<|mask|>` 5 (reserved for DSpark drafts: `mask_token` in tokenizer_config.json, never
 trained on). Chat template: `<|role|>\\n{{content}}<|end|>\\n` per turn, generation prompt `<|assistant|>\\n`.
@@ -124,19 +141,19 @@ Untied input/output embeddings, as Kimi-K3 and Qwen3-8B have. 6 layers so a draf
 
 ## Training
 
-{train['steps']} AdamW steps of {train['batch_size']} x {train['seq_len']} packed tokens ({tokens_seen / 1e6:.2f} M
-token slots; the corpus has {record['num_train_tokens'] / 1e6:.2f} M tokens, {record['num_train_loss_tokens'] / 1e6:.2f} M
-of them assistant tokens, the only ones in the loss), peak lr {train['lr']}, warmup {train['warmup_steps']}, cosine to
-{train['min_lr_ratio']}x, weight decay {train['weight_decay']}, clip {train['grad_clip']}, seed {train['seed']}, float32,
-{train['num_threads']} torch thread. Final training loss (mean of last 20 steps): {record['final_train_loss']:.3f}.
+{train["steps"]} AdamW steps of {train["batch_size"]} x {train["seq_len"]} packed tokens ({tokens_seen / 1e6:.2f} M
+token slots; the corpus has {record["num_train_tokens"] / 1e6:.2f} M tokens, {record["num_train_loss_tokens"] / 1e6:.2f} M
+of them assistant tokens, the only ones in the loss), peak lr {train["lr"]}, warmup {train["warmup_steps"]}, cosine to
+{train["min_lr_ratio"]}x, weight decay {train["weight_decay"]}, clip {train["grad_clip"]}, seed {train["seed"]}, float32,
+{train["num_threads"]} torch thread. Final training loss (mean of last 20 steps): {record["final_train_loss"]:.3f}.
 
-Build time: {record['build_wall_s'] / 60:.1f} min wall for both targets together on a {record['host']['cpus']}-core
-machine (both trained side by side, one thread each; this model's training {record['train_s'] / 60:.1f} min, median
-step {record['step_s_median']:.2f} s, 10th-percentile step {record['step_s_p10']:.2f} s; the machine was shared with
-other jobs, load average {record['host']['load_average_at_end']:.1f} at the end). On an unloaded 2-core machine this
-model's share is about {(record['prepare_s'] + train['steps'] * record['step_s_p10'] + record['eval_s']) / 60:.0f} min
-(corpus + tokenizer {record['prepare_s']:.0f} s, {train['steps']} steps x the 10th-percentile step time, evaluation
-{record['eval_s']:.0f} s measured under load); the build lasts as long as its slower model. See benchmarks/tiny_targets.md.
+Build time: {record["build_wall_s"] / 60:.1f} min wall for both targets together on a {record["host"]["cpus"]}-core
+machine (both trained side by side, one thread each; this model's training {record["train_s"] / 60:.1f} min, median
+step {record["step_s_median"]:.2f} s, 10th-percentile step {record["step_s_p10"]:.2f} s; the machine was shared with
+other jobs, load average {record["host"]["load_average_at_end"]:.1f} at the end). On an unloaded 2-core machine this
+model's share is about {(record["prepare_s"] + train["steps"] * record["step_s_p10"] + record["eval_s"]) / 60:.0f} min
+(corpus + tokenizer {record["prepare_s"]:.0f} s, {train["steps"]} steps x the 10th-percentile step time, evaluation
+{record["eval_s"]:.0f} s measured under load); the build lasts as long as its slower model. See benchmarks/tiny_targets.md.
 {_finetune_text(record)}
 ## Held-out quality
 
@@ -145,14 +162,14 @@ limit {256} new tokens.
 
 | metric | value |
 | --- | --- |
-| held-out loss, 50 eval prompts (nats/token) | {ev['loss']:.3f} |
-| held-out next-token accuracy, 50 eval prompts | {ev['accuracy']:.3f} |
-| held-out loss, all {alls['num_prompts']} held-out pairs | {alls['loss']:.3f} |
-| held-out next-token accuracy, all held-out pairs | {alls['accuracy']:.3f} |
-| responses ending with EOS before the limit (50 prompts) | {gen['eos_share']:.2f} |
-| responses with a repetition loop (50 prompts) | {gen['loop_share']:.2f} |
-{_held_out_rows(record.get('generation_held_out'))}| code responses `ast.parse` accepts ({gen['num_code']} code prompts) | {gen['ast_share']:.2f} |
-| mean response length (tokens) | {gen['mean_new_tokens']:.1f} |
+| held-out loss, 50 eval prompts (nats/token) | {ev["loss"]:.3f} |
+| held-out next-token accuracy, 50 eval prompts | {ev["accuracy"]:.3f} |
+| held-out loss, all {alls["num_prompts"]} held-out pairs | {alls["loss"]:.3f} |
+| held-out next-token accuracy, all held-out pairs | {alls["accuracy"]:.3f} |
+| responses ending with EOS before the limit (50 prompts) | {gen["eos_share"]:.2f} |
+| responses with a repetition loop (50 prompts) | {gen["loop_share"]:.2f} |
+{_held_out_rows(record.get("generation_held_out"))}| code responses `ast.parse` accepts ({gen["num_code"]} code prompts) | {gen["ast_share"]:.2f} |
+| mean response length (tokens) | {gen["mean_new_tokens"]:.1f} |
 
 The 50 eval prompts: 30 code-writing and 20 explain/signature/module prompts from the held-out split
 (`corpus.eval_prompts`). "Parses" means `ast.parse` accepts the response and it defines a function or class

@@ -26,8 +26,18 @@ import textwrap
 from dataclasses import dataclass, field
 
 # Whole sub-trees that are tests, vendored code or GUI demos: not the "library" a user would ask about.
-_SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "turtledemo", "lib2to3", "ensurepip", "__pycache__",
-              "tkinter", "config-3.11-x86_64-linux-gnu"}
+_SKIP_DIRS = {
+    "site-packages",
+    "test",
+    "tests",
+    "idlelib",
+    "turtledemo",
+    "lib2to3",
+    "ensurepip",
+    "__pycache__",
+    "tkinter",
+    "config-3.11-x86_64-linux-gnu",
+}
 # Responses are kept short: a tiny model can learn to finish (EOS) and to close its blocks only on
 # answers that fit its context comfortably, and short answers keep the build inside its time budget.
 MAX_CODE_LINES = 14
@@ -152,7 +162,9 @@ def pairs_of_module(path: str, root: str) -> list[Pair]:
     return pairs
 
 
-def _function_pairs(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef, module: str, prefix: str) -> list[Pair]:
+def _function_pairs(
+    lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef, module: str, prefix: str
+) -> list[Pair]:
     qual = f"{module}.{prefix}{node.name}"
     sig = _signature(node)
     out = [Pair(qual, "signature", f"What is the signature of `{qual}`?", f"`{sig}`")]
@@ -174,8 +186,11 @@ def stdlib_files(root: str | None = None) -> list[str]:
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith(("test", "_test")))
-        found.extend(os.path.join(dirpath, f) for f in sorted(filenames)
-                     if f.endswith(".py") and not f.startswith(("test_", "_test")))
+        found.extend(
+            os.path.join(dirpath, f)
+            for f in sorted(filenames)
+            if f.endswith(".py") and not f.startswith(("test_", "_test"))
+        )
     return sorted(found)
 
 
@@ -191,7 +206,9 @@ def build_corpus(root: str | None = None) -> Corpus:
             seen.add((pair.prompt, pair.response))
             h = _stable_hash(pair.prompt)
             if h % 3 == 0:
-                pair = Pair(pair.key, pair.task, pair.prompt, pair.response, SYSTEM_PROMPTS[h // 3 % len(SYSTEM_PROMPTS)])
+                pair = Pair(
+                    pair.key, pair.task, pair.prompt, pair.response, SYSTEM_PROMPTS[h // 3 % len(SYSTEM_PROMPTS)]
+                )
             (corpus.held_out if is_held_out(pair.key) else corpus.train).append(pair)
     return corpus
 

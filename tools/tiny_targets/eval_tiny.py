@@ -48,8 +48,9 @@ class GenerationMetrics:
 
 def prompt_ids(tokenizer, pair: Pair) -> list[int]:
     """The chat-templated prompt (system/user turns + generation prompt), as served."""
-    return tokenizer.apply_chat_template(pair.messages()[:-1], add_generation_prompt=True, tokenize=True,
-                                         return_dict=False)
+    return tokenizer.apply_chat_template(
+        pair.messages()[:-1], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def held_out_metrics(model, tokenizer, pairs: list[Pair], batch_size: int = 32) -> HeldOutMetrics:
@@ -85,10 +86,15 @@ def hf_generate(model, tokenizer, pairs: list[Pair], max_new_tokens: int = MAX_N
     with torch.no_grad():
         for pair in pairs:
             ids = torch.tensor([prompt_ids(tokenizer, pair)])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, eos_token_id=tokenizer.eos_token_id,
-                                 pad_token_id=tokenizer.pad_token_id)
-            outputs.append(out[0, ids.shape[1]:].tolist())
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            outputs.append(out[0, ids.shape[1] :].tolist())
     return outputs
 
 
@@ -125,12 +131,16 @@ def parses(text: str) -> bool:
     return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for node in tree.body)
 
 
-def generation_metrics(tokenizer, pairs: list[Pair], outputs: list[list[int]],
-                       max_new_tokens: int = MAX_NEW_TOKENS) -> GenerationMetrics:
+def generation_metrics(
+    tokenizer, pairs: list[Pair], outputs: list[list[int]], max_new_tokens: int = MAX_NEW_TOKENS
+) -> GenerationMetrics:
     eos = tokenizer.eos_token_id
     ended = [bool(out) and out[-1] == eos and len(out) <= max_new_tokens for out in outputs]
-    code_ok = [parses(tokenizer.decode(out, skip_special_tokens=True))
-               for pair, out in zip(pairs, outputs) if pair.task == "code"]
+    code_ok = [
+        parses(tokenizer.decode(out, skip_special_tokens=True))
+        for pair, out in zip(pairs, outputs)
+        if pair.task == "code"
+    ]
     return GenerationMetrics(
         num_prompts=len(pairs),
         eos_share=sum(ended) / len(pairs),
@@ -158,8 +168,10 @@ def evaluate_dir(path: str, num_held_out: int | None = None) -> dict:
         "eval_prompts": asdict(held_out_metrics(model, tokenizer, prompts)),
         "held_out_all": asdict(held_out_metrics(model, tokenizer, held_out)),
         "generation": asdict(generation_metrics(tokenizer, prompts, outputs)),
-        "samples": [{"prompt": p.prompt, "response": tokenizer.decode(o, skip_special_tokens=True)}
-                    for p, o in list(zip(prompts, outputs))[:3] + list(zip(prompts, outputs))[-2:]],
+        "samples": [
+            {"prompt": p.prompt, "response": tokenizer.decode(o, skip_special_tokens=True)}
+            for p, o in list(zip(prompts, outputs))[:3] + list(zip(prompts, outputs))[-2:]
+        ],
     }
 
 

@@ -74,8 +74,14 @@ def _greedy(model, tokenizer, prompts: list[list[int]], max_new_tokens: int) -> 
     x = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
-        y = model.generate(x, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
-                           eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
+        y = model.generate(
+            x,
+            attention_mask=attn,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad,
+        )
     outs = []
     for row in y[:, width:].tolist():
         outs.append(row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
@@ -104,8 +110,12 @@ def finetune(model, tokenizer, rows, prompts: list[list[int]], cfg: FinetuneConf
     torch.manual_seed(cfg.seed)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     ids_all = torch.tensor([r[0] for r in rows], dtype=torch.long)
     mask_all = torch.tensor([r[1] for r in rows], dtype=torch.bool)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -224,11 +234,20 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.src, dtype=torch.float32, attn_implementation="sdpa")
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    model, _ = finetune(model, tokenizer, rows, training_prompts(tokenizer, corpus.train), cfg,
-                        args.out / "finetune_log.jsonl", args.src.name)
+    model, _ = finetune(
+        model,
+        tokenizer,
+        rows,
+        training_prompts(tokenizer, corpus.train),
+        cfg,
+        args.out / "finetune_log.jsonl",
+        args.src.name,
+    )
     wall = time.time() - t0
     save_target(model, tokenizer, args.src, args.out)
-    (args.out / "finetune.json").write_text(json.dumps({"finetune": config_dict(cfg), "finetune_s": round(wall, 1)}, indent=2))
+    (args.out / "finetune.json").write_text(
+        json.dumps({"finetune": config_dict(cfg), "finetune_s": round(wall, 1)}, indent=2)
+    )
     print(f"[{args.src.name} ft] done in {wall:.0f}s -> {args.out}", flush=True)
 
 

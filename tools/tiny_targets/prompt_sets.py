@@ -28,8 +28,11 @@ def write_bundled() -> None:
         chosen = _pick(pairs, SIZES[name], name)
         with BUNDLED_DATASETS[name].open("w", encoding="utf-8") as handle:
             for pair in chosen:
-                record = {"id": hashlib.sha256(pair.prompt.encode()).hexdigest()[:12], "category": pair.task,
-                          "prompt": pair.prompt}
+                record = {
+                    "id": hashlib.sha256(pair.prompt.encode()).hexdigest()[:12],
+                    "category": pair.task,
+                    "prompt": pair.prompt,
+                }
                 if pair.system:
                     record["system"] = pair.system
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -42,7 +42,9 @@ class TrainConfig:
             self.warmup_steps = min(self.warmup_steps, self.steps)
 
 
-def pack_rows(examples: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int, seed: int) -> list[tuple[list[int], list[int]]]:
+def pack_rows(
+    examples: list[tuple[list[int], list[int]]], seq_len: int, pad_id: int, seed: int
+) -> list[tuple[list[int], list[int]]]:
     """First-fit packing of (ids, loss_mask) conversations into rows of exactly `seq_len + 1` tokens.
 
     One extra token per row because inputs are row[:-1] and labels row[1:]. Conversations longer than a row
@@ -97,8 +99,12 @@ def train(model_config, rows: list[tuple[list[int], list[int]]], cfg: TrainConfi
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     ids_all = torch.tensor([r[0] for r in rows], dtype=torch.long)  # [num_rows, seq_len + 1]
     mask_all = torch.tensor([r[1] for r in rows], dtype=torch.bool)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -124,9 +130,14 @@ def train(model_config, rows: list[tuple[list[int], list[int]]], cfg: TrainConfi
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            entry = {"step": step + 1, "loss": round(loss.item(), 4), "grad_norm": round(grad_norm.item(), 3),
-                     "lr": round(lr_at(step, cfg), 6), "step_s": round(time.time() - t0, 3),
-                     "elapsed_s": round(time.time() - start, 1)}
+            entry = {
+                "step": step + 1,
+                "loss": round(loss.item(), 4),
+                "grad_norm": round(grad_norm.item(), 3),
+                "lr": round(lr_at(step, cfg), 6),
+                "step_s": round(time.time() - t0, 3),
+                "elapsed_s": round(time.time() - start, 1),
+            }
             log.append(entry)
             log_file.write(json.dumps(entry) + "\n")
             if (step + 1) % 50 == 0 or step == 0 or step + 1 == cfg.steps:
