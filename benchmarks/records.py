@@ -1,0 +1,165 @@
+"""Every record in benchmarks/results/: the script that writes it, the command that regenerates it, and the
+source paths (files or folders) whose change invalidates it.
+
+A record is `results/NAME.json` with the `.md` its script renders from it (and, for some, other files listed
+in `extra`); `results/NAME.notes.md` holds what people wrote about it (the scripts never write those). The
+writer (provenance.py) refuses a name that is not here, and tests/benchmarks/test_records.py fails when a
+dependency has changed since the record's commit. The script itself is always a dependency. Keep `depends`
+as narrow as the numbers honestly are: a folder where the record runs most of it, files where it runs a few.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PY = ".venv/bin/python"
+TINY = "templates/recipes/tiny.yaml"
+
+# What the CLI imports to print its help: the commands, the console helpers and every package face.
+CLI_FACES = (
+    "dspark_cli/__init__.py",
+    "dspark_cli/cli/",
+    "dspark_cli/ui.py",
+    "dspark_cli/lazy.py",
+    "dspark_cli/errors.py",
+    "dspark_cli/hubrules.py",
+    "dspark_cli/artifacts/__init__.py",
+    "dspark_cli/artifacts/results.py",
+    "dspark_cli/bench/__init__.py",
+    "dspark_cli/capture/__init__.py",
+    "dspark_cli/datagen/__init__.py",
+    "dspark_cli/draft/__init__.py",
+    "dspark_cli/export/__init__.py",
+    "dspark_cli/kernels/__init__.py",
+    "dspark_cli/machine/__init__.py",
+    "dspark_cli/preflight/__init__.py",
+    "dspark_cli/prompts/__init__.py",
+    "dspark_cli/publish/__init__.py",
+    "dspark_cli/recipe/__init__.py",
+    "dspark_cli/serving/__init__.py",
+    "dspark_cli/targets/__init__.py",
+    "dspark_cli/training/__init__.py",
+)
+# A recipe loaded and a bundled tiny target read: what every stage below starts from.
+RECIPE = ("dspark_cli/recipe/", "dspark_cli/targets/", "dspark_cli/contract.py", TINY)
+DATAGEN = (*RECIPE, "dspark_cli/datagen/", "dspark_cli/prompts/", "dspark_cli/artifacts/", "dspark_cli/machine/")
+CAPTURE = (*DATAGEN, "dspark_cli/capture/")
+MODEL = ("dspark_cli/draft/", "dspark_cli/kernels/")
+TRAIN = (*RECIPE, *MODEL, "dspark_cli/training/", "dspark_cli/machine/", "dspark_cli/capture/types.py")
+# `dspark run`: every stage up to bench (serving, publish and the commands' own code do not move a number).
+PIPELINE = (
+    *CAPTURE,
+    *MODEL,
+    "dspark_cli/training/",
+    "dspark_cli/export/",
+    "dspark_cli/bench/",
+    "dspark_cli/pipeline.py",
+)
+PEERS = (*PIPELINE, "benchmarks/peers/")  # the trainers' wrappers and venv set-ups are the peers' side
+OBJECTIVE = (*PIPELINE, "benchmarks/peers/run.py")  # objective.py reuses the peers run's data and scoring
+
+
+@dataclass(frozen=True)
+class Record:
+    script: str  # the committed script that writes it
+    command: str  # the command that regenerates it
+    depends: tuple[str, ...]  # paths (a trailing / for a folder) whose change invalidates it
+    extra: tuple[str, ...] = ()  # files of the record besides NAME.json and NAME.md, as suffixes
+    device: bool = False  # made on a lent GPU machine: absent until one is lent (once there, it is checked)
+
+
+def _peers(command: str) -> Record:
+    return Record("benchmarks/peers/run.py", f"{PY} benchmarks/peers/run.py {command}", PEERS)
+
+
+def _objective(command: str) -> Record:
+    return Record("benchmarks/objective.py", f"{PY} benchmarks/objective.py {command}".rstrip(), OBJECTIVE)
+
+
+ALL_PEERS = "--peers specforge,speculators,nemo_automodel --repeats 1 --no-same-time --steps 160 --eval-prompts 200"
+ALL_PEERS += " --min-lr-ratio 0.5 --reuse-data --work /tmp/dspark-peers-all"
+
+RECORDS: dict[str, Record] = {
+    "cli_startup": Record("benchmarks/cli_startup.py", f"{PY} benchmarks/cli_startup.py", CLI_FACES),
+    "datagen_speed": Record(
+        "benchmarks/datagen_speed.py",
+        f"{PY} benchmarks/datagen_speed.py && {PY} benchmarks/datagen_speed.py --target tiny-gqa",
+        DATAGEN,
+    ),
+    "capture": Record("benchmarks/capture.py", f"{PY} benchmarks/capture.py", CAPTURE),
+    "capture_backends": Record("benchmarks/capture_backends.py", f"{PY} benchmarks/capture_backends.py", CAPTURE),
+    "draft_model": Record("benchmarks/draft_model.py", f"{PY} benchmarks/draft_model.py", MODEL),
+    "train_speed": Record("benchmarks/train_speed.py", f"{PY} benchmarks/train_speed.py", TRAIN),
+    "train_tau": Record(
+        "benchmarks/train_tau.py",
+        f"{PY} benchmarks/train_tau.py --prompts 400 --steps 200",
+        (*CAPTURE, *MODEL, "dspark_cli/training/", "dspark_cli/bench/engine.py", "dspark_cli/bench/verify.py"),
+    ),
+    "bench_engine": Record(
+        "benchmarks/bench_engine.py",
+        f"{PY} benchmarks/bench_engine.py --fixture && dspark run tiny output_dir=/tmp/tinyrun "
+        '"datagen.sources=[{path: tiny-prompts, max_samples: 300}]" datagen.max_tokens=128 train.max_steps=300 && '
+        f"{PY} benchmarks/bench_engine.py --draft /tmp/tinyrun/draft",
+        (*PIPELINE, "tests/train_fixtures.py"),
+    ),
+    "demo_tau": Record(
+        "benchmarks/demo_tau.py",
+        f"{PY} benchmarks/demo_tau.py demo final && {PY} benchmarks/demo_tau.py rebench demo-final --t1 && "
+        f"{PY} benchmarks/demo_tau.py table",
+        PIPELINE,
+    ),
+    "peers": _peers("--steps 160 --eval-prompts 200"),
+    "peers-seed1": _peers("--seed 1 --repeats 1 --no-same-time --steps 160 --eval-prompts 200"),
+    "peers-all": _peers(ALL_PEERS),
+    **{f"peers-all-seed{s}": _peers(f"{ALL_PEERS} --seed {s}") for s in (1, 2, 3, 4)},
+    "objective": _objective(""),
+    "objective-seed2": _objective("--seed 2 --rows 0,3"),
+    "settings": _objective("--group settings"),
+    "settings-seed1": _objective("--group settings --seed 1 --rows 0,1"),
+    "warmup-seed0": _objective("--group warmup --seed 0"),
+    "warmup-seed1": _objective("--group warmup --seed 1"),
+    "serve_cpu_memory": Record(
+        "benchmarks/serve_cpu_memory.sh",
+        "bash benchmarks/serve_cpu_memory.sh",
+        (*RECIPE, "dspark_cli/serving/", "dspark_cli/machine/procs.py", "dspark_cli/cli/serve.py"),
+    ),
+    "gpu_rehearsal": Record(
+        "benchmarks/gpu/rehearse.sh",
+        "bash benchmarks/gpu/rehearse.sh",
+        (
+            *PIPELINE,
+            "benchmarks/gpu/",
+            "tests/training/test_train_gpu_path.py",
+            "tests/draft/test_draft_numerics.py",
+            "tests/training/test_train_runs.py",
+        ),
+    ),
+    **{
+        name: Record(
+            "benchmarks/gpu/run.sh",
+            "(device) bash benchmarks/gpu/run.sh --sections " + sections + " --time-limit 540",
+            (*PIPELINE, "benchmarks/gpu/"),
+            extra=(".log",),
+            device=True,
+        )
+        for name, sections in (("gpu_check", "throughput,numerics"), ("gpu_check-2", "pipeline,fsdp"))
+    },
+    "suite_time": Record(
+        "benchmarks/suite_time.py",
+        f"{PY} benchmarks/suite_time.py --commits HEAD",
+        ("dspark_cli/", "tests/", "scripts/dev.sh", ".ci/", "pyproject.toml"),
+    ),
+}
+
+
+def record(name: str) -> Record:
+    """The table's entry for `name`; a name that is not in the table is refused with the fix."""
+    if name not in RECORDS:
+        raise SystemExit(f"benchmarks/records.py has no record {name!r}: add it (its script, command and sources)")
+    return RECORDS[name]
+
+
+def depends(name: str) -> tuple[str, ...]:
+    """What invalidates record `name`: its sources and its own script."""
+    entry = record(name)
+    return tuple(dict.fromkeys((*entry.depends, entry.script)))
