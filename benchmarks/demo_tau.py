@@ -12,7 +12,10 @@ the demo's time budget (`dspark run templates/recipes/tiny.yaml`, <= 10 minutes 
 that capture with the overrides (under WORK/exp-NAME), exports and benches the draft with dspark's
 reference engine on the recipe's held-out prompts (bench.datasets: tiny-eval). Every stage is a
 `dspark` command (or, for capture alone, the pipeline's capture stage), timed by wall clock, and every
-result is appended to results/demo_tau.json with its command lines and the load average around it.
+result is a row of results/demo_tau.json with its command lines and its own provenance (benchmarks/provenance.py:
+commit, load around and during it); rows recorded before provenance existed are dropped at the next write.
+`demo` records the datagen time (the command's start to datagen's manifest: start-up and preflight included)
+and the capture backend the run used.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import sys
 import time
 from pathlib import Path
 
+import provenance  # benchmarks/provenance.py
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "templates/recipes/tiny.yaml"
-RESULTS = ROOT / "benchmarks" / "results" / "demo_tau.json"
+RESULTS = provenance.RESULTS / "demo_tau.json"
 DSPARK = str(Path(sys.executable).with_name("dspark"))
 
 
@@ -44,10 +49,18 @@ def _timed(argv: list[str], log: Path) -> float:
     return round(time.perf_counter() - started, 1)
 
 
-def _record(entry: dict) -> None:
-    rows = json.loads(RESULTS.read_text()) if RESULTS.is_file() else []
-    rows = [r for r in rows if r["name"] != entry["name"]] + [entry]
-    RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
+def _rows() -> list[dict]:
+    """The recorded rows that carry their provenance."""
+    data = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    return [r for r in (data.get("rows", []) if isinstance(data, dict) else []) if "provenance" in r]
+
+
+def _record(rec: provenance.Recording, entry: dict, *, new: bool = True) -> None:
+    """`entry` as a row (replacing the row of its name); a new row gets this run's provenance."""
+    if new:
+        entry = {"provenance": rec.provenance(), **entry}
+    rows = [r for r in _rows() if r["name"] != entry["name"]] + [entry]
+    rec.write({"rows": rows}, markdown)
 
 
 def _bench_numbers(bench_dir: Path) -> dict:
@@ -74,7 +87,7 @@ def data(args) -> None:
     base.mkdir(parents=True, exist_ok=True)
     log = base / "log.txt"
     overrides = [f"output_dir={base}", *args.overrides]
-    load0 = os.getloadavg()
+    rec = provenance.Recording("demo_tau", allow_dirty=args.allow_dirty)
     datagen_cmd = [DSPARK, "datagen", RECIPE, *overrides]
     datagen_s = _timed(datagen_cmd, log)
     capture_code = (
@@ -87,6 +100,7 @@ def data(args) -> None:
     hidden = json.loads((base / "hidden" / "manifest.json").read_text())
     generated = sum(s["tokens"] for s in data_manifest["shards"])
     _record(
+        rec,
         {
             "name": f"data-{args.name}",
             "kind": "data",
@@ -99,11 +113,10 @@ def data(args) -> None:
             "loss_tokens": hidden["num_loss_tokens"],
             "datagen_s": datagen_s,
             "capture_s": capture_s,
-            "load_before": [round(x, 2) for x in load0],
-            "load_after": [round(x, 2) for x in os.getloadavg()],
-        }
+            "capture_backend": hidden.get("backend", {}).get("backend"),
+        },
     )
-    print(json.dumps(json.loads(RESULTS.read_text())[-1], indent=1))
+    print(json.dumps(_rows()[-1], indent=1))
 
 
 def train(args) -> None:
@@ -116,7 +129,7 @@ def train(args) -> None:
         "bench.temperatures=[0.0, 1.0]" if args.t1 else "bench.temperatures=[0.0]",
         "bench.confidence_thresholds=[0.0]",
     ]
-    load0 = os.getloadavg()
+    rec = provenance.Recording("demo_tau", allow_dirty=args.allow_dirty)
     train_cmd = [DSPARK, "train", RECIPE, *common]
     train_s = _timed(train_cmd, log)
     export_cmd = [
@@ -146,6 +159,7 @@ def train(args) -> None:
     summary = json.loads((exp / "train" / "manifest.json").read_text())["summary"]
     final = summary.get("final_metrics", {})
     _record(
+        rec,
         {
             "name": args.name,
             "kind": "train",
@@ -160,19 +174,18 @@ def train(args) -> None:
             "train_tau_greedy": round(final.get("tau_greedy", 0), 3),
             "tokens_per_s_last": round(final.get("tokens_per_s", 0)),
             "bench": _bench_numbers(exp / "bench"),
-            "load_before": [round(x, 2) for x in load0],
-            "load_after": [round(x, 2) for x in os.getloadavg()],
-        }
+        },
     )
-    print(json.dumps(json.loads(RESULTS.read_text())[-1], indent=1))
+    print(json.dumps(_rows()[-1], indent=1))
 
 
 def demo(args) -> None:
     """The whole `dspark run` of the recipe, with the overrides, timed end to end (stage times from its artifacts)."""
     out = args.work / f"demo-{args.name}"
     log = out.with_suffix(".log")
-    load0 = os.getloadavg()
+    rec = provenance.Recording("demo_tau", allow_dirty=args.allow_dirty)
     cmd = [DSPARK, "run", RECIPE, f"output_dir={out}", *args.overrides]
+    started = time.time()
     wall = _timed(cmd, log)
     data_manifest = json.loads((out / "data" / "manifest.json").read_text())
     hidden = json.loads((out / "hidden" / "manifest.json").read_text())
@@ -188,13 +201,16 @@ def demo(args) -> None:
         }.items()
     }
     _record(
+        rec,
         {
             "name": f"demo-{args.name}",
             "kind": "demo",
             "overrides": args.overrides,
             "commands": [" ".join(cmd)],
             "wall_s": wall,
-            "stage_end_s": {k: round(v - mtime["datagen"], 1) for k, v in mtime.items()},
+            "stage_end_s": {k: round(v - started, 1) for k, v in mtime.items()},  # since the command started
+            "datagen_s": round(mtime["datagen"] - started, 1),
+            "capture_backend": hidden.get("backend", {}).get("backend"),
             "engine": data_manifest["engine"],
             "conversations": data_manifest["num_conversations"],
             "capture_tokens": hidden["num_tokens"],
@@ -202,11 +218,9 @@ def demo(args) -> None:
             "steps": summary["steps"],
             "train_tokens": summary["tokens"],
             "bench": _bench_numbers(out / "bench"),
-            "load_before": [round(x, 2) for x in load0],
-            "load_after": [round(x, 2) for x in os.getloadavg()],
-        }
+        },
     )
-    print(json.dumps(json.loads(RESULTS.read_text())[-1], indent=1))
+    print(json.dumps(_rows()[-1], indent=1))
 
 
 def rebench(args) -> None:
@@ -214,8 +228,10 @@ def rebench(args) -> None:
 
     20 prompts are too few to rank settings: a few long code answers hold most verification steps, and the
     95% CI is +-0.5 (the same drafts ranked differently on the first 20, 60 and 200 prompts)."""
-    rows = json.loads(RESULTS.read_text())
-    entry = next(r for r in rows if r["name"] == args.name)
+    rec = provenance.Recording("demo_tau", allow_dirty=args.allow_dirty)
+    entry = next((r for r in _rows() if r["name"] == args.name), None)
+    if entry is None:
+        raise SystemExit(f"demo_tau.json has no row {args.name!r} (with provenance): record it first")
     draft = args.work / (f"{args.name}/draft" if entry["kind"] == "demo" else f"exp-{args.name}/draft")
     data = args.work / (args.name if entry["kind"] == "demo" else entry["data"])
     out = draft.parent / f"bench{args.prompts}"
@@ -233,8 +249,13 @@ def rebench(args) -> None:
         "--offline",
     ]
     seconds = _timed(cmd, draft.parent / f"rebench{args.prompts}.log")
-    entry[f"bench_{args.prompts}"] = {**_bench_numbers(out), "seconds": seconds, "command": " ".join(cmd)}
-    _record(entry)
+    entry[f"bench_{args.prompts}"] = {
+        "provenance": rec.provenance(),
+        **_bench_numbers(out),
+        "seconds": seconds,
+        "command": " ".join(cmd),
+    }
+    _record(rec, entry, new=False)
     print(json.dumps(entry[f"bench_{args.prompts}"], indent=1))
 
 
@@ -244,7 +265,19 @@ def _tau(entry: dict, key: str, bench: str = "bench") -> str:
 
 
 def table(_args) -> None:
-    rows = json.loads(RESULTS.read_text())
+    """demo_tau.md again from demo_tau.json (after a change of this script's rendering only)."""
+    data = json.loads(RESULTS.read_text())
+    if not isinstance(data, dict) or "provenance" not in data:
+        raise SystemExit("demo_tau.json has no provenance: record a row first")
+    provenance.write_record(RESULTS.parent, "demo_tau", data, markdown(data))
+
+
+def _load(r: dict) -> str:
+    return f"{r['provenance']['load']['during_mean']} / {r['provenance']['load']['during_max']}"
+
+
+def markdown(data: dict) -> str:
+    rows = data["rows"]
     lines = [
         "# Demo draft: held-out tau per setting (tiny-mla, bench.datasets: [tiny-eval])",
         "",
@@ -253,22 +286,23 @@ def table(_args) -> None:
         "",
         "## Data (datagen + capture)",
         "",
-        "| data | overrides | engine | conversations | tokens (loss) | datagen s | capture s | load |",
-        "|---|---|---|---|---|---|---|---|",
+        "| data | overrides | engine | conversations | tokens (loss) | datagen s | capture s | capture backend | "
+        "load mean / max |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["kind"] == "data":
             lines.append(
                 f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['engine']['engine']} | {r['conversations']} | "
                 f"{r['capture_tokens']} ({r['loss_tokens']}) | {r['datagen_s']} | {r['capture_s']} | "
-                f"{r['load_before'][0]}-{r['load_after'][0]} |"
+                f"{r['capture_backend']} | {_load(r)} |"
             )
     lines += [
         "",
         "## Training runs on one capture (train + export + bench)",
         "",
         "| run | data | overrides | steps | tokens | train s | tau T=0 [95% CI] | tau T=1 | T=0, all 200 prompts "
-        "| train-log tau | load |",
+        "| train-log tau | load mean / max |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -276,33 +310,30 @@ def table(_args) -> None:
             lines.append(
                 f"| {r['name']} | {r['data']} | {' '.join(r['overrides']) or '-'} | {r['steps']} | {r['train_tokens']} | "
                 f"{r['train_s']} | {_tau(r, 'T=0')} | {_tau(r, 'T=1')} | {_tau(r, 'T=0', 'bench_200')} | "
-                f"{r['train_tau_greedy']} | "
-                f"{r['load_before'][0]}-{r['load_after'][0]} |"
+                f"{r['train_tau_greedy']} | {_load(r)} |"
             )
     lines += [
         "",
         "## Whole demo (`dspark run`)",
         "",
-        "| run | overrides | wall s | stage ends (s after datagen) | tokens (loss) | steps | tau T=0 [95% CI] | "
-        "tau T=1 [95% CI] | tiny-requests T=0 / T=1 | all 200 prompts: T=0 / T=1 | tiny-requests, all 60: "
-        "T=0 / T=1 | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | overrides | wall s | datagen s | capture backend | stage ends (s after start) | tokens (loss) | "
+        "steps | tau T=0 [95% CI] | tau T=1 [95% CI] | tiny-requests T=0 / T=1 | all 200 prompts: T=0 / T=1 | "
+        "tiny-requests, all 60: T=0 / T=1 | load mean / max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["kind"] == "demo":
             ends = ", ".join(f"{k} {v}" for k, v in r["stage_end_s"].items())
             lines.append(
-                f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['wall_s']} | {ends} | {r['capture_tokens']} "
+                f"| {r['name']} | {' '.join(r['overrides']) or '-'} | {r['wall_s']} | {r['datagen_s']} | "
+                f"{r['capture_backend']} | {ends} | {r['capture_tokens']} "
                 f"({r['loss_tokens']}) | {r['steps']} | {_tau(r, 'T=0')} | {_tau(r, 'T=1')} | "
                 f"{_tau(r, 'tiny-requests T=0')} / {_tau(r, 'tiny-requests T=1')} | "
                 f"{_tau(r, 'T=0', 'bench_200')} / {_tau(r, 'T=1', 'bench_200')} | "
                 f"{_tau(r, 'tiny-requests T=0', 'bench_200')} / {_tau(r, 'tiny-requests T=1', 'bench_200')} | "
-                f"{r['load_before'][0]}-{r['load_after'][0]} |"
+                f"{_load(r)} |"
             )
-    notes = ROOT / "benchmarks" / "results" / "demo_tau.notes.md"
-    if notes.is_file():
-        lines += ["", notes.read_text().rstrip()]
-    (RESULTS.with_suffix(".md")).write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -328,6 +359,8 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=200)
     p.add_argument("--t1", action="store_true", help="also bench at T=1")
     p.set_defaults(func=rebench)
+    for command in sub.choices.values():
+        provenance.add_arguments(command)
     sub.add_parser("table").set_defaults(func=table)
     args, extra = parser.parse_known_args()  # overrides may follow --data
     if extra and not hasattr(args, "overrides"):

@@ -16,16 +16,13 @@ Attention implementations compared (dspark_cli/draft/attention.py):
 - drafting (`draft_block`, greedy, context 128 cached, incremental append of 8 rows):
   sdpa / eager / flex.
 Median of `--repeat` runs after warm-up (flex's first call compiles; its compile time is
-reported separately). The machine's load average is recorded: on a shared 2-core box,
-re-run when it is quiet.
+reported separately). The record's provenance keeps the load around and during the run
+(benchmarks/provenance.py); findings about these numbers live in results/draft_model.notes.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +31,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import provenance  # noqa: E402  (benchmarks/provenance.py)
 
 from dspark_cli.draft.build import draft_config_from_values  # noqa: E402
 from dspark_cli.draft.drafting import ContextCache, draft_block  # noqa: E402
@@ -155,10 +154,8 @@ def markdown(result: dict) -> str:
     lines = [
         "# DSpark draft model on CPU",
         "",
-        f"Command: `{result['command']}`  ",
-        f"Machine: {result['machine']}, torch {result['torch']}, {result['threads']} threads, "
-        f"load average before/after {result['load_before']} / {result['load_after']}.  ",
-        "Geometry: target hidden 256, vocab 4096, 3 aux layers, 2 draft layers, block 7.",
+        f"{result['threads']} torch threads. Geometry: target hidden 256, vocab 4096, 3 aux layers, 2 draft layers, "
+        "block 7. `first call` includes flex's compile.",
         "",
         "## Training forward (+ backward)",
         "",
@@ -187,16 +184,6 @@ def markdown(result: dict) -> str:
             f"{r['draft_block_ms']:.2f} | {r['append_8_rows_ms']:.2f} | "
             f"{r['first_call_ms']:.0f} |"
         )
-    lines += [
-        "",
-        "Notes: a shared 2-core machine (other engineers' jobs ran alongside; see the load "
-        "average), 1 thread; expect +-15% between runs. `first call` includes flex's compile. "
-        "The training step's cost is dominated by the lm_head / Markov projections over "
-        "B*A*7 slots x 4096 vocab, so attention implementations differ little here; on GPU "
-        "the default (`auto`) is flex, which skips masked tiles. Drafting one block costs "
-        "~3-4 ms at B=1, mostly per-op overhead of 2 layers + 7 sequential Markov steps; "
-        "appending a verification step's 8 rows to the context cache costs < 1 ms.",
-    ]
     return "\n".join(lines) + "\n"
 
 
@@ -207,18 +194,16 @@ def main() -> None:
     # 1 thread by default: on a shared 2-core box, 2 OpenMP threads competing with another
     # process run tiny matmuls 10-40x slower (spin-waiting), which measures the neighbour.
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "draft_model"))
+    parser.add_argument("--out", type=Path, default=provenance.RESULTS, help="the folder the record goes to")
+    provenance.add_arguments(parser)
     args = parser.parse_args()
+    rec = provenance.Recording("draft_model", allow_dirty=args.allow_dirty, out_dir=args.out)
     torch.set_num_threads(args.threads)
     repeat = 2 if args.quick else args.repeat
     impls_train = ["sdpa"] if args.quick else ["sdpa", "eager"]
     impls_fwd = ["sdpa"] if args.quick else ["sdpa", "eager", "flex"]
     result = {
-        "command": " ".join(["python", "benchmarks/draft_model.py", *sys.argv[1:]]),
-        "machine": f"{platform.machine()} {os.cpu_count()} cores",
-        "torch": torch.__version__,
         "threads": args.threads,
-        "load_before": [round(x, 2) for x in os.getloadavg()],
         "training": [],
         "drafting": [],
     }
@@ -231,11 +216,7 @@ def main() -> None:
         for impl in impls_fwd:
             for requests in (1, 8):
                 result["drafting"].append(bench_drafting(arch, impl, 4 * repeat, requests))
-    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
+    rec.write(result, markdown)
     print(markdown(result))
 
 

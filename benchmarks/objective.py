@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 sys.path.insert(0, str(ROOT))
 
+import provenance  # noqa: E402  (benchmarks/provenance.py)
 import run as peers  # noqa: E402  (benchmarks/peers/run.py)
 
 GROUPS = {  # name -> [(row name, recipe overrides)]; gains read against each group's first row
@@ -114,13 +115,15 @@ def main() -> None:
     parser.add_argument("--rows", default=None, help="only these rows of the group, e.g. 0,1 (default: all)")
     parser.add_argument("--work", default=None, help="working directory (default: a new temp dir)")
     parser.add_argument("--no-record", action="store_true", help="do not write benchmarks/results/GROUP.*")
+    provenance.add_arguments(parser)
     args = parser.parse_args()
+    seed_tag = f"-seed{args.seed}" if args.seed is not None else ""  # in run directories and result names
+    rec = None if args.no_record else provenance.Recording(args.group + seed_tag, allow_dirty=args.allow_dirty)
     started = time.time()
     work = Path(args.work or tempfile.mkdtemp(prefix="dspark-objective-"))
     work.mkdir(parents=True, exist_ok=True)
     extra = [f"train.warmup_steps={max(1, round(args.steps * 0.05))}"]
     extra += [f"train.seed={args.seed}"] if args.seed is not None else []
-    seed_tag = f"-seed{args.seed}" if args.seed is not None else ""  # in run directories and result names
     recipe = peers.recipe_for(work, *extra)
     timings = peers.make_data(recipe, work)
     rows = []
@@ -168,10 +171,9 @@ def main() -> None:
         "wall_s": round(time.time() - started),
         "work": str(work),
     }
-    text = markdown(result)
-    print(text)
-    if not args.no_record:
-        peers.record(args.group + seed_tag, result, text)
+    print(markdown(result))
+    if rec is not None:
+        rec.write(result, markdown)
 
 
 if __name__ == "__main__":

@@ -166,18 +166,24 @@ class Recording:
         command: str | None = None,
         root: Path = ROOT,
         every: float = SAMPLE_EVERY_S,
+        measures_tree: bool = True,
     ) -> None:
-        self.name, self.root, self.allow_dirty = name, root, allow_dirty
+        """`measures_tree=False`: the run measures clean clones of commits (suite_time), never this working tree,
+        so its uncommitted changes neither refuse nor mark the record."""
+        self.name, self.root, self.allow_dirty, self.measures_tree = name, root, allow_dirty, measures_tree
         self.depends = records.depends(name)
         self.out_dir = Path(out_dir) if out_dir is not None else RESULTS
         self.command = command or _command_line()
         self.commit = head_commit(root)
-        self._refuse_dirty(dirty_paths(root, self.commit, self.depends), "")
+        self._refuse_dirty(self._dirty(), "")
         self.started = time.time()
         self.load_before = os.getloadavg()[0]
         self._cpu0 = _own_cpu_s()
         self._sampler = LoadSampler(every)
         self._provenance: dict[str, Any] | None = None
+
+    def _dirty(self) -> list[str]:
+        return dirty_paths(self.root, self.commit, self.depends) if self.measures_tree else []
 
     def _into_results(self) -> bool:
         return self.out_dir.resolve() == RESULTS.resolve()
@@ -195,10 +201,10 @@ class Recording:
             return self._provenance
         samples = self._sampler.stop()
         wall = time.time() - self.started
-        own_cores = (_own_cpu_s() - self._cpu0) / wall if wall > 0 else 0.0
+        own_cores = min((_own_cpu_s() - self._cpu0) / wall, os.cpu_count() or 1) if wall > 0 else 0.0
         cores = os.cpu_count() or 1
         mean = sum(samples) / len(samples)
-        dirty = dirty_paths(self.root, self.commit, self.depends)
+        dirty = self._dirty()
         torch = sys.modules.get("torch")
         self._provenance = {
             "commit": self.commit,
@@ -357,7 +363,7 @@ def check(names: Sequence[str] = ()) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     """A shell script's record: CMD writes its result to $RECORD_DATA (JSON) and may render $RECORD_MARKDOWN
     from it; this adds the provenance and writes both to the results."""
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    cmd = args.cmd
     if not cmd:
         raise SystemExit("provenance.py run NAME -- CMD ...: no CMD")
     rec = Recording(args.name, allow_dirty=args.allow_dirty, out_dir=args.out_dir, command=shlex.join(cmd))
@@ -380,17 +386,19 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
-    run = sub.add_parser("run", help="run a shell script that writes $RECORD_DATA, and record it")
+    run = sub.add_parser("run", help="NAME [options] -- CMD ...: run CMD, which writes $RECORD_DATA, and record it")
     run.add_argument("name")
     add_arguments(run)
     run.add_argument("--out-dir", type=Path, default=None, help="default: benchmarks/results")
     run.add_argument("--data", help="the JSON the command writes (default: $RECORD_DATA, a temporary file)")
-    run.add_argument("cmd", nargs=argparse.REMAINDER)
     stamp = sub.add_parser("stamp", help="DSPARK_RECORD_COMMIT= and DSPARK_RECORD_DIRTY= lines for a copy without git")
     stamp.add_argument("name")
     checking = sub.add_parser("check", help="fresh or stale, one line per problem")
     checking.add_argument("names", nargs="*")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = argv[argv.index("--") + 1 :] if "--" in argv else []  # what follows `--` is the command, untouched
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    args.cmd = cmd
     if args.what == "run":
         return _run(args)
     if args.what == "stamp":

@@ -104,8 +104,7 @@ RECORDS: dict[str, Record] = {
     ),
     "demo_tau": Record(
         "benchmarks/demo_tau.py",
-        f"{PY} benchmarks/demo_tau.py demo final && {PY} benchmarks/demo_tau.py rebench demo-final --t1 && "
-        f"{PY} benchmarks/demo_tau.py table",
+        f"{PY} benchmarks/demo_tau.py demo final && {PY} benchmarks/demo_tau.py rebench demo-final --t1",
         PIPELINE,
     ),
     "peers": _peers("--steps 160 --eval-prompts 200"),

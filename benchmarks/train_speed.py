@@ -26,7 +26,8 @@ Measured:
   backward, plus the attended attention pairs; see dspark_cli/training/flops.py) x tokens/s, over
   (a) the measured 1-thread peak of a 2048^3 fp32 matmul x the cores used and (b) the theoretical fp32 peak, cores x clock x 32 FLOP/cycle (AVX-512 on Zen 4 is
   2 x 256-bit FMA per cycle).
-The machine is shared (2 cores): the load average is recorded; compare rows of one run.
+The record's provenance keeps the load around and during the run; compare rows of one run. What was tried to make
+the step faster, and where its time goes, is in results/train_speed.notes.md.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -44,6 +44,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import provenance  # noqa: E402  (benchmarks/provenance.py)
 
 HIDDEN, LAYERS, SEQ, PROMPT, ANCHORS, SEQS_PER_STEP = 64, 4, 128, 16, 32, 4
 PEERS_RESULT = ROOT / "benchmarks" / "results" / "peers.json"  # written by benchmarks/peers/run.py
@@ -265,73 +267,13 @@ def interleaved(target: Path, vocab: int, steps: int) -> dict:
 
 # What a step is made of and what was tried, measured on this machine (2026-11-30, vocab 1024, 512 tokens per
 # step, in-process phase timers and torch.profiler); kept here so the next attempt starts from numbers, not guesses.
-DIAGNOSIS = """Where a step goes now (2 threads, compiled, threads bound; 2026-11-30, third pass): 14.7-15.5 ms
-on a quiet machine (16.6-21 ms before this pass; the shared host runs up to ~1.5x slower in some
-phases, so every comparison below alternates the two variants in one process). Attention was 3.6 ms of
-a 16.6 ms step (measured by swapping it for a no-op in the compiled graph); the C kernel now takes
-~0.5 ms forward + ~0.9 ms backward per layer inside the step (torch profiler). Before this pass, phase
-timers at 18.0 ms: collation 0.5, block states forward 3.9, vocabulary loss 4.1 (matmuls ~3, the CPU
-kernel ~0.6), the rest of the forward 1.5, backward 6.7, clipping 0.5, AdamW 0.6. py-spy over 400 steps:
-the compiled block states 56% (backward 34%, forward 22%: matmuls, the attention's batched matmuls,
-fused norm / RoPE / SiLU / softmax kernels), the vocabulary loss 20% (now almost only its four
-matmuls: ~1 GFLOP per step between them and the backbone, ~6 ms at the ~170 GFLOP/s two cores give
-these shapes), AdamW 3-4%, clipping 2%, the rest (loss tail, metrics, autograd engine, collation) ~15%.
-30,000 tokens/s needs 17 ms per step. Untried: a bf16 step (the issue's setup is fp32).
-
-Adopted (each measured on this machine in one process, alternating settings or implementations):
-- block attention as one C kernel, forward and backward (dspark_cli/kernels/attention.py, a torch custom
-  op): only the keys a block sees, scores in L1; the backward reads the softmax the forward kept (0.60-0.69
-  vs 0.74-0.81 ms per layer recomputing it from the log-sum-exp; 22.37 -> 22.06 ms per eager step).
-  Per layer 1.06 vs 2.32 ms (2 threads) and 2.08 vs 4.03 ms (1 thread) against the compiled torch
-  blockwise; whole steps 16.69 -> 15.45 ms compiled, 21.2 -> 18.5 ms eager (vs SDPA, 2 threads) and
-  29.7 -> 27.3 ms (1 thread), so `auto` uses it eagerly too. A first version that scored the block's
-  keys with per-key dot products and ran exp on scalar tails was 3.15 ms per layer (slower than torch);
-- inductor's C++ wrapper for the compiled graph (cpp_wrapper): 16.25 -> 15.56 and 23.4 -> 22.8 ms per
-  compiled 2-thread step; its max-autotune C++ GEMM templates on top: 16.43 -> 16.20 ms for a 48 s
-  compile, not adopted;
-- a fused C kernel for the vocabulary loss's row-wise passes (dspark_cli/kernels/vocab.py):
-  20.8 -> 19.2 ms per compiled 2-thread step, 28.2 -> 26.4 ms on 1 thread; it replaced ~12 torch passes
-  over [slots, vocab] (and a slow argmax) by 4 passes over L1-resident rows (880 x 1024 slots: 0.7 ms
-  on one thread vs ~2.8 ms). A first, auto-vectorised version was 4.1 ms (gcc left the exp loop scalar);
-- RoPE cos / sin from a table built outside torch.compile: inductor had fused scalar sin / cos / pow into
-  every consumer, forward and backward: 21.8 -> 20.6 ms per compiled 2-thread step;
-- "blockwise" attention in torch code under train.compile (context scores for all of a row's queries +
-  N x N block scores, one softmax; exact): 26.4 -> 25.8 and 30.7 -> 28.5 ms in two A/B runs; eagerly no
-  gain (24.6 vs 24.6 ms on 2 threads, 34.1 vs 32.2 on 1); now the fallback where the C kernel is not built;
-- glibc keeps freed memory (mallopt, dspark_cli/machine/cpu.py): 43.3 -> 35.7 ms per step on 1 thread,
-  35.3 -> 28.2 ms on 2; it also removed most of the slowdown two processes caused each other (page faults);
-- fused AdamW: 36.5 -> 32.6 ms per step at 2 FSDP2 ranks (foreach on DTensors dispatches a dozen times);
-- gradient clipping on local FSDP2 shards with one all-reduce: -0.5 to -1 ms at 2 ranks;
-- vocabulary loss with fewer passes (one softmax, amax instead of max-with-index, abs-sum instead of
-  vector_norm: the index-returning reductions and ord-1 norms are 6-15x slower on CPU): 12.0 -> 10.2 ms
-  for 896 slots; 4 MiB chunks instead of 1 MiB: 9.6 -> 9.2 ms (1 thread), 6.2 -> 5.7 (2 threads);
-- SDPA given an additive mask built once instead of a boolean one: 34.1 -> 32.9 ms per eager step;
-- `train.compile` (opt-in, torch.compile of the block states): -15 to -20% per step after a one-off compile
-  (3-20 s; each new shape class costs another 20-35 s, which is why it is not the default);
-- one process on every core binds its OpenMP threads (OMP_PROC_BIND=true, host.bind_threads): unbound,
-  a 2-thread run settles in one of two placements for its whole life, ~23.5k or ~17k tokens/s (4 of 8
-  runs slow); bound, 8 of 8 compiled runs were 22.6-25.9k.
-Tried and not adopted (second pass; "with vs without", ms per step): fewer ops for the metric sums
-(24.5 vs 24.3), a flat gradient buffer with one-norm clipping (23.6 vs 23.9), skipping dynamo's
-nn-module guards (28.4 vs 28.4), flush-to-zero for denormals (22.3 vs 22.2), a blockwise variant
-without the concatenated softmax (28.7 vs 28.5), replicated 2-process data parallelism with one flat
-gradient all-reduce instead of FSDP2 (25.7 vs 33.2 and 23.6 vs 29.2 at 2 x 1 thread: better than FSDP2,
-no better than one process on 2 threads, so not built), the block scores padded to 16 columns so the
-softmax rows are a whole number of vectors (3.1-3.8 vs 2.0-3.0 ms per layer), inductor's
-cpp.min_chunk_size 32768 instead of 512 to keep small kernels on one thread (20.5 vs 20.3), the loss
-tail (confidence head, BCE, metric sums) compiled with dynamic shapes (23.7 vs 23.6; the tail measures
-~1.5 ms in all, of which the metric sums ~0.4).
-Tried and not adopted: attention per anchor group on the context prefix the group can see (2.9 vs 3.3 ms
-per layer in isolation, but 35.3 vs 34.1 ms per eager step and 29.0 vs 28.9 compiled: the extra slicing
-and calls eat the saving); one matmul for q/k/v and for gate/up (34.1 vs 34.0 ms); a compiled element-wise
-vocabulary pass (1.56 vs 1.86 ms for 880 slots); explicit-softmax attention under torch.compile (38.2 vs
-29.1 ms); data parallelism on two Python threads in one process (28.0-30.6 ms vs 25.8-26.3 for 2 intra-op
-threads: the GIL); OMP_WAIT_POLICY=ACTIVE/PASSIVE (neither beats libgomp's default); mode="max-autotune-no-cudagraphs"
-(29.3 vs 29.5 ms).
-FSDP2 on 2 gloo ranks adds ~10 ms per step over one process with half the data: ~3 ms is FSDP2's own
-bookkeeping (measured at 1 rank), the rest gloo collectives and waits (all-reduce of a scalar 0.2 ms,
-all-gather of the 640 KB of parameters 0.6 ms, reduce-scatter 1.4 ms) on 2 busy cores.
-Pinning each torchrun rank to its own core (sched_setaffinity) did not change the 2-process rows."""
+METHOD = (
+    "Medians of interleaved repeats (all samples in the JSON); each repeat is the median of its run's steady-state "
+    "log intervals, the first (FLOP-counted) interval dropped. Model FLOPs per token are counted on dspark's step "
+    "(matmuls by FlopCounterMode + attended attention pairs); the naive step executes more (logits for every "
+    "slot, target logits per slot). The 2-process rows are FSDP2 on gloo, one thread per process; `vs naive` "
+    "compares every row with the 1-core naive trainer, so rows using 2 cores include the second core."
+)
 
 
 def matmul_peak(threads: int) -> float:
@@ -376,9 +318,6 @@ def markdown(result: dict) -> str:
     lines = [
         "# `dspark train` speed on the issue's tiny setup",
         "",
-        f"Command: `{result['command']}`  ",
-        f"Machine: {result['machine']}, torch {result['torch']}; load average before/after "
-        f"{result['load_before']} / {result['load_after']}.  ",
         f"Theoretical fp32 peak {result['theoretical_peak_gflops']:.0f} GFLOP/s (2 cores x {CLOCK_GHZ} GHz x "
         f"{FLOPS_PER_CYCLE}); measured 2048^3 matmul: {result['matmul_gflops']['1']:.0f} GFLOP/s (1 thread), "
         f"{result['matmul_gflops']['2']:.0f} (2 threads).",
@@ -409,7 +348,7 @@ def markdown(result: dict) -> str:
         "machine, same moment).",
     ]
     lines += ["", peers_line()]
-    lines += ["", result["notes"]]
+    lines += ["", METHOD]
     return "\n".join(lines) + "\n"
 
 
@@ -423,20 +362,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)  # worker only
     parser.add_argument("--compile", action="store_true")  # worker only
+    provenance.add_arguments(parser)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    import torch
+    rec = provenance.Recording("train_speed", allow_dirty=args.allow_dirty)
 
     vocabs = [1024] if args.quick else [1024, 4096]
     steps = 30 if args.quick else 60
     repeats = 1 if args.quick else 3
     result = {
-        "command": "python benchmarks/train_speed.py" + (" --quick" if args.quick else ""),
-        "machine": f"{platform.machine()} {os.cpu_count()} cores ({platform.processor() or 'x86_64'})",
-        "torch": torch.__version__,
-        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "quick": args.quick,
         "theoretical_peak_gflops": (os.cpu_count() or 1) * CLOCK_GHZ * FLOPS_PER_CYCLE,
         "matmul_gflops": {str(t): matmul_peak(t) / 1e9 for t in (1, 2)},
         "repeats": repeats,
@@ -478,22 +415,7 @@ def main() -> None:
                 }
             )
             print(json.dumps(result["rows"][-1]), flush=True)
-    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    result["notes"] = (
-        "Notes: medians of interleaved repeats (all samples in the JSON); each repeat is the median of its "
-        "run's steady-state log intervals. The host is shared and its speed drifts by up to ~1.5x within an "
-        "hour (the 2048^3 matmul line above is measured at the start of each run), so rows of one run "
-        "compare, runs on different days less so. Model FLOPs per token are "
-        "counted on dspark's step (matmuls by FlopCounterMode + attended attention pairs); the naive "
-        "step executes more (logits for every slot, target logits per slot). The 2-process rows are "
-        "FSDP2 on gloo, one thread per process; `vs naive` compares every row with the 1-core naive "
-        "trainer, so rows using 2 cores include the second core. On a shared machine intra-op threads "
-        "collapse when another job holds a core (~500 tokens/s seen, OpenMP threads wait for each other); "
-        "compare rows of one run.\n\n" + DIAGNOSIS
-    )
-    out = ROOT / "benchmarks" / "results"
-    (out / "train_speed.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "train_speed.md").write_text(markdown(result))
+    rec.write(result, markdown)
     print(markdown(result))
 
 

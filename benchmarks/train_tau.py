@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
-import time
 from pathlib import Path
+
+import provenance  # benchmarks/provenance.py
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--tokens-per-step", type=int, default=1024)
+    provenance.add_arguments(parser)
     args = parser.parse_args()
+    rec = provenance.Recording("train_tau", allow_dirty=args.allow_dirty)
     import torch
 
     torch.set_num_threads(1)
@@ -95,7 +97,6 @@ def main() -> None:
     from dspark_cli.training.run import build_draft_config, run_train
 
     work = Path(tempfile.mkdtemp(prefix="dspark-train-tau-"))
-    started = time.time()
     recipe = recipe_for(
         args.target, work / "train", "tiny-prompts", args.prompts, args.steps, args.max_tokens, args.tokens_per_step
     )
@@ -117,28 +118,27 @@ def main() -> None:
     real = speculative_tau(target_dir, layer_ids, train_dir, held_out, config.block_size)
     keys = ("tau_greedy", "tau_greedy_decode", "tau_t1", "tau_t1_decode", "acc", "acc_slot", "loss")
     result = {
-        "command": "python benchmarks/train_tau.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
         "target": args.target,
         "block_size": config.block_size,
         "train_sequences": summary.tokens,
         "train_steps": summary.steps,
         "held_out_sequences": len(held_out),
-        "load_average": os.getloadavg(),
         "untrained": {k: before[k] for k in keys},
         "trained": {k: after[k] for k in keys},
         "speculative_decoding_greedy": real,
-        "wall_s": round(time.time() - started),
         "train_final_metrics": {k: summary.final_metrics[k] for k in ("tau_greedy", "tau_t1", "loss", "tokens_per_s")},
     }
-    out = ROOT / "benchmarks" / "results"
-    (out / "train_tau.json").write_text(json.dumps(result, indent=2) + "\n")
+    rec.write(result, markdown)
+    print(markdown(result))
+
+
+def markdown(result: dict) -> str:
+    before, after, real = result["untrained"], result["trained"], result["speculative_decoding_greedy"]
     md = [
-        f"# Trained vs untrained draft on {args.target}",
+        f"# Trained vs untrained draft on {result['target']}",
         "",
-        f"Command: `{result['command']}`  ",
-        f"{summary.steps} steps ({summary.tokens:,} tokens) of the `tiny` recipe; held-out: "
-        f"{len(held_out)} answers to bundled eval prompts; block {config.block_size}.",
+        f"{result['train_steps']} steps ({result['train_sequences']:,} tokens) of the `tiny` recipe; held-out: "
+        f"{result['held_out_sequences']} answers to bundled eval prompts; block {result['block_size']}.",
         "",
         "| draft | tau greedy: logged metric | replayed | speculative decoding | tau T=1: logged metric | replayed | slot-0 accuracy |",
         "|---|---|---|---|---|---|---|",
@@ -153,8 +153,7 @@ def main() -> None:
         "verification, the same prompts, stopping at the end token. The held-out answers are greedy, so the "
         "T=1 columns are teacher-forced acceptance probabilities on greedy text, not a T=1 decoding run.",
     ]
-    (out / "train_tau.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    return "\n".join(md) + "\n"
 
 
 if __name__ == "__main__":

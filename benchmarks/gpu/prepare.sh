@@ -27,4 +27,6 @@ done
 $PIP download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
     --python-version "$PYVER" --implementation cp "${platforms[@]}" \
     -d "$DEST" -r benchmarks/gpu/requirements.txt
+# the commit and dirty sources the device run's record names (the device's copy of the tree has no git)
+python3 benchmarks/provenance.py stamp gpu_check > "$DEST/record.env"
 echo "prepare: $(ls "$DEST" | wc -l) wheels for CPython $PYVER in $DEST ($(du -sh "$DEST" | cut -f1))"

@@ -40,7 +40,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import provenance  # noqa: E402  (benchmarks/provenance.py)
 
 ROOT = Path(__file__).resolve().parents[1].parent
 PEERS = Path(__file__).resolve().parent
@@ -93,9 +97,9 @@ UNMATCHED = [
     ("precision", "both fp32 on CPU; SpecForge keeps fp32 master weights beside an fp32 model"),
     (
         "learning rate per module",
-        "dspark trains {scaled} (the tiny recipe's train.lr_scale; docs/train.md, Learning "
-        "rates, and results/markov-lr-trials.md), the rest at lr; every peer trains all its parameters at lr (none "
-        "has a per-module knob)",
+        "dspark trains {scaled} (the tiny recipe's train.lr_scale; docs/train.md, Learning rates, and the "
+        "trials made at commit 5c27b3c: git show 5c27b3c:benchmarks/results/markov-lr-trials.md), the rest at lr; "
+        "every peer trains all its parameters at lr (none has a per-module knob)",
     ),
 ]
 
@@ -128,11 +132,11 @@ def cosine_cycles(floor: float) -> float:
     return math.acos(2 * floor - 1) / (2 * math.pi)
 
 
-def record(name: str, result: dict, text: str) -> None:
-    """benchmarks/results/NAME.json and NAME.md."""
-    out = ROOT / "benchmarks" / "results"
-    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / f"{name}.md").write_text(text)
+def rerender(name: str, result: dict, render: Callable[[dict], str]) -> None:
+    """benchmarks/results/NAME.md again from NAME.json, keeping the provenance of the run that made it."""
+    if not isinstance(result.get("provenance"), dict):
+        raise SystemExit(f"results/{name}.json has no provenance: rerun the benchmark instead of --rerender")
+    provenance.write_record(provenance.RESULTS, name, result, render(result))
 
 
 def sh(cmd: list[str], log: Path, env: dict | None = None, timeout: int = 4 * 3600) -> float:
@@ -1286,6 +1290,7 @@ def main() -> None:
         action="store_true",
         help="keep the datagen + capture already in --work (a twin run on the same data)",
     )
+    provenance.add_arguments(parser)
     parser.add_argument(
         "--score-only",
         action="store_true",
@@ -1309,8 +1314,10 @@ def main() -> None:
             result["recipe"].get("min_lr_ratio", 0.1),
             result["recipe"].get("lr_scale"),
         )
-        record(stem, result, markdown(result) if name == "peers" else markdown_all(result))
+        rerender(stem, result, markdown if name == "peers" else markdown_all)
         return
+    stem = name + (f"-seed{args.seed}" if args.seed is not None else "")
+    rec = None if args.no_record else provenance.Recording(stem, allow_dirty=args.allow_dirty)
     started = time.time()
     load_start = [round(x, 2) for x in os.getloadavg()]
     sampler = LoadSampler()
@@ -1432,10 +1439,10 @@ def main() -> None:
         "wall_s": round(time.time() - started),
         "work": str(work),
     }
-    text = markdown(result) if name == "peers" else markdown_all(result)
-    print(text)
-    if not args.no_record:
-        record(name + (f"-seed{args.seed}" if args.seed is not None else ""), result, text)
+    render = markdown if name == "peers" else markdown_all
+    print(render(result))
+    if rec is not None:
+        rec.write(result, render)
 
 
 if __name__ == "__main__":
