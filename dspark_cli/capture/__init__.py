@@ -14,7 +14,7 @@ recipe asks for, one shard captured in batches), `hf.py` (transformers hooks),
 `store.py` (the online stream's key/bytes store: files by default; `mooncake_store.py` the Mooncake
 one), `stream.py` (P producers -> N readers over a store, bounded), `gate.py` (one launcher of a multi-machine
 run captures, the others wait), `run.py` (orchestration), `sinks.py` (where shards go: the output directory and its
-manifest, or a stream producer), `online.py` (producers and their supervisor), `types.py`
+manifest, or a stream producer), `producers.py` (producers and their supervisor), `types.py`
 (`CapturedSequence`). The output directory and its manifest are read by `dspark_cli.artifacts.capture`.
 Importing this package does not import torch.
 """
@@ -36,10 +36,10 @@ _EXPORTS = {
     "iter_captured": "dspark_cli.capture.shards",
     "captured_lengths": "dspark_cli.capture.shards",
     "verify_captured": "dspark_cli.artifacts.capture",  # the capture directory's reader, no tensors
-    "produce_stream": "dspark_cli.capture.online",
-    "Supervisor": "dspark_cli.capture.online",
-    "supervise": "dspark_cli.capture.online",
-    "stream_location": "dspark_cli.capture.online",
+    "produce_stream": "dspark_cli.capture.producers",
+    "Supervisor": "dspark_cli.capture.producers",
+    "supervise": "dspark_cli.capture.producers",
+    "stream_location": "dspark_cli.capture.producers",
     "open_store": "dspark_cli.capture.store",
     "StreamReader": "dspark_cli.capture.stream",
     "StreamProducer": "dspark_cli.capture.stream",
@@ -50,8 +50,8 @@ _EXPORTS = {
 if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
     from dspark_cli.artifacts.capture import verify_captured
     from dspark_cli.capture.gate import capture_once
-    from dspark_cli.capture.online import Supervisor, produce_stream, stream_location, supervise
     from dspark_cli.capture.plan import build_plan, contract_for_recipe, plan_capture, resolve_layer_ids
+    from dspark_cli.capture.producers import Supervisor, produce_stream, stream_location, supervise
     from dspark_cli.capture.run import capture_pending, ensure_capture, run_capture
     from dspark_cli.capture.shards import captured_lengths, iter_captured
     from dspark_cli.capture.store import open_store

@@ -4,7 +4,7 @@
     sequences = capture_shard(capturer, recipe.capture.batch_size, samples)   # CapturedSequence, plan order
 
 Used by every process that captures: the stage itself (run.py), its workers (workers.py) and the
-online producers (online.py).
+online producers (producers.py).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def test_two_producers_fill_a_bounded_stream_that_matches_offline(tmp_path):
     watcher = threading.Thread(target=watch, args=(stream_dir / "shards", stop, seen), daemon=True)
     watcher.start()
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "dspark_cli.capture.online", str(tmp_path / "cfg" / "recipe.yaml"), str(stream_dir)],
+        [sys.executable, "-m", "dspark_cli.capture.producers", str(tmp_path / "cfg" / "recipe.yaml"), str(stream_dir)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -115,12 +115,12 @@ def test_two_producers_fill_a_bounded_stream_that_matches_offline(tmp_path):
 
 
 def test_a_producer_that_died_for_good_is_a_one_line_error_after_what_it_published(tmp_path, monkeypatch):
-    """A real producer (the supervisor's `python -m dspark_cli.capture.online --worker=0`) is SIGKILLed
+    """A real producer (the supervisor's `python -m dspark_cli.capture.producers --worker=0`) is SIGKILLed
     while it waits for room; with no restarts left (MAX_RESTARTS lowered to 0 so one kill is enough)
     the supervisor records it in the producer's status and the reader stops with one line."""
-    from dspark_cli.capture import Supervisor, online
+    from dspark_cli.capture import Supervisor, producers
 
-    monkeypatch.setattr(online, "MAX_RESTARTS", 0)
+    monkeypatch.setattr(producers, "MAX_RESTARTS", 0)
     recipe = capture_recipe(
         "tiny-gqa", tmp_path, "capture.shard_tokens=50", "capture.queue_max_shards=1", "capture.batch_size=2"
     )

@@ -419,7 +419,7 @@ def test_stage_entries_return_the_dataclasses_of_artifacts_results():
         "export/run.py": "export_checkpoint",
         "bench/run.py": "run_bench",
         "publish/run.py": "publish_draft",
-        "capture/online.py": "supervise",
+        "capture/producers.py": "supervise",
     }
     entries_also = {"training/run.py": "plan_train", "export/run.py": "meta_plan", "capture/run.py": "ensure_capture"}
     found = {}

@@ -3,7 +3,7 @@
     .venv/bin/python -m pytest tests/training/test_train_stream.py -q
 
 The processes are real: `dspark train` (which relaunches itself under torchrun for 2 ranks, and
-starts the producers' supervisor on rank 0), producers running `python -m dspark_cli.capture.online`,
+starts the producers' supervisor on rank 0), producers running `python -m dspark_cli.capture.producers`,
 torchrun's own restart for a killed rank, a `mooncake_master` for the Mooncake stream. Sample ids
 come from each rank's stream-ids log. Every 2-rank run is compared with one uninterrupted run
 (`uninterrupted`): same plan, same data, so its final weights must come out the same.

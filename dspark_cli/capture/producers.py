@@ -2,7 +2,7 @@
 
     dspark produce RECIPE [key=value ...]                  # supervise capture.workers producers (cli/produce.py)
     dspark produce RECIPE --only 2,3 [key=value ...]       # producers 2 and 3 here, the others elsewhere
-    python -m dspark_cli.capture.online RECIPE STREAM --worker=1 [key=value ...] # one producer (what the supervisor runs)
+    python -m dspark_cli.capture.producers RECIPE STREAM --worker=1 [key=value ...] # one producer (what the supervisor runs)
 
 `dspark train` starts the supervisor itself (global rank 0, in a thread) unless
 `capture.external_producers`; on inference machines `dspark produce` runs it (`--only`: the
@@ -99,7 +99,7 @@ def produce_stream(recipe: Recipe, location: str, worker: int, *, restarts: int 
 class Supervisor:
     """Start `capture.workers` producer processes for the stream and keep them running until each finished.
 
-    `run()` blocks (the `python -m dspark_cli.capture.online` foreground); `start()` runs it in a thread (the
+    `run()` blocks (the `python -m dspark_cli.capture.producers` foreground); `start()` runs it in a thread (the
     trainer's rank 0) and `stop()` ends it and its producers. `error` holds the reason it gave up.
     """
 
@@ -133,7 +133,7 @@ class Supervisor:
         cmd = [
             sys.executable,
             "-m",
-            "dspark_cli.capture.online",
+            "dspark_cli.capture.producers",
             self.recipe_file,
             self.location,
             f"--worker={worker}",
