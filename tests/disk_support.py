@@ -2,6 +2,8 @@
 
 from disk_support import full_disk, mount_tmpfs
 with full_disk(tmp_path / "full", make=["bench"]) as where: ...   # skips the test where it cannot mount
+
+Where no tmpfs can be mounted the test skips, and under CI fails (tests/requirements_support.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
+from requirements_support import missing
 
 
 def mount_tmpfs(where: Path, options: str) -> bool:
@@ -32,9 +34,9 @@ def mount_tmpfs(where: Path, options: str) -> bool:
 @contextmanager
 def full_disk(where: Path, *, make: tuple[str, ...] | list[str] = ()) -> Iterator[Path]:
     """`where` on a 64 kB tmpfs with the directories `make` in it, then filled: no space left. Skips the
-    test where no tmpfs can be mounted; unmounts afterwards."""
+    test (fails it under CI) where no tmpfs can be mounted; unmounts afterwards."""
     if not mount_tmpfs(where, "size=64k"):
-        pytest.skip("a small tmpfs cannot be mounted here (needs root): no full disk to write to")
+        missing("tmpfs", "a small tmpfs cannot be mounted here (needs root): no full disk to write to")
     for name in make:
         (where / name).mkdir()
     with (where / "filler").open("wb") as handle:

@@ -2,13 +2,13 @@
 
 The Mooncake checks need the optional extra (`pip install -e '.[mooncake]'`) and the RDMA user library
 its client links even for TCP (`apt-get install libibverbs1`); `scripts/dev.sh test` installs both where
-it can (root with apt-get), and elsewhere the checks skip with the reason found here.
+it can (root with apt-get). Elsewhere the checks skip with the reason (tests/requirements_support.py), and
+under CI they fail instead.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import importlib.util
 import socket
 import subprocess
@@ -18,24 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from requirements_support import requires
 
-
-def mooncake_missing() -> str | None:
-    """Why the Mooncake client cannot run here, or None."""
-    if importlib.util.find_spec("mooncake") is None:
-        return (
-            "mooncake-transfer-engine-non-cuda is not installed (`scripts/dev.sh test` installs the "
-            "`mooncake` extra where it can: pip install -e '.[mooncake]')"
-        )
-    try:
-        importlib.import_module("mooncake.store")
-    except ImportError as exc:
-        return f"mooncake.store does not load here ({exc}); as root: apt-get install libibverbs1"
-    return None
-
-
-MISSING = mooncake_missing()
-needs_mooncake = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+needs_mooncake = requires("mooncake")  # the lookup and its reasons: tests/requirements_support.py
 
 
 def free_port() -> int:

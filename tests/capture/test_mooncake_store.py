@@ -2,7 +2,7 @@
 
 The Mooncake checks need the optional extra and the RDMA user library its client links even for TCP;
 `scripts/dev.sh test` installs both where it can (tests/mooncake_support.py), elsewhere they skip with
-the reason. Location parsing and the not-installed error run everywhere.
+the reason, and under CI (`CI=true`) they fail. Location parsing and the not-installed error run everywhere.
 """
 
 from __future__ import annotations

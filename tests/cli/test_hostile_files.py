@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import assert_user_error, invoke, invoke_process
+from requirements_support import missing
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -375,7 +376,7 @@ def test_a_capture_shard_on_a_full_disk(tmp_path):
         ).returncode
         != 0
     ):
-        pytest.skip("a small tmpfs cannot be mounted here (needs root): no full disk to write to")
+        missing("tmpfs", "a small tmpfs cannot be mounted here (needs root): no full disk to write to")
     try:
         length, hidden = 512, 64
         seq = CapturedSequence(
@@ -416,8 +417,6 @@ def test_validate_in_a_read_only_directory_refuses_what_the_stages_would(tmp_pat
     import shutil
     import subprocess
 
-    import pytest
-
     where = tmp_path / "ro"
     where.mkdir()
     if (
@@ -427,7 +426,7 @@ def test_validate_in_a_read_only_directory_refuses_what_the_stages_would(tmp_pat
         ).returncode
         != 0
     ):
-        pytest.skip("a read-only tmpfs cannot be mounted here (needs root)")
+        missing("tmpfs", "a read-only tmpfs cannot be mounted here (needs root)")
     try:
         monkeypatch.chdir(where)
         result = invoke("validate", "tiny")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from cli_support import assert_user_error, invoke
 from disk_support import full_disk, mount_tmpfs
+from requirements_support import missing
 
 from dspark_cli.targets import resolve_target
 
@@ -108,7 +109,7 @@ def read_only_dir(tmp_path):
         yield where
         where.chmod(0o755)
     else:
-        pytest.skip("root here and tmpfs cannot be mounted: no way to make a read-only directory")
+        missing("tmpfs", "root here and tmpfs cannot be mounted: no way to make a read-only directory")
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 import torch
+from requirements_support import requires
 
 from dspark_cli.draft.attention import BlockLayout, block_attention
 from dspark_cli.kernels import attention as kernel
-from dspark_cli.kernels import library
 
-pytestmark = pytest.mark.skipif(library() is None, reason="the C kernels could not be built here (no gcc?)")
+pytestmark = requires("gcc")  # the C kernels built
 
 
 def reference(q, k, v, ctx_limit, n, scale):

@@ -10,14 +10,14 @@ once, in one log line, and the torch code runs.
 from __future__ import annotations
 
 import logging
-import shutil
 
 import pytest
 import torch
+from requirements_support import requires
 
 from dspark_cli import kernels
 
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc: the kernels are never built here")
+pytestmark = requires("gcc")  # no gcc: the kernels are never built here
 
 
 @pytest.fixture

