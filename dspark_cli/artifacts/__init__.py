@@ -15,7 +15,8 @@
               checksums; the shard tensors are decoded by `capture/shards.py` (torch)
 - train.py    a training output: its manifest, its checkpoints (`latest`, meta.json, checksums.json);
               the DCP files are loaded by `training/` (torch)
-- draft.py    a trained or exported draft: config + weights (`load_draft_dir`), its `dspark_manifest.json`
+- draft.py    a trained or exported draft: config + weights (`load_draft_dir`), its `dspark_manifest.json`,
+              the recipe it carries (`recipe_of_dir`)
 - bench.py    a bench report (`bench.json`)
 - results.py  what each stage returns (`DatagenSummary`, `CaptureSummary`, `TrainSummary`, ...): dataclasses
               the commands read by field, written into manifests and `--format json` by `to_dict()`

@@ -8,6 +8,7 @@ Accepted inputs (`dspark export CHECKPOINT`):
     draft = load_draft_dir("runs/tiny/train")       # -> LoadedDraft(config, state_dict, manifest)
     model = build_model(draft.config, draft.state_dict)
     manifest = read_draft_manifest("runs/tiny/draft")  # dspark_manifest.json of an export, or one-line error
+    recipe_file = recipe_of_dir("runs/tiny/draft")      # the recipe it carries (recipe.trust decides what counts)
 
 Every stage that loads a draft (training's evaluation, bench, serve, publish) reads it here; the
 checks an exported draft must pass before it is trusted are `dspark_cli.export.verify_draft`.
@@ -16,6 +17,7 @@ checks an exported draft must pass before it is trusted are `dspark_cli.export.v
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,25 @@ def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("kind") != "dspark.draft":
         raise DataError(f"{path} is not the manifest of a dspark draft", "export the draft again")
     return data
+
+
+def recipe_of_dir(directory: str | Path) -> str | None:
+    """The recipe file a draft dir carries: its recipe.yaml, else its manifest's recipe written to a temp file;
+    None when it has neither. A manifest that is there but broken is its reader's one-line error."""
+    import yaml
+
+    directory = Path(directory)
+    if (directory / "recipe.yaml").is_file():
+        return str(directory / "recipe.yaml")
+    if not (directory / DRAFT_MANIFEST).is_file():
+        return None
+    recipe = read_draft_manifest(directory).get("recipe")
+    if not isinstance(recipe, dict) or not recipe:
+        return None
+    handle = tempfile.NamedTemporaryFile("w", prefix="dspark-draft-recipe-", suffix=".yaml", delete=False)  # noqa: SIM115
+    with handle:
+        yaml.safe_dump(recipe, handle, sort_keys=False)
+    return handle.name
 
 
 @dataclass

@@ -7,7 +7,7 @@
 
 Without `--recipe`, `dspark bench DRAFT_DIR` benchmarks with the recipe the draft was made with
 (`recipe.yaml` in the draft dir, else the `recipe` recorded in its dspark_manifest.json), except for
-the fields that grant trust (`dspark_cli/serving/trust.py`). Everything checkable is checked before
+the fields that grant trust (`dspark_cli/recipe/trust.py`). Everything checkable is checked before
 any work: the report directory (bench.json is written there at once, marked `"complete": false`, so
 a full disk stops the run before the benchmark, naming the file) and `bench.baseline_report`. Results
 are written as they come (after the offline runs, after every online level), and bench.json before

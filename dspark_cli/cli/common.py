@@ -72,11 +72,14 @@ def load_beside(
     *,
     whole: bool = False,
 ):
-    """The user's `recipe`, else the one draft `directory` carries, minus its trust (serving/trust.py; `whole`:
+    """The user's `recipe`, else the one draft `directory` carries, minus its trust (recipe/trust.py; `whole`:
     a training run's recipe for export, all but its output directories); None if neither."""
-    from dspark_cli.serving.trust import load_beside as load_trusted
+    from dspark_cli.artifacts.draft import recipe_of_dir
+    from dspark_cli.recipe.trust import load_beside as load_trusted
 
-    return load_trusted(recipe, directory, overrides, lambda path: load(path, overrides, flags), whole=whole)
+    return load_trusted(
+        recipe, directory, overrides, lambda path: load(path, overrides, flags), recipe_of_dir, whole=whole
+    )
 
 
 def check_format(output_format: str) -> None:

@@ -72,7 +72,7 @@ def export(
         "export.dtype": dtype,
         "export.include_embeddings": include_embeddings or None,
     }
-    # the user's recipe, else the one training wrote beside the checkpoint, less where outputs go (serving/trust.py)
+    # the user's recipe, else the one training wrote beside the checkpoint, less where outputs go (recipe/trust.py)
     loaded = load_beside(recipe, checkpoint, rest, flags, whole=True)
     if meta:
         if loaded is None or not dry_run:

@@ -1,5 +1,5 @@
 """`dspark run RECIPE`: every stage in order (datagen, capture, train, export, bench, and publish);
-`--rehearse`: the same recipe at tiny scale on this machine (recipe/rehearse.py)."""
+`--rehearse`: the same recipe at tiny scale on this machine (rehearsal.py)."""
 
 from __future__ import annotations
 
@@ -73,11 +73,11 @@ def run(
 
 
 def _rehearsal(loaded):
-    """The rehearsal of `loaded` (recipe/rehearse.py), its substitution table printed, and the shared rules
+    """The rehearsal of `loaded` (rehearsal.py), its substitution table printed, and the shared rules
     run on it (a recipe of its own: `preflight_stage` runs the stages' rules on it next)."""
     from dspark_cli.errors import RecipeError
     from dspark_cli.preflight.shared import shared_problems
-    from dspark_cli.recipe.rehearse import rehearsal_recipe
+    from dspark_cli.rehearsal import rehearsal_recipe
 
     rehearsal, changes = rehearsal_recipe(loaded)
     print_table(

@@ -13,15 +13,14 @@ import copy
 import difflib
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from dspark_cli.artifacts.files import make_public
 from dspark_cli.errors import RecipeError, UsageError
 from dspark_cli.recipe.bounded import MAX_RECIPE_BYTES, parse_yaml, read_text
 from dspark_cli.recipe.schema import Recipe
@@ -202,9 +201,9 @@ def write_resolved(recipe: Recipe, directory: str | os.PathLike[str]) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     text = "# Resolved by dspark: defaults < recipe file < overrides < flags.\n" + dump_recipe(recipe)
-    fd, tmp = tempfile.mkstemp(prefix=".recipe.", suffix=".tmp", dir=directory)
-    make_public(tmp)  # mkstemp makes 0600; a resolved recipe is for everyone to read
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+    # created like any open() (the umask decides, not mkstemp's 0600): a resolved recipe is for everyone to read
+    tmp = directory / f".recipe.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    with open(tmp, "x", encoding="utf-8") as handle:
         handle.write(text)
     final = directory / RESOLVED_NAME
     os.replace(tmp, final)

@@ -1,5 +1,5 @@
-"""Serving: the `vllm serve` command for a target with its DSpark draft (`command.py`), the server's
-lifecycle (`launcher.py`) and the recipe a draft carries (`trust.py`).
+"""Serving: the `vllm serve` command for a target with its DSpark draft (`command.py`) and the server's
+lifecycle (`launcher.py`). What the recipe a draft carries may decide is `dspark_cli.recipe.trust`.
 
     from dspark_cli.serving import serve_command, shell_line
     argv, env = serve_command(recipe, "runs/tiny/draft")

@@ -97,7 +97,7 @@ def test_a_draft_beside_another_tools_manifest_is_still_a_draft(tmp_path):
 def test_a_broken_draft_manifest_is_not_skipped_when_looking_for_the_drafts_recipe(tmp_path):
     """`dspark bench/serve/publish DRAFT` without --recipe take the recipe the draft carries; a corrupt
     dspark_manifest.json used to count as 'no recipe' (the defaults) instead of the error it is."""
-    from dspark_cli.serving.trust import recipe_of_dir
+    from dspark_cli.artifacts.draft import recipe_of_dir
 
     assert recipe_of_dir(tmp_path) is None  # neither recipe.yaml nor a manifest
     (tmp_path / "dspark_manifest.json").write_text('{"kind": "dspark.draft", "recipe": {')

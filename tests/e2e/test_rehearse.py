@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from dspark_cli.cli import app
 from dspark_cli.recipe import load_recipe
-from dspark_cli.recipe.rehearse import rehearsal_recipe, spread_layer_ids
+from dspark_cli.rehearsal import rehearsal_recipe, spread_layer_ids
 from dspark_cli.targets import resolve_target
 
 runner = CliRunner()

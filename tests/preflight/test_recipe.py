@@ -164,6 +164,8 @@ def test_resolved_recipe_round_trips(tmp_path):
     recipe = load_recipe("tiny", ["train.lr=3e-4"])
     path = write_resolved(recipe, tmp_path / "out")
     assert path.name == "recipe.yaml" and not list((tmp_path / "out").glob(".recipe.*"))
+    (tmp_path / "plain").touch()  # the mode open() gives under this umask: readable by the cluster's other users
+    assert path.stat().st_mode == (tmp_path / "plain").stat().st_mode
     again = load_recipe(path)
     assert again == recipe
     assert yaml.safe_load(path.read_text())["train"]["lr"] == 3e-4

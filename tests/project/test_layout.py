@@ -25,7 +25,9 @@ ALLOWED: dict[str, set[str]] = {
     "contract": {"errors"},
     "hubrules": set(),
     "network": {"errors"},  # timeouts and response bounds of every HTTP exchange (bench, publish)
-    "recipe": {"errors", "artifacts", "targets"},  # parses only; its rules are preflight's
+    # parses only (its rules are preflight's); the bottom library: every part reads recipes, it reads none of them
+    "recipe": {"errors"},
+    "rehearsal": {"recipe", "targets"},  # a recipe at tiny scale: the tiny target's family and depth
     "targets": {"errors", "contract", "recipe"},
     "artifacts": {"errors", "contract", "draft", "recipe"},
     "prompts": {"errors", "recipe"},
@@ -77,6 +79,7 @@ ALLOWED: dict[str, set[str]] = {
         "kernels",
         "contract",
         "preflight",
+        "rehearsal",
     },
 }
 
@@ -437,3 +440,28 @@ def test_stage_entries_return_the_dataclasses_of_artifacts_results():
     ):
         names = set(ast.unparse(function.returns).replace(" ", "").split("|")) - {"None"}
         assert names <= typed, (function.name, names)
+
+
+def test_recipe_imports_no_stage():
+    """recipe/ imports nothing of dspark_cli but `errors`: the stages, the commands and the other libraries
+    all read recipes, so an import back from recipe/ is a cycle (the draft's carried recipe is found by
+    `artifacts.draft.recipe_of_dir` and handed to recipe/trust.py; the rehearsal is rehearsal.py)."""
+    found = []
+    for path in sorted((PACKAGE / "recipe").rglob("*.py")):
+        for line, module, names in _imports(path):
+            parts = module.split(".")
+            for target in [parts[1]] if len(parts) > 1 else names:
+                if target not in {"recipe", "errors"}:
+                    found.append(f"recipe/{path.name}:{line} imports {module} ({target})")
+    assert found == []
+    assert not ALLOWED["recipe"] & (STAGES | COMMANDS | {"preflight"})
+
+
+def test_module_names_say_what_they_are():
+    """One name, one meaning: the online producers, the live-server bench, training's reader of the stream
+    and the trust policy of a carried recipe each have a module named for what it holds, and no module is
+    called `online.py` or sits in serving/ while being about recipes."""
+    gone = ["capture/online.py", "bench/online.py", "training/online.py", "serving/trust.py"]
+    there = ["capture/producers.py", "bench/endpoint.py", "training/stream_source.py", "recipe/trust.py"]
+    assert [name for name in gone if (PACKAGE / name).exists()] == []
+    assert [name for name in there if not (PACKAGE / name).is_file()] == []

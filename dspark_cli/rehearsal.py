@@ -1,7 +1,7 @@
 """A recipe's rehearsal: the same recipe at tiny scale on this machine, changing only sizes and hardware.
 
     from dspark_cli.recipe import load_recipe
-    from dspark_cli.recipe.rehearse import rehearsal_recipe
+    from dspark_cli.rehearsal import rehearsal_recipe
     tiny, table = rehearsal_recipe(load_recipe("kimi-k3"))     # `dspark run kimi-k3 --rehearse`
 
 What changes (each change is a row of `table`, shown before the rehearsal runs):

@@ -1,8 +1,8 @@
 """What a recipe found in a draft directory may decide: the draft's own description, nothing more.
 
 `dspark bench DRAFT`, `dspark serve DRAFT` and `dspark publish DRAFT` use the recipe the draft was
-exported with (its `recipe.yaml`, else the recipe recorded in `dspark_manifest.json`) when no
-`--recipe` is given. Such a recipe may come from someone else, so it is *carried*, not trusted: it
+exported with (its `recipe.yaml`, else the recipe recorded in `dspark_manifest.json`: the caller's
+`find_recipe`, `artifacts.draft.recipe_of_dir`) when no `--recipe` is given. Such a recipe may come from someone else, so it is *carried*, not trusted: it
 supplies only the fields in `CARRIED` -- the target contract (`target.*`), the draft's geometry
 (`draft.*`), the tokenizer / chat settings and serving options export recorded, the K3 AttnRes
 flag, the draft's license. Everything else -- where outputs go, which servers are contacted,
@@ -37,7 +37,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.artifacts.draft import DRAFT_MANIFEST, read_draft_manifest
 from dspark_cli.errors import RecipeError, UsageError
 
 TRUST_FIELDS: dict[str, Any] = {
@@ -61,25 +60,6 @@ CARRIED = (
     "serve.enable_adaptive_verification",
     "publish.license",
 )
-
-
-def recipe_of_dir(directory: str | Path) -> str | None:
-    """The recipe file a draft dir carries: its recipe.yaml, else its manifest's recipe written to a temp file;
-    None when it has neither. A manifest that is there but broken is its reader's one-line error."""
-    import yaml
-
-    directory = Path(directory)
-    if (directory / "recipe.yaml").is_file():
-        return str(directory / "recipe.yaml")
-    if not (directory / DRAFT_MANIFEST).is_file():
-        return None
-    recipe = read_draft_manifest(directory).get("recipe")
-    if not isinstance(recipe, dict) or not recipe:
-        return None
-    handle = tempfile.NamedTemporaryFile("w", prefix="dspark-draft-recipe-", suffix=".yaml", delete=False)  # noqa: SIM115
-    with handle:
-        yaml.safe_dump(recipe, handle, sort_keys=False)
-    return handle.name
 
 
 def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -127,15 +107,22 @@ def carry(tree: Any, source: str, overrides: list[str], *, whole: bool = False) 
     return kept
 
 
-def carried_recipe(directory: str | Path, overrides: list[str], *, whole: bool = False) -> str | None:
+def carried_recipe(
+    directory: str | Path,
+    overrides: list[str],
+    find_recipe: Callable[[str | Path], str | None],
+    *,
+    whole: bool = False,
+) -> str | None:
     """A temp YAML file holding what the recipe in draft `directory` may supply, with `output_dir` beside the
-    draft; None when the directory carries no recipe. `whole` (export of a training run): every field of
-    the run's recipe but its output directories. The caller removes the file."""
+    draft; None when the directory carries no recipe. `find_recipe(directory)`: the recipe file it carries,
+    or None (a file outside `directory` is a temp file, removed here). `whole` (export of a training run):
+    every field of the run's recipe but its output directories. The caller removes the file."""
     import yaml
 
     from dspark_cli.recipe.loader import parse_yaml
 
-    found = recipe_of_dir(directory)
+    found = find_recipe(directory)
     if found is None:
         return None
     try:
@@ -157,14 +144,20 @@ def carried_recipe(directory: str | Path, overrides: list[str], *, whole: bool =
 
 
 def load_beside(
-    recipe: str | None, directory: str | None, overrides: list[str], load: Callable[[str], Any], *, whole: bool = False
+    recipe: str | None,
+    directory: str | None,
+    overrides: list[str],
+    load: Callable[[str], Any],
+    find_recipe: Callable[[str | Path], str | None],
+    *,
+    whole: bool = False,
 ) -> Any:
-    """`load(recipe)` when the user gave one; else `load` of what the recipe `directory` carries may supply
-    (`carried_recipe`; refused when it sets a trust field the user's `overrides` do not); None when there
-    is neither."""
+    """`load(recipe)` when the user gave one; else `load` of what the recipe `directory` carries
+    (`find_recipe`) may supply (`carried_recipe`; refused when it sets a trust field the user's `overrides`
+    do not); None when there is neither."""
     if recipe is not None or directory is None:
         return load(recipe) if recipe is not None else None
-    path = carried_recipe(directory, overrides, whole=whole)
+    path = carried_recipe(directory, overrides, find_recipe, whole=whole)
     if path is None:
         return None
     try:
