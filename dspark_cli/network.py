@@ -106,11 +106,11 @@ def requests_stay_on_host() -> Iterator[None]:
                 )
         return target
 
-    requests.Session.get_redirect_target = checked
+    requests.Session.get_redirect_target = checked  # type: ignore[method-assign, assignment]  # patched on purpose
     try:
         yield
     finally:
-        requests.Session.get_redirect_target = original
+        requests.Session.get_redirect_target = original  # type: ignore[method-assign]
 
 
 def use_for_hubs() -> None:

@@ -234,7 +234,7 @@ def clean_stale_temp_dirs(final: Path, labels: tuple[str, ...] = ("tmp", "old"))
     import shutil
     import time
 
-    removed = []
+    removed: list[Path] = []
     if not final.parent.is_dir():
         return removed
     for label in labels:

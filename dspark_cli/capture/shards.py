@@ -118,7 +118,7 @@ def read_shard(
 
 
 def unpack(
-    path: Path,
+    path: Path | str,  # where the shard came from, for error messages (a stream key is a name)
     tensors: dict[str, torch.Tensor],
     meta: dict[str, str],
     *,

@@ -200,7 +200,7 @@ def engine_label(recipe: Recipe) -> str:
     datagen = recipe.datagen
     if not datagen.regenerate:
         return "none (source answers kept)"
-    name = datagen.engine_here()
+    name: str = datagen.engine_here()
     if datagen.endpoint:
         name = f"vllm endpoint {datagen.endpoint}"
     if datagen.engine != "auto":
@@ -214,7 +214,7 @@ def make_engine(recipe: Recipe, plan: DatagenPlan, llm: Any = None) -> Engine | 
     if not datagen.regenerate:
         return None
     sampling = Sampling(datagen.temperature, datagen.top_p, datagen.max_tokens)
-    common = {
+    common: dict[str, Any] = {
         "dtype": recipe.target.dtype,
         "trust_remote_code": recipe.target.trust_remote_code,
         "revision": recipe.target.revision,

@@ -187,7 +187,8 @@ class _Quiet(logging.Handler):
 
     def __init__(self, logger: logging.Logger) -> None:
         super().__init__(logging.WARNING)
-        self.logger, self.lines = logger, []
+        self.logger = logger
+        self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage().strip()

@@ -71,11 +71,11 @@ class ChatFormat:
         full = self.render_ids(messages, add_generation_prompt=False)
         spans = []
         for i in assistant_turns:
-            start = self.render_ids(messages[:i], add_generation_prompt=True)
-            end = self.render_ids(messages[: i + 1], add_generation_prompt=False)
-            if full[: len(start)] != start or full[: len(end)] != end or len(end) <= len(start):
+            before = self.render_ids(messages[:i], add_generation_prompt=True)
+            through = self.render_ids(messages[: i + 1], add_generation_prompt=False)
+            if full[: len(before)] != before or full[: len(through)] != through or len(through) <= len(before):
                 return self._per_turn_samples(messages, assistant_turns)
-            spans.append((len(start), len(end)))
+            spans.append((len(before), len(through)))
         mask = [0] * len(full)
         for start, end in spans:
             mask[start:end] = [1] * (end - start)

@@ -125,7 +125,7 @@ def check_target_files(directory: str | Path) -> dict[str, Any]:
 
 
 def _signature(directory: Path) -> tuple:
-    stamps = []
+    stamps: list[tuple[str, int | None, int | None]] = []
     for name in (CONFIG, INDEX, WEIGHTS):
         try:
             stat = (directory / name).stat()
@@ -160,8 +160,8 @@ def sizes_problem(config: dict[str, Any], shapes: dict[str, Any]) -> str | None:
     random weights): the embedding's vocab x hidden, the first MLP's width, the number of layers. None: agree."""
 
     def claimed(key: str) -> Any:
-        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-        return config.get(key, text.get(key))
+        text = config.get("text_config")
+        return config.get(key, text.get(key) if isinstance(text, dict) else None)
 
     embed = next((s for n, s in shapes.items() if n.endswith("embed_tokens.weight")), None)
     if isinstance(embed, list) and len(embed) == 2:
