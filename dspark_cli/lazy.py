@@ -4,9 +4,12 @@
     if TYPE_CHECKING:                                  # the same names, for editors and type checkers
         from dspark_cli.export.writer import export_draft
     __all__ = sorted(_EXPORTS)
-    __getattr__ = lazy_exports(__name__, _EXPORTS)     # in a package's __init__.py
+    if not TYPE_CHECKING:                              # in a package's __init__.py
+        __getattr__ = lazy_exports(__name__, _EXPORTS)
 
-tests/project/test_layout.py checks that `_EXPORTS` and the `TYPE_CHECKING` imports name the same things.
+tests/project/test_layout.py checks that `_EXPORTS` and the `TYPE_CHECKING` imports name the same things. The
+`__getattr__` is hidden from type checkers: mypy reads a module-level `__getattr__` as "any other name exists"
+(typed Any), so `from dspark_cli.export import typo` would pass the check.
 """
 
 from __future__ import annotations
