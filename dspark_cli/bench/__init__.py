@@ -15,7 +15,7 @@ Importing this package is free: torch and matplotlib load only with the submodul
 - calibration.py  the confidence head: reliability bins, ECE, Brier, AUC per draft position (no torch)
 - adaptive.py  vLLM 0.33's adaptive verification (cost model, budget, survival top-k) across concurrency
 - context.py   tau and acceptance binned by context length; the sweep's prompts for long conversations
-- online.py    streaming OpenAI client, concurrency sweep, vLLM /metrics counters, baseline speedups
+- endpoint.py  streaming OpenAI client, concurrency sweep, vLLM /metrics counters, baseline speedups
 - stats.py     tau and per-position acceptance with cluster-robust 95% intervals (no torch)
 - report.py    bench.json, bench.md, terminal tables; plots.py the PNGs (matplotlib)
 - run.py       `run_bench(recipe, draft_dir=..., offline=..., endpoint=...)`, what the CLI calls

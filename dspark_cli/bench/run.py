@@ -51,7 +51,7 @@ def run_bench(
     out_dir = ensure_writable_dir(recipe.stage_dir("bench"), "the bench report")  # before the work, not after
     baseline = None
     if endpoint and recipe.bench.baseline_report and not recipe.bench.baseline_endpoint:
-        from dspark_cli.bench.online import load_baseline_report
+        from dspark_cli.bench.endpoint import load_baseline_report
 
         baseline = load_baseline_report(recipe.bench.baseline_report)  # a bad path is refused before the run
     result: dict[str, Any] = {
@@ -112,7 +112,7 @@ def _measure(
         result["warnings"] += result["offline"]["engine"]["warnings"]
         save_partial(result, out_dir)
     if endpoint:
-        from dspark_cli.bench.online import run_online
+        from dspark_cli.bench.endpoint import run_online
 
         def on_level(online: dict[str, Any]) -> None:
             result["online"] = online

@@ -112,7 +112,7 @@ def test_a_broken_draft_manifest_is_not_skipped_when_looking_for_the_drafts_reci
 def test_publish_and_bench_baselines_read_only_bench_reports(tmp_path):
     """Publish puts the recipe's bench.json on the model card, and `bench.baseline_report` takes another
     run's online numbers: a corrupt file was a traceback, a file of another kind was used."""
-    from dspark_cli.bench.online import load_baseline_report
+    from dspark_cli.bench.endpoint import load_baseline_report
     from dspark_cli.publish.run import _bench_report
     from dspark_cli.recipe import load_recipe
 

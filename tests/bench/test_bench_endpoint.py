@@ -218,16 +218,16 @@ def test_a_full_disk_stops_the_bench_before_the_benchmark_naming_the_file(full_d
 
 
 def test_results_are_written_as_they_come(tmp_path, monkeypatch):
-    from dspark_cli.bench import online
+    from dspark_cli.bench import endpoint as bench_endpoint
 
     seen = []
-    measure = online.measure_level
+    measure = bench_endpoint.measure_level
 
     def measure_and_look(*args, **kwargs):  # what a user would find in bench.json at this moment
         seen.append(json.loads((tmp_path / "bench" / "bench.json").read_text()))
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(online, "measure_level", measure_and_look)
+    monkeypatch.setattr(bench_endpoint, "measure_level", measure_and_look)
     with Endpoint("good") as endpoint:
         result = CliRunner().invoke(
             app,

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from dspark_cli.bench.calibration import calibration
-from dspark_cli.bench.online import counter_delta, parse_prometheus, spec_counters, speedups
+from dspark_cli.bench.endpoint import counter_delta, parse_prometheus, spec_counters, speedups
 from dspark_cli.bench.report import markdown, reference_rows, terminal_tables, write_report
 from dspark_cli.bench.stats import TurnStats, percentile, ratio_estimate, summarize
 

