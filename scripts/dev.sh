@@ -77,6 +77,7 @@ case "${1:-}" in
         export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false NO_MKDOCS_2_WARNING=1
         "$VENV/bin/ruff" check dspark_cli tests benchmarks tools
         "$VENV/bin/ruff" format --check --quiet dspark_cli tests benchmarks tools
+        "$VENV/bin/python" scripts/check_types.py  # mypy on dspark_cli/: no finding outside .mypy-baseline.txt
         # pytest's status is kept; then every skip it recorded must be in tests/skips_allowed.txt
         skips="$(mktemp "${TMPDIR:-/tmp}/dspark-skips.XXXXXX")"
         status=0
