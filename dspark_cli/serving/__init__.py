@@ -31,4 +31,5 @@ if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exp
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+if not TYPE_CHECKING:  # hidden from type checkers, which would read any name missing above as Any
+    __getattr__ = lazy_exports(__name__, _EXPORTS)
