@@ -7,43 +7,20 @@
     TrainSummary.from_dict(manifest["summary"])  # read back (a torchrun run's summary, from rank 0's manifest)
 
 The commands (cli/, pipeline.py) read fields, never string keys. Records *inside* a result that are a
-file format of their own (a bench report's runs, a draft's config.json, a training step's metrics) stay
-the dictionaries that format defines. Import-light: no torch.
+file format of their own (a draft's config.json, a training step's metrics) stay the dictionaries that
+format defines. Bench's result is bench.json itself, typed section by section: `BenchSummary` and
+`TauLine` live with its reader in artifacts/bench.py and are imported from here too. `Record` (to and
+from JSON) is artifacts/records.py. Import-light: no torch.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-R = TypeVar("R", bound="Record")
-
-
-@dataclass
-class Record:
-    """A result as JSON (`to_dict`) and back (`from_dict`: unknown keys are ignored, missing ones default)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls: type[R], data: dict[str, Any]) -> R:
-        hints = typing.get_type_hints(cls)
-        return cls(**{f.name: _revive(hints[f.name], data[f.name]) for f in dataclasses.fields(cls) if f.name in data})
-
-
-def _revive(hint: Any, value: Any) -> Any:
-    """`value` (from JSON) as the field type `hint` says: a Record from its dict, a list of them, else as is."""
-    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    for option in typing.get_args(hint) if union else (hint,):  # `StreamSummary | None` -> StreamSummary
-        if isinstance(option, type) and issubclass(option, Record) and isinstance(value, dict):
-            return option.from_dict(value)
-        if typing.get_origin(option) is list and isinstance(value, list):
-            return [_revive(typing.get_args(option)[0], item) for item in value]
-    return value
+from dspark_cli.artifacts.bench import BenchSummary as BenchSummary
+from dspark_cli.artifacts.bench import TauLine as TauLine
+from dspark_cli.artifacts.records import Record as Record
 
 
 @dataclass
@@ -110,7 +87,7 @@ class StreamSummary(Record):
     rewinds: int
     required_shards: int | None = None
     planned_steps: int | None = None
-    utilisation: dict[str, Any] | None = None  # training/online.py's `utilisation`
+    utilisation: dict[str, Any] | None = None  # training/stream_source.py's `utilisation`
 
 
 @dataclass
@@ -184,74 +161,6 @@ class ExportPlan(Record):
     format: str = "vllm"
     num_parameters: int | None = None
     findings: list[str] | None = None  # checks against the target that a real export would fail or warn on
-
-
-@dataclass
-class TauLine(Record):
-    """One measured (dataset, temperature) of an offline bench, at confidence threshold 0."""
-
-    dataset: str
-    temperature: float
-    tau: float
-    ci95: list[float] | None  # None from a single prompt
-    baselines: dict[str, float]  # baseline name -> its tau on the same prompts
-    calibration: str | None  # the confidence head's verdict
-    ece: float | None
-
-
-@dataclass
-class BenchSummary(Record):
-    """`run_bench`: the report's frame; `offline` / `online` hold the bench.json sections as written."""
-
-    kind: str
-    format_version: int
-    dspark: str
-    name: str
-    created: str
-    target: str
-    draft_dir: str | None
-    bench: dict[str, Any]  # the bench settings used
-    serve: dict[str, Any]
-    warnings: list[str]
-    complete: bool
-    offline: dict[str, Any] | None = None
-    online: dict[str, Any] | None = None
-    reference: list[Any] | None = None
-    files: dict[str, Any] | None = None  # markdown, json, plots
-
-    def to_dict(self) -> dict[str, Any]:  # bench.json has no keys for what was not run
-        return {
-            k: v
-            for k, v in super().to_dict().items()
-            if v is not None or k not in ("offline", "online", "reference", "files")
-        }
-
-    def tau_lines(self) -> list[TauLine]:
-        """tau per (dataset, temperature) of the offline runs at threshold 0, with its baselines."""
-        offline = self.offline or {}
-        lines = []
-        for run in offline.get("runs", []):
-            if run.get("threshold", 0.0) != 0.0:
-                continue
-            key = (run["dataset"], run["temperature"])
-            baselines = {
-                b["name"]: b["tau"]["mean"]
-                for b in offline.get("baselines", [])
-                if (b["dataset"], b["temperature"]) == key and b["tau"]["mean"] is not None
-            }
-            calibration = run.get("calibration") or {}
-            lines.append(
-                TauLine(
-                    run["dataset"],
-                    run["temperature"],
-                    run["tau"]["mean"],
-                    run["tau"].get("ci95"),
-                    baselines,
-                    calibration.get("verdict"),
-                    (calibration.get("overall") or {}).get("ece"),
-                )
-            )
-        return lines
 
 
 @dataclass

@@ -24,11 +24,14 @@ vLLM's rejection sampler treats n-gram drafts.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dspark_cli.bench.engine import Proposal
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.draft import LoadedDraft
 
 VLLM_PROMPT_LOOKUP = (5, 5)  # vLLM's (prompt_lookup_min, prompt_lookup_max) when neither is set
 
@@ -86,12 +89,14 @@ class NgramDrafter:
         return Proposal(torch.tensor(drafts, dtype=torch.long), None, None)
 
 
-def untrained_drafter(draft_dir: str, target: Any, *, seed: int, dtype: torch.dtype | None = None) -> Any:
-    """The draft's architecture with fresh weights (`init_weights`, seeded), on the target's embeddings."""
-    from dspark_cli.artifacts.draft import build_model, load_draft_dir
+def untrained_drafter(loaded: LoadedDraft, target: Any, *, seed: int, dtype: torch.dtype | None = None) -> Any:
+    """The draft's architecture with fresh weights (`init_weights`, seeded), on the target's embeddings.
+
+    `loaded` is the draft the bench already read (`load_draft_dir`): its config, and its tensors as the
+    model's storage before `init_weights` overwrites them; the directory is not read again."""
+    from dspark_cli.artifacts.draft import build_model
     from dspark_cli.bench.engine import DSparkDrafter, model_dtype
 
-    loaded = load_draft_dir(draft_dir)
     model = build_model(loaded.config, loaded.state_dict)
     model.init_weights(generator=torch.Generator().manual_seed(seed))
     model = model.to(device=target.device, dtype=dtype or torch.float32)

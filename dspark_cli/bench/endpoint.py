@@ -388,18 +388,19 @@ def sweep(
 
 
 def load_baseline_report(path: str) -> dict[str, Any]:
+    """The endpoint runs of a saved bench.json, as this run's baseline runs (`source`: that file)."""
     from dspark_cli.artifacts.bench import read_bench_report
 
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"bench.baseline_report not found: {path}", "point it at a bench.json written by dspark bench")
-    data = read_bench_report(file)
-    online = data.get("online") or {}
-    if not online.get("endpoint_runs"):
+    online = read_bench_report(file).online
+    runs = online.endpoint_runs.to_dict() if online and online.endpoint_runs else {}
+    if not runs:
         raise DataError(
             f"{path} has no online runs to use as a baseline", "run dspark bench --endpoint on the baseline"
         )
-    return {**online["endpoint_runs"], "source": str(file)}
+    return {**runs, "source": str(file)}
 
 
 def speedups(measured: dict[str, Any], baseline: dict[str, Any]) -> list[dict[str, Any]]:

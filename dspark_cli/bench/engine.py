@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from dspark_cli.bench.verify import confidence_prefix, sample_target, verify
 from dspark_cli.errors import ContractError, UsageError
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.draft import LoadedDraft
 
 
 @dataclass(frozen=True)
@@ -230,9 +233,15 @@ class DSparkDrafter:
     @classmethod
     def from_dir(cls, draft_dir: str, target: HFTarget, *, dtype: torch.dtype | None = None) -> DSparkDrafter:
         """Load an exported (or trained `final/`) draft and attach the target's embed_tokens / lm_head."""
-        from dspark_cli.artifacts.draft import build_model, load_draft_dir
+        from dspark_cli.artifacts.draft import load_draft_dir
 
-        loaded = load_draft_dir(draft_dir)
+        return cls.from_loaded(load_draft_dir(draft_dir), target, dtype=dtype)
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedDraft, target: HFTarget, *, dtype: torch.dtype | None = None) -> DSparkDrafter:
+        """A draft already read (`load_draft_dir`) on the target's embed_tokens / lm_head."""
+        from dspark_cli.artifacts.draft import build_model
+
         config = loaded.config
         if list(config.target_layer_ids) != target.layer_ids:
             raise ContractError(f"draft target_layer_ids {config.target_layer_ids} != the engine's {target.layer_ids}")

@@ -28,8 +28,9 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspark_cli.bench.calibration import calibration
 from dspark_cli.bench.datasets import BenchDataset, category, load_datasets
@@ -37,6 +38,9 @@ from dspark_cli.bench.stats import TurnStats, summarize
 from dspark_cli.errors import UsageError
 from dspark_cli.recipe import Recipe
 from dspark_cli.targets import Target
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.draft import LoadedDraft
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]  # (turns done, total turns, tokens generated)
@@ -60,22 +64,40 @@ def template_warnings(manifest: dict[str, Any], template_hash: str) -> list[str]
     return warnings
 
 
+@dataclass(frozen=True)
+class BenchDraft:
+    """The draft a bench run measures, read once: the manifest `verify_draft` passed, then its config and
+    weights (`load_draft_dir`). The engine's drafter, the untrained baseline and the report's description
+    all come from this one object; nothing reads the directory again."""
+
+    directory: str
+    manifest: dict[str, Any]  # dspark_manifest.json, every check of `verify_draft` passed
+    loaded: LoadedDraft  # config + state_dict as stored
+
+    @classmethod
+    def read(cls, draft_dir: str | Path, target: str) -> BenchDraft:
+        """Verify the draft for `target` (before any target code or weights are loaded), then read it."""
+        from dspark_cli.artifacts.draft import load_draft_dir
+        from dspark_cli.export import verify_draft
+
+        if not Path(draft_dir).is_dir():
+            raise UsageError(f"draft directory not found: {draft_dir}", "export one with `dspark export`")
+        manifest = verify_draft(draft_dir, target, doing="not benchmarking it")
+        return cls(str(draft_dir), manifest, load_draft_dir(draft_dir))
+
+
 class OfflineBench:
     """The loaded target, tokenizer, chat format and drafter for one draft directory."""
 
     def __init__(self, recipe: Recipe, draft_dir: str | Path) -> None:
-        from dspark_cli.artifacts.draft import load_draft_dir
         from dspark_cli.bench.engine import DSparkDrafter, HFTarget
-        from dspark_cli.export import verify_draft
         from dspark_cli.targets import ChatFormat
 
         self.recipe = recipe
-        self.draft_dir = str(draft_dir)
-        if not Path(draft_dir).is_dir():
-            raise UsageError(f"draft directory not found: {draft_dir}", "export one with `dspark export`")
         # before any target code or weights are loaded: the files export wrote, for this target
-        self.manifest = verify_draft(draft_dir, recipe.target.model, doing="not benchmarking it")
-        config = load_draft_dir(draft_dir).config
+        self.draft = BenchDraft.read(draft_dir, recipe.target.model)
+        self.draft_dir, self.manifest = self.draft.directory, self.draft.manifest
+        config = self.draft.loaded.config
         self.chat = ChatFormat(Target.of(recipe).tokenizer(), recipe.target.chat_template_kwargs)
         self.target_path = Target.of(recipe).location
         self.warnings = template_warnings(self.manifest, self.chat.template_hash)
@@ -86,7 +108,7 @@ class OfflineBench:
             trust_remote_code=recipe.target.trust_remote_code,
             revision=recipe.target.revision,
         )
-        self.drafter = DSparkDrafter.from_dir(self.draft_dir, self.target, dtype=self.target.model.dtype)
+        self.drafter = DSparkDrafter.from_loaded(self.draft.loaded, self.target, dtype=self.target.model.dtype)
         self.stop_ids = Target.stop_ids(self.chat.tokenizer, self.target.model.generation_config)
         self.num_speculative_tokens = recipe.serve.num_speculative_tokens or int(config.block_size)
         if self.num_speculative_tokens > int(config.block_size):
@@ -143,7 +165,7 @@ class OfflineBench:
             drafter = NgramDrafter(bench.prompt_lookup_min, bench.prompt_lookup_max, self.recipe.target.max_model_len)
         else:
             drafter = untrained_drafter(
-                self.draft_dir, self.target, seed=self.recipe.seed, dtype=self.target.model.dtype
+                self.draft.loaded, self.target, seed=self.recipe.seed, dtype=self.target.model.dtype
             )
         spec = Speculation(self.num_speculative_tokens, serve.draft_sample_method, serve.rejection_sample_method)
         return SpeculativeEngine(self.target, drafter, spec)

@@ -1,6 +1,6 @@
 """PNG plots of a bench result (matplotlib, imported here only, with the non-interactive Agg backend).
 
-    files = write_plots(result, Path("runs/tiny/bench"))   # {"acceptance_per_position": ".../x.png", ...}
+    files = write_plots(report, Path("runs/tiny/bench"))   # report: a BenchSummary -> {"acceptance_per_position": ".../x.png", ...}
 
 Each PNG records what it shows in its metadata (`Description`: JSON with the plot kind and its series
 labels), so tests and scripts can check a plot without reading pixels:
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.bench import BenchSummary, ContextBin, Estimate, OnlineResults
 
 
 def _pyplot():
@@ -33,36 +36,37 @@ def _save(fig: Any, path: Path, kind: str, series: list[str]) -> str:
     return str(path)
 
 
-def run_label(run: dict[str, Any]) -> str:
-    return f"{run['dataset']} T={run['temperature']:g}"
+def run_label(run: Any) -> str:
+    """`dataset T=t` of anything measured on one dataset at one temperature."""
+    return f"{run.dataset} T={run.temperature:g}"
 
 
-def online_per_temperature(online: dict[str, Any]) -> dict[float, list[float]]:
+def online_per_temperature(online: OnlineResults) -> dict[float, list[float]]:
     """Per temperature: per-position acceptance pooled over the concurrency levels' counter deltas."""
     pooled: dict[float, tuple[float, list[float]]] = {}
-    for level in online["endpoint_runs"]["levels"]:
-        spec = level.get("spec_decode")
-        if not spec or not spec["num_drafts"]:
+    for level in online.endpoint_runs.levels if online.endpoint_runs else []:
+        spec = level.spec_decode
+        if not spec or not spec.num_drafts:
             continue
-        drafts, per_pos = pooled.get(level["temperature"], (0.0, []))
-        counts = spec["num_accepted_tokens_per_pos"]
+        drafts, per_pos = pooled.get(level.temperature, (0.0, []))
+        counts = spec.num_accepted_tokens_per_pos
         per_pos = [a + b for a, b in zip(per_pos + [0.0] * (len(counts) - len(per_pos)), counts, strict=False)]
-        pooled[level["temperature"]] = (drafts + spec["num_drafts"], per_pos)
+        pooled[level.temperature] = (drafts + spec.num_drafts, per_pos)
     return {t: [c / d for c in counts] for t, (d, counts) in pooled.items()}
 
 
-def plot_acceptance(result: dict[str, Any], path: Path) -> str | None:
+def plot_acceptance(report: BenchSummary, path: Path) -> str | None:
     plt = _pyplot()
     series = []
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for run in (result.get("offline") or {}).get("runs", []):
-        rates = [p["mean"] for p in run["acceptance_per_position"]]
+    for run in report.offline.runs if report.offline else []:
+        rates = [p.mean for p in run.acceptance_per_position]
         ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"offline {run_label(run)}")
         series.append(f"offline {run_label(run)}")
-    if result.get("online"):
-        for temperature, rates in sorted(online_per_temperature(result["online"]).items()):
+    if report.online:
+        for temperature, pooled in sorted(online_per_temperature(report.online).items()):
             label = f"online T={temperature:g}"
-            ax.plot(range(1, len(rates) + 1), rates, marker="s", linestyle="--", label=label)
+            ax.plot(range(1, len(pooled) + 1), pooled, marker="s", linestyle="--", label=label)
             series.append(label)
     if not series:
         plt.close(fig)
@@ -78,41 +82,41 @@ def plot_acceptance(result: dict[str, Any], path: Path) -> str | None:
     return _save(fig, path, "acceptance_per_position", series)
 
 
-def plot_tau_by_category(result: dict[str, Any], reference: list[dict[str, Any]], path: Path) -> str | None:
-    runs = (result.get("offline") or {}).get("runs", [])
+def plot_tau_by_category(report: BenchSummary, path: Path) -> str | None:
+    runs = report.offline.runs if report.offline else []
     if not runs:
         return None
     plt = _pyplot()
-    categories = ["overall", *sorted({c for run in runs for c in run["by_category"]} - {"overall"})]
+    categories = ["overall", *sorted({c for run in runs for c in run.by_category} - {"overall"})]
     fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(categories) * max(1, len(runs)) / 2), 4.2))
     width = 0.8 / len(runs)
     series = []
     for i, run in enumerate(runs):
-        stats = {"overall": run["tau"], **{c: v["tau"] for c, v in run["by_category"].items()}}
-        xs, ys, errs = [], [], [[], []]
+        stats = {"overall": run.tau, **{c: v.tau for c, v in run.by_category.items()}}
+        xs: list[float] = []
+        ys: list[float] = []
+        errs: list[list[float]] = [[], []]
         for j, name in enumerate(categories):
             tau = stats.get(name)
-            if tau is None or tau["mean"] is None:
+            if tau is None or tau.mean is None:
                 continue
             xs.append(j + (i - (len(runs) - 1) / 2) * width)
-            ys.append(tau["mean"])
-            low, high = tau["ci95"]
-            errs[0].append(tau["mean"] - low if low is not None else 0.0)
-            errs[1].append(high - tau["mean"] if high is not None else 0.0)
+            ys.append(tau.mean)
+            _error_bar(errs, tau)
         ax.bar(xs, ys, width=width, yerr=errs, capsize=3, label=run_label(run))
         series.append(run_label(run))
-    shown = {f"{run['dataset']}_tau_t{run['temperature']:g}" for run in runs}
-    for row in reference:
-        if row.get("reference") is not None and row["key"] in shown:
-            ax.axhline(row["reference"], linestyle=":", color="black", linewidth=1)
+    shown = {f"{run.dataset}_tau_t{run.temperature:g}" for run in runs}
+    for row in report.reference or []:
+        if row.reference is not None and row.key in shown:
+            ax.axhline(row.reference, linestyle=":", color="black", linewidth=1)
             ax.annotate(
-                f"reference {row['key']} = {row['reference']:g}",
-                (len(categories) - 0.5, row["reference"]),
+                f"reference {row.key} = {row.reference:g}",
+                (len(categories) - 0.5, row.reference),
                 ha="right",
                 va="bottom",
                 fontsize=7,
             )
-            series.append(f"reference {row['key']}")
+            series.append(f"reference {row.key}")
     ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right", fontsize=8)
     ax.set(ylabel="tau (tokens per verification step)", title="Acceptance length by category (95% CI)")
     ax.grid(alpha=0.3, axis="y")
@@ -120,25 +124,22 @@ def plot_tau_by_category(result: dict[str, Any], reference: list[dict[str, Any]]
     return _save(fig, path, "tau_by_category", series)
 
 
-def plot_throughput(result: dict[str, Any], path: Path) -> str | None:
-    online = result.get("online")
+def plot_throughput(report: BenchSummary, path: Path) -> str | None:
+    online = report.online
     if not online:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     series = []
-    for name, key, style in (("speculative", "endpoint_runs", "-"), ("baseline", "baseline_runs", "--")):
-        runs = online.get(key)
+    for name, runs, style in (("speculative", online.endpoint_runs, "-"), ("baseline", online.baseline_runs, "--")):
         if not runs:
             continue
-        for temperature in sorted({lv["temperature"] for lv in runs["levels"]}):
-            levels = sorted(
-                (lv for lv in runs["levels"] if lv["temperature"] == temperature), key=lambda lv: lv["concurrency"]
-            )
+        for temperature in sorted({lv.temperature for lv in runs.levels}):
+            levels = sorted((lv for lv in runs.levels if lv.temperature == temperature), key=lambda lv: lv.concurrency)
             label = f"{name} T={temperature:g}"
             ax.plot(
-                [lv["concurrency"] for lv in levels],
-                [lv["output_tokens_per_second"] or 0 for lv in levels],
+                [lv.concurrency for lv in levels],
+                [lv.output_tokens_per_second or 0 for lv in levels],
                 marker="o",
                 linestyle=style,
                 label=label,
@@ -151,22 +152,22 @@ def plot_throughput(result: dict[str, Any], path: Path) -> str | None:
     return _save(fig, path, "throughput_vs_concurrency", series)
 
 
-def plot_confidence(result: dict[str, Any], path: Path) -> str | None:
-    sweep = (result.get("offline") or {}).get("confidence_sweep") or []
+def plot_confidence(report: BenchSummary, path: Path) -> str | None:
+    sweep = report.offline.confidence_sweep if report.offline else []
     if not sweep:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     series = []
-    for key in sorted({(r["dataset"], r["temperature"]) for r in sweep}):
-        rows = sorted((r for r in sweep if (r["dataset"], r["temperature"]) == key), key=lambda r: r["threshold"])
+    for key in sorted({(r.dataset, r.temperature) for r in sweep}):
+        rows = sorted((r for r in sweep if (r.dataset, r.temperature) == key), key=lambda r: r.threshold)
         label = f"{key[0]} T={key[1]:g}"
-        xs, ys = [r["verified_per_step"] for r in rows], [r["tau"] for r in rows]
+        xs, ys = [r.verified_per_step for r in rows], [r.tau for r in rows]
         ax.plot(xs, ys, marker="o", label=label)
         for r in rows:
             ax.annotate(
-                f"{r['threshold']:g}",
-                (r["verified_per_step"], r["tau"]),
+                f"{r.threshold:g}",
+                (r.verified_per_step, r.tau),
                 fontsize=7,
                 textcoords="offset points",
                 xytext=(3, 3),
@@ -182,10 +183,10 @@ def plot_confidence(result: dict[str, Any], path: Path) -> str | None:
     return _save(fig, path, "confidence_tradeoff", series)
 
 
-def plot_calibration(result: dict[str, Any], path: Path) -> str | None:
+def plot_calibration(report: BenchSummary, path: Path) -> str | None:
     """Per run with a confidence head: the reliability diagram (pooled over positions) and, per draft
     position, the mean predicted survival against the observed acceptance rate."""
-    runs = [r for r in (result.get("offline") or {}).get("runs", []) if r.get("calibration")]
+    runs = [r for r in (report.offline.runs if report.offline else []) if r.calibration]
     if not runs:
         return None
     plt = _pyplot()
@@ -194,35 +195,36 @@ def plot_calibration(result: dict[str, Any], path: Path) -> str | None:
     left.plot([0, 1], [0, 1], linestyle=":", color="gray", linewidth=1)
     series = []
     for run in runs:
-        cal, label = run["calibration"], run_label(run)
-        bins = cal["overall"]["bins"]
+        cal, label = run.calibration, run_label(run)
+        assert cal is not None
+        bins = cal.overall.bins
         (line,) = left.plot(
-            [b["predicted"] for b in bins],
-            [b["observed"] for b in bins],
+            [b.predicted for b in bins],
+            [b.observed for b in bins],
             marker="o",
-            label=f"{label}: ECE {cal['overall']['ece']:.3f}, {cal['verdict']}",
+            label=f"{label}: ECE {cal.overall.ece:.3f}, {cal.verdict}",
         )
         for b in bins:
             left.annotate(
-                str(b["n"]),
-                (b["predicted"], b["observed"]),
+                str(b.n),
+                (b.predicted, b.observed),
                 fontsize=6,
                 textcoords="offset points",
                 xytext=(3, -8),
                 color=line.get_color(),
             )
-        positions = [p for p in cal["positions"] if p["predicted_survival"] is not None]
-        xs = [p["position"] for p in positions]
+        positions = [p for p in cal.positions if p.predicted_survival is not None]
+        xs = [p.position for p in positions]
         right.plot(
             xs,
-            [p["observed_acceptance"] for p in positions],
+            [p.observed_acceptance for p in positions],
             marker="o",
             color=line.get_color(),
             label=f"{label} observed",
         )
         right.plot(
             xs,
-            [p["predicted_survival"] for p in positions],
+            [p.predicted_survival for p in positions],
             marker="x",
             linestyle="--",
             color=line.get_color(),
@@ -248,24 +250,22 @@ def plot_calibration(result: dict[str, Any], path: Path) -> str | None:
     return _save(fig, path, "calibration", series)
 
 
-def plot_adaptive(result: dict[str, Any], path: Path) -> str | None:
+def plot_adaptive(report: BenchSummary, path: Path) -> str | None:
     """Modelled tokens per verification step and throughput against concurrency: fixed-k, adaptive, none."""
-    model = (result.get("offline") or {}).get("adaptive_verification") or {}
-    runs = [r for r in model.get("runs", []) if r["levels"]]
-    if not runs:
+    model = report.offline.adaptive_verification if report.offline else None
+    runs = [r for r in model.runs if r.levels] if model else []
+    if not model or not runs:
         return None
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.5, 4.3))
     series = []
     for run in runs:
-        xs = [lv["concurrency"] for lv in run["levels"]]
+        xs = [lv.concurrency for lv in run.levels]
         label = run_label(run)
-        (line,) = left.plot(
-            xs, [lv["fixed"]["tokens_per_step"] for lv in run["levels"]], marker="o", label=f"{label} fixed-k"
-        )
+        (line,) = left.plot(xs, [lv.fixed.tokens_per_step for lv in run.levels], marker="o", label=f"{label} fixed-k")
         left.plot(
             xs,
-            [lv["adaptive"]["tokens_per_step"] for lv in run["levels"]],
+            [lv.adaptive.tokens_per_step for lv in run.levels],
             marker="s",
             linestyle="--",
             color=line.get_color(),
@@ -273,31 +273,31 @@ def plot_adaptive(result: dict[str, Any], path: Path) -> str | None:
         )
         right.plot(
             xs,
-            [lv["fixed"]["tokens_per_second"] for lv in run["levels"]],
+            [lv.fixed.tokens_per_second for lv in run.levels],
             marker="o",
             color=line.get_color(),
             label=f"{label} fixed-k",
         )
         right.plot(
             xs,
-            [lv["adaptive"]["tokens_per_second"] for lv in run["levels"]],
+            [lv.adaptive.tokens_per_second for lv in run.levels],
             marker="s",
             linestyle="--",
             color=line.get_color(),
             label=f"{label} adaptive",
         )
         series += [f"{label} fixed-k", f"{label} adaptive"]
-    none = runs[0]["levels"]
+    none = runs[0].levels
     right.plot(
-        [lv["concurrency"] for lv in none],
-        [lv["none"]["tokens_per_second"] for lv in none],
+        [lv.concurrency for lv in none],
+        [lv.none.tokens_per_second for lv in none],
         color="black",
         linestyle=":",
         marker=".",
         label="no speculation",
     )
     series.append("no speculation")
-    cost = model["cost_model"]
+    cost = model.cost_model
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
@@ -311,27 +311,36 @@ def plot_adaptive(result: dict[str, Any], path: Path) -> str | None:
     right.set(
         xlabel="concurrent requests", ylabel="modelled output tokens / s", yscale="log", title="Modelled throughput"
     )
-    kind = "an ESTIMATE, not measured" if cost["estimate"] else "measured"
+    kind = "an ESTIMATE, not measured" if cost.estimate else "measured"
     fig.suptitle(
-        f"vLLM adaptive verification vs fixed-k, modelled; cost model: {cost['label'].split(':')[0]} ({kind})",
+        f"vLLM adaptive verification vs fixed-k, modelled; cost model: {cost.label.split(':')[0]} ({kind})",
         fontsize=9,
     )
     return _save(fig, path, "adaptive_verification", series)
 
 
-def _tau_errors(bins: list[dict[str, Any]]) -> list[list[float]]:
+def _error_bar(errs: list[list[float]], tau: Estimate) -> None:
+    """Append one bar's [below, above] from its 95% interval (0 where there is none: one turn)."""
+    low, high = tau.ci95
+    assert tau.mean is not None
+    errs[0].append(tau.mean - low if low is not None else 0.0)
+    errs[1].append(high - tau.mean if high is not None else 0.0)
+
+
+def _tau_errors(bins: list[ContextBin]) -> list[list[float]]:
     """errorbar's [below, above] from each bin's 95% interval (0 where a bin has none: one turn)."""
-    lows = [b["tau"]["mean"] - b["tau"]["ci95"][0] if b["tau"]["ci95"][0] is not None else 0.0 for b in bins]
-    highs = [b["tau"]["ci95"][1] - b["tau"]["mean"] if b["tau"]["ci95"][1] is not None else 0.0 for b in bins]
-    return [lows, highs]
+    errs: list[list[float]] = [[], []]
+    for b in bins:
+        _error_bar(errs, b.tau)
+    return errs
 
 
-def plot_context(result: dict[str, Any], path: Path) -> str | None:
+def plot_context(report: BenchSummary, path: Path) -> str | None:
     """tau against context length (bin middles, 95% intervals, turns per bin) for the sweep's long
     conversations and the main runs; beside it, the sweep's per-position acceptance in each bin."""
-    offline = result.get("offline") or {}
-    sweeps = [s for s in offline.get("context_sweep", []) if s["bins"]]
-    runs = [(run_label(r), r["by_context"]) for r in offline.get("runs", []) if r.get("by_context")]
+    offline = report.offline
+    sweeps = [s for s in offline.context_sweep if s.bins] if offline else []
+    runs = [(run_label(r), r.by_context) for r in offline.runs if r.by_context] if offline else []
     if not sweeps and not runs:
         return None
     plt = _pyplot()
@@ -341,29 +350,27 @@ def plot_context(result: dict[str, Any], path: Path) -> str | None:
         fig, ax = plt.subplots(figsize=(6.8, 4.4))
     series, edges = [], set()
     for sweep in sweeps:
-        label = f"{sweep['dataset']} T={sweep['temperature']:g} (sweep: {_count(sweep['num_conversations'], 'conversation')})"
-        bins = sweep["bins"]
-        xs = [(b["low"] + b["high"]) / 2 for b in bins]
-        line = ax.errorbar(
-            xs, [b["tau"]["mean"] for b in bins], yerr=_tau_errors(bins), marker="o", capsize=3, label=label
-        )
+        label = f"{run_label(sweep)} (sweep: {_count(sweep.num_conversations, 'conversation')})"
+        bins = sweep.bins
+        xs = [(b.low + b.high) / 2 for b in bins]
+        line = ax.errorbar(xs, [b.tau.mean for b in bins], yerr=_tau_errors(bins), marker="o", capsize=3, label=label)
         for x, b in zip(xs, bins, strict=True):
             ax.annotate(
-                _count(b["num_turns"], "turn"),
-                (x, b["tau"]["mean"]),
+                _count(b.num_turns, "turn"),
+                (x, b.tau.mean),
                 fontsize=7,
                 textcoords="offset points",
                 xytext=(5, 4),
                 color=line.lines[0].get_color(),
             )
-        edges |= {b["high"] for b in bins}
+        edges |= {b.high for b in bins}
         series.append(label)
     for i, (label, bins) in enumerate(runs):
         dodge = 2 ** (-0.1 * (i + 1)) if sweeps else 1.0  # left of the sweep's point of the same bin, not on it
-        xs = [dodge * (b["low"] + b["high"]) / 2 for b in bins]
+        xs = [dodge * (b.low + b.high) / 2 for b in bins]
         ax.errorbar(
             xs,
-            [b["tau"]["mean"] for b in bins],
+            [b.tau.mean for b in bins],
             yerr=_tau_errors(bins),
             marker="s",
             capsize=3,
@@ -371,9 +378,9 @@ def plot_context(result: dict[str, Any], path: Path) -> str | None:
             alpha=0.8,
             label=f"{label} (main run)",
         )
-        edges |= {b["high"] for b in bins}
+        edges |= {b.high for b in bins}
         series.append(label)
-    max_len = max((s.get("max_model_len") or 0 for s in sweeps), default=0)
+    max_len = max((s.max_model_len or 0 for s in sweeps), default=0)
     if max_len:
         ax.axvline(max_len, color="gray", linestyle=":", linewidth=1)
         ax.text(
@@ -402,24 +409,24 @@ def plot_context(result: dict[str, Any], path: Path) -> str | None:
     if sweeps:
         sweep = sweeps[0]
         colours = plt.get_cmap("viridis")
-        for j, b in enumerate(sweep["bins"]):
-            rates = b["acceptance_per_position"]
+        for j, b in enumerate(sweep.bins):
+            rates = b.acceptance_per_position
             right.plot(
                 range(1, len(rates) + 1),
                 rates,
                 marker="o",
-                color=colours(j / max(1, len(sweep["bins"]) - 1)),
-                label=f"{b['low']}-{b['high']} ({_count(b['num_steps'], 'step')})",
+                color=colours(j / max(1, len(sweep.bins) - 1)),
+                label=f"{b.low}-{b.high} ({_count(b.num_steps, 'step')})",
             )
         right.set(
             xlabel="draft position",
             ylabel="acceptance rate (per drafting step)",
             ylim=(0, 1.02),
-            title=f"Per position, by context ({sweep['dataset']} T={sweep['temperature']:g})",
+            title=f"Per position, by context ({run_label(sweep)})",
         )
         right.grid(alpha=0.3)
         right.legend(fontsize=7, title="tokens of context", title_fontsize=7)
-        fig.suptitle(_wrap(sweep["note"], 140), fontsize=8)
+        fig.suptitle(_wrap(sweep.note, 140), fontsize=8)
     return _save(fig, path, "context_sweep", series)
 
 
@@ -433,41 +440,28 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(text, width))
 
 
-def plot_baselines(result: dict[str, Any], path: Path) -> str | None:
+def plot_baselines(report: BenchSummary, path: Path) -> str | None:
     """The draft's tau beside the baselines' per temperature, with 95% intervals."""
-    offline = result.get("offline") or {}
-    if not offline.get("baselines"):
+    offline = report.offline
+    if not offline or not offline.baselines:
         return None
     plt = _pyplot()
-    runs = offline["runs"]
-    names = list(dict.fromkeys(b["name"] for b in offline["baselines"]))
-    bars = ["draft", *names]
+    runs = offline.runs
+    bars = ["draft", *offline.baseline_names()]
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     width = 0.8 / len(bars)
     for j, name in enumerate(bars):
-        xs, ys, errs = [], [], [[], []]
+        xs: list[float] = []
+        ys: list[float] = []
+        errs: list[list[float]] = [[], []]
         for i, run in enumerate(runs):
-            tau = (
-                run["tau"]
-                if name == "draft"
-                else next(
-                    (
-                        b["tau"]
-                        for b in offline["baselines"]
-                        if b["name"] == name
-                        and b["dataset"] == run["dataset"]
-                        and b["temperature"] == run["temperature"]
-                    ),
-                    None,
-                )
-            )
-            if not tau or tau["mean"] is None:
+            baseline = None if name == "draft" else offline.baseline(name, run)
+            tau = run.tau if name == "draft" else baseline.tau if baseline else None
+            if tau is None or tau.mean is None:
                 continue
             xs.append(i + (j - (len(bars) - 1) / 2) * width)
-            ys.append(tau["mean"])
-            low, high = tau["ci95"]
-            errs[0].append(tau["mean"] - low if low is not None else 0.0)
-            errs[1].append(high - tau["mean"] if high is not None else 0.0)
+            ys.append(tau.mean)
+            _error_bar(errs, tau)
         ax.bar(
             xs,
             ys,
@@ -486,16 +480,16 @@ def plot_baselines(result: dict[str, Any], path: Path) -> str | None:
     return _save(fig, path, "baselines", bars)
 
 
-def write_plots(result: dict[str, Any], reference: list[dict[str, Any]], out_dir: Path) -> dict[str, str]:
+def write_plots(report: BenchSummary, out_dir: Path) -> dict[str, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     made = {
-        "acceptance_per_position": plot_acceptance(result, out_dir / "acceptance_per_position.png"),
-        "tau_by_category": plot_tau_by_category(result, reference, out_dir / "tau_by_category.png"),
-        "throughput_vs_concurrency": plot_throughput(result, out_dir / "throughput_vs_concurrency.png"),
-        "confidence_tradeoff": plot_confidence(result, out_dir / "confidence_tradeoff.png"),
-        "calibration": plot_calibration(result, out_dir / "calibration.png"),
-        "baselines": plot_baselines(result, out_dir / "baselines.png"),
-        "adaptive_verification": plot_adaptive(result, out_dir / "adaptive_verification.png"),
-        "context_sweep": plot_context(result, out_dir / "context_sweep.png"),
+        "acceptance_per_position": plot_acceptance(report, out_dir / "acceptance_per_position.png"),
+        "tau_by_category": plot_tau_by_category(report, out_dir / "tau_by_category.png"),
+        "throughput_vs_concurrency": plot_throughput(report, out_dir / "throughput_vs_concurrency.png"),
+        "confidence_tradeoff": plot_confidence(report, out_dir / "confidence_tradeoff.png"),
+        "calibration": plot_calibration(report, out_dir / "calibration.png"),
+        "baselines": plot_baselines(report, out_dir / "baselines.png"),
+        "adaptive_verification": plot_adaptive(report, out_dir / "adaptive_verification.png"),
+        "context_sweep": plot_context(report, out_dir / "context_sweep.png"),
     }
     return {k: v for k, v in made.items() if v is not None}

@@ -3,7 +3,7 @@
     from dspark_cli.bench.run import run_bench
     result = run_bench(recipe, draft_dir="runs/tiny/draft", offline=True)
     result = run_bench(recipe, endpoint="http://127.0.0.1:8000")     # bench.baseline_endpoint for speedups
-    result["files"]      # bench.json, bench.md, plots under recipe.stage_dir("bench")
+    result.files         # bench.json, bench.md, plots under recipe.stage_dir("bench"); result: a BenchSummary
 
 Without `--recipe`, `dspark bench DRAFT_DIR` benchmarks with the recipe the draft was made with
 (`recipe.yaml` in the draft dir, else the `recipe` recorded in its dspark_manifest.json), except for
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli import __version__
-from dspark_cli.artifacts.results import BenchSummary
+from dspark_cli.artifacts.bench import BenchSummary
 from dspark_cli.errors import DsparkError, UsageError
 from dspark_cli.recipe import Recipe
 
@@ -85,13 +85,14 @@ def run_bench(
         raise
     from dspark_cli.bench.report import reference_rows, write_report
 
-    result["reference"] = reference_rows(result, recipe.bench.reference)
-    result["complete"] = True
+    summary = BenchSummary.from_dict(result)  # bench.json's records, typed once for the report
+    summary.reference = reference_rows(summary, recipe.bench.reference)
+    summary.complete = True
     try:
-        write_report(result, out_dir)
+        write_report(summary, out_dir)
     except OSError as exc:
         raise _write_error(exc, out_dir) from None
-    return BenchSummary.from_dict(result)
+    return summary
 
 
 def _measure(

@@ -61,7 +61,7 @@ def bench(
         return
     with progress_bar("bench", unit="turns") as update:
         result = run_bench(loaded, draft_dir=draft_dir, offline=offline, on_progress=update)
-    for title, columns, rows in terminal_tables(result.to_dict()):
+    for title, columns, rows in terminal_tables(result):
         print_table(title, columns, rows)
     for warning in result.warnings:
         say(f"warning: {warning}", style="yellow")

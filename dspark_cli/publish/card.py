@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from dspark_cli import __version__
 
 if TYPE_CHECKING:
+    from dspark_cli.artifacts.bench import BenchSummary, Estimate
     from dspark_cli.recipe.schema import Recipe
 
 
@@ -44,9 +45,9 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.{digits}f}"
 
 
-def _tau_cell(tau: dict[str, Any]) -> str:
+def _tau_cell(tau: Estimate) -> str:
     """`2.25 [2.00, 2.50]`; the mean alone when there is no interval (one prompt), `-` with no mean."""
-    mean, interval = tau.get("mean"), tau.get("ci95") or [None, None]
+    mean, interval = tau.mean, tau.ci95 or [None, None]
     if not isinstance(mean, (int, float)):
         return "-"
     if all(isinstance(v, (int, float)) for v in interval[:2]) and len(interval) == 2:
@@ -54,28 +55,26 @@ def _tau_cell(tau: dict[str, Any]) -> str:
     return f"{mean:.2f}"
 
 
-def _bench_rows(bench: dict[str, Any]) -> list[str]:
+def _bench_rows(bench: BenchSummary) -> list[str]:
     rows = []
-    for run in (bench.get("offline") or {}).get("runs", []):
-        if run.get("threshold", 0.0) != 0.0:
+    for run in bench.offline.runs if bench.offline else []:
+        if run.threshold != 0.0:
             continue
-        rows.append(
-            f"| {run['dataset']} | {run['temperature']:g} | {run['num_turns']} | {_tau_cell(run.get('tau') or {})} |"
-        )
+        rows.append(f"| {run.dataset} | {run.temperature:g} | {run.num_turns} | {_tau_cell(run.tau)} |")
     return rows
 
 
-def _calibration_rows(bench: dict[str, Any]) -> list[str]:
+def _calibration_rows(bench: BenchSummary) -> list[str]:
     """One row per benched temperature: the confidence head's ECE, Brier score, AUC and verdict."""
     rows = []
-    for run in (bench.get("offline") or {}).get("runs", []):
-        cal = run.get("calibration")
-        if cal and run.get("threshold", 0.0) == 0.0:
-            overall = cal["overall"]
+    for run in bench.offline.runs if bench.offline else []:
+        cal = run.calibration
+        if cal and run.threshold == 0.0:
+            overall = cal.overall
             rows.append(
-                f"| {run['dataset']} | {run['temperature']:g} | {overall['n']} | {_fmt(overall['predicted'], 2)} | "
-                f"{_fmt(overall['observed'], 2)} | {_fmt(overall['ece'])} | {_fmt(overall['brier'])} | "
-                f"{_fmt(overall['auc'], 2)} | {cal['verdict']} |"
+                f"| {run.dataset} | {run.temperature:g} | {overall.n} | {_fmt(overall.predicted, 2)} | "
+                f"{_fmt(overall.observed, 2)} | {_fmt(overall.ece)} | {_fmt(overall.brier)} | "
+                f"{_fmt(overall.auc, 2)} | {cal.verdict} |"
             )
     return rows
 
@@ -87,7 +86,7 @@ def model_card(
     repo_id: str,
     recipe: Recipe,
     license_id: str,
-    bench: dict[str, Any] | None = None,
+    bench: BenchSummary | None = None,
 ) -> str:
     """README.md text for the draft at `draft_dir`, whose dspark_manifest.json is `manifest`."""
     draft_dir = Path(draft_dir)

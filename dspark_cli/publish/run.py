@@ -12,6 +12,7 @@ from dspark_cli.publish.card import model_card
 from dspark_cli.publish.hubs import hub_tokens, upload_huggingface, upload_modelscope
 
 if TYPE_CHECKING:
+    from dspark_cli.artifacts.bench import BenchSummary
     from dspark_cli.recipe.schema import Recipe
 
 CARD_FILES = ("README.md",)  # a model card the user wrote into the draft dir is published as is
@@ -43,7 +44,7 @@ def _check_draft(draft_dir: Path, target: str | None) -> tuple[dict[str, Any], l
     return manifest, [name for name in allowed if (draft_dir / name).is_file()]
 
 
-def _bench_report(recipe: Recipe, draft_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Path]]:
+def _bench_report(recipe: Recipe, draft_dir: Path) -> tuple[BenchSummary | None, dict[str, Path]]:
     """The recipe's bench report if it measured this very draft: (bench.json, files to upload under bench/).
 
     An allow-list like the draft's: bench.json and the files it lists with their sha256 (what `dspark bench`
@@ -59,9 +60,9 @@ def _bench_report(recipe: Recipe, draft_dir: Path) -> tuple[dict[str, Any] | Non
     if not report.is_file():
         return None, {}
     data = read_bench_report(report)
-    if Path(str(data.get("draft_dir", ""))).resolve() != draft_dir.resolve() or data.get("complete") is False:
+    if Path(str(data.draft_dir or "")).resolve() != draft_dir.resolve() or data.complete is False:
         return None, {}  # another draft's report, or a bench that did not finish
-    listed = (data.get("files") or {}).get("checksums") or {}
+    listed = (data.files or {}).get("checksums") or {}
     files = {f"bench/{REPORT}": report}
     for name, digest in sorted(listed.items() if isinstance(listed, dict) else []):
         path = bench_dir / str(name)

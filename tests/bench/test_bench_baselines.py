@@ -96,8 +96,10 @@ def test_ngram_baseline_is_lossless_and_accepts_repetition(target):
 
 @pytest.mark.slow  # speculative generation on the tiny target: ~30 s loaded
 def test_untrained_baseline_is_lossless_and_gains_little(target, tmp_path):
+    from dspark_cli.artifacts.draft import load_draft_dir
+
     draft = write_random_draft(tmp_path / "draft")
-    drafter = untrained_drafter(str(draft), target, seed=0)
+    drafter = untrained_drafter(load_draft_dir(draft), target, seed=0)
     prompt = [5, 17, 33, 2, 9, 41]
     engine = SpeculativeEngine(target, drafter, Speculation(4, "greedy", "standard"))
     out = engine.generate(prompt, Sampling(temperature=0.0, max_tokens=32))

@@ -99,26 +99,29 @@ def test_the_model_card_shows_the_calibration(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench_support import export_random_draft
 
+    from dspark_cli.artifacts.bench import BenchSummary
     from dspark_cli.publish.card import model_card
     from dspark_cli.recipe import load_recipe
 
     recipe = load_recipe("tiny", [f"output_dir={tmp_path}"])
     draft = export_random_draft(recipe, tmp_path / "draft")
     cal = calibration([_turn([([0.9, 0.5], 2), ([0.9, 0.5], 0), ([0.3, 0.8], 1), ([0.25, 0.8], 0)])], block_size=2)
-    bench = {
-        "offline": {
-            "runs": [
-                {
-                    "dataset": "tiny-eval",
-                    "temperature": 1.0,
-                    "threshold": 0.0,
-                    "num_turns": 1,
-                    "tau": {"mean": 2.0, "ci95": [1.5, 2.5], "n": 4},
-                    "calibration": cal,
-                }
-            ]
+    bench = BenchSummary.from_dict(
+        {
+            "offline": {
+                "runs": [
+                    {
+                        "dataset": "tiny-eval",
+                        "temperature": 1.0,
+                        "threshold": 0.0,
+                        "num_turns": 1,
+                        "tau": {"mean": 2.0, "ci95": [1.5, 2.5], "n": 4},
+                        "calibration": cal,
+                    }
+                ]
+            }
         }
-    }
+    )
     manifest = json.loads((draft / "dspark_manifest.json").read_text())
     card = model_card(draft, manifest, repo_id="me/tiny-dspark", recipe=recipe, license_id="apache-2.0", bench=bench)
     assert "## Confidence head calibration" in card

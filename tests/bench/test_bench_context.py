@@ -79,6 +79,7 @@ def test_plot_and_table_show_every_bin_with_its_turns(tmp_path):
 
     from PIL import Image
 
+    from dspark_cli.artifacts.bench import BenchSummary
     from dspark_cli.bench.plots import plot_context
     from dspark_cli.bench.report import context_markdown
 
@@ -101,11 +102,11 @@ def test_plot_and_table_show_every_bin_with_its_turns(tmp_path):
         "context_sweep": [sweep],
     }
     assert [b["high"] for b in bins] == [128, 256, 512, 1024]
-    path = plot_context({"offline": offline}, tmp_path / "context_sweep.png")
+    path = plot_context(BenchSummary.from_dict({"offline": offline}), tmp_path / "context_sweep.png")
     with Image.open(path) as image:
         assert json.loads(image.text["Description"])["series"] == [
             "tiny-eval-chained T=0 (sweep: 2 conversations)",
             "tiny-eval T=0",
         ]
-    text = "\n".join(context_markdown(offline))
+    text = "\n".join(context_markdown(BenchSummary.from_dict({"offline": offline}).offline))
     assert "2 conversations, 4 turns, longest context 823 of 1024 tokens" in text and "| 512-1024 | 5 | 4 |" in text

@@ -310,3 +310,91 @@ def test_a_drafts_recipe_sends_nothing_anywhere_and_writes_only_beside_the_draft
     assert (victim / "bench.md").read_text() == "# not a bench dir\n" and len(list(victim.iterdir())) == 1
     assert (mine / "bench.md").read_text() == "# my report\n"
     assert (tmp_path / "downloads" / "foreign" / "bench" / "bench.json").is_file()  # beside the draft
+
+
+# --- one small offline bench: the draft is read once, and its numbers stay what they were ---------------------
+
+# measured at 78fdbb1 (before the bench read its draft once and typed its report), by this very bench
+PINNED: dict[str, list] = {
+    "runs": [
+        [0.0, 1.0588235294117647, [0.058823529411764705, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]],
+        [1.0, 1.5294117647058822, [0.23529411764705882, 0.17647058823529413, 0.11764705882352941, 0.0, 0.0, 0.0, 0.0]],
+    ],
+    "sweep": [
+        [0.0, 0.0, 1.0588235294117647],
+        [0.0, 0.5, 1.0],
+        [1.0, 0.0, 1.5294117647058822],
+        [1.0, 0.5, 1.1304347826086956],
+    ],
+    "baselines": [
+        ["ngram", 0.0, 1.0],
+        ["ngram", 1.0, 1.0],
+        ["untrained", 0.0, 1.0588235294117647],
+        ["untrained", 1.0, 1.5294117647058822],
+    ],
+    "adaptive": [[0.0, [1.05810546875, 1.059326171875]], [1.0, [1.53955078125, 1.525390625]]],
+}
+
+
+@pytest.mark.slow  # a full offline bench on tiny-mla with both baselines: ~22 s
+def test_a_small_offline_bench_reads_the_draft_once_and_keeps_its_numbers(tmp_path, monkeypatch):
+    """verify_draft, load_draft_dir and the safetensors read each run once for the engine's drafter and the
+    untrained baseline together; tau, acceptance, the sweep, the baselines and the adaptive model are the
+    numbers this bench gave before; bench.json reads back into its records and out again unchanged."""
+    from collections import Counter
+
+    import safetensors.torch
+
+    from dspark_cli.artifacts import draft as artifacts_draft
+    from dspark_cli.artifacts.bench import read_bench_report
+    from dspark_cli.bench.run import run_bench
+    from dspark_cli.export import integrity
+
+    recipe = load_recipe(
+        "tiny",
+        [
+            "target.model=tiny-mla",
+            "draft.arch=mla",
+            f"output_dir={tmp_path / 'run'}",
+            "bench.datasets=[tiny-eval]",
+            "bench.num_prompts=2",
+            "bench.max_tokens=16",
+            "bench.temperatures=[0.0, 1.0]",
+            "bench.confidence_thresholds=[0.0, 0.5]",
+            "bench.model_concurrency=[1, 4]",
+            "bench.context_sweep=false",
+        ],
+    )
+    draft = export_random_draft(recipe, tmp_path / "draft")
+    calls: Counter[str] = Counter()
+
+    def counted(module, name):
+        real = getattr(module, name)
+
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, call)
+
+    counted(integrity, "verify_draft")
+    counted(artifacts_draft, "load_draft_dir")
+    counted(safetensors.torch, "load_file")
+    summary = run_bench(recipe, draft_dir=draft, offline=True)
+    assert calls == {"verify_draft": 1, "load_draft_dir": 1, "load_file": 1}
+    offline = summary.offline
+    assert offline is not None and offline.adaptive_verification is not None
+    measured = {
+        "runs": [[r.temperature, r.tau.mean, [p.mean for p in r.acceptance_per_position]] for r in offline.runs],
+        "sweep": [[s.temperature, s.threshold, s.tau] for s in offline.confidence_sweep],
+        "baselines": [[b.name, b.temperature, b.tau.mean] for b in offline.baselines],
+        "adaptive": [
+            [r.temperature, [lv.adaptive.tokens_per_step for lv in r.levels]]
+            for r in offline.adaptive_verification.runs
+        ],
+    }
+    assert measured == PINNED
+    written = json.loads((tmp_path / "run" / "bench" / "bench.json").read_text())
+    again = read_bench_report(tmp_path / "run" / "bench" / "bench.json").to_dict()
+    assert again == written and list(again) == list(written)
+    assert json.dumps(again) == json.dumps(written)  # key order too, all the way down
