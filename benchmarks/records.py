@@ -55,8 +55,6 @@ PIPELINE = (
     "dspark_cli/bench/",
     "dspark_cli/pipeline.py",
 )
-PEERS = (*PIPELINE, "benchmarks/peers/")  # the trainers' wrappers and venv set-ups are the peers' side
-OBJECTIVE = (*PIPELINE, "benchmarks/peers/run.py")  # objective.py reuses the peers run's data and scoring
 
 
 @dataclass(frozen=True)
@@ -67,17 +65,6 @@ class Record:
     extra: tuple[str, ...] = ()  # files of the record besides NAME.json and NAME.md, as suffixes
     device: bool = False  # made on a lent GPU machine: absent until one is lent (once there, it is checked)
 
-
-def _peers(command: str) -> Record:
-    return Record("benchmarks/peers/run.py", f"{PY} benchmarks/peers/run.py {command}", PEERS)
-
-
-def _objective(command: str) -> Record:
-    return Record("benchmarks/objective.py", f"{PY} benchmarks/objective.py {command}".rstrip(), OBJECTIVE)
-
-
-ALL_PEERS = "--peers specforge,speculators,nemo_automodel --repeats 1 --no-same-time --steps 160 --eval-prompts 200"
-ALL_PEERS += " --min-lr-ratio 0.5 --reuse-data --work /tmp/dspark-peers-all"
 
 RECORDS: dict[str, Record] = {
     "cli_startup": Record("benchmarks/cli_startup.py", f"{PY} benchmarks/cli_startup.py", CLI_FACES),
@@ -107,16 +94,8 @@ RECORDS: dict[str, Record] = {
         f"{PY} benchmarks/demo_tau.py demo final && {PY} benchmarks/demo_tau.py rebench demo-final --t1",
         PIPELINE,
     ),
-    "peers": _peers("--steps 160 --eval-prompts 200"),
-    "peers-seed1": _peers("--seed 1 --repeats 1 --no-same-time --steps 160 --eval-prompts 200"),
-    "peers-all": _peers(ALL_PEERS),
-    **{f"peers-all-seed{s}": _peers(f"{ALL_PEERS} --seed {s}") for s in (1, 2, 3, 4)},
-    "objective": _objective(""),
-    "objective-seed2": _objective("--seed 2 --rows 0,3"),
-    "settings": _objective("--group settings"),
-    "settings-seed1": _objective("--group settings --seed 1 --rows 0,1"),
-    "warmup-seed0": _objective("--group warmup --seed 0"),
-    "warmup-seed1": _objective("--group warmup --seed 1"),
+    # benchmarks/peers/run.py's and benchmarks/objective.py's records (peers*, objective*, settings*, warmup-*)
+    # are retired until rerun: benchmarks/README.md, "Retired records", lists each with its command and commit.
     "serve_cpu_memory": Record(
         "benchmarks/serve_cpu_memory.sh",
         "bash benchmarks/serve_cpu_memory.sh",
