@@ -40,10 +40,6 @@ class RecipeError(UsageError):
         super().__init__(first + more, hint)
 
 
-class NotBuiltError(UsageError):
-    """A command or option that dspark does not implement yet. Never pretend."""
-
-
 class ContractError(DsparkError):
     """Two artifacts disagree on the DSpark contract (layer ids, target, mask token, ...)."""
 

@@ -3,8 +3,7 @@
     recipe -> datagen -> capture -> train -> export -> bench -> publish
 
 Each stage is one library function taking the resolved recipe; the CLI commands call the same
-functions. A stage that is not built yet raises `NotBuiltError` -- it never pretends -- and
-`run_pipeline` stops there, because every later stage needs its output.
+functions. A stage that fails raises, and `run_pipeline` with it: every later stage needs its output.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dspark_cli.errors import DsparkError, NotBuiltError
+from dspark_cli.errors import DsparkError
 from dspark_cli.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -48,9 +47,9 @@ class Stage:
 @dataclass
 class StageResult:
     name: str
-    status: str  # "done" | "not built" | "skipped" | "failed"
+    status: str  # "done": a stage that fails raises, and the run ends with it
     detail: str = ""
-    outputs: Record | None = None  # the stage's result (None: not run, or online capture)
+    outputs: Record | None = None  # the stage's result (None: online capture, which runs while training)
 
 
 @contextmanager
@@ -181,22 +180,13 @@ def run_pipeline(
     progress: ProgressFactory | None = None,
     log_line: LogLine | None = None,
 ) -> list[StageResult]:
-    """Run `stages` (default: all but publish) in order; stop at the first one that cannot run."""
+    """Run `stages` (default: all but publish) in order; a stage that fails raises, ending the run."""
     wanted = stages or [s.name for s in STAGES if s.name != "publish"]
     results: list[StageResult] = []
-    blocked_by: str | None = None
     for stage in STAGES:
         if stage.name not in wanted:
             continue
-        if blocked_by is not None:
-            result = StageResult(stage.name, "skipped", f"needs {blocked_by}")
-        else:
-            try:
-                outputs = stage.run(recipe, progress=progress, log_line=log_line)
-                result = StageResult(stage.name, "done", stage.summary, outputs)
-            except NotBuiltError:
-                result = StageResult(stage.name, "not built")
-                blocked_by = stage.name
+        result = StageResult(stage.name, "done", stage.summary, stage.run(recipe, progress=progress, log_line=log_line))
         results.append(result)
         if on_stage is not None:
             on_stage(result)
