@@ -8,13 +8,11 @@ functions. A stage that fails raises, and `run_pipeline` with it: every later st
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dspark_cli.errors import DsparkError
 from dspark_cli.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -27,8 +25,6 @@ if TYPE_CHECKING:
         Record,
         TrainSummary,
     )
-
-log = logging.getLogger(__name__)
 
 
 Update = Callable[..., None]  # update(done, total, tokens=0)
@@ -78,55 +74,14 @@ def run_capture(
 
 
 def run_train(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> TrainSummary:
-    """Train as `dspark train` does, through its launcher: here in one process, else under torchrun
-    (`train.nproc_per_node x nnodes > 1`; gloo on CPU, NCCL on GPU), whose rank 0 prints the log
-    lines (passed to `log_line`); the stage's summary is then read back from the train manifest.
-    An offline capture that is not complete runs first, in this process (never in a rank)."""
-    import tempfile
-    from pathlib import Path
-
-    from dspark_cli.capture import ensure_capture
-    from dspark_cli.recipe import write_resolved
-    from dspark_cli.training.launch import relaunch_under_torchrun
-
-    def capture_first() -> None:
-        with (progress or _quiet)("capture", "sequences") as update:
-            ensure_capture(recipe, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
-
-    say = log_line or (lambda line: log.info("%s", line))
-    with tempfile.TemporaryDirectory(prefix="dspark-launch-") as tmp:
-        recipe_file = write_resolved(recipe, tmp)  # what every rank loads: this recipe, overrides applied
-        code = relaunch_under_torchrun(
-            recipe,
-            recipe_arg=str(recipe_file),
-            overrides=[],
-            resume="auto",
-            before=capture_first,
-            say=say,
-            on_launch=lambda cmd: say(
-                f"launching {recipe.train.nproc_per_node} x {recipe.train.nnodes} processes: {' '.join(cmd[1:5])} ..."
-            ),
-            on_line=lambda line: say(line.removeprefix("train: ")),
-        )
-    if code is None:
-        return _train_here(recipe, log_line)
-    if code != 0:
-        raise DsparkError(
-            f"training under torchrun failed (exit code {code})",
-            "the ranks' error is printed above; fix it and run again (training resumes from its last checkpoint)",
-        )
-    from dspark_cli.artifacts.results import TrainSummary
-    from dspark_cli.artifacts.train import read_train_manifest
-
-    return TrainSummary.from_dict(read_train_manifest(Path(recipe.stage_dir("train")))["summary"])
-
-
-def _train_here(recipe: Recipe, log_line: LogLine | None) -> TrainSummary:
+    """Train as `dspark train` does (`training.train`): an offline capture that is not complete first, in
+    this process, then here in one process or under torchrun (`train.nproc_per_node x nnodes > 1`; gloo
+    on CPU, NCCL on GPU); each logged step of rank 0 is one line to `log_line`."""
+    from dspark_cli.training import train
     from dspark_cli.training.metrics import format_line
-    from dspark_cli.training.run import run_train as train
 
     on_log = (lambda record: log_line(format_line(record))) if log_line is not None else None
-    return train(recipe, resume="auto", on_log=on_log)
+    return train(recipe, resume="auto", on_log=on_log, say=log_line, progress=progress)
 
 
 def run_export(

@@ -27,77 +27,48 @@ def train(
 ) -> None:
     """Capture hidden states and train the draft (FSDP2; torchrun when several processes)."""
     # --resume auto continues from the latest checkpoint (a crash costs at most train.checkpoint_every
-    # steps); --nproc N > 1 starts torchrun, whose children (`-m dspark_cli.training`) train. An offline
-    # capture that is not complete runs first, in this process, before any rank starts.
+    # steps); --nproc N > 1 starts torchrun, whose children (`-m dspark_cli.training`) train the recipe
+    # validated here. An offline capture that is not complete runs first, in this process, before any
+    # rank starts (`training.train` does all of it; this renders).
     loaded = load(recipe, overrides, {"train.output_dir": output_dir, "train.nproc_per_node": nproc})
     preflight_stage(loaded, ["capture", "train"], recipe, machine=not dry_run, resume=resume)
     if dry_run:
-        from dspark_cli.training.run import plan_train
+        from dspark_cli.training import plan_train
 
         _render_plan(plan_train(loaded))
         return
-    from dspark_cli.training.launch import is_main_process, relaunch_under_torchrun
+    from dspark_cli.training import is_main_process
+    from dspark_cli.training.metrics import format_summary
 
-    code = relaunch_under_torchrun(
-        loaded,
-        recipe_arg=recipe,
-        overrides=list(overrides or []),
-        resume=resume,
-        output_dir=output_dir,
-        before=lambda: _capture_first(loaded),
-        say=say,
-        on_launch=lambda cmd: say(f"launching {loaded.train.nproc_per_node} processes: {' '.join(cmd[1:5])} ..."),
-    )
-    if code is not None:
-        raise typer.Exit(code)
-    from dspark_cli.training.run import run_train
-
-    if is_main_process() and stdout.is_terminal:
-        summary = _train_with_progress(loaded, resume)
-    else:
-        summary = run_train(loaded, resume=resume, on_log=lambda record: say(_log_line(record)))
+    summary = _train(loaded, resume, bar=is_main_process() and stdout.is_terminal)
     if is_main_process():
-        from dspark_cli.training.metrics import format_summary
-
         say(format_summary(summary), style="green")
 
 
-def _capture_first(loaded) -> None:
-    """The capture stage, before training, when its output is not complete (resumes a killed one)."""
-    from dspark_cli.capture import capture_pending, ensure_capture
-    from dspark_cli.ui import progress_bar
+def _train(loaded, resume: str, *, bar: bool) -> TrainSummary:
+    """`training.train` with one log line per logged step, and with `bar` a progress bar below them, opened
+    at the first step (the capture before it has a bar of its own)."""
+    from contextlib import ExitStack
 
-    if capture_pending(loaded) is None:
-        return
-    with progress_bar("capture", unit="sequences") as update:
-        summary = ensure_capture(loaded, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
-    if summary is not None:
-        say(
-            f"capture: {summary.sequences} sequences, {summary.tokens} tokens in {summary.shards} shards "
-            f"-> {summary.output_dir}"
-        )
-
-
-def _log_line(record: dict[str, Any]) -> str:
+    from dspark_cli.training import train as train_draft
     from dspark_cli.training.metrics import format_line
-
-    return format_line(record)
-
-
-def _train_with_progress(loaded, resume: str) -> TrainSummary:
-    """run_train with one log line per logged step and a progress bar below them (a terminal only)."""
-    from dspark_cli.training.run import run_train
     from dspark_cli.ui import progress_bar
 
-    seen = {"tokens": 0}
-    with progress_bar("train", unit="steps") as update:
+    with ExitStack() as stack:
+        shown: dict[str, Any] = {"update": None, "tokens": 0}
 
         def show(record: dict[str, Any]) -> None:
-            seen["tokens"] += record["tokens"]
-            say(_log_line(record))
-            update(record["step"], record["num_steps"], tokens=seen["tokens"])
+            say(format_line(record))
+            if not bar:
+                return
+            if shown["update"] is None:
+                shown["update"] = stack.enter_context(progress_bar("train", unit="steps"))
+            shown["tokens"] += record["tokens"]
+            shown["update"](record["step"], record["num_steps"], tokens=shown["tokens"])
 
-        return run_train(loaded, resume=resume, on_log=show)
+        return train_draft(
+            loaded, resume=resume, on_log=show, say=say, progress=lambda stage, unit: progress_bar(stage, unit=unit)
+        )
 
 
 def _render_plan(plan: TrainDryRun) -> None:

@@ -3,16 +3,19 @@
     python -m torch.distributed.run --standalone --nproc-per-node=2 -m dspark_cli.training tiny --resume=auto
     python -m dspark_cli.training RECIPE [section.key=value ...] [--resume=auto|never|CHECKPOINT]
 
-`dspark train --nproc N` and `dspark run` start this through torchrun (training/launch.py) after they
-ran the preflight and the capture stage in the launching process; a rank loads the same recipe with the
-same overrides and trains its share (`run_train`). Rank 0 prints one line per logged step and the
-summary; every rank reports a failure as `error: ...` and `hint: ...` lines on stderr with the CLI's exit
-codes (1 runtime, 2 usage, 130 interrupted), and `DSPARK_DEBUG=1` shows the traceback.
+`dspark train --nproc N` and `dspark run` start this through torchrun (training/launch.py `train`) after
+they ran the preflight and the capture stage in the launching process; a rank loads the recipe the
+launcher resolved and trains its share (`run_train`). Rank 0 prints one line per logged step and the
+summary, or with `--records` (what `train` passes) each step's record as JSON for the launcher to render,
+and no summary (the launcher reads it from the manifest). Every rank reports a failure as `error: ...`
+and `hint: ...` lines on stderr with the CLI's exit codes (1 runtime, 2 usage, 130 interrupted), and
+`DSPARK_DEBUG=1` shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -26,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("recipe", help="recipe file or template name")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides")
     parser.add_argument("--resume", default="auto", help="auto, never, or a checkpoint path")
+    parser.add_argument(
+        "--records", action="store_true", help="rank 0 prints each logged step as JSON for its launcher, no summary"
+    )
     return parser
 
 
@@ -34,13 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # as the CLI: no per-file bars between log lines
     try:
         from dspark_cli.recipe import load_recipe
-        from dspark_cli.training.launch import is_main_process
+        from dspark_cli.training.launch import RECORD, is_main_process
         from dspark_cli.training.metrics import format_line, format_summary
         from dspark_cli.training.run import run_train
 
         recipe = load_recipe(args.recipe, args.overrides)
-        summary = run_train(recipe, resume=args.resume, on_log=lambda record: print(format_line(record), flush=True))
-        if is_main_process():
+        show = (lambda record: RECORD + json.dumps(record)) if args.records else format_line
+        summary = run_train(recipe, resume=args.resume, on_log=lambda record: print(show(record), flush=True))
+        if is_main_process() and not args.records:
             print(format_summary(summary), flush=True)
         return 0
     except KeyboardInterrupt:

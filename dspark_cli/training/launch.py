@@ -1,24 +1,49 @@
-"""How training is started, the one launcher of `dspark train` and `dspark run`: here, in one process,
-or under torchrun with one child per rank -- after the capture stage, which runs here, never in a rank.
+"""The one entry of training, for `dspark train` and `dspark run` alike: `train(recipe)` runs the offline
+capture first when its output is not complete (here, never in a rank), then trains here in one process or
+under torchrun with one child per rank, and returns the run's summary.
 
-    code = relaunch_under_torchrun(recipe, recipe_arg="tiny", overrides=[], resume="auto",
-                                   before=lambda: ensure_capture(recipe))
-    if code is None:             # train here (a single process, or a torchrun child)
-        run_train(recipe, resume="auto")
+    from dspark_cli.training import train
+    summary = train(recipe, resume="auto", on_log=lambda record: print(format_line(record)))
+
+Under torchrun every rank loads the recipe this process validated, written resolved to a temporary file
+(`recipe.yaml`: overrides, flags, a rehearsal's changes and the device split applied), never the user's
+file again: that file may have changed since, and a gang torchrun restarts (`train.max_restarts`) would
+read it again hours later. Rank 0 prints each logged step as one JSON line (`RECORD`), read back here
+into `on_log`; the summary is then read from the train manifest.
 
 Import-light: nothing here imports torch, because a single process pins its OpenMP threads
-(`host.bind_threads`) through variables libgomp reads only once, when torch loads.
+(`machine.cpu.bind_threads`) through variables libgomp reads only once, when torch loads.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import subprocess
+import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from dspark_cli.errors import DsparkError
 from dspark_cli.machine.cpu import bind_threads, under_torchrun
 from dspark_cli.recipe.schema import Recipe
+
+if TYPE_CHECKING:
+    from dspark_cli.artifacts.results import TrainSummary
+
+log = logging.getLogger(__name__)
+
+# rank 0's stdout under `train`: this prefix, then one logged step's record as JSON (training/__main__.py)
+RECORD = "dspark-train-record "
+
+OnLog = Callable[[dict[str, Any]], None]  # on_log(record): one logged step (training/metrics.py `format_line`)
+Say = Callable[[str], None]  # say(line): one line for the user
+# progress(stage, unit) -> a context manager yielding `update(done, total, tokens=0)` (the CLI: ui.progress_bar)
+ProgressFactory = Callable[[str, str], AbstractContextManager[Callable[..., None]]]
 
 
 def is_main_process() -> bool:
@@ -39,13 +64,14 @@ def child_args(
     output_dir: str | None,
     devices: tuple[list[int], list[int]] | None = None,
 ) -> list[str]:
-    """The arguments of each torchrun child (`python -m dspark_cli.training`, training/__main__.py);
-    `devices` (the launcher's producer / trainer split) travels as `capture.devices=[..]` and `train.devices=[..]`.
+    """The arguments of each torchrun child (`python -m dspark_cli.training`, training/__main__.py): rank 0
+    prints its records for `train` to read (`--records`); `devices` (the launcher's producer / trainer
+    split) travels as `capture.devices=[..]` and `train.devices=[..]`.
 
-    Flags travel as key=value overrides or `--flag=value`: torchrun's parser would take `--nproc` as
-    an abbreviation of its own `--nproc-per-node`.
+    Flags travel as key=value overrides, `--flag=value` or a flag no torchrun option begins with:
+    torchrun's parser would take `--nproc` as an abbreviation of its own `--nproc-per-node`.
     """
-    args = [recipe_arg, *overrides, f"train.nproc_per_node={nproc}", f"--resume={resume}"]
+    args = [recipe_arg, *overrides, f"train.nproc_per_node={nproc}", f"--resume={resume}", "--records"]
     if devices is not None:
         args += [
             f"capture.devices=[{','.join(map(str, devices[0]))}]",
@@ -107,71 +133,110 @@ def launch_command(
     )
 
 
-def relaunch_under_torchrun(
+def train(
     recipe: Recipe,
     *,
-    recipe_arg: str,
-    overrides: list[str],
-    resume: str,
-    output_dir: str | None = None,
-    on_launch: Callable[[list[str]], None] | None = None,
-    before: Callable[[], None] | None = None,
-    on_line: Callable[[str], None] | None = None,
-    say: Callable[[str], None] | None = None,
-    gpus: int | None = None,
-) -> int | None:
-    """Prepare this process for training, or train in torchrun's children instead.
+    resume: str = "auto",
+    on_log: OnLog | None = None,
+    say: Say | None = None,
+    progress: ProgressFactory | None = None,
+) -> TrainSummary:
+    """Train the draft `recipe` describes, capturing first when needed; the summary (on every rank).
 
-    `before()` (the capture stage) runs first in this process -- never in a torchrun child, whose
-    peers would wait for it in a collective. With one process in all (`nproc_per_node x nnodes`)
-    this binds the process's threads to their cores (before `before`, which may load torch) and
-    returns None (train here). With more, outside torchrun, it runs the training module (`-m dspark_cli.training`) under torchrun
-    (after `on_launch(command)`) and returns its exit code; `on_line` receives each line the
-    children print (else they print to this process's stdout). Inside a torchrun child it returns None.
+    `resume`: `auto` (the latest checkpoint, if any), `never`, or a checkpoint path. `on_log(record)`
+    gets each logged step on rank 0, from this process or from torchrun's rank 0. `say(line)` gets the
+    lines for the user: the device split, the capture's result, torchrun's start and whatever else the
+    ranks print (default: logged). `progress(stage, unit)` wraps the capture (default: nothing shown).
 
-    With `train.nnodes > 1` (one launcher per machine, a shared output directory) only the launcher
-    that takes the capture directory's lock runs `before`; the others wait for the capture to be
-    complete (capture/gate.py).
-
-    Online with local producers on GPUs and no device lists, the default producer / trainer split is
-    resolved first (`resolve_device_split`, announced through `say`) and given to the ranks: set on
-    `recipe` for one process, as overrides for torchrun's children (`gpus`: the machine's count, None
-    to count it).
+    One process in all (`train.nproc_per_node x train.nnodes`): its threads are bound to their cores
+    (before the capture, which may load torch) and it trains here. More: torchrun runs the ranks
+    (training/__main__.py) and a non-zero exit is a DsparkError; with `train.nnodes > 1` (one launcher
+    per machine, a shared output directory) the launcher that takes the capture directory's lock
+    captures and the others wait for it (capture/gate.py). Inside a torchrun child (a user's own
+    torchrun) this trains its share at once: the launcher captured. Online with local producers on
+    GPUs and no device lists, the default producer / trainer split is resolved first, once, here.
     """
+    say = say or _log
     if under_torchrun():
-        return None
-    split = resolve_device_split(recipe, gpus)
+        return _train_here(recipe, resume, on_log)
+    split = resolve_device_split(recipe)
     if split is not None:
-        (say or print)(split)
+        say(split)
     if world_size(recipe) == 1:  # one process on every core: keep its threads on their cores
         bind_threads()
-        if before is not None:
-            before()
-        return None
-    if before is not None and recipe.train.nnodes > 1 and recipe.capture.mode == "offline":
+        _capture_first(recipe, say, progress)
+        return _train_here(recipe, resume, on_log)
+    if recipe.train.nnodes > 1 and recipe.capture.mode == "offline":
         from dspark_cli.capture import capture_once
 
-        capture_once(recipe, before, say=say or print)  # one machine captures, the others wait for it
-    elif before is not None:
-        before()
-    cmd = launch_command(
-        recipe,
-        recipe_arg=recipe_arg,
-        overrides=overrides,
-        resume=resume,
-        output_dir=output_dir,
-        devices=(recipe.capture.devices, recipe.train.devices) if split is not None else None,
-    )
-    if on_launch is not None:
-        on_launch(cmd)
-    env = torchrun_environ()
+        capture_once(recipe, lambda: _capture_first(recipe, say, progress), say=say)  # one machine captures
+    else:
+        _capture_first(recipe, say, progress)
+    devices = (recipe.capture.devices, recipe.train.devices) if split is not None else None
+    with tempfile.TemporaryDirectory(prefix="dspark-launch-") as tmp:
+        from dspark_cli.recipe import write_resolved
+
+        recipe_file = write_resolved(recipe, tmp)  # what every rank loads, for as long as torchrun runs
+        cmd = launch_command(
+            recipe, recipe_arg=str(recipe_file), overrides=[], resume=resume, output_dir=None, devices=devices
+        )
+        say(f"launching {recipe.train.nproc_per_node} x {recipe.train.nnodes} processes: {' '.join(cmd[1:5])} ...")
+        code = _run_torchrun(cmd, on_log, say)
+    if code != 0:
+        raise DsparkError(
+            f"training under torchrun failed (exit code {code})",
+            "the ranks' error is printed above; fix it and run again (training resumes from its last checkpoint)",
+        )
+    from dspark_cli.artifacts.results import TrainSummary
+    from dspark_cli.artifacts.train import read_train_manifest
+
+    return TrainSummary.from_dict(read_train_manifest(Path(recipe.stage_dir("train")))["summary"])
+
+
+def _log(line: str) -> None:
+    log.info("%s", line)
+
+
+def _train_here(recipe: Recipe, resume: str, on_log: OnLog | None) -> TrainSummary:
+    from dspark_cli.training.run import run_train
+
+    return run_train(recipe, resume=resume, on_log=on_log)
+
+
+def _capture_first(recipe: Recipe, say: Say, progress: ProgressFactory | None) -> None:
+    """The capture stage, when its output is not complete (resumes a killed one); nothing otherwise."""
+    from dspark_cli.capture import capture_pending, ensure_capture
+
+    if capture_pending(recipe) is None:
+        return
+    with (progress or _no_progress)("capture", "sequences") as update:
+        summary = ensure_capture(recipe, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
+    if summary is not None:
+        say(
+            f"capture: {summary.sequences} sequences, {summary.tokens} tokens in {summary.shards} shards "
+            f"-> {summary.output_dir}"
+        )
+
+
+def _no_progress(_stage: str, _unit: str) -> AbstractContextManager[Callable[..., None]]:
+    return nullcontext(lambda *args, **kwargs: None)
+
+
+def _run_torchrun(cmd: list[str], on_log: OnLog | None, say: Say) -> int:
+    """Run `cmd` (torchrun) to its end: rank 0's records to `on_log`, every other line on stdout to `say`.
+    If this process fails meanwhile (its own output closed), the pipe closes with it: rank 0's next line
+    fails there, and torchrun stops the gang."""
     from dspark_cli.machine.procs import dies_with_parent
 
     bind = dies_with_parent(signal.SIGTERM)  # a killed launcher: torchrun stops its ranks, not train on unwatched
-    if on_line is None:
-        return subprocess.run(cmd, check=False, env=env, preexec_fn=bind).returncode
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1, env=env, preexec_fn=bind) as proc:
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, text=True, errors="replace", bufsize=1, env=torchrun_environ(), preexec_fn=bind
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
-            on_line(line.rstrip("\n"))
+            line = line.rstrip("\n")
+            if not line.startswith(RECORD):
+                say(line)
+            elif on_log is not None:
+                on_log(json.loads(line.removeprefix(RECORD)))
     return proc.returncode

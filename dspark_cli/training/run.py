@@ -1,4 +1,6 @@
-"""`run_train(recipe)`: the whole `dspark train` stage -- data, draft, FSDP2 loop, checkpoints, outputs.
+"""`run_train(recipe)`: training on this process -- data, draft, FSDP2 loop, checkpoints, outputs -- as
+one process or one torchrun rank; `plan_train` for `--dry-run`. The commands call `training.train`
+(launch.py), which captures first and runs this here or in each rank.
 
     from dspark_cli.recipe import load_recipe
     from dspark_cli.training.run import run_train, plan_train
@@ -7,12 +9,12 @@
     ensure_capture(recipe)                           # from dspark_cli.capture: the stage before training
     run_train(recipe, resume="auto")
 
-    torchrun --standalone --nproc-per-node 2 -m dspark_cli.training tiny   # what `--nproc 2` runs
+    torchrun --standalone --nproc-per-node 2 -m dspark_cli.training tiny   # a rank each runs run_train
 
 Data: offline, the finished capture directory (`recipe.stage_dir("capture")`; the capture stage
 runs before training, in the launching process); online, the stream `capture.stream` (default
 `<capture dir>-stream`) that `capture.workers` producers fill (started here on rank 0, or elsewhere
-with `capture.external_producers`), read by every rank in a step plan fixed up front (training/online.py).
+with `capture.external_producers`), read by every rank in a step plan fixed up front (training/stream_source.py).
 `sequences=` bypasses capture (tests, benchmarks): a callable returning an iterable of
 CapturedSequence-like objects, the same order on every call.
 """
@@ -92,10 +94,10 @@ def _check_capture_settings(recipe: Recipe, directory: Path, manifest: dict[str,
 
 
 def _online_source(recipe: Recipe, out_dir: Path, env, contract: Contract):
-    """The online stream for this rank (training/online.py): the step plan from the datagen lengths,
+    """The online stream for this rank (training/stream_source.py): the step plan from the datagen lengths,
     the stream `capture.stream` (default `<capture dir>-stream`), and on rank 0 the producers'
     supervisor unless `capture.external_producers`. Every rank of any world size reads its own share."""
-    from dspark_cli.training.online import OnlineSource
+    from dspark_cli.training.stream_source import OnlineSource
 
     return OnlineSource(recipe, env=env, out_dir=out_dir, contract=contract)
 
@@ -122,7 +124,7 @@ def plan_train(recipe: Recipe, *, world_size: int | None = None) -> TrainDryRun:
     directory = Path(recipe.stage_dir("capture"))
     if recipe.capture.mode == "online" and capture.get("datagen_ready"):
         from dspark_cli.capture import build_plan
-        from dspark_cli.training.online import plan_online
+        from dspark_cli.training.stream_source import plan_online
 
         keep = recipe.capture.keep_max_bytes is not None
         plan = plan_online(
@@ -209,37 +211,36 @@ def run_train(
             from dspark_cli.artifacts.files import exclusive_output
 
             stack.enter_context(exclusive_output(out_dir, "train.output_dir", kind="dspark.train"))
-        online = lengths = data_id = None
-        if sequences is None:
-            if recipe.capture.mode == "online":
-                online = _online_source(recipe, out_dir, env, contract)
-                data_id = online.reader.fingerprint
-            else:
-                from dspark_cli.capture import captured_lengths
+        stream = lengths = data_id = None
+        if sequences is None and recipe.capture.mode == "online":
+            stream = _online_source(recipe, out_dir, env, contract)
+            data_id = stream.reader.fingerprint
+        elif sequences is None:
+            from dspark_cli.capture import captured_lengths
 
-                sequences, data_id = _offline_source(recipe, contract, env)
-                lengths = lambda: captured_lengths(recipe.stage_dir("capture"), recipe.train.max_seq_len)  # noqa: E731
+            sequences, data_id = _offline_source(recipe, contract, env)
+            lengths = lambda: captured_lengths(recipe.stage_dir("capture"), recipe.train.max_seq_len)  # noqa: E731
         try:
-            from dspark_cli.training.session import train_session
+            from dspark_cli.training.session import TrainRun, train_session
 
-            summary = train_session(
+            run = TrainRun(
                 recipe,
-                env=env,
-                draft_config=draft_config,
-                contract=contract,
-                out_dir=out_dir,
-                sequences=sequences,
+                env,
+                draft_config,
+                contract,
+                out_dir,
                 resume=resume,
-                on_log=on_log,
+                sequences=sequences,
                 lengths=lengths,
                 data_id=data_id,
-                online=online,
+                stream=stream,
             )
+            summary = train_session(run, on_log=on_log)
             failed = False
             return summary
         finally:
-            if online is not None:
-                online.close()
+            if stream is not None:
+                stream.close()
     finally:
         stack.close()
         shutdown(env, failed=failed)

@@ -2,8 +2,9 @@
 
 Called by `run.run_train` once the data source and the contract are known:
 
-    summary = train_session(recipe, env=env, draft_config=..., contract=..., out_dir=...,
-                            sequences=lambda: captured, resume="auto", on_log=print)
+    run = TrainRun(recipe, env=env, draft_config=..., contract=..., out_dir=..., resume="auto",
+                   sequences=lambda: captured)
+    summary = train_session(run, on_log=print)
 
 Outputs (rank 0 writes; see the package docstring for the layout): recipe.yaml and metrics.jsonl
 as it goes, checkpoints every `train.checkpoint_every` steps, and at the end `final/` (the
@@ -18,8 +19,9 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,7 +42,40 @@ from dspark_cli.training.plan import plan_run
 from dspark_cli.training.settings import result_settings
 from dspark_cli.training.step import LossConfig, TrainStep
 
+if TYPE_CHECKING:
+    from dspark_cli.draft.config import DSparkDraftConfig
+    from dspark_cli.training.stream_source import OnlineSource
+
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainRun:
+    """What makes one training session on this process (`run.run_train` builds it).
+
+    The data is either `sequences` (captured sequences, offline or given directly) or `stream` (the
+    online stream's rank side), never both.
+    """
+
+    recipe: Recipe
+    env: DistEnv  # this process: rank, world size, device
+    draft_config: DSparkDraftConfig  # the draft to build, its geometry resolved against the target
+    contract: Contract  # what the draft reads (target, layer ids, mask token, block size); checked on resume
+    out_dir: Path  # the train directory (`recipe.stage_dir("train")`)
+    resume: str = "auto"  # `auto` (the latest checkpoint, if any), `never`, or a checkpoint path
+    # a fresh iterable of CapturedSequence-like objects per call, the same order every time
+    sequences: Callable[[], Iterable[Any]] | None = None
+    # the prepared sequence lengths without reading hidden states, to plan an epochs-based run
+    # (None: one pass over `sequences()`)
+    lengths: Callable[[], list[int]] | None = None
+    # the data's identity (the capture fingerprint): a checkpoint made from other data or settings is refused
+    data_id: str | None = None
+    # online (training/stream_source.py): its plan fixes the steps, it yields this rank's share of each,
+    # and shards are released after each checkpoint
+    stream: OnlineSource | None = None
+
+    def __post_init__(self) -> None:
+        assert (self.sequences is None) != (self.stream is None), "a session reads sequences or the stream"
 
 
 def build_step_module(
@@ -161,34 +196,19 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
     return {name: sha256_file(final / name) for name in ("model.safetensors", "config.json")}
 
 
-def train_session(
-    recipe: Recipe,
-    *,
-    env: DistEnv,
-    draft_config: Any,
-    contract: Contract,
-    out_dir: Path,
-    sequences: Callable[[], Iterable[Any]],
-    resume: str,
-    on_log: Callable[[dict[str, Any]], None] | None,
-    single_pass: bool = False,
-    lengths: Callable[[], list[int]] | None = None,
-    data_id: str | None = None,
-    online: Any = None,
-) -> TrainSummary:
-    """`lengths()`: the prepared sequence lengths without reading hidden states (default: one pass
-    over `sequences()`), needed to plan an epochs-based run. `data_id` identifies the data (the
-    capture fingerprint): a checkpoint made from other data or settings is refused (settings.py).
-    `online` (training/online.py `OnlineSource`) replaces `sequences`: its plan fixes the steps, it
-    yields this rank's share of each, and shards are released after each checkpoint."""
+def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | None = None) -> TrainSummary:
+    """Train `run` to its end; `on_log(record)` gets each logged step on rank 0. Returns the summary,
+    also written to manifest.json with the final draft (rank 0)."""
+    recipe, env, draft_config, contract, out_dir = run.recipe, run.env, run.draft_config, run.contract, run.out_dir
+    online, sequences = run.stream, run.sequences
     train = recipe.train
     started = time.time()
     bf16 = train.precision == "bf16" or (train.precision == "auto" and env.device.type == "cuda")
     dtype = torch.bfloat16 if bf16 else torch.float32
     if env.is_main and (stale := clean_stale(out_dir)):
         log.info("removed temp files of an interrupted run: %s", ", ".join(stale))
-    checkpoint_path = resolve_resume(out_dir, resume)
-    settings = result_settings(recipe, data_id)
+    checkpoint_path = resolve_resume(out_dir, run.resume)
+    settings = result_settings(recipe, run.data_id)
     barrier(env)
     module = build_step_module(recipe, draft_config, env, dtype)
     optimizer = make_optimizer(module, recipe, env)
@@ -206,7 +226,8 @@ def train_session(
     elif train.max_steps:
         num_steps = train.max_steps
     else:
-        seq_lengths = lengths() if lengths is not None else count_lengths(sequences, recipe)
+        assert sequences is not None
+        seq_lengths = run.lengths() if run.lengths is not None else count_lengths(sequences, recipe)
         num_steps = plan_run(
             lengths=seq_lengths,
             tokens_per_step=train.tokens_per_step,
@@ -265,6 +286,7 @@ def train_session(
     if online is not None:
         steps = online.steps(start_step, position)
     else:
+        assert sequences is not None
         steps = iter(
             StepStream(
                 sequences,
@@ -275,7 +297,6 @@ def train_session(
                 world_size=env.world_size,
                 epochs=None if train.max_steps else train.epochs,
                 num_items_per_epoch=len(seq_lengths) if seq_lengths else None,
-                single_pass=single_pass,
                 start=position,
             )
         )

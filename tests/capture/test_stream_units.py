@@ -28,7 +28,7 @@ from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.machine.devices import device_split_problems, narrow_train_devices, producer_environ
-from dspark_cli.training.online import plan_online
+from dspark_cli.training.stream_source import plan_online
 
 
 def fake_plan(lengths: list[list[int]]):
@@ -236,7 +236,7 @@ def test_the_device_split_rule():
 def test_a_window_too_small_for_one_step_is_refused_up_front(tmp_path):
     from capture_support import capture_recipe
 
-    from dspark_cli.training.online import OnlineSource
+    from dspark_cli.training.stream_source import OnlineSource
 
     recipe = capture_recipe(
         "tiny-gqa",
@@ -255,7 +255,7 @@ def test_a_window_too_small_for_one_step_is_refused_up_front(tmp_path):
 
 
 def test_utilisation_names_the_side_that_waits_less():
-    from dspark_cli.training.online import utilisation
+    from dspark_cli.training.stream_source import utilisation
 
     starved = utilisation([0.0, 1.0], [6.0, 4.0], 10.0)  # ranks idle half the run waiting for shards
     assert (starved["producer_busy"], starved["trainer_busy"], starved["bottleneck"]) == (0.95, 0.5, "producers")

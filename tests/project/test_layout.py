@@ -37,7 +37,18 @@ ALLOWED: dict[str, set[str]] = {
     "ui": {"errors", "hubrules"},
     "datagen": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "machine"},
     "capture": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "machine"},
-    "training": {"errors", "contract", "recipe", "targets", "artifacts", "draft", "kernels", "capture", "machine"},
+    "training": {
+        "errors",
+        "lazy",
+        "contract",
+        "recipe",
+        "targets",
+        "artifacts",
+        "draft",
+        "kernels",
+        "capture",
+        "machine",
+    },
     "export": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "draft"},
     "bench": {"errors", "recipe", "targets", "artifacts", "prompts", "draft", "export", "network"},
     "serving": {"errors", "lazy", "recipe", "targets", "artifacts", "export", "machine"},
@@ -342,8 +353,7 @@ def test_cli_and_pipeline_call_the_same_stage_entries():
     assert pipeline - commands == {"dspark_cli.capture.run.run_capture"}
     for entry in (
         "datagen.run.run_datagen",
-        "training.launch.relaunch_under_torchrun",
-        "training.run.run_train",
+        "training.launch.train",
         "export.run.export_checkpoint",
         "bench.run.run_bench",
         "publish.run.publish_draft",
@@ -468,3 +478,25 @@ def test_module_names_say_what_they_are():
     there = ["capture/producers.py", "bench/endpoint.py", "training/stream_source.py", "recipe/trust.py"]
     assert [name for name in gone if (PACKAGE / name).exists()] == []
     assert [name for name in there if not (PACKAGE / name).is_file()] == []
+
+
+def test_one_training_entry():
+    """`dspark train` (cli/train.py) and `dspark run` (pipeline.py) start training through `training.train`
+    alone, from the package face: no module outside training/ imports the launch, a rank's training or
+    a session (training/launch.py, run.py, session.py; `run_train`, `train_session`, `relaunch_under_torchrun`)."""
+    internals = {"dspark_cli.training.launch", "dspark_cli.training.run", "dspark_cli.training.session"}
+    names = {"relaunch_under_torchrun", "run_train", "train_session", "TrainRun"}
+    found, entries = [], set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.is_relative_to(PACKAGE / "training"):
+            continue
+        for line, module, imported in _imports(path):
+            if module.split(".")[:2] != ["dspark_cli", "training"]:
+                continue
+            if module in internals or set(imported) & names:
+                found.append(f"{path.relative_to(PACKAGE)}:{line} {module} {', '.join(imported)}".rstrip())
+            if module == "dspark_cli.training" and "train" in imported:
+                entries.add(str(path.relative_to(PACKAGE)))
+    assert found == []
+    assert entries == {"cli/train.py", "pipeline.py"}
+    assert _lazy_exports(PACKAGE / "training" / "__init__.py")["train"] == "dspark_cli.training.launch"

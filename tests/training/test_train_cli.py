@@ -105,7 +105,7 @@ def test_dry_run_prints_the_exact_plan_and_writes_nothing(captured):
 def test_nproc_2_relaunches_under_torchrun_and_trains(captured, tmp_path):
     out = _dspark("train", "tiny", *_overrides(captured), "--nproc", "2")
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "launching 2 processes" in out.stdout
+    assert "launching 2 x 1 processes" in out.stdout
     assert out.stdout.count("train: 5 steps") == 1  # rank 0 alone reports
     train_dir = captured / "run" / "train"
     manifest = json.loads((train_dir / "manifest.json").read_text())

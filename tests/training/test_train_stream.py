@@ -311,7 +311,7 @@ def kill_rank_1_after_the_first_checkpoint(train_dir: Path, overrides: list[str]
     and the producers capture that shard again."""
     from dspark_cli.capture import build_plan
     from dspark_cli.recipe import load_recipe
-    from dspark_cli.training.online import plan_online
+    from dspark_cli.training.stream_source import plan_online
 
     recipe = load_recipe("tiny", overrides)
     plan = plan_online(
