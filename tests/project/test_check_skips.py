@@ -84,9 +84,10 @@ def test_ci_is_true_or_1(monkeypatch, value, expected):
 
 NEEDS_IT = """
 import requirements_support
-from requirements_support import require, requires
+from requirements_support import require, require_module, requires
 
 requirements_support.LOOKUPS["mooncake"] = lambda: "mooncake is hidden for this test"
+requirements_support.LOOKUPS["gcc"] = lambda: None
 
 
 def test_in_the_body():
@@ -96,6 +97,10 @@ def test_in_the_body():
 @requires("mooncake")
 def test_marked():
     pass
+
+
+def test_a_part_that_does_not_import():
+    require_module("gcc_is_here_but_not_this", "gcc", "the part is hidden for this test")
 """
 AT_IMPORT = """
 from requirements_support import missing
@@ -132,10 +137,14 @@ def run_tiny_suite(tmp_path: Path, ci: str | None) -> tuple[subprocess.Completed
 
 def test_a_missing_component_skips_here_and_fails_under_ci(tmp_path):
     done, skips = run_tiny_suite(tmp_path, None)
-    assert done.returncode == 0 and "3 skipped" in done.stdout, done.stdout
+    assert done.returncode == 0 and "4 skipped" in done.stdout, done.stdout
     assert {s["nodeid"]: s["reason"] for s in skips} == {
         "test_needs_it.py::test_in_the_body": "mooncake is hidden for this test",
         "test_needs_it.py::test_marked": "mooncake is hidden for this test",
+        "test_needs_it.py::test_a_part_that_does_not_import": (
+            "the part is hidden for this test (gcc_is_here_but_not_this does not import: "
+            "No module named 'gcc_is_here_but_not_this')"
+        ),
         "test_at_import.py": "vllm is hidden for this test",
     }, skips
 
@@ -143,7 +152,7 @@ def test_a_missing_component_skips_here_and_fails_under_ci(tmp_path):
     assert done.returncode == 1 and skips == [], done.stdout
     # in the body: failed; as a mark: an error at set-up; at import: a collection error (which stops a run
     # without --continue-on-collection-errors)
-    assert "1 failed" in done.stdout and "2 errors" in done.stdout, done.stdout
+    assert "2 failed" in done.stdout and "2 errors" in done.stdout, done.stdout
     hint = "CI must have it: see scripts/dev.sh"
     assert f"FAILED test_needs_it.py::test_in_the_body - Failed: mooncake is hidden for this test; {hint}" in (
         done.stdout

