@@ -92,12 +92,14 @@ class NgramDrafter:
 def untrained_drafter(loaded: LoadedDraft, target: Any, *, seed: int, dtype: torch.dtype | None = None) -> Any:
     """The draft's architecture with fresh weights (`init_weights`, seeded), on the target's embeddings.
 
-    `loaded` is the draft the bench already read (`load_draft_dir`): its config, and its tensors as the
-    model's storage before `init_weights` overwrites them; the directory is not read again."""
+    `loaded` is the draft the bench already read (`load_draft_dir`): its config, and its tensors' shapes and
+    dtypes (their data may already be dropped, on the meta device) for fresh storage that `init_weights`
+    fills; the directory is not read again."""
     from dspark_cli.artifacts.draft import build_model
     from dspark_cli.bench.engine import DSparkDrafter, model_dtype
 
-    model = build_model(loaded.config, loaded.state_dict)
+    storage = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in loaded.state_dict.items()}
+    model = build_model(loaded.config, storage)
     model.init_weights(generator=torch.Generator().manual_seed(seed))
     model = model.to(device=target.device, dtype=dtype or torch.float32)
     if model.confidence_head is not None:

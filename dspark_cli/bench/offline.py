@@ -72,7 +72,7 @@ class BenchDraft:
 
     directory: str
     manifest: dict[str, Any]  # dspark_manifest.json, every check of `verify_draft` passed
-    loaded: LoadedDraft  # config + state_dict as stored
+    loaded: LoadedDraft  # config + state_dict as stored (on the meta device once the drafter is built)
 
     @classmethod
     def read(cls, draft_dir: str | Path, target: str) -> BenchDraft:
@@ -84,6 +84,11 @@ class BenchDraft:
             raise UsageError(f"draft directory not found: {draft_dir}", "export one with `dspark export`")
         manifest = verify_draft(draft_dir, target, doing="not benchmarking it")
         return cls(str(draft_dir), manifest, load_draft_dir(draft_dir))
+
+    def drop_weights(self) -> None:
+        """Keep each stored tensor's shape and dtype (on the meta device), not its data: once the drafter is
+        built, a second host copy of the weights (gigabytes for a production draft) serves nothing."""
+        self.loaded.state_dict = {name: t.to("meta") for name, t in self.loaded.state_dict.items()}
 
 
 class OfflineBench:
@@ -109,6 +114,7 @@ class OfflineBench:
             revision=recipe.target.revision,
         )
         self.drafter = DSparkDrafter.from_loaded(self.draft.loaded, self.target, dtype=self.target.model.dtype)
+        self.draft.drop_weights()  # the drafter holds its own copy; the untrained baseline needs shapes only
         self.stop_ids = Target.stop_ids(self.chat.tokenizer, self.target.model.generation_config)
         self.num_speculative_tokens = recipe.serve.num_speculative_tokens or int(config.block_size)
         if self.num_speculative_tokens > int(config.block_size):
