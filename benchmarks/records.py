@@ -125,7 +125,9 @@ RECORDS: dict[str, Record] = {
     "suite_time": Record(
         "benchmarks/suite_time.py",
         f"{PY} benchmarks/suite_time.py --commits HEAD",
-        ("dspark_cli/", "tests/", "scripts/dev.sh", ".ci/", "pyproject.toml"),
+        # The harness, not every test: the suite's time moves a little with each test added, and README quotes
+        # it as of the record's commit; a new set-up, shared fixture or test-command step is what it measures.
+        ("scripts/", ".ci/", "pyproject.toml", "tests/conftest.py", "tests/skips_allowed.txt"),
     ),
 }
 
