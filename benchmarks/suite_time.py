@@ -8,6 +8,7 @@ than a few percent of foreign CPU is not a measurement, and the record says so.
 
     .venv/bin/python benchmarks/suite_time.py --commits b144f5b HEAD   # ~45 min on 2 quiet cores
     .venv/bin/python benchmarks/suite_time.py --commits HEAD --keep    # add HEAD beside rows measured earlier
+    .venv/bin/python benchmarks/suite_time.py --commits b144f5b --lanes fast_lane --keep   # one lane again
 
 Writes benchmarks/results/suite_time.{json,md} through benchmarks/provenance.py (the run's commit, command, CPU,
 load during it): one row per commit; `--keep` keeps the rows already there that were measured on this host within
@@ -73,7 +74,13 @@ def timed(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict
     }
 
 
-def measure(commit: str, workdir: Path) -> dict:
+LANES = {  # lane -> (command, extra environment)
+    "fast_lane": (["bash", "scripts/dev.sh", "test", "-m", "not slow"], {}),
+    "suite": (["bash", ".ci/run"], {"CI": "true"}),
+}
+
+
+def measure(commit: str, workdir: Path, lanes: list[str]) -> dict:
     sha = subprocess.run(
         ["git", "rev-parse", commit], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -94,16 +101,16 @@ def measure(commit: str, workdir: Path) -> dict:
     )
     if not (clone / ".venv" / "bin" / "dspark").exists():
         raise SystemExit(f"suite_time: the set-up of {sha[:10]} failed:\n{setup.stdout[-2000:]}{setup.stderr[-2000:]}")
-    print(f"suite_time: {sha[:10]}: fast lane", file=sys.stderr)
-    fast = timed(["bash", "scripts/dev.sh", "test", "-m", "not slow"], clone, env, workdir / f"{sha[:10]}-fast.log")
-    print(f"suite_time: {sha[:10]}: whole suite (CI=true bash .ci/run)", file=sys.stderr)
-    suite = timed(["bash", ".ci/run"], clone, dict(env, CI="true"), workdir / f"{sha[:10]}-suite.log")
-    return {
-        "commit": sha,
-        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "fast_lane": fast,
-        "suite": suite,
-    }
+    row: dict = {"commit": sha}
+    for lane in lanes:
+        command, extra = LANES[lane]
+        print(f"suite_time: {sha[:10]}: {lane} ({' '.join(command)})", file=sys.stderr)
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        row[lane] = {
+            "measured_at": started,
+            **timed(command, clone, dict(env, **extra), workdir / f"{sha[:10]}-{lane}.log"),
+        }
+    return row
 
 
 def render(record: dict) -> str:
@@ -118,10 +125,10 @@ def render(record: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in record["rows"]:
-        for lane in ("fast_lane", "suite"):
+        for lane in [name for name in LANES if name in row]:
             r = row[lane]
             lines.append(
-                f"| {row['commit'][:10]} | {row['measured_at']} | {lane.replace('_', ' ')} | {r['exit_code']} "
+                f"| {row['commit'][:10]} | {r['measured_at']} | {lane.replace('_', ' ')} | {r['exit_code']} "
                 f"| {r['wall_s']} | {r.get('pytest_s', '-')} | {r.get('passed', '-')} | {r.get('failed', 0)} "
                 f"| {r.get('skipped', 0)} | {r['foreign_cores']} | {r['load_before']} |"
             )
@@ -131,7 +138,10 @@ def render(record: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commits", nargs="+", default=["HEAD"])
-    parser.add_argument("--keep", action="store_true", help="keep this host's rows from the last 12 hours")
+    parser.add_argument("--lanes", nargs="+", choices=list(LANES), default=list(LANES), help="what to time")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep this host's lanes measured in the last 12 hours (one session)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "suite_time", help="the record goes to OUT's folder")
     parser.add_argument("--workdir", type=Path, help="where the clones go (kept; default: a temporary folder)")
     args = parser.parse_args()
@@ -142,15 +152,19 @@ def main() -> None:
         old = json.loads(out_json.read_text())
         now = datetime.now(timezone.utc)
         same_host = old.get("provenance", {}).get("cpu_model") == provenance.cpu_model()
-        rows = [
-            r
-            for r in old["rows"]
-            if same_host and (now - datetime.fromisoformat(r["measured_at"])).total_seconds() < 12 * 3600
-        ]
+        for old_row in old["rows"] if same_host else []:
+            recent = {
+                lane: result
+                for lane, result in old_row.items()
+                if lane in LANES and (now - datetime.fromisoformat(result["measured_at"])).total_seconds() < 12 * 3600
+            }
+            if recent:
+                rows.append({"commit": old_row["commit"], **recent})
     with tempfile.TemporaryDirectory(prefix="dspark-suite-time-") as tmp:
         for commit in args.commits:
-            row = measure(commit, args.workdir or Path(tmp))
-            rows = [r for r in rows if r["commit"] != row["commit"]] + [row]
+            row = measure(commit, args.workdir or Path(tmp), args.lanes)
+            kept = next((r for r in rows if r["commit"] == row["commit"]), {})
+            rows = [r for r in rows if r["commit"] != row["commit"]] + [{**kept, **row}]
     record = rec.write({"rows": rows}, render)
     print(render(record))
 
