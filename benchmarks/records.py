@@ -82,20 +82,14 @@ RECORDS: dict[str, Record] = {
         f"{PY} benchmarks/train_tau.py --prompts 400 --steps 200",
         (*CAPTURE, *MODEL, "dspark_cli/training/", "dspark_cli/bench/engine.py", "dspark_cli/bench/verify.py"),
     ),
-    "bench_engine": Record(
-        "benchmarks/bench_engine.py",
-        f"{PY} benchmarks/bench_engine.py --fixture && dspark run tiny output_dir=/tmp/tinyrun "
-        '"datagen.sources=[{path: tiny-prompts, max_samples: 300}]" datagen.max_tokens=128 train.max_steps=300 && '
-        f"{PY} benchmarks/bench_engine.py --draft /tmp/tinyrun/draft",
-        (*PIPELINE, "tests/train_fixtures.py"),
-    ),
     "demo_tau": Record(
         "benchmarks/demo_tau.py",
         f"{PY} benchmarks/demo_tau.py demo final && {PY} benchmarks/demo_tau.py rebench demo-final --t1",
         PIPELINE,
     ),
-    # benchmarks/peers/run.py's and benchmarks/objective.py's records (peers*, objective*, settings*, warmup-*)
-    # are retired until rerun: benchmarks/README.md, "Retired records", lists each with its command and commit.
+    # benchmarks/peers/run.py's, benchmarks/objective.py's and benchmarks/bench_engine.py's records (peers*,
+    # objective*, settings*, warmup-*, bench_engine) are retired until rerun: benchmarks/README.md, "Retired
+    # records", lists each with its command and commit.
     "serve_cpu_memory": Record(
         "benchmarks/serve_cpu_memory.sh",
         "bash benchmarks/serve_cpu_memory.sh",
