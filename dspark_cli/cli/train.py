@@ -3,6 +3,7 @@ under torchrun (or show the plan)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -46,10 +47,12 @@ def train(
 
 
 def _train(loaded, resume: str, *, bar: bool) -> TrainSummary:
-    """`training.train` with one log line per logged step, and with `bar` a progress bar below them, opened
-    at the first step (the capture before it has a bar of its own)."""
-    from contextlib import ExitStack
+    """`training.train` with one log line per logged step and, with `bar`, a progress bar below them from
+    the start of training: at once, or when the capture's own bar closes if the capture runs first (one
+    live display at a time)."""
+    from contextlib import ExitStack, contextmanager
 
+    from dspark_cli.capture import capture_pending
     from dspark_cli.training import train as train_draft
     from dspark_cli.training.metrics import format_line
     from dspark_cli.ui import progress_bar
@@ -57,18 +60,25 @@ def _train(loaded, resume: str, *, bar: bool) -> TrainSummary:
     with ExitStack() as stack:
         shown: dict[str, Any] = {"update": None, "tokens": 0}
 
+        def start() -> None:
+            if bar and shown["update"] is None:
+                shown["update"] = stack.enter_context(progress_bar("train", unit="steps"))
+
+        @contextmanager
+        def capture_bar(stage: str, unit: str) -> Iterator[Callable[..., None]]:
+            with progress_bar(stage, unit=unit) as update:
+                yield update
+            start()
+
         def show(record: dict[str, Any]) -> None:
             say(format_line(record))
-            if not bar:
-                return
-            if shown["update"] is None:
-                shown["update"] = stack.enter_context(progress_bar("train", unit="steps"))
-            shown["tokens"] += record["tokens"]
-            shown["update"](record["step"], record["num_steps"], tokens=shown["tokens"])
+            if shown["update"] is not None:
+                shown["tokens"] += record["tokens"]
+                shown["update"](record["step"], record["num_steps"], tokens=shown["tokens"])
 
-        return train_draft(
-            loaded, resume=resume, on_log=show, say=say, progress=lambda stage, unit: progress_bar(stage, unit=unit)
-        )
+        if capture_pending(loaded) is None:
+            start()
+        return train_draft(loaded, resume=resume, on_log=show, say=say, progress=capture_bar)
 
 
 def _render_plan(plan: TrainDryRun) -> None:
