@@ -24,25 +24,25 @@ ALLOWED = ROOT / "tests" / "skips_allowed.txt"
 @dataclass(frozen=True)
 class Entry:
     pattern: str  # a node id; `*` matches any run of characters
-    why: str
+    reason: str  # what the skip must say (a part of its reason): another skip of the same test is not allowed
     line: int
 
-    def matches(self, nodeid: str) -> bool:
+    def matches(self, nodeid: str, reason: str) -> bool:
         regex = ".*".join(re.escape(part) for part in self.pattern.split("*"))
-        return re.fullmatch(regex, nodeid) is not None
+        return re.fullmatch(regex, nodeid) is not None and self.reason in " ".join(reason.split())
 
 
 def read_allowed(path: Path) -> list[Entry]:
-    """The allow-list's entries: `<node id pattern> | <why>` a line; `#` starts a comment line."""
+    """The allow-list's entries: `<node id pattern> | <the skip's reason>` a line; `#` starts a comment line."""
     entries = []
     for number, raw in enumerate(path.read_text().splitlines(), start=1):
         text = raw.strip()
         if not text or text.startswith("#"):
             continue
-        pattern, bar, why = (part.strip() for part in text.partition("|"))
-        if not bar or not pattern or not why:
-            raise ValueError(f"{path}:{number}: expected `<node id pattern> | <why it may skip everywhere>`")
-        entries.append(Entry(pattern, why, number))
+        pattern, bar, reason = (part.strip() for part in text.partition("|"))
+        if not bar or not pattern or not reason:
+            raise ValueError(f"{path}:{number}: expected `<node id pattern> | <the reason the skip gives>`")
+        entries.append(Entry(pattern, reason, number))
     return entries
 
 
@@ -51,7 +51,7 @@ def read_skips(path: Path) -> list[dict[str, str]]:
 
 
 def unlisted(skips: list[dict[str, str]], entries: list[Entry]) -> list[dict[str, str]]:
-    return [skip for skip in skips if not any(entry.matches(skip["nodeid"]) for entry in entries)]
+    return [skip for skip in skips if not any(entry.matches(skip["nodeid"], skip["reason"]) for entry in entries)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ def check(tmp_path: Path, skips: list[tuple[str, str]], allowed: str) -> subproc
 
 
 ALLOWED = """# comment
-tests/benchmarks/test_peers.py::test_specforge_* | no SpecForge venv on a fresh clone
+tests/benchmarks/test_peers.py::test_specforge_* | no SpecForge venv
 tests/serving/test_serve.py::test_too_old[a-b] | GPU only
 """
 
@@ -54,7 +54,15 @@ def test_listed_skips_pass_and_entries_that_did_not_run_are_fine(tmp_path):
     assert done.returncode == 0 and done.stdout.startswith("check_skips: 1 skips"), done
     assert check(tmp_path, [], ALLOWED).returncode == 0
     # brackets are literal, `*` is the only wildcard
-    assert check(tmp_path, [("tests/serving/test_serve.py::test_too_olda", "x")], ALLOWED).returncode == 1
+    assert check(tmp_path, [("tests/serving/test_serve.py::test_too_olda", "GPU only")], ALLOWED).returncode == 1
+
+
+def test_a_listed_test_skipping_for_another_reason_is_unlisted(tmp_path):
+    """The entry names the reason too: vLLM serving DSpark here one day must not pass as the GPU-only skip."""
+    serve = "tests/serving/test_serve.py::test_too_old[a-b]"
+    assert check(tmp_path, [(serve, "on a machine without a\nGPU only")], ALLOWED).returncode == 0
+    done = check(tmp_path, [(serve, "vLLM 0.34 serves DSpark")], ALLOWED)
+    assert done.returncode == 1 and f"unlisted skip: {serve}: vLLM 0.34 serves DSpark" in done.stderr, done
 
 
 def test_an_entry_without_its_reason_is_refused(tmp_path):
@@ -222,7 +230,12 @@ def test_outside_ci_a_failed_mooncake_install_warns_and_is_tried_again(tmp_path)
 
 def test_the_test_command_keeps_pytests_status_and_fails_on_an_unlisted_skip(tmp_path):
     unlisted = json.dumps({"nodeid": "tests/capture/test_x.py::test_y", "reason": "no tmpfs"}) + "\n"
-    listed = json.dumps({"nodeid": "tests/serving/test_serve.py::test_too_old_vllm_for_the_method", "reason": "GPU"})
+    listed = json.dumps(
+        {
+            "nodeid": "tests/serving/test_serve.py::test_too_old_vllm_for_the_method",
+            "reason": "--method dspark stops at the GPU check first here",
+        }
+    )
     done = dev_test(tmp_path, ci=None, pytest_status=3, skips=unlisted)
     assert done.returncode == 3 and not ran(tmp_path, "mkdocs"), done  # pytest's own status
     assert "unlisted skip: tests/capture/test_x.py::test_y: no tmpfs" in done.stderr  # named all the same
