@@ -73,7 +73,6 @@ RECORDS: dict[str, Record] = {
         f"{PY} benchmarks/datagen_speed.py && {PY} benchmarks/datagen_speed.py --target tiny-gqa",
         DATAGEN,
     ),
-    "capture": Record("benchmarks/capture.py", f"{PY} benchmarks/capture.py", CAPTURE),
     "capture_backends": Record("benchmarks/capture_backends.py", f"{PY} benchmarks/capture_backends.py", CAPTURE),
     "draft_model": Record("benchmarks/draft_model.py", f"{PY} benchmarks/draft_model.py", MODEL),
     "train_speed": Record("benchmarks/train_speed.py", f"{PY} benchmarks/train_speed.py", TRAIN),
@@ -87,9 +86,9 @@ RECORDS: dict[str, Record] = {
         f"{PY} benchmarks/demo_tau.py demo final && {PY} benchmarks/demo_tau.py rebench demo-final --t1",
         PIPELINE,
     ),
-    # benchmarks/peers/run.py's, benchmarks/objective.py's and benchmarks/bench_engine.py's records (peers*,
-    # objective*, settings*, warmup-*, bench_engine) are retired until rerun: benchmarks/README.md, "Retired
-    # records", lists each with its command and commit.
+    # benchmarks/peers/run.py's, benchmarks/objective.py's, benchmarks/bench_engine.py's and benchmarks/capture.py's
+    # records (peers*, objective*, settings*, warmup-*, bench_engine, capture) are retired until rerun:
+    # benchmarks/README.md, "Retired records", lists each with its command and commit.
     "serve_cpu_memory": Record(
         "benchmarks/serve_cpu_memory.sh",
         "bash benchmarks/serve_cpu_memory.sh",
