@@ -62,7 +62,9 @@ def child(args: list[str]) -> None:
     recipe = load_recipe("tiny", args)
     plan = build_plan(recipe)
     out_dir = Path(recipe.stage_dir("capture"))
-    capturer = make_capturer(plan, out_dir)
+    # the backend's staging beside the output, not in it: run_capture claims the output directory as its own
+    # and refuses one that something else wrote into first
+    capturer = make_capturer(plan, out_dir.with_name(out_dir.name + "-staging"))
     startup = time.perf_counter() - started
     _, first_id, ids, mask = next(plan.samples())
     capturer.capture([(first_id, ids, mask)])
