@@ -218,9 +218,17 @@ def demo(args) -> None:
             "steps": summary["steps"],
             "train_tokens": summary["tokens"],
             "bench": _bench_numbers(out / "bench"),
+            "printed": _closing_lines(log),
         },
     )
     print(json.dumps(_rows()[-1], indent=1))
+
+
+def _closing_lines(log: Path) -> list[str]:
+    """What `dspark run` printed last, from the draft line to the report line (the README shows these)."""
+    lines = log.read_text(errors="replace").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("draft: ")]
+    return lines[starts[-1] :] if starts else []
 
 
 def rebench(args) -> None:
@@ -333,6 +341,9 @@ def markdown(data: dict) -> str:
                 f"{_tau(r, 'tiny-requests T=0', 'bench_200')} / {_tau(r, 'tiny-requests T=1', 'bench_200')} | "
                 f"{_load(r)} |"
             )
+    for r in rows:
+        if r["kind"] == "demo" and r.get("printed"):
+            lines += ["", f"What `{r['name']}` printed at its end:", "", "```", *r["printed"], "```"]
     return "\n".join(lines) + "\n"
 
 
