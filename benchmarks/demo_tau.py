@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -184,6 +185,9 @@ def demo(args) -> None:
     out = args.work / f"demo-{args.name}"
     log = out.with_suffix(".log")
     rec = provenance.Recording("demo_tau", allow_dirty=args.allow_dirty)
+    # a fresh run every time: `dspark run` resumes what an earlier run left there, which would time nothing
+    shutil.rmtree(out, ignore_errors=True)
+    log.unlink(missing_ok=True)
     cmd = [DSPARK, "run", RECIPE, f"output_dir={out}", *args.overrides]
     started = time.time()
     wall = _timed(cmd, log)
