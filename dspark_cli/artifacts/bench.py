@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from dspark_cli.artifacts.records import Record
 from dspark_cli.errors import DataError, UsageError
+from dspark_cli.recipe.bounded import read_json
 
 KIND = "dspark.bench"
 REPORT = "bench.json"
@@ -506,7 +507,7 @@ def read_bench_report(path: str | os.PathLike[str]) -> BenchSummary:
     if not path.is_file():
         raise UsageError(f"no bench report at {path}", "run `dspark bench` first (it writes bench.json)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: invalid JSON ({exc.msg})", "run `dspark bench` again") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli.errors import DataError, UsageError
+from dspark_cli.recipe.bounded import read_json
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -39,7 +40,7 @@ def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:
             "export one first: dspark export runs/NAME/train -o DIR",
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)  # nested too deeply or not UTF-8: a ValueError too
     except (ValueError, OSError) as exc:
         raise DataError(f"{path}: unreadable ({exc})", "export the draft again") from None
     if not isinstance(data, dict) or data.get("kind") != "dspark.draft":
@@ -157,9 +158,14 @@ def load_draft_dir(path: str | Path) -> LoadedDraft:
     if not config_file.is_file():
         raise DataError(f"{directory}: {CONFIG} missing next to {WEIGHTS}")
     try:
-        config = draft_config_from_vllm_dict(json.loads(config_file.read_text(encoding="utf-8")))
+        data = read_json(config_file)
     except json.JSONDecodeError as exc:
-        raise DataError(f"{config_file}: invalid JSON ({exc.msg})") from None
+        raise DataError(
+            f"{config_file}: invalid JSON ({exc.msg} at line {exc.lineno})", "re-export or re-train"
+        ) from None
+    if not isinstance(data, dict):
+        raise DataError(f"{config_file}: not a JSON object (a {type(data).__name__})", "re-export or re-train")
+    config = draft_config_from_vllm_dict(data)
     try:
         state_dict = load_file(str(directory / WEIGHTS))
     except (SafetensorError, OSError) as exc:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli.errors import DataError, UsageError
+from dspark_cli.recipe.bounded import read_json
 
 MANIFEST_NAME = "manifest.json"
 
@@ -88,7 +89,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
             "re-run the stage that makes it",
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: corrupt manifest ({exc.msg} at line {exc.lineno})", "re-run the stage") from None
     if not isinstance(data, dict):
@@ -126,7 +127,7 @@ def resumable_manifest(
 def manifest_kind(directory: Path, manifest_name: str = MANIFEST_NAME) -> str | None:
     """The `kind` recorded in `directory`'s manifest, or None (no manifest, unreadable, not an object)."""
     try:
-        data = json.loads((directory / manifest_name).read_text(encoding="utf-8"))
+        data = read_json(directory / manifest_name)
     except (OSError, ValueError):
         return None
     return data.get("kind") if isinstance(data, dict) else None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli.errors import DataError
+from dspark_cli.recipe.bounded import loads_json
 
 
 def shard_path(directory: Path, index: int) -> Path:
@@ -36,7 +37,7 @@ def read_jsonl(path: Path, *, tolerate_torn_tail: bool = False) -> list[dict[str
         if not raw.strip():
             continue
         try:
-            records.append(json.loads(raw))
+            records.append(loads_json(raw))  # nested too deeply: a JSONDecodeError, as corrupt
         except json.JSONDecodeError:
             if tolerate_torn_tail and number == len(complete) and not tail:
                 break

@@ -25,6 +25,7 @@ from typing import Any
 
 from dspark_cli.artifacts.files import MANIFEST_NAME, read_manifest, sha256_file
 from dspark_cli.errors import DataError
+from dspark_cli.recipe.bounded import read_json
 
 KIND = "dspark.train"
 CHECKPOINTS = "checkpoints"
@@ -76,7 +77,7 @@ def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
 def read_checkpoint_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A checkpoint's meta.json; one-line DataError when unreadable."""
     try:
-        return json.loads((Path(path) / META).read_text(encoding="utf-8"))
+        return read_json(Path(path) / META)
     except (OSError, json.JSONDecodeError) as exc:
         raise DataError(f"{path}: unreadable {META} ({exc})", "resume from another checkpoint") from None
 
@@ -101,7 +102,7 @@ def read_checksums(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
             checkpoint_hint(path),
         )
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = read_json(file)
         files = data["files"]
         if data.get("format") != CHECKSUMS_FORMAT or not isinstance(files, dict):
             raise ValueError(f"format {data.get('format')!r}")

@@ -49,7 +49,6 @@ dense bf16 at 60%), a 1.05B-parameter drafter plus a 151,936 x 4096 lm_head, CUD
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 from collections import defaultdict
@@ -61,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from dspark_cli.errors import UsageError
+from dspark_cli.recipe.bounded import parse_yaml, read_json
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 NUM_BONUS_TOKENS = 1
@@ -177,13 +177,11 @@ def load_cost_model(spec: str | dict[str, Any]) -> CostModel:
             f"bench.cost_model: {spec!r} is neither {', '.join(BUILTIN)} nor a file",
             "give a profile file (JSON/YAML) or an inline {draft_curve, verify_curve} table",
         )
-    try:
-        import yaml
-
+    try:  # invalid YAML, an alias bomb or too deep a nesting: parse_yaml's one line naming the file
         data = (
-            yaml.safe_load(path.read_text(encoding="utf-8"))
+            parse_yaml(path.read_text(encoding="utf-8"), f"bench.cost_model: {path}")
             if path.suffix in (".yaml", ".yml")
-            else json.loads(path.read_text(encoding="utf-8"))
+            else read_json(path)
         )
     except (ValueError, OSError) as exc:
         raise UsageError(f"bench.cost_model: {path} unreadable ({exc})", "give a JSON or YAML profile") from None

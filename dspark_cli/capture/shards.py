@@ -37,6 +37,7 @@ from dspark_cli.artifacts.files import make_public, safetensors_os_error, sha256
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
+from dspark_cli.recipe.bounded import loads_json
 
 SHARD_FORMAT = "dspark.capture.v1"
 HIDDEN_DTYPE = torch.bfloat16
@@ -133,9 +134,13 @@ def unpack(
 
     if meta.get("format") != SHARD_FORMAT:
         raise bad(f"not a dspark capture shard (format {meta.get('format')!r})")
-    if json.loads(meta.get("target_layer_ids", "null")) != list(layer_ids) or meta.get("hidden_size") != str(
-        hidden_size
-    ):
+    try:  # a shard may come from elsewhere: its metadata is JSON from outside
+        captured, names = loads_json(meta.get("target_layer_ids", "null")), loads_json(meta.get("ids", "[]"))
+    except json.JSONDecodeError as exc:
+        raise bad(f"unreadable metadata ({exc.msg})") from None
+    if not isinstance(names, list):
+        raise bad(f"its ids are not a list ({type(names).__name__})")
+    if captured != list(layer_ids) or meta.get("hidden_size") != str(hidden_size):
         raise bad(
             f"captured layers {meta.get('target_layer_ids')} x {meta.get('hidden_size')}, "
             f"expected {list(layer_ids)} x {hidden_size}"
@@ -145,7 +150,6 @@ def unpack(
         raise bad(f"missing tensors {sorted(missing)}")
     ids, mask, lens = tensors["input_ids"], tensors["loss_mask"], tensors["seq_lens"]
     aux, last = tensors["aux_hidden"], tensors["last_hidden"]
-    names = json.loads(meta.get("ids", "[]"))
     tokens, loss = int(ids.numel()), int(mask.sum())
     if (aux.dtype, last.dtype) != (HIDDEN_DTYPE, HIDDEN_DTYPE):
         raise bad(f"hidden states are {aux.dtype}/{last.dtype}, expected bfloat16")

@@ -13,7 +13,6 @@ the plan, each shard's samples and their batching do not depend on who captures 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -27,6 +26,7 @@ from dspark_cli.capture.plan import CapturePlan, build_plan
 from dspark_cli.capture.shards import shard_name
 from dspark_cli.errors import DsparkError, UsageError
 from dspark_cli.recipe import Recipe, load_recipe, write_resolved
+from dspark_cli.recipe.bounded import read_json
 
 WORKER_GLOB = ".worker-*.json"
 
@@ -40,7 +40,7 @@ def worker_entries(out_dir: Path, plan: CapturePlan) -> dict[str, dict[str, Any]
     found: dict[str, dict[str, Any]] = {}
     for path in sorted(out_dir.glob(WORKER_GLOB)):
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = read_json(path)
         except (OSError, ValueError):  # written atomically: unreadable means not ours; ignore it
             continue
         if data.get("fingerprint") != plan.fingerprint:
@@ -142,7 +142,7 @@ def capture_with_workers(
 
 def _backend(out_dir: Path, recipe: Recipe, workers: int) -> dict[str, Any]:
     try:
-        data = json.loads(worker_file(out_dir, 0).read_text(encoding="utf-8"))
+        data = read_json(worker_file(out_dir, 0))
         return {**data["backend"], "workers": workers}
     except (OSError, ValueError, KeyError):
         return {"backend": recipe.capture.backend_here(), "workers": workers, "resumed": True}

@@ -37,6 +37,11 @@ def init(
         raise UsageError(
             "overrides only shape the --slurm job script", "edit the copied recipe instead, or add --slurm"
         )
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(output)):  # a newline would split the job script's lines
+        raise UsageError(
+            f"-o {str(output)!r}: a file name with a control character (a newline, a tab, ...)",
+            "choose a file name of printable characters",
+        )
     script_path = output.with_suffix(".sbatch")
     script = None
     if slurm:

@@ -27,6 +27,7 @@ from typing import Any
 from dspark_cli.artifacts.draft import DRAFT_MANIFEST, read_draft_manifest
 from dspark_cli.draft.speculators import from_speculators, is_speculators, structure_problems
 from dspark_cli.errors import DataError
+from dspark_cli.recipe.bounded import read_json
 
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 K3_REFUSED_FLAGS = ("mla_use_nope", "mla_use_output_gate", "mla_use_qk_norm", "dspark_bonus_anchor")
@@ -383,9 +384,11 @@ def check_draft_dir(
         missing = "config.json" if not config_file.is_file() else "model.safetensors"
         return [Finding(missing, f"missing in {directory}", "export again")]
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config = read_json(config_file)
     except json.JSONDecodeError as exc:
         return [Finding("config.json", f"invalid JSON ({exc.msg} at line {exc.lineno})", "export again")]
+    if not isinstance(config, dict):
+        return [Finding("config.json", f"not a JSON object (a {type(config).__name__})", "export again")]
     try:
         tensors = read_tensor_table(weights)
     except (OSError, ValueError, DataError) as exc:

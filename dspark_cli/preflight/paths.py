@@ -7,7 +7,6 @@ else wrote, an unfinished input), with the rules `artifacts.files.claim_output_d
 
 from __future__ import annotations
 
-import json
 import os
 from itertools import combinations
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 from dspark_cli.artifacts.draft import DRAFT_FILES
 from dspark_cli.artifacts.files import MANIFEST_NAME, claim_output_dir, ownership_problem
 from dspark_cli.errors import UsageError
+from dspark_cli.recipe.bounded import read_json
 
 if TYPE_CHECKING:
     from dspark_cli.preflight import Context
@@ -158,7 +158,7 @@ def _complete(recipe: Recipe, stage: str) -> bool:
 
 def _manifest(directory: Path) -> dict:
     try:
-        data = json.loads((directory.expanduser() / MANIFEST_NAME).read_text(encoding="utf-8"))
+        data = read_json(directory.expanduser() / MANIFEST_NAME)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

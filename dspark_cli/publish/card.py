@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dspark_cli import __version__
+from dspark_cli.recipe.bounded import read_json
 
 if TYPE_CHECKING:
     from dspark_cli.artifacts.bench import BenchSummary, Estimate
@@ -90,7 +91,7 @@ def model_card(
 ) -> str:
     """README.md text for the draft at `draft_dir`, whose dspark_manifest.json is `manifest`."""
     draft_dir = Path(draft_dir)
-    config = json.loads((draft_dir / "config.json").read_text(encoding="utf-8"))
+    config = read_json(draft_dir / "config.json")  # checked by verify_draft before a card is written
     contract = manifest.get("contract", {})
     training = manifest.get("training", {})
     final = training.get("final_metrics") or {}

@@ -3,11 +3,18 @@
     text = read_text(path, "recipe", MAX_RECIPE_BYTES)   # size checked before reading; not UTF-8: one line
     tree = parse_yaml(text, "my.yaml")                   # aliases, nesting and node count bounded
     data = parse_json(text, "prompts.json")              # nesting too deep: one line, not a RecursionError
+    config = read_json(Path("draft/config.json"))        # files from outside: too deep is a JSONDecodeError
 
 A YAML alias bomb (`b: &b [*a, *a, ...]` nine levels deep is 1e9 elements) parses into a few shared
 nodes and then costs minutes and gigabytes in whatever walks it (validation, dumping): the composed
 node graph is measured, aliases expanded, before anything is built from it. Every failure is one
 `UsageError` naming the source.
+
+A JSON file from outside (a draft's or a target's config.json, a manifest, a bench report) nested 50,000
+deep makes `json.loads` raise RecursionError, and one nested a few hundred deep parses but then breaks
+whatever walks it (a YAML dump, a pydantic model). `read_json` / `loads_json` refuse nesting deeper than
+MAX_JSON_NESTING as a `json.JSONDecodeError` at the bracket that goes too deep, so every reader's existing
+one line for invalid JSON ("FILE: invalid JSON (...)") covers it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from dspark_cli.errors import UsageError
 MAX_RECIPE_BYTES = 1 << 20  # the shipped recipes are ~5 KB
 MAX_YAML_NODES = 100_000  # values, keys and items after aliases are expanded (a recipe has ~300)
 MAX_NESTING = 64  # mappings and lists inside each other (a recipe nests 4 deep)
+MAX_JSON_NESTING = 64  # arrays and objects inside each other (a config, manifest or report nests < 10 deep)
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -125,3 +133,61 @@ def parse_json(text: str | bytes, source: str) -> Any:
             f"{source}: JSON nested too deeply to read (thousands of levels)",
             "a record is an object of messages a few levels deep; fix or drop it",
         ) from None
+
+
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # strings whole (their brackets are text), brackets
+
+
+def _nesting_exceeded_at(data: bytes, limit: int) -> int:
+    """The offset of the first bracket nested deeper than `limit` in JSON `data` (0 when none is)."""
+    depth = 0
+    for match in _JSON_TOKENS.finditer(data):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return match.start()
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return 0
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether parsed JSON `value` has arrays/objects more than `limit` deep (walked without recursion)."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def loads_json(data: str | bytes, *, max_nesting: int = MAX_JSON_NESTING) -> Any:
+    """`json.loads` for JSON from outside: nesting deeper than `max_nesting` (which includes any too deep
+    for Python to read), or bytes that are not UTF-8, raise `json.JSONDecodeError` (a ValueError) at the
+    offending offset, as a syntax error does; callers word all three in one line naming their file."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        value = None
+    except UnicodeDecodeError as exc:  # bytes only: a str was decoded already
+        text = exc.object[: exc.start].decode("utf-8", "replace")
+        raise json.JSONDecodeError(
+            f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x})", f"{text}?", len(text)
+        ) from None
+    else:
+        if not _nested_deeper(value, max_nesting):
+            return value
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    offset = _nesting_exceeded_at(raw, max_nesting)
+    text = raw.decode("utf-8", "replace")
+    position = len(raw[:offset].decode("utf-8", "replace"))
+    raise json.JSONDecodeError(f"nested deeper than {max_nesting} levels", text, position)
+
+
+def read_json(path: str | os.PathLike[str], *, max_nesting: int = MAX_JSON_NESTING) -> Any:
+    """The JSON value in the file `path` (`loads_json`: too deep or not UTF-8 is a `json.JSONDecodeError`);
+    an unreadable file is the OSError."""
+    return loads_json(Path(path).read_bytes(), max_nesting=max_nesting)

@@ -31,6 +31,9 @@ then everything each stage would refuse before doing any work (the same prefligh
 command and `dspark run` make first): online producers and trainers sharing devices, processes per GPU,
 engines and packages installed, prompt files, output directories another stage wrote. Add
 `--recipe-only` to skip this machine's checks (a cluster recipe on a laptop).
+Every integer must fit a signed 64-bit integer (up to 9,223,372,036,854,775,807), and a seed
+(`seed`, `datagen.seed`, `train.seed`) 0 to 4,294,967,295, the range numpy, torch and vLLM all take;
+`dspark validate` names a key outside its range, and the range.
 Every stage writes the resolved recipe (`recipe.yaml`) into its output directory.
 
 This page is generated from the schema (`python -m dspark_cli.recipe.docs > docs/recipe.md`).

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 def _plain_path(path: str) -> str:
@@ -26,6 +26,7 @@ def _plain_path(path: str) -> str:
 
 
 OutputPath = Annotated[str, AfterValidator(_plain_path)]
+MAX_WAIT_S = 7 * 24 * 3600.0  # an HTTP timeout key's upper bound: a week
 
 
 def _plain_name(name: str) -> str:
@@ -34,10 +35,50 @@ def _plain_name(name: str) -> str:
     return name
 
 
+# Every integer in a recipe reaches a C type somewhere (a torch size, a tensor of counts, a seed): one that fits
+# none is refused by validate rather than overflowing mid-run. Seeds go to torch.manual_seed (which takes
+# -2**63 .. 2**64-1) and, through vLLM and transformers' set_seed, to numpy.random.seed (0 .. 2**32-1).
+INT_RANGE = (-(2**63), 2**63 - 1)  # int64: sizes, counts, steps, ids
+SEED_RANGE = (0, 2**32 - 1)  # every seeded library's
+
+
+def _int_range(field: str) -> tuple[int, int, str]:
+    if field == "seed" or field.endswith("_seed"):
+        return (*SEED_RANGE, "a seed numpy and torch both take")
+    return (*INT_RANGE, "a 64-bit integer")
+
+
+def _first_out_of_range(value: object, low: int, high: int, where: str = "") -> str | None:
+    """Where in `value` (a number, or a list / mapping of them) an integer lies outside low..high ("" for
+    `value` itself, "[1]" for an item), or None when every one fits."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if low <= value <= high else where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _first_out_of_range(item, low, high, f"{where}[{key!r}]" if isinstance(key, str) else f"{where}[{key}]")
+        if found is not None:
+            return found
+    return None
+
+
 class Section(BaseModel):
-    """Base of every recipe section: strict types, unknown keys forbidden, assignments checked."""
+    """Base of every recipe section: strict types, unknown keys forbidden, assignments checked, every
+    integer within INT_RANGE (a field named `seed`: SEED_RANGE)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _integers_fit(cls, value: object, info: ValidationInfo) -> object:
+        low, high, what = _int_range(info.field_name or "")
+        where = _first_out_of_range(value, low, high)
+        if where is not None:
+            field = cls.model_fields.get(info.field_name or "")
+            for bound in field.metadata if field is not None and not where else ():  # the field's own: in the range
+                low = max(low, getattr(bound, "ge", low), getattr(bound, "gt", low - 1) + 1)
+                high = min(high, getattr(bound, "le", high), getattr(bound, "lt", high + 1) - 1)
+            raise ValueError(f"{where + ' ' if where else ''}must be an integer from {low:,} to {high:,} ({what})")
+        return value
 
 
 class TargetSection(Section):
@@ -103,6 +144,13 @@ class DatagenSection(Section):
     )
     endpoint: str | None = Field(
         None, description="OpenAI-compatible base URL of a running server (engine `vllm` only)."
+    )
+    request_timeout: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_WAIT_S,
+        description="`endpoint`: seconds one completion may take in all, waiting included (default: "
+        "DSPARK_HTTP_REQUEST_TIMEOUT, else 1800); one that runs out stops datagen with one line.",
     )
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
@@ -181,6 +229,13 @@ class CaptureSection(Section):
         None,
         description="Online mode: where producers publish shards and trainers read them (a directory on a "
         "filesystem both share, or a store URL); default `<capture dir>-stream`.",
+    )
+    stream_timeout: float = Field(
+        3600.0,
+        gt=0,
+        le=MAX_WAIT_S,
+        description="Online mode: seconds a training rank waits for one shard in all (producers starting, "
+        "engines loading, capture) before it stops with one line naming the stream and the shard.",
     )
     external_producers: bool = Field(
         False,
@@ -459,6 +514,20 @@ class BenchSection(Section):
     baseline_report: str | None = Field(
         None,
         description="Online: a saved `bench.json` whose online runs are the baseline (instead of `baseline_endpoint`).",
+    )
+    request_timeout: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_WAIT_S,
+        description="Online: seconds one request may take in all, from sending it to `[DONE]` (default: "
+        "DSPARK_HTTP_REQUEST_TIMEOUT, else 1800); a request that runs out stops the bench with one line.",
+    )
+    read_timeout: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_WAIT_S,
+        description="Online: seconds of silence after which a server is given up on (default: "
+        "DSPARK_HTTP_TIMEOUT, else 300).",
     )
     confidence_thresholds: list[float] = Field(
         default_factory=lambda: [0.0, 0.1, 0.2, 0.3, 0.5, 0.7],

@@ -5,7 +5,9 @@
     check_target_files("dspark_cli/targets/tiny/tiny-mla")                # config + every weight file's header
 
 `resolve_target` runs `check_target_files` on every local target, so each stage (and `dspark validate`)
-meets a corrupt config.json, a directory without one, or truncated weights before any loader does.
+meets a corrupt config.json, a directory without one, or truncated weights before any loader does,
+and the JSON files transformers reads with Python's json (TRANSFORMERS_JSON: JSON nested thousands deep
+would be a RecursionError inside transformers) are read once with bounds first.
 Only headers are read (a few kB per file): truncation is caught, flipped bits in the data are not.
 Import-light (no torch, no safetensors): the CLI validates recipes with it.
 """
@@ -20,20 +22,29 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli.errors import DataError, UsageError
+from dspark_cli.recipe.bounded import loads_json, read_json
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+# read by transformers with json.load when it loads the tokenizer or the generation config (tokenizer.json
+# is read by the Rust tokenizers library, whose parser has a depth limit of its own)
+TRANSFORMERS_JSON = (
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+)
 MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit
 _REDOWNLOAD = "restore the file: download the model again, or rebuild it"
 
 
 def read_json_file(path: Path) -> Any:
-    """A JSON file's content; unreadable text or invalid JSON is a DataError naming the file and line."""
+    """A JSON file's content; text that is not UTF-8, invalid JSON or JSON nested too deeply (`read_json`) is a
+    DataError naming the file and line."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})", _REDOWNLOAD) from None
+        return read_json(path)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: invalid JSON ({exc.msg} at line {exc.lineno})", _REDOWNLOAD) from None
 
@@ -72,8 +83,8 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
             )
         raw = handle.read(length)
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = loads_json(raw)
+    except json.JSONDecodeError:
         raise DataError(f"{path}: unreadable safetensors header (not JSON)", _REDOWNLOAD) from None
     if not isinstance(header, dict):
         raise DataError(f"{path}: unreadable safetensors header (not a JSON object)", _REDOWNLOAD)
@@ -126,7 +137,7 @@ def check_target_files(directory: str | Path) -> dict[str, Any]:
 
 def _signature(directory: Path) -> tuple:
     stamps: list[tuple[str, int | None, int | None]] = []
-    for name in (CONFIG, INDEX, WEIGHTS):
+    for name in (CONFIG, INDEX, WEIGHTS, *TRANSFORMERS_JSON):
         try:
             stat = (directory / name).stat()
             stamps.append((name, stat.st_size, stat.st_mtime_ns))
@@ -149,6 +160,9 @@ def _checked(directory: Path, signature: tuple) -> dict[str, Any]:
             f"{directory / CONFIG}: {problem}",
             "config.json and the weights come from different models: restore the model's own config.json",
         )
+    for name in TRANSFORMERS_JSON:
+        if (directory / name).is_file():
+            read_json_file(directory / name)
     return config
 
 

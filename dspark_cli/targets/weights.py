@@ -12,12 +12,11 @@ Only the shards holding these two tensors are opened (via `model.safetensors.ind
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_cli.errors import DataError, UsageError
-from dspark_cli.targets.files import read_target_config
+from dspark_cli.targets.files import read_json_file, read_target_config
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +33,11 @@ LM_HEAD_NAMES = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_he
 def _weight_map(directory: Path) -> dict[str, str]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        return json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        data = read_json_file(index)  # invalid, too deep or not UTF-8: a DataError naming it
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise DataError(f"{index}: no weight_map of tensor names to files", "download the model again")
+        return weight_map
     single = directory / "model.safetensors"
     if not single.is_file():
         raise UsageError(

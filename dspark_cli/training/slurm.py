@@ -17,18 +17,38 @@ Every node gets the same recipe, the same shape overrides (written into the scri
 arguments given to `sbatch`, so all agree on one stream; each node logs to `LOGS/node-K.log`. A
 failed node ends the step (`--kill-on-bad-exit`); submitting again resumes (`--resume auto`, the
 producers capture again what the checkpoint does not cover).
+
+Nothing the user gives becomes script text unquoted: the recipe path and every override are written
+`shlex.quote`d (a `$(...)`, a backtick, a quote or a `;` in them is text, and the commands get each as one
+argument). A newline in a single-quoted word is safe, but the recipe path also names the script in its
+header comments, where a newline would start a line of its own (a command, or an `#SBATCH` directive):
+control characters there are refused in one line, as are those other than a newline or tab in an
+override (a carriage return makes sbatch refuse the whole script). The Slurm variables the script reads
+(`SLURM_NNODES`, `SLURM_NODEID`) are checked to be numbers before any arithmetic uses them.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from dspark_cli.errors import UsageError
 
 if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe
 
 RDZV_PORT = 29400
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # an override may hold a newline or a tab
+
+
+def _printable(value: str, pattern: re.Pattern[str], what: str, hint: str) -> str:
+    found = pattern.search(value)
+    if found is not None:
+        raise UsageError(f"{what} {value!r} holds a control character ({found.group()!r}): not in a Slurm script", hint)
+    return value
 
 
 @dataclass(frozen=True)
@@ -55,8 +75,6 @@ class SlurmShape:
 
 
 def slurm_shape(recipe: Recipe, gpus_per_node: int) -> SlurmShape:
-    from dspark_cli.errors import UsageError
-
     if recipe.capture.mode != "online":
         raise UsageError(
             "the Slurm job script runs online training; the recipe has capture.mode=offline", "add capture.mode=online"
@@ -79,6 +97,13 @@ def slurm_shape(recipe: Recipe, gpus_per_node: int) -> SlurmShape:
 def slurm_script(recipe: Recipe, recipe_path: str, overrides: list[str], *, gpus_per_node: int = 8) -> str:
     """The job script's text for `recipe` (as loaded from `recipe_path` with `overrides`)."""
     shape = slurm_shape(recipe, gpus_per_node)
+    _printable(recipe_path, _CONTROL, "the recipe path", "choose a file name without newlines or control characters")
+    for item in overrides:
+        _printable(item, _CONTROL_BUT_NEWLINE, "the override", "write it without control characters")
+    if not re.fullmatch(r"[A-Za-z0-9._+-]+", recipe.name):  # the recipe's own rule: #SBATCH lines take no quotes
+        raise UsageError(f"name {recipe.name!r} is not a plain name", "letters, digits, '.', '_', '+' and '-'")
+    if recipe_path.startswith("-"):  # not an option of `dspark datagen`
+        recipe_path = f"./{recipe_path}"
     fixed = [
         o
         for o in overrides
@@ -92,10 +117,12 @@ def slurm_script(recipe: Recipe, recipe_path: str, overrides: list[str], *, gpus
         *fixed,
     ]
     quoted = " ".join(shlex.quote(a) for a in shape_args)
-    name = shlex.quote(f"dspark-{recipe.name}")
+    name = f"dspark-{recipe.name}"
+    script_name = recipe_path.rsplit("/", 1)[-1].rsplit(".", 1)[0] + ".sbatch"
+    script_name = f"./{script_name}" if script_name.startswith("-") else script_name
     return f"""#!/bin/bash
 # dspark online training on a Slurm allocation, written by `dspark init ... --slurm`.
-#   sbatch {shlex.quote(recipe_path.rsplit("/", 1)[-1].rsplit(".", 1)[0])}.sbatch [key=value ...]   # overrides go to every node
+#   sbatch {shlex.quote(script_name)} [key=value ...]   # overrides go to every node
 # nodes 0..{shape.producer_nodes - 1}: `dspark produce` ({shape.workers} producer(s) of {shape.engine_gpus} GPU(s), \
 {shape.producers_per_node} per node)
 # nodes {shape.producer_nodes}..{shape.nodes - 1}: `dspark train` under torchrun (--nnodes={shape.train_nodes}, \
@@ -126,20 +153,21 @@ hosts() {{  # the allocation's host names, in node order
 
 if [ "${{1:-}}" != "--node" ]; then
     HEAD=$(hosts | sed -n "$((PRODUCER_NODES + 1))p")
-    if [ "${{SLURM_NNODES:-0}}" -ne $((PRODUCER_NODES + TRAIN_NODES)) ]; then
+    if [ "${{SLURM_NNODES:-}}" != "$((PRODUCER_NODES + TRAIN_NODES))" ]; then
         echo "error: this job needs $((PRODUCER_NODES + TRAIN_NODES)) nodes, the allocation has ${{SLURM_NNODES:-none}}" >&2
         echo "  submit it with sbatch (its #SBATCH --nodes line), or write the script again for this size" >&2
         exit 2
     fi
-    mkdir -p "$LOGS"
+    mkdir -p -- "$LOGS"
     srun --nodes=1 --ntasks=1 "$DSPARK" datagen "$RECIPE" "${{SHAPE[@]}}" "train.rdzv_endpoint=$HEAD:$RDZV_PORT" "$@"
     exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash "$0" --node "$@"
 fi
 shift
 
 NODE=${{SLURM_NODEID:?SLURM_NODEID is not set: run this part through srun}}
+case $NODE in ''|*[!0-9]*) echo "error: SLURM_NODEID=$NODE is not a node number" >&2; exit 2 ;; esac
 mapfile -t HOSTS < <(hosts)
-mkdir -p "$LOGS"
+mkdir -p -- "$LOGS"
 LOG="$LOGS/node-$NODE.log"
 echo "dspark: node $NODE of ${{#HOSTS[@]}} (${{HOSTS[$NODE]:-?}}), log $LOG" >&2
 HEAD=${{HOSTS[$PRODUCER_NODES]:?the allocation lists fewer hosts than nodes}}
