@@ -104,6 +104,7 @@ class OfflineBench:
         self.draft_dir, self.manifest = self.draft.directory, self.draft.manifest
         config = self.draft.loaded.config
         self.chat = ChatFormat(Target.of(recipe).tokenizer(), recipe.target.chat_template_kwargs)
+        self.chat.probe()  # a broken or runaway template is refused before the target's weights are loaded
         self.target_path = Target.of(recipe).location
         self.warnings = template_warnings(self.manifest, self.chat.template_hash)
         self.target = HFTarget.load(

@@ -9,7 +9,9 @@
 - target.py    `Target`, a recipe's target: location, directory, config, geometry, draft arch, tokenizer,
                mask token, stop ids, embeddings and the transformers model;
 - weights.py   its frozen embed_tokens / lm_head, read from the safetensors without loading the model;
-- chat.py      `ChatFormat`: the target's chat template as serving applies it, loss masks;
+- chat.py      `ChatFormat`: the target's chat template as serving applies it (each render bounded in
+               time and output), loss masks;
+- deadline.py  `within(seconds, call)`: a call stopped with `Overtime` after N seconds;
 - tiny/        the shipped tiny targets (weights, tokenizer, card); tools/tiny_targets/ builds them.
 
 Import-light: nothing here imports torch, transformers or vllm at import time.
