@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 import urllib.error
@@ -35,12 +36,23 @@ from typing import Any
 from dspark_cli.bench.datasets import BenchDataset, load_datasets
 from dspark_cli.bench.stats import mean, percentile
 from dspark_cli.errors import DataError, DsparkError, UsageError
-from dspark_cli.network import MAX_JSON_BYTES, MAX_LINE_BYTES, MAX_STREAM_BYTES, read_limited, timeout_s, too_large
+from dspark_cli.network import (
+    MAX_JSON_BYTES,
+    MAX_LINE_BYTES,
+    MAX_STREAM_BYTES,
+    Stalled,
+    Timeouts,
+    exchange,
+    read_limited,
+    too_large,
+)
 from dspark_cli.recipe import Recipe
+from dspark_cli.recipe.bounded import loads_json
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int, int], None]
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+_WARNED: set[tuple[str, str]] = set()  # (/metrics address, counter) already warned about
 
 
 @dataclass
@@ -52,6 +64,7 @@ class RequestResult:
     chunk_gaps: list[float] = field(default_factory=list)
     text: str = ""
     error: str | None = None
+    stalled: Stalled | None = None  # the server did not finish in time (bench stops: see measure_level)
 
     @property
     def tpot(self) -> float | None:
@@ -63,14 +76,15 @@ class RequestResult:
 class Client:
     """A minimal OpenAI-compatible client (standard library only): models, streaming chat, /metrics.
 
-    Timeouts and response bounds are `dspark_cli.network`'s; an answer that is not what an
-    OpenAI-compatible server sends is a failed request (or, for /v1/models, a one-line DataError)."""
+    Every exchange waits at most `timeouts` (`bench_timeouts`: per read and for the whole request) and
+    reads at most `dspark_cli.network`'s bounds; an answer that is not what an OpenAI-compatible server
+    sends is a failed request (or, for /v1/models, a one-line DataError)."""
 
-    def __init__(self, base_url: str, timeout: float | None = None) -> None:
+    def __init__(self, base_url: str, timeouts: Timeouts | None = None) -> None:
         self.base = base_url.rstrip("/").removesuffix("/v1")
-        self.timeout = timeout or timeout_s()
+        self.timeouts = timeouts or Timeouts.from_env()
         try:
-            models = json.loads(self._get("/v1/models")).get("data")
+            models = loads_json(self._get("/v1/models", "model list")).get("data")
             self.model = str(models[0]["id"]) if models else None
         except (ValueError, AttributeError, TypeError, KeyError, IndexError):
             raise DataError(
@@ -80,21 +94,21 @@ class Client:
         if not self.model:
             raise DsparkError(f"{self.base} serves no model", "start the server with the target model")
 
-    def _get(self, path: str) -> str:
+    def _get(self, path: str, waiting_for: str) -> str:
         try:
-            with urllib.request.urlopen(self.base + path, timeout=self.timeout) as response:
+            with exchange(self.base + path, self.timeouts, waiting_for=waiting_for) as (response, _):
                 return read_limited(response, MAX_JSON_BYTES, self.base + path).decode("utf-8", errors="replace")
         except urllib.error.HTTPError as exc:
             raise DsparkError(f"{self.base}{path}: HTTP {exc.code}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+        except (urllib.error.URLError, ConnectionError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise UsageError(
                 f"cannot reach {self.base}: {reason or type(exc).__name__}",
-                f"is the server running? check bench.endpoint (waited {self.timeout:g} s; DSPARK_HTTP_TIMEOUT)",
+                "is the server running? check bench.endpoint",
             ) from None
 
     def metrics(self) -> str:
-        return self._get("/metrics")
+        return self._get("/metrics", "metrics")
 
     def chat(
         self,
@@ -105,8 +119,9 @@ class Client:
         top_p: float,
         seed: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        stop: threading.Event | None = None,
     ) -> RequestResult:
-        """One streaming chat completion, timed chunk by chunk."""
+        """One streaming chat completion, timed chunk by chunk (given up between two lines once `stop` is set)."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -131,7 +146,7 @@ class Client:
         chunks = 0
         start = last = time.perf_counter()
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with exchange(request, self.timeouts, waiting_for="[DONE]") as (response, deadline):
                 if too_large(response.headers.get("Content-Length"), MAX_STREAM_BYTES):
                     raise ValueError(f"the server announces {response.headers['Content-Length']} bytes")
                 received = 0
@@ -142,16 +157,23 @@ class Client:
                             f"an answer longer than dspark reads ({MAX_STREAM_BYTES:,} bytes, "
                             f"{MAX_LINE_BYTES:,} per line)"
                         )
+                    if stop is not None and stop.is_set():
+                        raise ValueError("given up: another request ran out of time")
                     line = raw.decode("utf-8", errors="replace").strip()
+                    if line.startswith(":"):  # an SSE comment: a keep-alive
+                        deadline.note = "it kept the connection open with keep-alives" + (
+                            f" after {_chunks(chunks)}" if chunks else ""
+                        )
                     if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    chunk = json.loads(payload)
+                    chunk = loads_json(payload)
                     if not isinstance(chunk, dict) or not isinstance(chunk.get("choices", []), list):
                         raise TypeError(f"a stream chunk that is not a chat completion chunk: {payload[:80]!r}")
                     chunks += "choices" in chunk
+                    deadline.note = f"it was still streaming: {_chunks(chunks)} so far"
                     if isinstance(chunk.get("usage"), dict):
                         result.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
                     choices = chunk.get("choices") or []
@@ -168,11 +190,14 @@ class Client:
                         parts.append(str(content))
             if not chunks:
                 raise ValueError("no chat completion chunk in the answer (not an OpenAI-compatible stream)")
+        except Stalled as exc:
+            result.error, result.stalled = exc.message, exc
+            return result
         except urllib.error.HTTPError as exc:
-            result.error = f"HTTP {exc.code}: {exc.read(200).decode(errors='replace')}"
+            result.error = f"HTTP {exc.code}: {_error_body(exc)}"
             return result
         except (urllib.error.URLError, OSError, ValueError, TypeError, AttributeError) as exc:
-            result.error = f"{type(exc).__name__}: {exc}"  # JSONDecodeError is a ValueError; timeouts OSErrors
+            result.error = f"{type(exc).__name__}: {exc}"  # JSONDecodeError is a ValueError
             return result
         result.latency = time.perf_counter() - start
         result.text = "".join(parts)
@@ -180,6 +205,18 @@ class Client:
             result.output_tokens = len(parts)
         result.ok = True
         return result
+
+
+def _chunks(count: int) -> str:
+    return f"{count} chunk" + ("" if count == 1 else "s")
+
+
+def _error_body(exc: urllib.error.HTTPError) -> str:
+    """The first 200 bytes of an HTTP error's body (under the exchange's deadline; none if it stalls)."""
+    try:
+        return exc.read(200).decode(errors="replace")
+    except (Stalled, OSError):
+        return ""
 
 
 def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -219,9 +256,21 @@ def _split_labels(text: str) -> list[str]:
     return items
 
 
-def spec_counters(text: str) -> dict[str, Any] | None:
-    """vLLM's speculative-decoding counters (summed over engines); None when the server has none."""
+def spec_counters(text: str, source: str = "/metrics") -> dict[str, Any] | None:
+    """vLLM's speculative-decoding counters (summed over engines); None when the server has none, or when
+    one of them is not a finite number or has a position label that is not one (a warning naming `source`)."""
     metrics = parse_prometheus(text)
+    for name, rows in metrics.items():
+        if not name.startswith("vllm:spec_decode_"):
+            continue
+        bad = next((value for _, value in rows if not math.isfinite(value)), None)
+        position = next((row["position"] for row, _ in rows if not row.get("position", "0").isdigit()), None)
+        if bad is not None or position is not None:
+            if (source, name) not in _WARNED:  # once: every level scrapes before and after
+                _WARNED.add((source, name))
+                what = f"a value of {bad}" if bad is not None else f"position {position!r}"
+                log.warning("%s: %s has %s; speculation counters ignored (no tau)", source, name, what)
+            return None
 
     def total(name: str) -> tuple[float, list[tuple[dict[str, str], float]]] | None:
         for candidate in (f"vllm:spec_decode_{name}_total", f"vllm:spec_decode_{name}"):
@@ -278,15 +327,24 @@ def measure_level(
     recipe: Recipe,
     on_request: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """All conversations at one concurrency level: speed, latency percentiles and counter deltas."""
+    """All conversations at one concurrency level: speed, latency percentiles and counter deltas.
+
+    A failed request is counted (`num_failed`, `errors`) and its conversation ends there; a request the
+    server does not finish in time (`Stalled`) stops the level and the bench with that one line: the
+    level's wall time and tokens/s would be the stall's, and a server stalling on every request would
+    otherwise cost a deadline per request. No request starts after it; those in flight are given up at
+    their next line or end by their own deadline."""
     bench = recipe.bench
     kwargs = recipe.target.chat_template_kwargs or None
     results: list[RequestResult] = []
     lock = threading.Lock()
+    stop = threading.Event()
 
     def converse(conv: Any) -> None:
         history = [m for m in conv.messages if m["role"] == "system"][:1]
         for index, text in enumerate(conv.user_turns):
+            if stop.is_set():
+                return
             messages = [*history, {"role": "user", "content": text}]
             seed = _seed(recipe.seed, conv.id, index, temperature) if temperature > 0 else None
             result = client.chat(
@@ -296,7 +354,10 @@ def measure_level(
                 top_p=bench.top_p,
                 seed=seed,
                 chat_template_kwargs=kwargs,
+                stop=stop,
             )
+            if result.stalled is not None:
+                stop.set()
             with lock:
                 results.append(result)
             if on_request is not None:
@@ -305,12 +366,15 @@ def measure_level(
                 return
             history = [*messages, {"role": "assistant", "content": result.text}]
 
-    before = spec_counters(client.metrics())
+    before = spec_counters(client.metrics(), f"{client.base}/metrics")
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         list(pool.map(converse, conversations))
     wall = time.perf_counter() - started
-    after = spec_counters(client.metrics())
+    stalled = next((r.stalled for r in results if r.stalled is not None), None)
+    if stalled is not None:
+        raise stalled
+    after = spec_counters(client.metrics(), f"{client.base}/metrics")
     good = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     if failed and not good:
@@ -342,6 +406,18 @@ def measure_level(
     }
 
 
+def bench_timeouts(recipe: Recipe) -> Timeouts:
+    """How long bench waits on its endpoints: `bench.request_timeout` / `bench.read_timeout`, else the
+    environment's DSPARK_HTTP_REQUEST_TIMEOUT / DSPARK_HTTP_TIMEOUT, else 1800 / 300 s."""
+    bench = recipe.bench
+    return Timeouts.from_env(
+        bench.request_timeout,
+        bench.read_timeout,
+        request_setting="bench.request_timeout",
+        read_setting="bench.read_timeout",
+    )
+
+
 def sweep(
     base_url: str,
     datasets: list[BenchDataset],
@@ -351,7 +427,7 @@ def sweep(
     on_level: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Every temperature x concurrency level against one endpoint (after one warm-up request)."""
-    client = Client(base_url)
+    client = Client(base_url, bench_timeouts(recipe))
     warm = client.chat(
         [{"role": "user", "content": "Hello"}],
         max_tokens=8,
@@ -359,6 +435,8 @@ def sweep(
         top_p=1.0,
         chat_template_kwargs=recipe.target.chat_template_kwargs or None,
     )
+    if warm.stalled is not None:
+        raise warm.stalled
     if not warm.ok:
         raise DsparkError(f"{client.base}: the warm-up request failed ({warm.error})", "check the server log")
     conversations = [c for d in datasets for c in d.conversations]

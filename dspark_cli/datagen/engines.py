@@ -17,10 +17,12 @@ import os
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from dspark_cli.errors import DsparkError, UsageError
+from dspark_cli.network import MAX_STREAM_BYTES, Timeouts, exchange, read_limited
+from dspark_cli.recipe.bounded import loads_json
 
 log = logging.getLogger(__name__)
 
@@ -217,15 +219,24 @@ class VLLMEngine:
 
 
 class EndpointEngine:
-    """An already running OpenAI-compatible server (vLLM): `/v1/completions` with token-id prompts."""
+    """An already running OpenAI-compatible server (vLLM): `/v1/completions` with token-id prompts.
+
+    A completion is not streamed: the server says nothing until it has generated it all, so its one wait
+    is bounded by `request_timeout` (seconds, for the whole exchange; default DSPARK_HTTP_REQUEST_TIMEOUT,
+    else 1800), not by the per-read DSPARK_HTTP_TIMEOUT that bounds /v1/models. A completion that runs
+    out of time stops the run with one line (`Stalled`); no completion starts after it."""
 
     name = "vllm-endpoint"
 
-    def __init__(self, base_url: str, sampling: Sampling, *, concurrency: int = 16, timeout: float = 600.0) -> None:
+    def __init__(
+        self, base_url: str, sampling: Sampling, *, concurrency: int = 16, request_timeout: float | None = None
+    ) -> None:
         self.base = base_url.rstrip("/").removesuffix("/v1")
         self.sampling = sampling
         self.concurrency = concurrency
-        self.timeout = timeout
+        self.timeouts = Timeouts.from_env(request_timeout, request_setting="datagen.request_timeout")
+        whole = self.timeouts.request_s
+        self.completion_timeouts = replace(self.timeouts, read_s=whole, read_setting="datagen.request_timeout")
         models = self._request("GET", "/v1/models").get("data", [])
         if not models:
             raise DsparkError(f"{self.base} serves no model", "start the server with the target model")
@@ -236,16 +247,29 @@ class EndpointEngine:
         request = urllib.request.Request(
             self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
         )
+        timeouts = self.completion_timeouts if body is not None else self.timeouts
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
+            with exchange(request, timeouts, waiting_for="completion" if body else "model list") as (response, _):
+                answer = loads_json(read_limited(response, MAX_STREAM_BYTES, self.base + path))
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:300]
+            detail = exc.read(300).decode(errors="replace")
             raise DsparkError(f"{self.base}{path}: HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        except (urllib.error.URLError, ConnectionError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
             raise UsageError(
-                f"cannot reach {self.base}: {exc}", "is the server running? check datagen.endpoint"
+                f"cannot reach {self.base}: {reason}", "is the server running? check datagen.endpoint"
             ) from None
+        except ValueError as exc:
+            raise DsparkError(
+                f"{self.base}{path}: not an OpenAI-compatible answer ({exc})",
+                "is datagen.endpoint the base URL of a vLLM (OpenAI-compatible) server?",
+            ) from None
+        if not isinstance(answer, dict):
+            raise DsparkError(
+                f"{self.base}{path}: not an OpenAI-compatible answer (a JSON {type(answer).__name__})",
+                "is datagen.endpoint the base URL of a vLLM (OpenAI-compatible) server?",
+            )
+        return answer
 
     def _one(self, prompt: list[int], seed: int, limit: int) -> Generation:
         body = {
@@ -266,8 +290,11 @@ class EndpointEngine:
         return Generation(list(choice["token_ids"]), reason)
 
     def generate(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int]) -> list[Generation]:
-        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.concurrency)
+        try:
             return list(pool.map(self._one, prompts, seeds, max_tokens))
+        finally:  # after a failure no queued completion starts (each could wait a whole deadline)
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "vllm-endpoint", "endpoint": self.base, "model": self.model}

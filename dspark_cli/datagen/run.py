@@ -226,7 +226,7 @@ def make_engine(recipe: Recipe, plan: DatagenPlan, llm: Any = None) -> Engine | 
     if datagen.endpoint:
         from dspark_cli.datagen.engines import EndpointEngine
 
-        return EndpointEngine(datagen.endpoint, sampling)
+        return EndpointEngine(datagen.endpoint, sampling, request_timeout=datagen.request_timeout)
     from dspark_cli.datagen.engines import VLLMEngine
 
     return VLLMEngine(

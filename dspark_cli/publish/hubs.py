@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dspark_cli.errors import DsparkError, UsageError
 from dspark_cli.hubrules import scrub
+from dspark_cli.publish.hubhttp import stalled_cause
 
 
 @contextlib.contextmanager
@@ -54,6 +55,8 @@ def _scrubbed(hub: str, repo_id: str, token: str) -> Iterator[None]:
     except DsparkError as exc:
         raise type(exc)(scrub(exc.message, secrets), scrub(exc.hint, secrets) if exc.hint else None) from None
     except Exception as exc:  # noqa: BLE001 - whatever a hub client raises, its text is scrubbed before it shows
+        if stalled := stalled_cause(exc):  # a server that stalled: the line dspark's deadline wrote
+            raise type(stalled)(scrub(stalled.message, secrets), stalled.hint) from None
         raise DsparkError(
             f"the {hub} client failed uploading {repo_id}: {type(exc).__name__}: {scrub(_reason(exc), secrets)}",
             "rerun later; if it persists, report it",
@@ -132,6 +135,8 @@ def upload_huggingface(
                 "check that the token may write to that namespace (`hf auth whoami`)",
             ) from exc
         except Exception as exc:
+            if stalled := stalled_cause(exc):
+                raise stalled from exc
             if _is_network_error(exc):
                 raise DsparkError(
                     f"cannot reach Hugging Face at {where}: {_reason(exc)}",
@@ -220,9 +225,9 @@ def upload_modelscope(
     near: Path,
 ) -> str:
     """Create the model repo if needed (with the asked visibility) and commit every file; return its URL."""
-    from dspark_cli.network import requests_stay_on_host
+    from dspark_cli.publish.hubhttp import requests_bounded
 
-    with _scrubbed("ModelScope", repo_id, token), requests_stay_on_host():
+    with _scrubbed("ModelScope", repo_id, token), requests_bounded():
         return _upload_modelscope(
             files,
             repo_id,
@@ -269,11 +274,15 @@ def _upload_modelscope(
                     repo_id=repo_id, folder_path=str(stage), commit_message=message, use_cache=False, disable_tqdm=True
                 )
     except (NetworkError, requests.exceptions.RequestException) as exc:
+        if stalled := stalled_cause(exc):
+            raise stalled from exc
         raise DsparkError(
             f"cannot reach ModelScope at {where}: {_reason(exc)}{client_log.last()}",
             "check the network, or set publish.modelscope_endpoint / MODELSCOPE_ENDPOINT",
         ) from exc
     except (HubError, ValueError) as exc:
+        if stalled := stalled_cause(exc):
+            raise stalled from exc
         raise DsparkError(
             f"ModelScope refused the upload to {repo_id}: {_reason(exc)}{client_log.last()}",
             "check that the token may write to that namespace",

@@ -158,9 +158,9 @@ def publish_draft(recipe: Recipe, draft_dir: str | Path | None = None, *, dry_ru
         result.card_text = readme.decode("utf-8") if isinstance(readme, bytes) else readme.read_text("utf-8")
         return result
     tokens = _tokens(hubs)  # every token before the first upload
-    from dspark_cli.network import use_for_hubs
+    from dspark_cli.publish.hubhttp import use_for_hubs
 
-    use_for_hubs()  # timeouts, bounded replies, no redirect to another host
+    use_for_hubs()  # timeouts and deadlines, bounded replies, no redirect to another host
     message = f"dspark publish: {manifest.get('architecture')} draft for {manifest.get('contract', {}).get('target')}"
     for hub in hubs:
         try:

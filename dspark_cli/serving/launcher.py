@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +50,8 @@ log = logging.getLogger(__name__)
 # the oldest vLLM that serves each method (DSpark landed in 0.33; V1 ngram is older than anything we test)
 MIN_VLLM = {"dspark": (0, 33), "ngram": (0, 10), "none": (0, 0)}
 STOP_GRACE_S = 30.0
+HEALTH_TIMEOUT_S = 2.0  # one /health probe, in all (the readiness loop probes every 0.5 s)
+MODELS_TIMEOUT_S = 10.0  # reading /v1/models once vLLM is healthy, in all
 TAIL_LINES = 300  # enough to hold the root cause above an engine-core traceback
 # an exception line in vLLM's log (`... ERROR ... [core.py:1] ValueError: text`) and the ones that only
 # say that another process failed: the root cause is the latest exception line that is not one of those
@@ -255,20 +256,25 @@ class Ready:
 
 
 def _health(url: str) -> bool:
+    """Does vLLM answer /health with 200 within HEALTH_TIMEOUT_S (the whole exchange, not each read)?"""
+    from dspark_cli.network import Stalled, Timeouts, exchange
+
     try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as response:
+        with exchange(url + "/health", Timeouts(HEALTH_TIMEOUT_S, HEALTH_TIMEOUT_S)) as (response, _):
             return response.status == 200
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, Stalled):
         return False
 
 
 def _served_model(url: str, fallback: str) -> str:
-    import json
+    """The model vLLM serves (its /v1/models, read within MODELS_TIMEOUT_S in all), else `fallback`."""
+    from dspark_cli.network import MAX_JSON_BYTES, Timeouts, exchange, read_limited
+    from dspark_cli.recipe.bounded import loads_json
 
     try:
-        with urllib.request.urlopen(url + "/v1/models", timeout=10) as response:
-            return json.loads(response.read())["data"][0]["id"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError):
+        with exchange(url + "/v1/models", Timeouts(MODELS_TIMEOUT_S, MODELS_TIMEOUT_S)) as (response, _):
+            return str(loads_json(read_limited(response, MAX_JSON_BYTES, url))["data"][0]["id"])
+    except (urllib.error.URLError, OSError, DsparkError, ValueError, KeyError, IndexError, TypeError):
         return fallback
 
 
