@@ -12,7 +12,7 @@ Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `captu
 recipe asks for, one shard captured in batches), `hf.py` (transformers hooks),
 `vllm.py` (the vLLM engine: arguments, drain, post-processing; `vllm_connector.py` its CPU connector), `shards.py` (safetensors format, tensor decoding),
 `store.py` (the online stream's key/bytes store: files by default; `mooncake_store.py` the Mooncake
-one), `stream.py` (P producers -> N readers over a store, bounded), `gate.py` (one launcher of a multi-machine
+one, `mooncake_location.py` its URL and master probe), `stream.py` (P producers -> N readers over a store, bounded), `gate.py` (one launcher of a multi-machine
 run captures, the others wait), `run.py` (orchestration), `sinks.py` (where shards go: the output directory and its
 manifest, or a stream producer), `producers.py` (producers and their supervisor), `types.py`
 (`CapturedSequence`). The output directory and its manifest are read by `dspark_cli.artifacts.capture`.
@@ -30,6 +30,7 @@ _EXPORTS = {
     "contract_for_recipe": "dspark_cli.capture.plan",
     "build_plan": "dspark_cli.capture.plan",
     "resolve_layer_ids": "dspark_cli.capture.plan",
+    "shard_tensor_bytes": "dspark_cli.capture.plan",
     "run_capture": "dspark_cli.capture.run",
     "capture_pending": "dspark_cli.capture.run",
     "ensure_capture": "dspark_cli.capture.run",
@@ -41,6 +42,8 @@ _EXPORTS = {
     "supervise": "dspark_cli.capture.producers",
     "stream_location": "dspark_cli.capture.producers",
     "open_store": "dspark_cli.capture.store",
+    "parse_location": "dspark_cli.capture.mooncake_location",
+    "probe_master": "dspark_cli.capture.mooncake_location",
     "StreamReader": "dspark_cli.capture.stream",
     "StreamProducer": "dspark_cli.capture.stream",
     "CapturedSequence": "dspark_cli.capture.types",
@@ -50,7 +53,14 @@ _EXPORTS = {
 if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
     from dspark_cli.artifacts.capture import verify_captured
     from dspark_cli.capture.gate import capture_once
-    from dspark_cli.capture.plan import build_plan, contract_for_recipe, plan_capture, resolve_layer_ids
+    from dspark_cli.capture.mooncake_location import parse_location, probe_master
+    from dspark_cli.capture.plan import (
+        build_plan,
+        contract_for_recipe,
+        plan_capture,
+        resolve_layer_ids,
+        shard_tensor_bytes,
+    )
     from dspark_cli.capture.producers import Supervisor, produce_stream, stream_location, supervise
     from dspark_cli.capture.run import capture_pending, ensure_capture, run_capture
     from dspark_cli.capture.shards import captured_lengths, iter_captured

@@ -5,13 +5,12 @@
     store.get("producers/0.json")              # bytes, or None
     store.keys("shards/"); store.remove(key); store.used_bytes(); store.close()
 
-Location: `mooncake://HOST[:PORT]/NAMESPACE[?admin_port=9003&segment=0&protocol=tcp&device=&local_hostname=H]`.
-HOST:PORT is the `mooncake_master` RPC address (port 50051 by default); `admin_port` its HTTP admin port
-(`-metrics_port`, 9003 by default), used to list keys, which the client API cannot do; `segment` the bytes
-(`512MB`, `4GB` or a number) of this process's memory it lends to the store: 0 by default, so objects live
-in long-lived `mooncake_client` processes and survive a producer or trainer killed mid-run; `protocol`
-`tcp` or `rdma` (with `device`, e.g. `mlx5_0`). Every key lives under NAMESPACE, so several streams can
-share one master.
+Location (capture/mooncake_location.py): `mooncake://HOST[:PORT]/NAMESPACE[?admin_port=9003&segment=0&
+protocol=tcp&device=&local_hostname=H&timeout=30]`: the `mooncake_master`'s RPC address and its HTTP admin
+port (to list keys, which the client API cannot do), the memory this process lends (0: objects live in
+long-lived `mooncake_client` processes), the transport, and the seconds dspark waits for the master. A
+store opens only once both of the master's ports answer within that deadline (`probe_master`). Every key
+lives under NAMESPACE, so several streams can share one master.
 
 Same semantics as the file store (capture/store.py), built on Mooncake objects, which are immutable:
 - `put` writes a new object `NAMESPACE/KEY@VERSION` (VERSION grows), then removes the older versions;
@@ -28,95 +27,36 @@ Same semantics as the file store (capture/store.py), built on Mooncake objects, 
 from __future__ import annotations
 
 import ctypes
+import http.client
 import os
-import re
 import socket
 import threading
 import time
 import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
+from dspark_cli.capture.mooncake_location import (
+    ADMIN_HTTP,
+    SCHEME,
+    MooncakeLocation,
+    parse_location,
+    probe_master,
+)
 from dspark_cli.errors import DataError, DsparkError, UsageError
 
-SCHEME = "mooncake"
-DEFAULT_RPC_PORT = 50051
-DEFAULT_ADMIN_PORT = 9003
+__all__ = ["MooncakeLocation", "MooncakeStore", "open_mooncake_store", "parse_location", "probe_master"]
+
 VERSION_SEP = "@"
 MAGIC = 0x01  # first byte of every object this store writes (so empty values fit, foreign objects show)
 _NOT_FOUND = -704
 _NOT_READY = -703  # a put still in flight
 _NO_SPACE = -200
 _GRANULE = 1 << 20
-MIN_SEGMENT = 16 << 20  # a client lends nothing or at least this much
-_SIZE = re.compile(r"^(\d+)\s*([kmgt]?i?b?)?$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 INSTALL_HINT = (
     "pip install 'dspark[mooncake]' (mooncake-transfer-engine-non-cuda; the CUDA build "
     "mooncake-transfer-engine works too), and the RDMA user library it links even for TCP: "
     "apt-get install libibverbs1"
 )
-
-
-@dataclass(frozen=True)
-class MooncakeLocation:
-    """A parsed `mooncake://` location."""
-
-    master: str  # host:rpc_port
-    admin: str  # host:admin_port
-    namespace: str
-    segment_bytes: int = 0
-    protocol: str = "tcp"
-    device: str = ""
-    local_hostname: str = ""
-
-
-def _size(text: str, location: str) -> int:
-    match = _SIZE.match(text.strip())
-    if not match:
-        raise UsageError(f"stream {location}: segment={text!r} is not a size", "write bytes, or e.g. 512MB, 4GB")
-    return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()[:1]]
-
-
-def parse_location(location: str) -> MooncakeLocation:
-    """`mooncake://HOST[:PORT]/NAMESPACE[?...]` -> MooncakeLocation; one-line UsageError if malformed."""
-    parts = urlsplit(location)
-    hint = "write mooncake://MASTER_HOST:50051/NAMESPACE[?admin_port=9003&segment=0&protocol=tcp]"
-    namespace = parts.path.strip("/")
-    if parts.scheme != SCHEME or not parts.hostname or not namespace:
-        raise UsageError(f"stream {location}: not a Mooncake location", hint)
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*", namespace):
-        raise UsageError(f"stream {location}: namespace {namespace!r} must be letters, digits, _ . - and /", hint)
-    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-    unknown = sorted(set(query) - {"admin_port", "segment", "protocol", "device", "local_hostname"})
-    if unknown:
-        raise UsageError(f"stream {location}: unknown option {unknown[0]!r}", hint)
-    protocol = query.get("protocol", "tcp")
-    if protocol not in ("tcp", "rdma"):
-        raise UsageError(f"stream {location}: protocol={protocol!r}", "use protocol=tcp or protocol=rdma")
-    try:
-        port = parts.port or DEFAULT_RPC_PORT
-        admin_port = int(query.get("admin_port", DEFAULT_ADMIN_PORT))
-    except ValueError as exc:
-        raise UsageError(f"stream {location}: {exc}", hint) from None
-    segment = _size(query.get("segment", "0"), location)
-    if 0 < segment < MIN_SEGMENT:
-        raise UsageError(
-            f"stream {location}: segment={query['segment']} is below Mooncake's 16 MiB minimum",
-            "lend 0 (the default) or at least 16MB",
-        )
-    host = parts.hostname
-    return MooncakeLocation(
-        f"{host}:{port}",
-        f"{host}:{admin_port}",
-        namespace,
-        segment,
-        protocol,
-        query.get("device", ""),
-        query.get("local_hostname", ""),
-    )
 
 
 def _check_key(key: str) -> None:
@@ -146,12 +86,19 @@ def _load_client() -> tuple[Any, Any]:
 class MooncakeStore:
     """One Mooncake client as a Store (put / get / remove / keys / used_bytes) under one namespace."""
 
-    def __init__(self, location: str | MooncakeLocation, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, location: str | MooncakeLocation, *, timeout_s: float | None = None) -> None:
         self.where = parse_location(location) if isinstance(location, str) else location
         self.location = f"{SCHEME}://{self.where.master}/{self.where.namespace}"
-        self.timeout_s = timeout_s
+        self.timeout_s = self.where.timeout_s if timeout_s is None else timeout_s
         client_class, config_class = _load_client()
-        self._admin("health")  # fails in seconds; the client's own setup retries for 90 s
+        # both ports answer, or one line within timeout_s: the client's own setup cannot be interrupted
+        # (it retries 20 x 30 s against a master that accepts and never answers, holding the GIL)
+        problem = probe_master(self.where, self.timeout_s)
+        if problem is not None:
+            raise DsparkError(
+                f"stream {self.location}: {problem[0]}",
+                f"{problem[1]}; the location's ?timeout= sets how long dspark waits ({self.timeout_s:g} s)",
+            )
         local = self.where.local_hostname or os.environ.get("MOONCAKE_LOCAL_HOSTNAME") or _own_address()
         client = client_class()
         status = client.setup(
@@ -254,14 +201,16 @@ class MooncakeStore:
     def _admin(self, path: str) -> str:
         url = f"http://{self.where.admin}/{path}"
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
+            with ADMIN_HTTP.open(url, timeout=self.timeout_s) as response:
                 return response.read().decode("utf-8")
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
+            waited = f"within {self.timeout_s:g} s" if isinstance(reason, TimeoutError) else f"({reason})"
             raise DsparkError(
                 f"stream {self.location}: the Mooncake master's admin port {self.where.admin} "
-                f"does not answer ({reason})",
-                "start mooncake_master there, or give its -metrics_port as ?admin_port=",
+                f"does not answer {waited} (dspark asked it for /{path})",
+                "start mooncake_master there, or give its -metrics_port as ?admin_port=; "
+                f"dspark waits {self.timeout_s:g} s for it (?timeout=)",
             ) from None
 
     def _versions(self) -> dict[str, list[int]]:

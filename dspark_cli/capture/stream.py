@@ -43,6 +43,7 @@ from dspark_cli.capture.store import Store
 from dspark_cli.capture.types import CapturedSequence
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError
+from dspark_cli.recipe.bounded import loads_json
 
 STREAM_KIND = "dspark.capture.stream"
 CONSUMER_KEY = "consumer.json"
@@ -61,7 +62,7 @@ def producer_key(worker: int) -> str:
 
 def read_json(store: Store, key: str) -> dict[str, Any] | None:
     data = store.get(key)
-    return None if data is None else json.loads(data.decode("utf-8"))
+    return None if data is None else loads_json(data)
 
 
 def write_json(store: Store, key: str, value: dict[str, Any]) -> None:
@@ -99,13 +100,32 @@ def parse_shard(name: str, data: bytes, *, layer_ids: list[int], hidden_size: in
     from safetensors.torch import load
 
     try:
-        header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+        header = loads_json(data[8 : 8 + int.from_bytes(data[:8], "little")])
         tensors = load(data)
     except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
         raise DataError(f"{name}: unreadable shard ({str(exc).splitlines()[0][:120]})", HINT) from None
     return unpack(
         name, tensors, header.get("__metadata__") or {}, layer_ids=layer_ids, hidden_size=hidden_size, hint=HINT
     )
+
+
+def _damage(data: bytes, entry: dict[str, Any]) -> str:
+    """What is wrong with shard bytes that do not match their producer's entry (size, then sha256)."""
+    want = int(entry["bytes"])
+    if len(data) < want:
+        return f"truncated: {len(data):,} of the {want:,} bytes its producer published"
+    if len(data) > want:
+        return f"{len(data):,} bytes, its producer published {want:,}"
+    return f"checksum mismatch: sha256 {hashlib.sha256(data).hexdigest()[:12]}..., published {entry['sha256'][:12]}..."
+
+
+def _producer_state(status: dict[str, Any] | None) -> str:
+    """A producer's state in a few words, from its status object (None: it never wrote one)."""
+    if not status:
+        return "has written no status yet (never started?)"
+    age = time.time() - float(status.get("heartbeat", 0.0))
+    done = len(status.get("shards") or {})
+    return f"last wrote its status {age:.0f} s ago ({done} shard(s) published)"
 
 
 class StreamClosed(Exception):
@@ -349,7 +369,12 @@ class StreamReader:
                         break
                     fresh = ((self._producer(worker) or {}).get("shards") or {}).get(name)
                     if data is not None and fresh == entry:
-                        raise DataError(f"{where}: checksum mismatch (corrupt or altered shard)", HINT)
+                        raise DataError(
+                            f"{where}: {_damage(data, entry)} (corrupt or altered shard)",
+                            f"delete it from the stream and restart capture producer {worker} (`dspark produce "
+                            f"RECIPE --only {worker}`; `dspark train --resume auto` restarts the producers it "
+                            "starts): it captures that shard again",
+                        )
                     # gone, or captured again after a rewind: wait for the producer's new entry
                 consumer = consumer_state(self.store)
                 if index < int(consumer.get("released_below", 0)):
@@ -369,13 +394,14 @@ class StreamReader:
                 if reason:  # e.g. a producer that died before it wrote its status: nothing will come
                     raise DataError(
                         f"{self.location}: no shard {index}: {reason}",
-                        "the producer's own error is printed above; fix it and run again (--resume auto)",
+                        "fix it and run again (--resume auto); the producer's output has its traceback",
                     )
                 if time.monotonic() - started > self.timeout_s:
                     raise DataError(
-                        f"{self.location}: no shard {index} from capture producer {worker} after "
-                        f"{self.timeout_s:.0f} s",
-                        "are the producers running (`dspark produce`)?",
+                        f"{self.location}: waited {self.timeout_s:g} s for {shard_key(index)} from capture "
+                        f"producer {worker}, which {_producer_state(self.status.get(worker))}",
+                        "start the producers (`dspark produce RECIPE` where capture.external_producers is set) or "
+                        "read their logs; capture.stream_timeout sets this wait",
                     )
                 time.sleep(self.poll_s)
         finally:

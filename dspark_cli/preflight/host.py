@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_cli.errors import DsparkError
+from dspark_cli.preflight.stream import stream_store_answers
 from dspark_cli.targets import Target
 
 if TYPE_CHECKING:
@@ -218,7 +219,13 @@ def _builtin_eval_set(name: str) -> bool:
 RULES = {
     "datagen": [target_on_this_machine, datagen_engine_installed, prompt_files_exist],
     "capture": [target_on_this_machine, capture_backend_runs_here],
-    "train": [target_on_this_machine, train_processes_fit, train_attention_runs_here, train_metric_sinks_installed],
+    "train": [
+        target_on_this_machine,
+        train_processes_fit,
+        train_attention_runs_here,
+        train_metric_sinks_installed,
+        stream_store_answers,
+    ],
     "bench": [target_on_this_machine, bench_files_exist],
     "serve": [serve_runs_here],
     "publish": [publish_tokens],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dspark_cli.preflight.stream import stream_bounds_hold
 from dspark_cli.targets import Target
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def _hub_id(recipe: Recipe) -> bool:
 RULES = {
     "datagen": [datagen_has_sources],
     "capture": [k3_stream_needs_vllm, capture_prompt_fits_vllm],
-    "train": [online_device_split],
+    "train": [online_device_split, stream_bounds_hold],
     "export": [export_format_fits_the_draft, export_embeddings_need_a_local_target, export_config_loads_in_vllm],
     "bench": [bench_has_datasets, bench_thresholds_need_confidence],
     "publish": [publish_destination],

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from dspark_cli.draft.names import top_modules
 from dspark_cli.errors import DsparkError
 from dspark_cli.preflight.paths import output_dirs_creatable
+from dspark_cli.preflight.stream import stream_location_problems
 from dspark_cli.targets import Target
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ def shared_problems(recipe: Recipe) -> list[str]:
     problems += _check_target(recipe)
     problems += _check_draft(recipe)
     problems += _check_stages(recipe)
+    problems += stream_location_problems(recipe)
     return problems + output_dirs_creatable(recipe)
 
 

@@ -22,7 +22,8 @@ Importing this package is free (no torch); its names import their modules on fir
 - settings.py      which settings make a training result (a checkpoint of other settings is refused)
 - loop.py          `train_step` and the training loop (schedule, clipping, logging, checkpoints)
 - session.py       `TrainRun` (what makes one session) and `train_session`: build, resume, loop, final draft, manifest
-- stream_source.py the online stream's rank side: the step plan, this rank's share of each step
+- stream_plan.py   the online stream's step plan and its bounds (no torch; preflight checks them)
+- stream_source.py the online stream's rank side: this rank's share of each step
 - run.py           `run_train(recipe, resume=...)`: training on this process (one process or one rank);
                    `plan_train` (--dry-run)
 - launch.py        `train`, the one entry: capture first, then train here or start torchrun (no torch)
@@ -47,11 +48,14 @@ _EXPORTS = {
     "train": "dspark_cli.training.launch",
     "is_main_process": "dspark_cli.training.launch",
     "plan_train": "dspark_cli.training.run",
+    "plan_for_recipe": "dspark_cli.training.stream_plan",
+    "bound_problem": "dspark_cli.training.stream_plan",
 }
 
 if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
     from dspark_cli.training.launch import is_main_process, train
     from dspark_cli.training.run import plan_train
+    from dspark_cli.training.stream_plan import bound_problem, plan_for_recipe
 
 __all__ = sorted(_EXPORTS)
 

@@ -15,6 +15,7 @@ step would hold fewer sequences than ranks does it join the next one (the last s
 left at the end, so every sequence is trained). Each step is split over ranks by `Step.for_rank`'s balanced
 rule, from lengths alone, so every rank knows every step's owner of every sequence; a rank reads
 only the shards holding its own sequences. Anchors are seeded by (seed, epoch, position in the plan).
+The plan and the stream bounds it implies live in stream_plan.py (no torch: the preflight uses them).
 
 Release on consumption: before drawing step s + 1, rank 0 releases every shard no step after s uses
 (step s's gradient reduction needed every rank, so every rank has read its share). The stream
@@ -33,129 +34,19 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dspark_cli.errors import DataError, UsageError
 from dspark_cli.training.data import Step, prepare
-from dspark_cli.training.plan import epoch_rng, pack_steps
+from dspark_cli.training.stream_plan import Item, OnlinePlan, bound_problem, plan_for_recipe, plan_online
+
+__all__ = ["Item", "OnlinePlan", "OnlineSource", "OnlineStep", "plan_online", "utilisation"]
 
 if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe
 
 log = logging.getLogger(__name__)
-READ_TIMEOUT_S = 3600.0  # how long a rank waits for one shard (engines can take minutes to load)
-
-
-@dataclass(frozen=True)
-class Item:
-    """One trainable sequence of the plan."""
-
-    epoch: int
-    index: int  # position among all planned sequences (seeds its anchors)
-    seq_id: str
-    shard: int
-    slot: int  # position inside its shard
-    num_tokens: int  # after train.max_seq_len
-
-
-@dataclass
-class OnlinePlan:
-    steps: list[list[list[Item]]]  # steps[s][rank]: the items rank trains at step s + 1
-    num_shards: int
-    last_use: list[int]  # per shard: the last step (1-based) an epoch-0 item of it is trained; 0 for none
-    keep: bool  # shards kept for later epochs: released only at the end
-
-    def release_below(self, step: int) -> int:
-        """Shards below this index are needed by no step after `step` (0 while they are kept)."""
-        if self.keep and step < len(self.steps):
-            return 0
-        return next((s for s, last in enumerate(self.last_use) if last > step), self.num_shards)
-
-    def consumed(self, step: int) -> int:
-        return sum(len(rank) for s in self.steps[:step] for rank in s)
-
-    def required_shards(self) -> int:
-        """The smallest `capture.queue_max_shards` that never stalls: the shards from the oldest one the
-        current step still reads (everything older was released after the step before) to the newest
-        one it reads. It does not depend on the checkpoint interval."""
-        need, high = 1, -1
-        for s, ranks in enumerate(self.steps, start=1):
-            high = max([high] + [i.shard for rank in ranks for i in rank if i.epoch == 0])
-            need = max(need, high - self.release_below(s - 1) + 1)
-        return need
-
-
-class _Length:
-    def __init__(self, item: Item) -> None:
-        self.item, self.num_tokens = item, item.num_tokens
-
-
-def plan_online(
-    capture_plan: Any,
-    *,
-    max_seq_len: int,
-    tokens_per_step: int,
-    world_size: int,
-    seed: int,
-    epochs: float = 1.0,
-    max_steps: int | None = None,
-    keep: bool = False,
-) -> OnlinePlan:
-    """The whole run's steps and their per-rank split, from the capture plan's token ids and masks."""
-    first: list[Item] = []
-    by_shard: dict[int, list[Item]] = {}
-    slot, current = 0, None
-    for index, (shard, seq_id, ids, mask) in enumerate(capture_plan.samples()):
-        slot = slot + 1 if shard == current else 0
-        current = shard
-        kept = min(len(ids), max_seq_len)  # trainable: some loss position with a target state before it
-        if any(mask[p] and mask[p - 1] for p in range(1, kept)):
-            item = Item(0, index, seq_id, shard, slot, kept)
-            first.append(item)
-            by_shard.setdefault(shard, []).append(item)
-    items = list(first)
-    epoch = 1
-    while keep and epoch < epochs:
-        rng = epoch_rng(seed, epoch)
-        order = sorted(by_shard)
-        rng.shuffle(order)
-        epoch_items = []
-        for shard in order:
-            group = list(by_shard[shard])
-            rng.shuffle(group)
-            epoch_items += [dataclasses.replace(i, epoch=epoch) for i in group]
-        items += epoch_items[: round(min(1.0, epochs - epoch) * len(epoch_items))]
-        epoch += 1
-    steps: list[list[list[Item]]] = []
-    num_shards = len(capture_plan.shards)
-    last_use = [0] * num_shards
-    groups: list[list[Item]] = []
-    pending: list[Item] = []
-    for group in pack_steps(((i, i.num_tokens) for i in items), tokens_per_step, 1):  # the budget alone
-        pending += group
-        if len(pending) >= world_size:  # a step of fewer sequences than ranks joins the next one
-            groups.append(pending)
-            pending = []
-            if max_steps is not None and len(groups) >= max_steps:
-                break
-    if pending and groups and (max_steps is None or len(groups) < max_steps):
-        groups[-1] += pending  # the few left at the end join the last step
-    elif pending and not groups:
-        raise DataError(
-            f"{len(items)} trainable sequences cannot give each of {world_size} ranks one",
-            "use fewer ranks, or more datagen samples",
-        )
-    for group in groups:
-        split = Step([_Length(i) for i in group], {})
-        steps.append([[e.item for e in split.for_rank(r, world_size)] for r in range(world_size)])
-        for item in group:
-            if item.epoch == 0:
-                last_use[item.shard] = len(steps)
-    for s in range(1, num_shards):  # a shard nothing trains on goes with the one before it
-        last_use[s] = max(last_use[s], last_use[s - 1])
-    return OnlinePlan(steps, num_shards, last_use, keep)
 
 
 def utilisation(producer_wait_s: list[float], rank_wait_s: list[float], wall_s: float) -> dict[str, Any]:
@@ -202,7 +93,7 @@ class OnlineSource:
         from dspark_cli.capture import StreamReader, build_plan, open_store, stream_location
         from dspark_cli.machine.devices import device_split_problems
 
-        train, capture = recipe.train, recipe.capture
+        capture = recipe.capture
         self.recipe, self.env, self.out_dir = recipe, env, out_dir
         if not capture.external_producers and (problems := device_split_problems(recipe)):
             raise UsageError(
@@ -210,31 +101,11 @@ class OnlineSource:
                 "set capture.devices and train.devices to disjoint lists that fit (docs/online.md)",
             )
         capture_plan = build_plan(recipe)
-        keep = capture.keep_max_bytes is not None
-        if keep and (total := sum(capture_plan.shard_bytes(s) for s in capture_plan.shards)) > capture.keep_max_bytes:
-            raise UsageError(
-                f"capture.keep_max_bytes={capture.keep_max_bytes} cannot hold the whole stream "
-                f"({total} bytes) for train.epochs={train.epochs}",
-                f"raise it to >= {total}, or unset it to read the data once",
-            )
-        epochs = train.epochs if keep else 1.0
-        self.plan = plan_online(
-            capture_plan,
-            max_seq_len=train.max_seq_len,
-            tokens_per_step=train.tokens_per_step,
-            world_size=env.world_size,
-            seed=train.seed,
-            epochs=epochs,
-            max_steps=train.max_steps,
-            keep=keep,
-        )
+        self.plan = plan_for_recipe(recipe, capture_plan, world_size=env.world_size)
         self.required = self.plan.required_shards()
-        if not keep and self.required > capture.queue_max_shards:
-            raise UsageError(
-                f"capture.queue_max_shards={capture.queue_max_shards} is too small: one training step "
-                f"reads from {self.required} shards at once",
-                f"set capture.queue_max_shards>={self.required}, or lower capture.shard_tokens",
-            )
+        problem = bound_problem(recipe, capture_plan, self.plan, world_size=env.world_size)  # the preflight's too
+        if problem is not None:
+            raise UsageError(*problem)
         self.location = stream_location(recipe)
         expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
         self.reader = StreamReader(
@@ -242,7 +113,7 @@ class OnlineSource:
             fingerprint=capture_plan.fingerprint,
             workers=capture.workers,
             expect=expect,
-            timeout_s=READ_TIMEOUT_S,
+            timeout_s=capture.stream_timeout,
             gave_up=lambda: self.supervisor.error if self.supervisor is not None else None,
         )
         self.supervisor = None
@@ -261,8 +132,13 @@ class OnlineSource:
 
         recipe_file = write_resolved(self.recipe, self.out_dir / "online-producer")
         log.info("starting %d capture producer(s) into %s", self.recipe.capture.workers, self.location)
-        return Supervisor(
-            recipe_file, self.location, self.recipe, environ=child_environ(), on_event=log.warning
+        return Supervisor(  # each producer's output in the train directory's logs/producer-<w>.log
+            recipe_file,
+            self.location,
+            self.recipe,
+            environ=child_environ(),
+            on_event=log.warning,
+            log_dir=self.out_dir / "logs",
         ).start()
 
     def steps(self, start_step: int, position: dict[str, int]) -> Iterator[Step]:
@@ -381,6 +257,6 @@ class OnlineSource:
     def close(self) -> None:
         if self.supervisor is not None:
             self.supervisor.stop()
-            if self.supervisor.error:
-                log.warning("capture producers: %s", self.supervisor.error)
+            if self.supervisor.error:  # the reader's error carries it to the user (a warning would repeat it)
+                log.info("capture producers: %s", self.supervisor.error)
             self.supervisor = None
