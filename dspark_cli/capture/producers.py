@@ -13,6 +13,11 @@ the restarted producer skips every shard it had published (capture/stream.py). A
 by a rank dies with its supervisor (PR_SET_PDEATHSIG), so a trainer restarted by torchrun starts
 fresh producers instead of finding two writers per share. Producer w captures the plan's shards
 w, w + P, ... on its devices (machine/devices.py).
+
+A producer that fails records why in its error file (machine/procs.py `record_failure`), and the supervisor
+gives up with that root cause and the producer's log: `capture producer 0 failed: ... (its log: ...)`. The
+log is `<train dir>/logs/producer-<w>.log` when `dspark train` starts the producers,
+`<capture dir>/logs/producer-<w>.log` under `dspark produce`.
 """
 
 from __future__ import annotations
@@ -20,16 +25,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dspark_cli.artifacts.results import ProduceSummary
+from dspark_cli.machine.procs import ERROR_FILE, ChildFailure, read_failure, record_failure
 
 if TYPE_CHECKING:
     from dspark_cli.recipe.schema import Recipe
@@ -100,7 +109,9 @@ class Supervisor:
     """Start `capture.workers` producer processes for the stream and keep them running until each finished.
 
     `run()` blocks (the `python -m dspark_cli.capture.producers` foreground); `start()` runs it in a thread (the
-    trainer's rank 0) and `stop()` ends it and its producers. `error` holds the reason it gave up.
+    trainer's rank 0) and `stop()` ends it and its producers. `error` holds the reason it gave up, `failure`
+    the failed producer's own (what it recorded), `failed_log` its log. `log_dir`: each producer's output
+    goes to `<log_dir>/producer-<w>.log` (default: this process's output), which `error` names.
     """
 
     def __init__(
@@ -115,16 +126,27 @@ class Supervisor:
         bind_to_parent: bool = True,
         on_event: Callable[[str], None] | None = None,
         workers: list[int] | None = None,
+        log_dir: str | Path | None = None,
     ) -> None:
         self.recipe_file, self.location, self.recipe = str(recipe_file), location, recipe
         self.overrides, self.environ, self.poll_s = list(overrides or []), environ, poll_s
         self.bind_to_parent, self.on_event = bind_to_parent, on_event or log.info
         self.workers = list(range(recipe.capture.workers)) if workers is None else list(workers)
+        self.log_dir = None if log_dir is None else Path(log_dir)
         self.procs: dict[int, subprocess.Popen] = {}
         self.restarts: dict[int, int] = {}
         self.error: str | None = None
+        self.failure: ChildFailure | None = None
+        self.failed_log: Path | None = None
+        self._errors = Path()  # run(): a private directory of each producer's error file
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def log_path(self, worker: int) -> Path | None:
+        return None if self.log_dir is None else self.log_dir / f"producer-{worker}.log"
+
+    def _error_file(self, worker: int) -> Path:
+        return self._errors / f"producer-{worker}.json"
 
     def _spawn(self, worker: int) -> subprocess.Popen:
         from dspark_cli.machine.devices import producer_environ
@@ -141,11 +163,29 @@ class Supervisor:
             *self.overrides,
         ]
         env = producer_environ(self.recipe, worker, self.environ if self.environ is not None else os.environ)
+        self._error_file(worker).unlink(missing_ok=True)  # a restarted producer's own, not its predecessor's
+        env[ERROR_FILE] = str(self._error_file(worker))
         # SIGKILL when the supervising thread goes: a producer's work is resumable
         bind = dies_with_parent(signal.SIGKILL) if self.bind_to_parent else None
-        return subprocess.Popen(cmd, env=env, preexec_fn=bind)
+        output = self.log_path(worker)
+        if output is None:
+            return subprocess.Popen(cmd, env=env, preexec_fn=bind)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with open(output, "a", encoding="utf-8") as out:  # the child holds its own copy
+            return subprocess.Popen(cmd, env=env, preexec_fn=bind, stdout=out, stderr=subprocess.STDOUT)
+
+    def _failed(self, worker: int, code: int) -> str:
+        """Why producer `worker` (exit `code`) failed: its own error when it recorded one, and its log."""
+        self.failure, self.failed_log = read_failure(self._error_file(worker)), self.log_path(worker)
+        why = f": {self.failure.cause}" if self.failure is not None else f" (exit {code})"
+        return f"capture producer {worker} failed{why}{self._log_note(worker)}"
+
+    def _log_note(self, worker: int) -> str:
+        output = self.log_path(worker)
+        return "" if output is None else f" (its log: {output})"
 
     def run(self) -> None:
+        self._errors = Path(tempfile.mkdtemp(prefix="dspark-producers-"))
         try:
             for worker in self.workers:
                 self.procs[worker] = self._spawn(worker)
@@ -157,12 +197,16 @@ class Supervisor:
                     if code == 0:
                         del self.procs[worker]
                         continue
-                    if code in (1, 2):  # a DsparkError: the producer recorded it; restarting repeats it
-                        self.error = f"capture producer {worker} failed (exit {code})"
+                    if code in (1, 2):  # an error the producer recorded; restarting repeats it
+                        self.error = self._failed(worker, code)
                         self._stop.set()
                         break
                     if self.restarts.get(worker, 0) >= MAX_RESTARTS:
-                        self.error = f"capture producer {worker} died {MAX_RESTARTS + 1} times (last exit {code})"
+                        self.error = (
+                            f"capture producer {worker} died {MAX_RESTARTS + 1} times (last exit {code})"
+                            + self._log_note(worker)
+                        )
+                        self.failed_log = self.log_path(worker)
                         self._fail(worker, self.error)
                         self._stop.set()
                         break
@@ -175,6 +219,7 @@ class Supervisor:
                 self._stop.wait(self.poll_s)
         finally:
             self._terminate()
+            shutil.rmtree(self._errors, ignore_errors=True)
 
     def _fail(self, worker: int, message: str) -> None:
         from dspark_cli.capture.store import open_store
@@ -229,11 +274,22 @@ def supervise(
             "name this machine's share of capture.workers",
         )
     location = location or stream_location(recipe)
-    supervisor = Supervisor(recipe_file, location, recipe, overrides=overrides, workers=only, bind_to_parent=True)
+    logs = Path(recipe.stage_dir("capture")) / "logs"
+    supervisor = Supervisor(
+        recipe_file, location, recipe, overrides=overrides, workers=only, bind_to_parent=True, log_dir=logs
+    )
     started = time.time()
     supervisor.run()
-    if supervisor.error:
-        raise DsparkError(supervisor.error, "its own error is in the stream's producer status and its log above")
+    if supervisor.error:  # its message names the producer's log
+        failure = supervisor.failure
+        error = DsparkError(
+            supervisor.error,
+            failure.hint
+            if failure is not None and failure.hint
+            else "fix it and run again: the producers resume where they stopped",
+        )
+        error.exit_code = failure.exit_code if failure is not None else 1
+        raise error
     return ProduceSummary(
         stream=location,
         producers=len(supervisor.workers),
@@ -258,16 +314,21 @@ def main(argv: list[str] | None = None) -> int:
     options = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args[2:] if a.startswith("--") and "=" in a}
     overrides = [a for a in args[2:] if not a.startswith("--")]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    worker = options.get("--worker")
     try:
         recipe = load_recipe(args[0], overrides)
-        if "--worker" in options:
-            summary = produce_stream(
-                recipe, args[1], int(options["--worker"]), restarts=int(options.get("--restarts", 0))
-            )
+        if worker is not None:
+            summary = produce_stream(recipe, args[1], int(worker), restarts=int(options.get("--restarts", 0)))
         else:
             only = [int(w) for w in options["--only"].split(",")] if "--only" in options else None
             summary = supervise(args[0], recipe, overrides=overrides, only=only, location=args[1]).to_dict()
-    except DsparkError as exc:
+    except Exception as exc:
+        if worker is not None:  # for the supervisor: the root cause of its giving up
+            record_failure(exc, f"capture producer {worker}")
+        if not isinstance(exc, DsparkError):
+            raise  # its traceback, in the producer's output
+        if not sys.stderr.isatty():  # a log (the supervisor's, or the run's): the traceback belongs there
+            traceback.print_exc(file=sys.stderr)
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     print(json.dumps(summary))

@@ -17,21 +17,35 @@ stops the whole group.
 
 Every `vllm.LLM` dspark starts (datagen's engine, the capture engines) takes its CPU settings from
 here: `cpu_engine_defaults`, `cpu_engine_environment` and `engine_dtype`.
+
+A child that fails says why in an error file, torchelastic's (`TORCHELASTIC_ERROR_FILE`: torchrun sets one
+per rank, the producers' supervisor one per producer), which its parent reads back to report the root
+cause as the CLI's one line:
+
+    record_failure(exc, "rank 1")                         # in the child, where it catches the exception
+    failure = first_failure(Path(log_dir).rglob("error.json"))   # in the parent, after the children ended
+    raise failure.error(log="train/logs/train-....log")   # `rank 1 failed: ValueError: ...` + a hint
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.errors import DsparkError
+
 PR_SET_PDEATHSIG = 1
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # where a child records its failure (`record_failure`)
 log = logging.getLogger(__name__)
 
 
@@ -49,6 +63,94 @@ def dies_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
             pass
 
     return bind
+
+
+@dataclass(frozen=True)
+class ChildFailure:
+    """Why a child process (a torchrun rank, a capture producer) failed, as it recorded it."""
+
+    who: str  # "rank 1", "capture producer 0"
+    kind: str  # the exception's type, e.g. "ValueError", "DataError"
+    message: str  # its message's first line
+    hint: str | None  # a DsparkError's own hint
+    exit_code: int  # the CLI's: 1 runtime, 2 usage, 130 interrupted
+    user: bool  # the user's to fix (a DsparkError, an OSError, ...); False: an internal error
+    time: float  # when it was recorded (seconds since the epoch): the earliest of several is the root cause
+
+    @classmethod
+    def of(cls, exc: BaseException, who: str) -> ChildFailure:
+        from dspark_cli.errors import user_error
+
+        if isinstance(exc, KeyboardInterrupt):
+            return cls(who, "KeyboardInterrupt", "interrupted", None, 130, True, time.time())
+        error = user_error(exc)
+        if error is not None:
+            return cls(who, type(exc).__name__, error.message, error.hint, error.exit_code, True, time.time())
+        lines = str(exc).strip().splitlines()
+        return cls(who, type(exc).__name__, lines[0] if lines else "", None, 1, False, time.time())
+
+    @property
+    def cause(self) -> str:
+        """The root cause in one line: a user error's own message, else the exception's type and message."""
+        if self.user:
+            return self.message
+        return f"{self.kind}: {self.message}" if self.message else self.kind
+
+    def error(self, log: str | os.PathLike[str] | None = None) -> DsparkError:
+        """The CLI's one line (`WHO failed: CAUSE`) and a hint: a user error's own hint, else where the
+        traceback is, then `log`, the file that holds every output of the failed run."""
+        if self.user:
+            where = None if log is None else f"the full log: {os.fspath(log)}"
+            hint = "; ".join(h for h in (self.hint, where) if h)
+        elif log is not None:
+            hint = f"the traceback is in {os.fspath(log)}; report it if the cause is not yours to fix"
+        else:
+            hint = "rerun with DSPARK_DEBUG=1 for the traceback and report it"
+        error = DsparkError(f"{self.who} failed: {self.cause}", hint or None)
+        error.exit_code = self.exit_code
+        return error
+
+
+def record_failure(exc: BaseException, who: str, path: str | os.PathLike[str] | None = None) -> None:
+    """Write `exc` to `path` (default: `$TORCHELASTIC_ERROR_FILE`; nothing when neither is set) as
+    torchelastic's `ErrorHandler` does -- torchrun's failure summary reads its message and traceback --
+    with the `ChildFailure` beside it for dspark's parent to read (`read_failure`)."""
+    import traceback
+
+    path = path or os.environ.get(ERROR_FILE)
+    if not path:
+        return
+    failure = ChildFailure.of(exc, who)
+    data = {
+        "message": {
+            "message": f"{failure.kind}: {failure.message}",
+            "extraInfo": {
+                "py_callstack": "".join(traceback.format_exception(exc)),
+                "timestamp": str(int(failure.time)),
+            },
+        },
+        "dspark": asdict(failure),
+    }
+    try:
+        Path(path).write_text(json.dumps(data), encoding="utf-8")
+    except OSError as error:  # the failure itself still reaches the output
+        log.warning("could not record the failure in %s: %s", path, error)
+
+
+def read_failure(path: str | os.PathLike[str]) -> ChildFailure | None:
+    """The failure `record_failure` wrote to `path`; None when there is none (or it is not dspark's)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return ChildFailure(**data["dspark"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def first_failure(paths: Iterable[str | os.PathLike[str]]) -> ChildFailure | None:
+    """The earliest of the failures recorded at `paths` (torchrun's "first observed failure"): the others
+    are mostly its consequences, e.g. a peer's collective that lost the failed rank."""
+    failures = [f for f in map(read_failure, paths) if f is not None]
+    return min(failures, key=lambda f: f.time, default=None)
 
 
 # The reaper of a process group: a small Python process of its own. SIGTERM (the kernel sends it when the
@@ -152,10 +254,10 @@ def cpu_mla_backend(model_path: str, dtype: str, *, amx: bool | None = None) -> 
     model (a config with `kv_lora_rank`) at any other dtype fails to load ("expect weight to be bfloat16,
     float16, int8, fp8_e4m3 or uint8"). Such a model gets vLLM's reference CPU_MLA backend, the one every
     CPU without AMX uses anyway. `amx`: whether the CPU has AMX tiles (default: ask torch)."""
-    import json
+    from dspark_cli.recipe.bounded import read_json
 
     try:
-        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+        config = read_json(Path(model_path) / "config.json")
     except (OSError, ValueError):
         return {}  # not a local model directory: vLLM decides
     if not isinstance(config, dict) or not config.get("kv_lora_rank"):

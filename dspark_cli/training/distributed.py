@@ -186,10 +186,13 @@ def torchrun_command(
     rdzv_endpoint: str | None = None,
     run_id: str = "dspark-train",
     max_restarts: int = 0,
+    log_dir: str | None = None,
 ) -> list[str]:
     """`python -m torch.distributed.run ... -m dspark_cli.training <rank_args>` for `nproc` processes per
     machine (each rank runs training/__main__.py); `max_restarts` > 0: torchrun restarts the whole gang
-    after a rank dies (each rank resumes from the last checkpoint, as `rank_args` say `--resume=auto`)."""
+    after a rank dies (each rank resumes from the last checkpoint, as `rank_args` say `--resume=auto`).
+    `log_dir`: torchrun keeps each rank's error file (`<log_dir>/<run>/attempt_<n>/<local rank>/error.json`)
+    and stderr there, and copies the stderr to its own (`--tee=2`)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
     if max_restarts:
         cmd.append(f"--max-restarts={max_restarts}")
@@ -204,4 +207,6 @@ def torchrun_command(
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={run_id}"]
     else:
         cmd += ["--standalone"]  # a free port on this machine; no clashes between runs
+    if log_dir:
+        cmd += [f"--log-dir={log_dir}", "--tee=2"]
     return [*cmd, "-m", "dspark_cli.training", *rank_args]

@@ -11,24 +11,33 @@ file again: that file may have changed since, and a gang torchrun restarts (`tra
 read it again hours later. Rank 0 prints each logged step as one JSON line (`RECORD`), read back here
 into `on_log`; the summary is then read from the train manifest.
 
+Everything else the ranks write, and torchrun's own messages, go to the run's log,
+`<train dir>/logs/train-<time>.log`, each rank's lines marked `[rankN]:` (the capture producers rank 0
+starts write `logs/producer-<w>.log` beside it); rank 0's warnings are shown as well. A failed run is one line: the first failing rank's own error (each rank records
+its failure in torchrun's error file, machine/procs.py `record_failure`), with a hint naming the log. One
+process trains here, and an internal error there is the same line, its traceback in the same place.
+
 Import-light: nothing here imports torch, because a single process pins its OpenMP threads
 (`machine.cpu.bind_threads`) through variables libgomp reads only once, when torch loads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dspark_cli.errors import DsparkError
+from dspark_cli.errors import DsparkError, UsageError, debug_enabled, user_error
 from dspark_cli.machine.cpu import bind_threads, under_torchrun
 from dspark_cli.recipe.schema import Recipe
 
@@ -86,6 +95,10 @@ def child_args(
 UNSHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
+# torchrun marks each rank's lines it copies into the log (`--tee`) with this (string.Template: rank, local_rank)
+LOG_LINE_PREFIX = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: "}
+
+
 def torchrun_environ(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment torchrun runs in: this one, with the ranks' store not shared (the user's own
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE wins; training/distributed.py then keys the store per restart)."""
@@ -117,8 +130,10 @@ def launch_command(
     resume: str,
     output_dir: str | None,
     devices: tuple[list[int], list[int]] | None = None,
+    log_dir: str | None = None,
 ) -> list[str]:
-    """The torchrun command line that trains `recipe` in `nproc_per_node x nnodes` children."""
+    """The torchrun command line that trains `recipe` in `nproc_per_node x nnodes` children (`log_dir`:
+    where torchrun keeps each rank's error file and stderr; see `torchrun_command`)."""
     from dspark_cli.training.distributed import torchrun_command
 
     nproc = recipe.train.nproc_per_node
@@ -130,6 +145,46 @@ def launch_command(
         rdzv_endpoint=recipe.train.rdzv_endpoint,
         run_id=recipe.name,
         max_restarts=recipe.train.max_restarts,
+        log_dir=log_dir,
+    )
+
+
+TRAIN_KIND = "dspark.train"
+
+
+def run_log(recipe: Recipe) -> Path:
+    """A new log file for this launch, `<train dir>/logs/train-<time>.log` (`-<host>-<pid>` added with
+    train.nnodes > 1: one launcher per machine, one shared directory). The train directory is claimed as
+    rank 0 claims it (its owner mark first; a directory dspark did not make is a UsageError) but not
+    locked: rank 0 takes the lock, and on several machines it may already hold it."""
+    from dspark_cli.artifacts.files import OWNER_NAME, manifest_kind, ownership_problem, write_json_atomic
+
+    field = "train.output_dir"
+    out = Path(recipe.stage_dir("train"))
+    problem = ownership_problem(out, TRAIN_KIND, field)
+    if problem is not None:
+        raise UsageError(problem.removeprefix(f"{field}: "), f"{field} names a directory dspark did not make")
+    out.mkdir(parents=True, exist_ok=True)
+    if manifest_kind(out, OWNER_NAME) != TRAIN_KIND:
+        write_json_atomic(out / OWNER_NAME, {"kind": TRAIN_KIND})
+    (out / "logs").mkdir(exist_ok=True)
+    host = f"-{socket.gethostname()}-{os.getpid()}" if recipe.train.nnodes > 1 else ""
+    return out / "logs" / f"train-{time.strftime('%Y%m%d-%H%M%S')}{host}.log"
+
+
+def rank_failure(log_dir: str | os.PathLike[str], code: int, log: Path) -> DsparkError:
+    """Why torchrun failed (exit `code`): the first failure the ranks of its last attempt recorded in their
+    error files under `log_dir` (torchrun's `--log-dir`), as one line with `log` (the run's log) in its
+    hint; when none did (a rank killed outright, or torchrun itself failed), what is known."""
+    from dspark_cli.machine.procs import first_failure
+
+    attempts = sorted(Path(log_dir).glob("*/attempt_*"), key=lambda p: int(p.name.removeprefix("attempt_")))
+    failure = first_failure(attempts[-1].glob("*/error.json")) if attempts else None
+    if failure is not None:
+        return failure.error(log)
+    return DsparkError(
+        f"training under torchrun failed (exit code {code}) and no rank recorded why",
+        f"a rank may have been killed (out of memory?) or torchrun itself failed: the full log is {log}",
     )
 
 
@@ -165,7 +220,7 @@ def train(
     if world_size(recipe) == 1:  # one process on every core: keep its threads on their cores
         bind_threads()
         _capture_first(recipe, say, progress)
-        return _train_here(recipe, resume, on_log)
+        return _train_alone(recipe, resume, on_log)
     if recipe.train.nnodes > 1 and recipe.capture.mode == "offline":
         from dspark_cli.capture import capture_once
 
@@ -177,16 +232,25 @@ def train(
         from dspark_cli.recipe import write_resolved
 
         recipe_file = write_resolved(recipe, tmp)  # what every rank loads, for as long as torchrun runs
+        log_file, log_dir = run_log(recipe), os.path.join(tmp, "torchrun")
         cmd = launch_command(
-            recipe, recipe_arg=str(recipe_file), overrides=[], resume=resume, output_dir=None, devices=devices
+            recipe,
+            recipe_arg=str(recipe_file),
+            overrides=[],
+            resume=resume,
+            output_dir=None,
+            devices=devices,
+            log_dir=log_dir,
         )
-        say(f"launching {recipe.train.nproc_per_node} x {recipe.train.nnodes} processes: {' '.join(cmd[1:5])} ...")
-        code = _run_torchrun(cmd, on_log, say)
-    if code != 0:
-        raise DsparkError(
-            f"training under torchrun failed (exit code {code})",
-            "the ranks' error is printed above; fix it and run again (training resumes from its last checkpoint)",
+        say(
+            f"launching {recipe.train.nproc_per_node} x {recipe.train.nnodes} processes: {' '.join(cmd[1:5])} ... "
+            f"(log: {log_file})"
         )
+        code = _run_torchrun(cmd, on_log, say, log_file)
+        if code != 0:
+            raise rank_failure(log_dir, code, log_file)
+    if log_file.stat().st_size == 0:  # nothing said: no empty file per launch
+        log_file.unlink()
     from dspark_cli.artifacts.results import TrainSummary
     from dspark_cli.artifacts.train import read_train_manifest
 
@@ -201,6 +265,28 @@ def _train_here(recipe: Recipe, resume: str, on_log: OnLog | None) -> TrainSumma
     from dspark_cli.training.run import run_train
 
     return run_train(recipe, resume=resume, on_log=on_log)
+
+
+def _train_alone(recipe: Recipe, resume: str, on_log: OnLog | None) -> TrainSummary:
+    """Train in this one process. An internal error (not the user's to fix) is the line a failed rank
+    gives (`training failed: TYPE: MESSAGE`), its traceback written to a run log in the train directory;
+    a user error goes up as it is, and `DSPARK_DEBUG=1` shows the traceback here instead."""
+    try:
+        return _train_here(recipe, resume, on_log)
+    except Exception as exc:
+        if debug_enabled() or user_error(exc) is not None:
+            raise
+        import traceback
+
+        from dspark_cli.machine.procs import ChildFailure
+
+        log_file = None
+        with contextlib.suppress(OSError, DsparkError):  # nowhere to keep it: the hint says DSPARK_DEBUG=1
+            path = run_log(recipe)
+            with open(path, "a", encoding="utf-8") as out:
+                out.write("".join(traceback.format_exception(exc)))
+            log_file = path
+        raise ChildFailure.of(exc, "training").error(log_file) from exc
 
 
 def _capture_first(recipe: Recipe, say: Say, progress: ProgressFactory | None) -> None:
@@ -222,16 +308,28 @@ def _no_progress(_stage: str, _unit: str) -> AbstractContextManager[Callable[...
     return nullcontext(lambda *args, **kwargs: None)
 
 
-def _run_torchrun(cmd: list[str], on_log: OnLog | None, say: Say) -> int:
-    """Run `cmd` (torchrun) to its end: rank 0's records to `on_log`, every other line on stdout to `say`.
+def _run_torchrun(cmd: list[str], on_log: OnLog | None, say: Say, log_file: Path) -> int:
+    """Run `cmd` (torchrun) to its end: rank 0's records to `on_log`, every other line on stdout to `say`,
+    torchrun's stderr (its own messages and the ranks' stderr it copies) to `log_file`.
     If this process fails meanwhile (its own output closed), the pipe closes with it: rank 0's next line
     fails there, and torchrun stops the gang."""
     from dspark_cli.machine.procs import dies_with_parent
 
     bind = dies_with_parent(signal.SIGTERM)  # a killed launcher: torchrun stops its ranks, not train on unwatched
-    with subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, text=True, errors="replace", bufsize=1, env=torchrun_environ(), preexec_fn=bind
-    ) as proc:
+    env = {**LOG_LINE_PREFIX, **torchrun_environ()}
+    with (
+        open(log_file, "a", encoding="utf-8") as log_out,
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=log_out,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            env=env,
+            preexec_fn=bind,
+        ) as proc,
+    ):
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip("\n")

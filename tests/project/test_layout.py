@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "lazy": set(),  # package faces that import their modules on first use
     "contract": {"errors"},
     "hubrules": set(),
-    "network": {"errors"},  # timeouts and response bounds of every HTTP exchange (bench, publish)
+    "network": {"errors"},  # timeouts, deadlines and response bounds of every HTTP exchange
     # parses only (its rules are preflight's); the bottom library: every part reads recipes, it reads none of them
     "recipe": {"errors"},
     "rehearsal": {"recipe", "targets"},  # a recipe at tiny scale: the tiny target's family and depth
@@ -32,10 +32,10 @@ ALLOWED: dict[str, set[str]] = {
     "artifacts": {"errors", "contract", "draft", "recipe"},
     "prompts": {"errors", "recipe"},
     "kernels": set(),
-    "machine": {"recipe"},  # devices, CPU settings, children that die with their parent
+    "machine": {"errors", "recipe"},  # devices, CPU settings, children that die with their parent or fail
     "draft": {"errors", "contract", "kernels"},
     "ui": {"errors", "hubrules"},
-    "datagen": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "machine"},
+    "datagen": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "machine", "network"},
     "capture": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "machine"},
     "training": {
         "errors",
@@ -51,7 +51,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "export": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "draft"},
     "bench": {"errors", "recipe", "targets", "artifacts", "prompts", "draft", "export", "network"},
-    "serving": {"errors", "lazy", "recipe", "targets", "artifacts", "export", "machine"},
+    "serving": {"errors", "lazy", "recipe", "targets", "artifacts", "export", "machine", "network"},
     "publish": {"errors", "lazy", "hubrules", "recipe", "artifacts", "export", "serving", "network"},
     # the one preflight of every stage: recipe rules, this machine, output paths (what serve / publish refuse)
     "preflight": {
@@ -65,6 +65,7 @@ ALLOWED: dict[str, set[str]] = {
         "machine",
         "datagen",
         "capture",
+        "training",  # the online stream's step plan, to check its bounds (training/stream_plan.py, no torch)
         "export",
         "serving",
         "publish",
