@@ -219,14 +219,18 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
 
 @contextlib.contextmanager
 def exchange(
-    request: str | urllib.request.Request, timeouts: Timeouts, *, waiting_for: str = "answer"
+    request: str | urllib.request.Request, timeouts: Timeouts, *, waiting_for: str = "answer", direct: bool = False
 ) -> Iterator[tuple[Any, Deadline]]:
     """`urllib.request.urlopen(request)` under `timeouts`: yields the response (read it as urlopen's) and
     its `Deadline` (set `deadline.note` while reading a stream). A stalled server raises `Stalled`; an
-    HTTP error status, a refused connection and the like raise as they do from urlopen."""
+    HTTP error status, a refused connection and the like raise as they do from urlopen. `direct`: ignore
+    the environment's http_proxy (a cluster-internal address, such as a Mooncake master's admin port)."""
     url = request if isinstance(request, str) else request.full_url
     deadline = Deadline(url, timeouts, waiting_for)
-    opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline))
+    handlers: list[urllib.request.BaseHandler] = [_HTTPHandler(deadline), _HTTPSHandler(deadline)]
+    if direct:
+        handlers.append(urllib.request.ProxyHandler({}))
+    opener = urllib.request.build_opener(*handlers)
     wait = deadline.wait_s()
     try:
         response = opener.open(request, timeout=wait)

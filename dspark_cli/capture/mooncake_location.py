@@ -8,7 +8,7 @@
 (scheme, host, port, namespace, an option); `probe_master` asks both of the master's ports for an
 answer within a deadline, with Python sockets only. The store (mooncake_store.py) and the preflight
 (preflight/stream.py) use both, so `dspark validate` refuses what a training rank would meet.
-Standard library only: the preflight imports this without Mooncake installed.
+Standard library and dspark_cli.network only: the preflight imports this without Mooncake installed.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from dspark_cli.errors import UsageError
+from dspark_cli.network import Stalled, Timeouts, exchange
 
 SCHEME = "mooncake"
 DEFAULT_RPC_PORT = 50051
@@ -37,8 +38,14 @@ OPTIONS = ("admin_port", "segment", "protocol", "device", "local_hostname", "tim
 # that accepts connections but never answers is stalled (Mooncake's own client then retries 20 x 30 s,
 # holding the GIL, so no Python thread can bound it: hence this probe first).
 RPC_MAGIC = 21
-# the master's admin port, asked directly: an http_proxy of the environment has no route to it
-ADMIN_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def admin_timeouts(seconds: float) -> Timeouts:
+    """The master's admin port is asked with one bound for the whole exchange and each read (?timeout=); it is
+    asked directly (`exchange(..., direct=True)`): an http_proxy of the environment has no route to it."""
+    return Timeouts(request_s=seconds, read_s=seconds, request_setting="?timeout=", read_setting="?timeout=")
+
+
 _RPC_PING = struct.pack(
     "<BBBBIIII", RPC_MAGIC, 0, 0, 0, 1, 0, 0, 0
 )  # magic, version, serialize, type, seq, fn, len, attach
@@ -212,8 +219,10 @@ def probe_master(where: MooncakeLocation, timeout_s: float) -> tuple[str, str] |
         return f"{what} answers, but not as a Mooncake master (first byte {first!r})", hint
     try:
         wait = max(deadline - time.monotonic(), 0.01)
-        with ADMIN_HTTP.open(f"http://{where.admin}/health", timeout=wait) as response:
+        with exchange(f"http://{where.admin}/health", admin_timeouts(wait), direct=True) as (response, _):
             response.read(1024)
+    except Stalled:
+        return f"the Mooncake master's admin port {where.admin} does not answer within {timeout_s:g} s", hint
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         waited = f"within {timeout_s:g} s" if isinstance(reason, TimeoutError) else f"({reason})"

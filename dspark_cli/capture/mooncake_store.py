@@ -36,13 +36,14 @@ import urllib.error
 from typing import Any
 
 from dspark_cli.capture.mooncake_location import (
-    ADMIN_HTTP,
     SCHEME,
     MooncakeLocation,
+    admin_timeouts,
     parse_location,
     probe_master,
 )
 from dspark_cli.errors import DataError, DsparkError, UsageError
+from dspark_cli.network import MAX_STREAM_BYTES, Stalled, exchange, read_limited
 
 __all__ = ["MooncakeLocation", "MooncakeStore", "open_mooncake_store", "parse_location", "probe_master"]
 
@@ -201,8 +202,14 @@ class MooncakeStore:
     def _admin(self, path: str) -> str:
         url = f"http://{self.where.admin}/{path}"
         try:
-            with ADMIN_HTTP.open(url, timeout=self.timeout_s) as response:
-                return response.read().decode("utf-8")
+            with exchange(url, admin_timeouts(self.timeout_s), waiting_for=f"/{path}", direct=True) as (response, _):
+                return read_limited(response, MAX_STREAM_BYTES, url).decode("utf-8", errors="replace")
+        except Stalled as exc:
+            raise DsparkError(
+                f"stream {self.location}: {exc.message}",
+                f"is the Mooncake master at {self.where.admin} overloaded? dspark waits {self.timeout_s:g} s "
+                "for it (?timeout=)",
+            ) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
             waited = f"within {self.timeout_s:g} s" if isinstance(reason, TimeoutError) else f"({reason})"

@@ -5,7 +5,8 @@
 
 The script is one file with two parts. Run by `sbatch`, it checks the allocation's size, runs
 `dspark datagen` once (one task; resumable, a no-op when complete) and starts itself on every node
-(`srun --ntasks-per-node=1 bash SCRIPT --node`). Run with `--node`, it reads `SLURM_NODEID` and
+(`srun --ntasks-per-node=1 bash -c TEXT SCRIPT --node`: the text itself, since Slurm keeps the batch script
+only on the first node). Run with `--node`, it reads `SLURM_NODEID` and
 `SLURM_JOB_NODELIST` and becomes one role:
 
 - nodes 0 .. P-1, P = ceil(capture.workers x engine GPUs / GPUs per node): `dspark produce` for this
@@ -160,7 +161,8 @@ if [ "${{1:-}}" != "--node" ]; then
     fi
     mkdir -p -- "$LOGS"
     srun --nodes=1 --ntasks=1 "$DSPARK" datagen "$RECIPE" "${{SHAPE[@]}}" "train.rdzv_endpoint=$HEAD:$RDZV_PORT" "$@"
-    exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash "$0" --node "$@"
+    # the script's text, not its path: sbatch runs a copy in the first node's spool, which other nodes lack
+    exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "$(cat -- "$0")" "$0" --node "$@"
 fi
 shift
 

@@ -131,7 +131,11 @@ def intended(recipe: str, fixed: list[str], extra: list[str]) -> list[tuple[str,
         (*hosts, None),
         ("srun", ["--nodes=1", "--ntasks=1", "dspark", "datagen", recipe, *shape, rdzv, *extra], None),
         ("dspark", ["datagen", recipe, *shape, rdzv, *extra], "0"),
-        ("srun", ["--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "SCRIPT", "--node", *extra], None),
+        (
+            "srun",
+            ["--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c", "TEXT", "SCRIPT", "--node", *extra],
+            None,
+        ),
         (*hosts, "0"),
         ("dspark", ["produce", recipe, "--only", "0,1", *shape, rdzv, *extra], "0"),
     ]
@@ -142,7 +146,9 @@ def intended(recipe: str, fixed: list[str], extra: list[str]) -> list[tuple[str,
 
 
 def assert_intended(script: Path, calls: list[dict], recipe: str, fixed: list[str], extra: list[str]) -> None:
-    got = [(c["cmd"], ["SCRIPT" if a == str(script) else a for a in c["argv"]], c["node"]) for c in calls]
+    text = script.read_text().rstrip("\n")  # srun gets the script's text (no copy of the file on other nodes)
+    named = {str(script): "SCRIPT", text: "TEXT"}
+    got = [(c["cmd"], [named.get(a, a) for a in c["argv"]], c["node"]) for c in calls]
     assert got == intended(recipe, fixed, extra)
     assert not list(script.parent.parent.rglob("PWNED")), "an injected command ran"
 

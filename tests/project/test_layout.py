@@ -36,7 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "draft": {"errors", "contract", "kernels"},
     "ui": {"errors", "hubrules"},
     "datagen": {"errors", "lazy", "recipe", "targets", "artifacts", "prompts", "machine", "network"},
-    "capture": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "machine"},
+    "capture": {"errors", "lazy", "contract", "recipe", "targets", "artifacts", "machine", "network"},
     "training": {
         "errors",
         "lazy",
