@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 
 from dspark_cli.artifacts.records import Record
 from dspark_cli.errors import DataError, UsageError
-from dspark_cli.recipe.bounded import read_json
 
 KIND = "dspark.bench"
 REPORT = "bench.json"
@@ -503,6 +502,8 @@ class BenchSummary(BenchRecord):
 def read_bench_report(path: str | os.PathLike[str]) -> BenchSummary:
     """The bench report in the file `path`; one-line UsageError when there is none, DataError when it
     is unreadable or not a dspark bench report."""
+    from dspark_cli.recipe.bounded import read_json  # here: importing the recipe package costs `dspark --help` 0.1 s
+
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"no bench report at {path}", "run `dspark bench` first (it writes bench.json)")
