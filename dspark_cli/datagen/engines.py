@@ -285,9 +285,17 @@ class EndpointEngine:
             "return_token_ids": True,
             "skip_special_tokens": False,
         }
-        choice = self._request("POST", "/v1/completions", body)["choices"][0]
+        choices = self._request("POST", "/v1/completions", body).get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        ids = choice.get("token_ids") if choice is not None else None
+        if choice is None or not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
+            what = "no choices" if choice is None else "no token_ids" if ids is None else "token_ids that are not ids"
+            raise DsparkError(
+                f"{self.base}/v1/completions: a completion with {what}, where dspark asked for the token ids",
+                "dspark sends return_token_ids, which vLLM's OpenAI server answers: is datagen.endpoint a vLLM server?",
+            )
         reason = "stop" if choice.get("finish_reason") == "stop" else "length"
-        return Generation(list(choice["token_ids"]), reason)
+        return Generation(list(ids), reason)
 
     def generate(self, prompts: list[list[int]], seeds: list[int], max_tokens: list[int]) -> list[Generation]:
         pool = ThreadPoolExecutor(max_workers=self.concurrency)

@@ -297,6 +297,44 @@ def test_datagen_endpoint_completion_is_cut_at_datagen_request_timeout(tmp_path)
     assert 2 <= cut < 2 + MARGIN_S, cut
 
 
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ({"choices": [{"text": "hi", "finish_reason": "stop"}]}, "a completion with no token_ids"),
+        ({"choices": []}, "a completion with no choices"),
+        (
+            {"choices": [{"token_ids": [1, "2"], "finish_reason": "stop"}]},
+            "a completion with token_ids that are not ids",
+        ),
+    ],
+    ids=["text-only", "no-choices", "not-ids"],
+)
+def test_datagen_endpoint_completion_without_token_ids_is_one_line(tmp_path, completion, expected):
+    # an OpenAI-compatible server that is not vLLM answers without `token_ids` (before: internal KeyError)
+    def answer(handler: BaseHTTPRequestHandler, number: int) -> None:
+        body = json.dumps(completion).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    with Server(answer) as server:
+        result, _ = run_within(
+            60,
+            "datagen",
+            "tiny",
+            "target.model=tiny-mla",
+            f"output_dir={tmp_path / 'run'}",
+            f"datagen.endpoint={server.url}",
+            "datagen.num_samples=2",
+            "datagen.batch_size=2",
+            "datagen.max_tokens=4",
+        )
+    assert_user_error(result, f"{server.url}/v1/completions: {expected}", exit_code=1)
+    assert "is datagen.endpoint a vLLM server?" in result.output
+    assert not (tmp_path / "run" / "data").exists() or not any((tmp_path / "run" / "data").glob("*.jsonl"))
+
+
 def test_the_vllm_health_probe_is_bounded_in_all():
     from dspark_cli.serving.launcher import HEALTH_TIMEOUT_S, _health
 
