@@ -40,6 +40,7 @@ def produce(
             raise UsageError(f"--only {only}: not a list of producer numbers", "write e.g. --only 0,1") from None
     from dspark_cli.capture import supervise
 
+    _claim_capture_dir(loaded.stage_dir("capture"))
     extra = list(overrides or []) + ([f"capture.stream={stream}"] if stream else [])
     summary = supervise(recipe, loaded, overrides=extra, only=workers)
     say(
@@ -47,3 +48,21 @@ def produce(
         f"{summary.restarts or 'none'} -> {summary.stream}",
         style="green",
     )
+
+
+def _claim_capture_dir(path: str) -> None:
+    """The producers' logs go to `<capture dir>/logs/`: the directory is claimed as the capture stage claims
+    it (its owner mark first), so a trainer sharing it on another machine reads it as dspark's, not a
+    stranger's; one dspark did not make is refused."""
+    from pathlib import Path
+
+    from dspark_cli.artifacts.files import OWNER_NAME, manifest_kind, ownership_problem, write_json_atomic
+    from dspark_cli.errors import UsageError
+
+    kind, field, out = "dspark.capture", "capture.output_dir", Path(path)
+    problem = ownership_problem(out, kind, field)
+    if problem is not None:
+        raise UsageError(problem.removeprefix(f"{field}: "), f"{field} names a directory dspark did not make")
+    out.mkdir(parents=True, exist_ok=True)
+    if manifest_kind(out, OWNER_NAME) != kind:
+        write_json_atomic(out / OWNER_NAME, {"kind": kind})
