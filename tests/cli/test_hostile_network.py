@@ -276,21 +276,25 @@ def test_a_baseline_report_that_is_not_utf8_json_is_one_line_naming_it(tmp_path,
 # --- datagen's endpoint, vLLM's probes, the hub clients -------------------------------------------------------
 
 
+def datagen_against(url: str, tmp_path: Path, *extra: str) -> list[str]:
+    """A two-sample datagen of tiny-mla through the OpenAI endpoint at `url`."""
+    return [
+        "datagen",
+        "tiny",
+        "target.model=tiny-mla",
+        f"output_dir={tmp_path / 'run'}",
+        f"datagen.endpoint={url}",
+        *extra,
+        "datagen.num_samples=2",
+        "datagen.batch_size=2",
+        "datagen.max_tokens=4",
+    ]
+
+
 def test_datagen_endpoint_completion_is_cut_at_datagen_request_timeout(tmp_path):
     # b144f5b: a completion that never ends (here: bytes trickled after the headers) waited for good
     with Server(bytes_without_line_end) as server:
-        result, _ = run_within(
-            60,
-            "datagen",
-            "tiny",
-            "target.model=tiny-mla",
-            f"output_dir={tmp_path / 'run'}",
-            f"datagen.endpoint={server.url}",
-            "datagen.request_timeout=2",
-            "datagen.num_samples=2",
-            "datagen.batch_size=2",
-            "datagen.max_tokens=4",
-        )
+        result, _ = run_within(60, *datagen_against(server.url, tmp_path, "datagen.request_timeout=2"))
     assert_user_error(result, f"{server.url}/v1/completions: no completion within 2 s", exit_code=1)
     assert "datagen.request_timeout (now 2 s)" in result.output
     cut = time.monotonic() - server.first_post  # datagen loads the tokenizer and the prompts first
@@ -319,17 +323,7 @@ def test_datagen_endpoint_completion_without_token_ids_is_one_line(tmp_path, com
         handler.wfile.write(body)
 
     with Server(answer) as server:
-        result, _ = run_within(
-            60,
-            "datagen",
-            "tiny",
-            "target.model=tiny-mla",
-            f"output_dir={tmp_path / 'run'}",
-            f"datagen.endpoint={server.url}",
-            "datagen.num_samples=2",
-            "datagen.batch_size=2",
-            "datagen.max_tokens=4",
-        )
+        result, _ = run_within(60, *datagen_against(server.url, tmp_path))
     assert_user_error(result, f"{server.url}/v1/completions: {expected}", exit_code=1)
     assert "is datagen.endpoint a vLLM server?" in result.output
     assert not (tmp_path / "run" / "data").exists() or not any((tmp_path / "run" / "data").glob("*.jsonl"))
