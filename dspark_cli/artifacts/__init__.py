@@ -18,6 +18,7 @@
 - draft.py    a trained or exported draft: config + weights (`load_draft_dir`), its `dspark_manifest.json`,
               the recipe it carries (`recipe_of_dir`)
 - bench.py    a bench report (`bench.json`)
+- bench_output.py  a bench report folder: what bench may write (`output_problem`), its owner mark
 - results.py  what each stage returns (`DatagenSummary`, `CaptureSummary`, `TrainSummary`, ...): dataclasses
               the commands read by field, written into manifests and `--format json` by `to_dict()`
 

@@ -32,6 +32,7 @@ from dspark_cli.errors import DataError, UsageError
 
 KIND = "dspark.bench"
 REPORT = "bench.json"
+DRAFT_MANIFEST = "dspark_manifest.json"  # artifacts.draft's name, not imported: that module reads the recipe package
 
 B = TypeVar("B", bound="BenchRecord")
 
@@ -459,7 +460,8 @@ class BenchSummary(BenchRecord):
     name: str = ""
     created: str = ""
     target: str = ""
-    draft_dir: str | None = None
+    draft_dir: str | None = None  # relative to the report folder (`../draft`), or the draft's name alone
+    draft_sha256: str | None = None  # of the draft's dspark_manifest.json: which draft this is, wherever it lies
     bench: dict[str, Any] = field(default_factory=dict)  # the bench settings used
     serve: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -467,9 +469,24 @@ class BenchSummary(BenchRecord):
     offline: OfflineResults | None = None
     online: OnlineResults | None = None
     reference: list[ReferenceRow] | None = None
-    files: dict[str, Any] | None = None  # json, markdown, plots {name: path}, checksums {file name: sha256}
+    files: dict[str, Any] | None = None  # json, markdown, plots {name: file name}, checksums {file name: sha256}
+    report_dir: Path | None = field(default=None, init=False, repr=False, compare=False)  # where it lies; not written
 
-    OPTIONAL = ("offline", "online", "reference", "files")
+    OPTIONAL = ("draft_sha256", "offline", "online", "reference", "files")
+
+    def local(self, name: str) -> Path:
+        """A file of the report (`files["markdown"]`, a plot) on this machine: `name` in the report folder."""
+        return Path(self.report_dir or ".") / name
+
+    def measured_draft(self, draft_dir: str | os.PathLike[str]) -> bool:
+        """Did this report measure the draft now in `draft_dir`? By the sha256 of its manifest (a re-exported
+        draft in the same directory is another draft); a report without one by its `draft_dir` as recorded."""
+        from dspark_cli.artifacts.files import sha256_file
+
+        manifest = Path(draft_dir) / DRAFT_MANIFEST
+        if self.draft_sha256 is not None:
+            return manifest.is_file() and sha256_file(manifest) == self.draft_sha256
+        return bool(self.draft_dir) and Path(str(self.draft_dir)).resolve() == Path(draft_dir).resolve()
 
     def tau_lines(self) -> list[TauLine]:
         """tau per (dataset, temperature) of the offline runs at threshold 0, with its baselines."""
@@ -514,4 +531,6 @@ def read_bench_report(path: str | os.PathLike[str]) -> BenchSummary:
     if not isinstance(data, dict) or data.get("kind") != KIND:
         kind = data.get("kind") if isinstance(data, dict) else None
         raise DataError(f"{path} is not a dspark bench report (kind {kind!r})", "run `dspark bench` again")
-    return BenchSummary.from_dict(data)
+    report = BenchSummary.from_dict(data)
+    report.report_dir = path.parent
+    return report

@@ -8,10 +8,14 @@ Accepted inputs (`dspark export CHECKPOINT`):
     draft = load_draft_dir("runs/tiny/train")       # -> LoadedDraft(config, state_dict, manifest)
     model = build_model(draft.config, draft.state_dict)
     manifest = read_draft_manifest("runs/tiny/draft")  # dspark_manifest.json of an export, or one-line error
+    block = draft_block_size("runs/tiny/draft")         # tokens drafted per pass, from its config.json
     recipe_file = recipe_of_dir("runs/tiny/draft")      # the recipe it carries (recipe.trust decides what counts)
 
 Every stage that loads a draft (training's evaluation, bench, serve, publish) reads it here; the
 checks an exported draft must pass before it is trusted are `dspark_cli.export.verify_draft`.
+The block size is the draft's config.json's, as vLLM reads it (`draft.speculators.block_size_of`):
+`dspark_manifest.json` repeats it for people and the model card, and `verify_draft` refuses a
+draft whose copies disagree.
 """
 
 from __future__ import annotations
@@ -48,6 +52,22 @@ def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:
     return data
 
 
+def draft_block_size(draft_dir: str | Path) -> int:
+    """Tokens drafted per pass by the draft at `draft_dir`: its config.json's block size (`block_size_of`,
+    as vLLM reads it); one-line DataError when config.json does not give one."""
+    from dspark_cli.draft.speculators import block_size_of
+
+    path = Path(draft_dir) / CONFIG
+    try:
+        config = read_json(path)
+    except (ValueError, OSError) as exc:
+        raise DataError(f"{path}: unreadable ({exc})", "export the draft again") from None
+    block = block_size_of(config) if isinstance(config, dict) else None
+    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+        raise DataError(f"{path}: no block size (block_size: {block!r})", "export the draft again")
+    return block
+
+
 def recipe_of_dir(directory: str | Path) -> str | None:
     """The recipe file a draft dir carries: its recipe.yaml, else its manifest's recipe written to a temp file;
     None when it has neither. A manifest that is there but broken is its reader's one-line error."""
@@ -77,9 +97,10 @@ class LoadedDraft:
 
 def draft_config_from_vllm_dict(data: dict[str, Any]) -> Any:
     """The inverse of `vllm_config_dict`: a DSparkDraftConfig from an exported config.json (either format)."""
-    from dspark_cli.draft.config import DSparkDraftConfig
-    from dspark_cli.draft.speculators import from_speculators, is_speculators
+    from dspark_cli.draft.config import DraftConfigError, DSparkDraftConfig
+    from dspark_cli.draft.speculators import BLOCK_SIZE_KEYS, block_size_of, from_speculators, is_speculators
 
+    block_size = block_size_of(data)
     if is_speculators(data):  # `dspark export --export-format speculators`: read as vLLM reads it
         try:
             data = from_speculators(data)
@@ -87,6 +108,11 @@ def draft_config_from_vllm_dict(data: dict[str, Any]) -> Any:
             raise UsageError(
                 f"config.json: not a speculators config vLLM reads ({exc})", "export the draft again"
             ) from None
+    if block_size is None:  # vLLM would need num_speculative_tokens on every launch; nothing here guesses it
+        raise DraftConfigError(
+            f"config.json: no block size ({' or '.join(BLOCK_SIZE_KEYS)})",
+            "write the block size the draft was trained with, or export the draft again",
+        )
     architectures = data.get("architectures") or []
     if "K3DSparkModel" in architectures:
         arch = "mla"
@@ -97,7 +123,8 @@ def draft_config_from_vllm_dict(data: dict[str, Any]) -> Any:
             f"config.json architectures {architectures} is not a DSpark draft",
             "expected K3DSparkModel (MLA) or Qwen3DSparkModel (GQA)",
         )
-    keep = dict(data)
+    keep = {k: v for k, v in data.items() if k not in BLOCK_SIZE_KEYS}
+    keep["block_size"] = block_size
     for key in (
         "architectures",
         "model_type",

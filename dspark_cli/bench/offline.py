@@ -76,7 +76,8 @@ class BenchDraft:
 
     @classmethod
     def read(cls, draft_dir: str | Path, target: str) -> BenchDraft:
-        """Verify the draft for `target` (before any target code or weights are loaded), then read it."""
+        """Verify the draft for `target` (before any target code or weights are loaded: checksums, loader
+        rules, and a manifest that agrees with config.json on the block size and the rest), then read it."""
         from dspark_cli.artifacts.draft import load_draft_dir
         from dspark_cli.export import verify_draft
 
@@ -96,13 +97,15 @@ class OfflineBench:
 
     def __init__(self, recipe: Recipe, draft_dir: str | Path) -> None:
         from dspark_cli.bench.engine import DSparkDrafter, HFTarget
+        from dspark_cli.export import speculative_tokens
         from dspark_cli.targets import ChatFormat
 
         self.recipe = recipe
         # before any target code or weights are loaded: the files export wrote, for this target
         self.draft = BenchDraft.read(draft_dir, recipe.target.model)
         self.draft_dir, self.manifest = self.draft.directory, self.draft.manifest
-        config = self.draft.loaded.config
+        config = self.draft.loaded.config  # its block_size is config.json's (`block_size_of`), as serve reads it
+        self.num_speculative_tokens = speculative_tokens(int(config.block_size), recipe.serve.num_speculative_tokens)
         self.chat = ChatFormat(Target.of(recipe).tokenizer(), recipe.target.chat_template_kwargs)
         self.chat.probe()  # a broken or runaway template is refused before the target's weights are loaded
         self.target_path = Target.of(recipe).location
@@ -117,13 +120,6 @@ class OfflineBench:
         self.drafter = DSparkDrafter.from_loaded(self.draft.loaded, self.target, dtype=self.target.model.dtype)
         self.draft.drop_weights()  # the drafter holds its own copy; the untrained baseline needs shapes only
         self.stop_ids = Target.stop_ids(self.chat.tokenizer, self.target.model.generation_config)
-        self.num_speculative_tokens = recipe.serve.num_speculative_tokens or int(config.block_size)
-        if self.num_speculative_tokens > int(config.block_size):
-            raise UsageError(
-                f"serve.num_speculative_tokens={self.num_speculative_tokens} exceeds the draft's "
-                f"block size {config.block_size}",
-                "use at most the block size the draft was trained with",
-            )
 
     def describe(self) -> dict[str, Any]:
         import torch

@@ -443,20 +443,22 @@ def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def write_report(report: BenchSummary, out_dir: str | Path) -> dict[str, Any]:
-    """Write bench.json, bench.md and the plots into out_dir; return their paths (also `report.files`)."""
+    """Write bench.json, bench.md and the plots into out_dir; return their names there (also `report.files`:
+    names in the report folder, never this machine's paths, since publish uploads bench.json; `report.local`)."""
     from dspark_cli.bench.plots import write_plots
 
     out = Path(out_dir)
-    files: dict[str, Any] = {"json": str(out / REPORT), "markdown": str(out / "bench.md"), "plots": {}}
+    report.report_dir = out
+    files: dict[str, Any] = {"json": REPORT, "markdown": "bench.md", "plots": {}}
     report.files = files
     write_json_atomic(out / REPORT, report.to_dict())  # the measurements first: plotting can still fail
-    plots = write_plots(report, out)
+    plots = {name: Path(path).name for name, path in write_plots(report, out).items()}
     files["plots"] = plots
     write_json_atomic(out / REPORT, report.to_dict())
     tmp = out / ".bench.md.tmp"
     tmp.write_text(markdown(report, plots), encoding="utf-8")
     tmp.replace(out / "bench.md")
     # what publish may upload beside bench.json: exactly these files, as written here
-    files["checksums"] = {Path(p).name: sha256_file(p) for p in [str(out / "bench.md"), *plots.values()]}
+    files["checksums"] = {name: sha256_file(out / name) for name in ["bench.md", *plots.values()]}
     write_json_atomic(out / REPORT, report.to_dict())
     return files

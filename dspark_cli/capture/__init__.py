@@ -12,7 +12,8 @@ Modules: `plan.py` (geometry, layer ids, contract, shard plan; no torch), `captu
 recipe asks for, one shard captured in batches), `hf.py` (transformers hooks),
 `vllm.py` (the vLLM engine: arguments, drain, post-processing; `vllm_connector.py` its CPU connector), `shards.py` (safetensors format, tensor decoding),
 `store.py` (the online stream's key/bytes store: files by default; `mooncake_store.py` the Mooncake
-one, `mooncake_location.py` its URL and master probe), `stream.py` (P producers -> N readers over a store, bounded), `gate.py` (one launcher of a multi-machine
+one, `mooncake_location.py` its URL and master probe), `stream.py` (P producers -> N readers over a store, bounded), `stream_owner.py` (the train run that owns a
+stream: its mark and lock), `gate.py` (one launcher of a multi-machine
 run captures, the others wait), `run.py` (orchestration), `sinks.py` (where shards go: the output directory and its
 manifest, or a stream producer), `producers.py` (producers and their supervisor), `types.py`
 (`CapturedSequence`). The output directory and its manifest are read by `dspark_cli.artifacts.capture`.
@@ -29,6 +30,7 @@ _EXPORTS = {
     "plan_capture": "dspark_cli.capture.plan",
     "contract_for_recipe": "dspark_cli.capture.plan",
     "build_plan": "dspark_cli.capture.plan",
+    "workers_beyond_shards": "dspark_cli.capture.plan",
     "resolve_layer_ids": "dspark_cli.capture.plan",
     "shard_tensor_bytes": "dspark_cli.capture.plan",
     "run_capture": "dspark_cli.capture.run",
@@ -46,6 +48,8 @@ _EXPORTS = {
     "probe_master": "dspark_cli.capture.mooncake_location",
     "StreamReader": "dspark_cli.capture.stream",
     "StreamProducer": "dspark_cli.capture.stream",
+    "claim_stream": "dspark_cli.capture.stream_owner",
+    "claim_problem": "dspark_cli.capture.stream_owner",
     "CapturedSequence": "dspark_cli.capture.types",
     "capture_once": "dspark_cli.capture.gate",
 }
@@ -60,12 +64,14 @@ if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exp
         plan_capture,
         resolve_layer_ids,
         shard_tensor_bytes,
+        workers_beyond_shards,
     )
     from dspark_cli.capture.producers import Supervisor, produce_stream, stream_location, supervise
     from dspark_cli.capture.run import capture_pending, ensure_capture, run_capture
     from dspark_cli.capture.shards import captured_lengths, iter_captured
     from dspark_cli.capture.store import open_store
     from dspark_cli.capture.stream import StreamProducer, StreamReader
+    from dspark_cli.capture.stream_owner import claim_problem, claim_stream
     from dspark_cli.capture.types import CapturedSequence
 
 __all__ = sorted(_EXPORTS)

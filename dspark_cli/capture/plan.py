@@ -119,6 +119,12 @@ class CapturePlan:
             shard.tokens, shard.loss_tokens, len(shard.ids), len(self.layer_ids), self.geometry.hidden_size
         )
 
+    @property
+    def num_workers(self) -> int:
+        """Offline capture processes (each with its engine) this plan runs: `capture.workers`, but never more
+        than the plan has shards -- a worker without a shard would start for nothing."""
+        return max(1, min(self.recipe.capture.workers, len(self.shards)))
+
     def worker_shards(self, worker: int, workers: int) -> list[ShardPlan]:
         """The shards capture worker `worker` of `workers` owns: a deterministic, disjoint share whose
         union over the workers is the whole plan (shard i belongs to worker i % workers)."""
@@ -224,6 +230,19 @@ def build_plan(recipe: Recipe) -> CapturePlan:
         truncated,
         skipped,
         hashlib.sha256(blob.encode()).hexdigest(),
+    )
+
+
+def workers_beyond_shards(workers: int, plan: CapturePlan) -> str | None:
+    """The line for `capture.workers` above the plan's shard count (None when it is not): what the
+    preflight refuses, and what a capture run warns before it starts only `plan.num_workers`."""
+    shards = len(plan.shards)
+    if workers <= shards:
+        return None
+    return (
+        f"capture.workers: {workers:,} workers but the capture plan has {shards} shard{'s' if shards > 1 else ''} "
+        f"({plan.num_tokens:,} tokens at capture.shard_tokens={plan.recipe.capture.shard_tokens:,}), and a worker "
+        f"captures whole shards; set capture.workers<={shards}, or lower capture.shard_tokens for more shards"
     )
 
 

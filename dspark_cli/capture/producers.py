@@ -15,7 +15,12 @@ fresh producers instead of finding two writers per share. Producer w captures th
 w, w + P, ... on its devices (machine/devices.py).
 
 A producer that fails records why in its error file (machine/procs.py `record_failure`), and the supervisor
-gives up with that root cause and the producer's log: `capture producer 0 failed: ... (its log: ...)`. The
+gives up with that root cause and the producer's log: `capture producer 0 failed: ... (its log: ...)`. A
+producer interrupted (SIGINT, as a terminal's Ctrl-C sends its process group, or SIGTERM, as the supervisor
+stops it) is no failure: it stops where it is, records nothing in the stream, exits 130, and its supervisor
+stops (`interrupted`) instead of restarting it; the next run's producers go on from there. A supervisor that
+starts producers clears the errors their predecessors recorded in the stream (they are restarted: a cause
+that is still there fails them again), so a fixed problem never fails the next run at once. The
 log is `<train dir>/logs/producer-<w>.log` when `dspark train` starts the producers,
 `<capture dir>/logs/producer-<w>.log` under `dspark produce`.
 """
@@ -45,6 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MAX_RESTARTS = 3  # per producer, per supervisor
+INTERRUPTED = 130  # a producer's exit code when SIGINT / SIGTERM stopped it
 
 
 class _Engine:
@@ -127,15 +133,18 @@ class Supervisor:
         on_event: Callable[[str], None] | None = None,
         workers: list[int] | None = None,
         log_dir: str | Path | None = None,
+        store: Any = None,
     ) -> None:
         self.recipe_file, self.location, self.recipe = str(recipe_file), location, recipe
         self.overrides, self.environ, self.poll_s = list(overrides or []), environ, poll_s
         self.bind_to_parent, self.on_event = bind_to_parent, on_event or log.info
         self.workers = list(range(recipe.capture.workers)) if workers is None else list(workers)
         self.log_dir = None if log_dir is None else Path(log_dir)
+        self.store = store  # the stream's store, when the caller has it open (default: opened for a directory)
         self.procs: dict[int, subprocess.Popen] = {}
         self.restarts: dict[int, int] = {}
         self.error: str | None = None
+        self.interrupted: str | None = None  # which producer was interrupted: the supervisor stopped
         self.failure: ChildFailure | None = None
         self.failed_log: Path | None = None
         self._errors = Path()  # run(): a private directory of each producer's error file
@@ -184,9 +193,31 @@ class Supervisor:
         output = self.log_path(worker)
         return "" if output is None else f" (its log: {output})"
 
+    @property
+    def gave_up(self) -> str | None:
+        """Why no more shards come from this supervisor's producers (None: they are running)."""
+        return self.error or self.interrupted
+
+    def _forget_failures(self) -> None:
+        """Clear what earlier producers of the workers it starts recorded as their error: they run again."""
+        from dspark_cli.capture.store import open_store
+        from dspark_cli.capture.stream import producer_key, read_json, write_json
+
+        store = self.store
+        if store is None and "://" in self.location and not self.location.startswith("file://"):
+            return  # no client of another store opened just for this: each producer clears its own as it opens
+        store = store or open_store(self.location)
+        for worker in self.workers:
+            status = read_json(store, producer_key(worker))
+            if status is not None and status.get("error"):
+                log.info("capture producer %d: an earlier run recorded %r; starting it again", worker, status["error"])
+                write_json(store, producer_key(worker), {**status, "error": None})
+
     def run(self) -> None:
         self._errors = Path(tempfile.mkdtemp(prefix="dspark-producers-"))
         try:
+            if self._thread is None:  # start() has done it
+                self._forget_failures()
             for worker in self.workers:
                 self.procs[worker] = self._spawn(worker)
             while not self._stop.is_set() and self.procs:
@@ -197,6 +228,10 @@ class Supervisor:
                     if code == 0:
                         del self.procs[worker]
                         continue
+                    if code == INTERRUPTED:  # asked to stop (Ctrl-C, SIGTERM): so is the run, not restarted
+                        self.interrupted = f"capture producer {worker} was interrupted{self._log_note(worker)}"
+                        self._stop.set()
+                        break
                     if code in (1, 2):  # an error the producer recorded; restarting repeats it
                         self.error = self._failed(worker, code)
                         self._stop.set()
@@ -243,6 +278,7 @@ class Supervisor:
                 proc.wait()
 
     def start(self) -> Supervisor:
+        self._forget_failures()  # before any trainer reads the stream
         self._thread = threading.Thread(target=self.run, name="capture-producers", daemon=True)
         self._thread.start()
         return self
@@ -274,12 +310,17 @@ def supervise(
             "name this machine's share of capture.workers",
         )
     location = location or stream_location(recipe)
+    from dspark_cli.capture.stream_owner import adopt_stream
+
+    adopt_stream(location)  # a folder dspark did not make is refused before a producer writes there
     logs = Path(recipe.stage_dir("capture")) / "logs"
     supervisor = Supervisor(
         recipe_file, location, recipe, overrides=overrides, workers=only, bind_to_parent=True, log_dir=logs
     )
     started = time.time()
     supervisor.run()
+    if supervisor.interrupted and not supervisor.error:
+        raise KeyboardInterrupt(supervisor.interrupted)
     if supervisor.error:  # its message names the producer's log
         failure = supervisor.failure
         error = DsparkError(
@@ -303,8 +344,12 @@ def stream_location(recipe: Recipe) -> str:
     return recipe.capture.stream or recipe.stage_dir("capture") + "-stream"
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from dspark_cli.errors import DsparkError
+    from dspark_cli.errors import DsparkError, debug_enabled
     from dspark_cli.recipe import load_recipe
 
     args = sys.argv[1:] if argv is None else argv
@@ -315,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [a for a in args[2:] if not a.startswith("--")]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     worker = options.get("--worker")
+    if worker is not None:  # the supervisor's stop (SIGTERM) ends a producer as Ctrl-C does
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         recipe = load_recipe(args[0], overrides)
         if worker is not None:
@@ -322,6 +369,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             only = [int(w) for w in options["--only"].split(",")] if "--only" in options else None
             summary = supervise(args[0], recipe, overrides=overrides, only=only, location=args[1]).to_dict()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal must not cut the clean exit short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if debug_enabled():
+            raise
+        print("interrupted; the producers resume where they stopped", file=sys.stderr)
+        return INTERRUPTED
     except Exception as exc:
         if worker is not None:  # for the supervisor: the root cause of its giving up
             record_failure(exc, f"capture producer {worker}")

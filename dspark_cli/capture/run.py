@@ -25,7 +25,7 @@ from typing import Any
 from dspark_cli.artifacts.files import MANIFEST_NAME
 from dspark_cli.artifacts.results import CaptureSummary
 from dspark_cli.capture.capturer import capture_shard, make_capturer
-from dspark_cli.capture.plan import CapturePlan, build_plan, goal_bytes_per_token
+from dspark_cli.capture.plan import CapturePlan, build_plan, goal_bytes_per_token, workers_beyond_shards
 from dspark_cli.capture.shards import shard_name
 from dspark_cli.capture.sinks import DirectorySink, StreamSink, write_manifest
 from dspark_cli.recipe import Recipe
@@ -55,7 +55,10 @@ def _run_capture(
     done = sink.open()
     pending = [s for s in plan.shards if shard_name(s.index) not in done]
     if isinstance(sink, DirectorySink) and capturer is None and recipe.capture.workers > 1 and pending:
-        return _capture_with_workers(plan, sink.out_dir, done, on_progress)
+        if (beyond := workers_beyond_shards(recipe.capture.workers, plan)) is not None:
+            log.warning("%s; starting %d", beyond.split("; ")[0], plan.num_workers)
+        if plan.num_workers > 1:
+            return _capture_with_workers(plan, sink.out_dir, done, on_progress)
     made = pending and capturer is None
     if made:
         capturer = make_capturer(plan, Path(recipe.stage_dir("capture")))
@@ -89,6 +92,8 @@ def _capture_pending(
             seq_done += len(samples)
             if on_progress is not None and shard_name(index) not in done:
                 on_progress(seq_done, plan.num_sequences, captured)
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM: stopped, not failed (a stream producer's next run goes on)
+        raise
     except BaseException as exc:
         sink.fail(str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
         raise
@@ -162,7 +167,7 @@ def _capture_with_workers(
         plan.num_sequences,
         plan.num_tokens,
         len(plan.shards),
-        plan.recipe.capture.workers,
+        plan.num_workers,
         out_dir,
     )
     summary = _summary(
@@ -170,7 +175,7 @@ def _capture_with_workers(
     )
     return dataclasses.replace(
         summary,
-        workers=plan.recipe.capture.workers,
+        workers=plan.num_workers,
         bytes=manifest["bytes"],
         bytes_per_token=manifest["bytes_per_token"],
     )

@@ -14,7 +14,8 @@ Keys in the store (capture/store.py):
   size and sha256, finished / error, pid and host, restarts, peak bytes), written only by W;
 - `consumer.json`: `released_below` (every shard below it was trained on by every rank that reads it,
   and removed), the step that released it, `generation` (how many times the trainers rewound the
-  stream) and the consumers' peak bytes, written only by global rank 0.
+  stream) and the consumers' peak bytes, written only by global rank 0;
+- `.dspark-owner`: the train run that owns the stream (capture/stream_owner.py), written by its rank 0.
 
 Release on consumption: rank 0 releases a shard once the last step that uses it is trained (every
 rank took part in that step's gradient reduction, so every rank has read it). The bound: a producer

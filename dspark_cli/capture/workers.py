@@ -91,7 +91,7 @@ def capture_with_workers(
     """Start the workers for the shards not in `done`, report progress, merge; the backend description.
 
     `manifest(backend, entries, complete)` writes the stage manifest (capture/sinks.py)."""
-    workers = recipe.capture.workers
+    workers = plan.num_workers  # capture.workers, at most one per shard
     done = {**done, **worker_entries(out_dir, plan)}
     manifest({"backend": recipe.capture.backend_here(), "workers": workers}, done, False)
     for path in out_dir.glob(WORKER_GLOB):  # their shards are in the manifest now

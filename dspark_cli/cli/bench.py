@@ -35,6 +35,7 @@ def bench(
             help="Sets bench.baseline_endpoint: the same target without speculation (`dspark serve --method none`)."
         ),
     ] = None,
+    output_dir: Annotated[str | None, typer.Option("--output-dir", "-o", help="Sets bench.output_dir.")] = None,
     output_format: FormatOpt = "text",
 ) -> None:
     """Measure acceptance length (tau) offline, or throughput and tau of a running server.
@@ -42,7 +43,7 @@ def bench(
     `dspark bench DRAFT_DIR --offline` runs dspark's reference engine (the draft's own description
     from the recipe it carries, your bench settings, unless `--recipe`); `dspark bench --endpoint URL` drives a server (`--baseline-endpoint URL`
     or `bench.baseline_report=FILE` adds speedups: tau, tokens/s, TTFT and speedup in one report). Writes bench.json, bench.md and plots to
-    `bench.output_dir`.
+    `bench.output_dir` (-o): a new or empty folder, or this draft's own earlier report there.
     """
     from dspark_cli.bench.report import terminal_tables
     from dspark_cli.bench.run import run_bench
@@ -52,12 +53,14 @@ def bench(
     draft_dir, rest = split_positional(draft_dir, overrides)
     if draft_dir is not None and not Path(draft_dir).is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
-    flags = {"bench.endpoint": endpoint, "bench.baseline_endpoint": baseline_endpoint}
+    flags = {"bench.endpoint": endpoint, "bench.baseline_endpoint": baseline_endpoint, "bench.output_dir": output_dir}
     loaded = load_beside(recipe, draft_dir, rest, flags) or load(recipe, rest, flags)
     offline = offline or (draft_dir is not None and loaded.bench.endpoint is None)
-    preflight_stage(loaded, ["bench"], recipe)
+    benched = draft_dir or (loaded.stage_dir("export") if offline else "")  # "": a server alone, no draft
+    preflight_stage(loaded, ["bench"], recipe, inputs={"bench": benched})
     if output_format == "json":
-        print_json(run_bench(loaded, draft_dir=draft_dir, offline=offline).to_dict())
+        summary = run_bench(loaded, draft_dir=draft_dir, offline=offline)
+        print_json({**summary.to_dict(), "report_dir": str(summary.report_dir)})  # bench.json's names are in it
         return
     with progress_bar("bench", unit="turns") as update:
         result = run_bench(loaded, draft_dir=draft_dir, offline=offline, on_progress=update)
@@ -66,4 +69,5 @@ def bench(
     for warning in result.warnings:
         say(f"warning: {warning}", style="yellow")
     files = result.files or {}
-    say(f"report: {files['markdown']} and {files['json']}, {len(files['plots'])} plot(s)", style="green")
+    where = f"{result.local(files['markdown'])} and {result.local(files['json'])}"
+    say(f"report: {where}, {len(files['plots'])} plot(s)", style="green")

@@ -42,7 +42,24 @@ def produce(
 
     _claim_capture_dir(loaded.stage_dir("capture"))
     extra = list(overrides or []) + ([f"capture.stream={stream}"] if stream else [])
-    summary = supervise(recipe, loaded, overrides=extra, only=workers)
+    try:
+        summary = supervise(recipe, loaded, overrides=extra, only=workers)
+    except KeyboardInterrupt:  # the producers stopped cleanly, recording nothing: the same command resumes
+        from dspark_cli.errors import debug_enabled
+
+        if debug_enabled():
+            raise
+        from rich.text import Text
+
+        from dspark_cli.ui import stderr
+
+        stderr.print(
+            Text(
+                "interrupted; run the same command again to resume (the producers go on where they stopped)",
+                style="yellow",
+            )
+        )
+        raise typer.Exit(130) from None
     say(
         f"produce: {summary.producers} producer(s) done in {summary.seconds} s, restarts "
         f"{summary.restarts or 'none'} -> {summary.stream}",

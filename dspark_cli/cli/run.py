@@ -118,4 +118,4 @@ def _say_results(outputs: dict[str, Record | None]) -> None:
         if extra:
             say(f"  baselines and head: {', '.join(extra)}")
     if bench.files:
-        say(f"report: {bench.files['markdown']}")
+        say(f"report: {bench.local(bench.files['markdown'])}")

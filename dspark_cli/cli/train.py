@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.text import Text
 
 from dspark_cli.cli.common import DryRunOpt, OverridesArg, RecipeArg, load, preflight_stage
-from dspark_cli.ui import handle_errors, print_table, say, stdout
+from dspark_cli.ui import handle_errors, print_table, say, stderr, stdout
 
 if TYPE_CHECKING:
     from dspark_cli.artifacts.results import TrainDryRun, TrainSummary
@@ -41,9 +42,27 @@ def train(
     from dspark_cli.training import is_main_process
     from dspark_cli.training.metrics import format_summary
 
-    summary = _train(loaded, resume, bar=is_main_process() and stdout.is_terminal)
+    summary = _interruptible(lambda: _train(loaded, resume, bar=is_main_process() and stdout.is_terminal))
     if is_main_process():
         say(format_summary(summary), style="green")
+
+
+INTERRUPTED = "interrupted; run the same command again to resume (--resume auto: from the last checkpoint)"
+
+
+def _interruptible(run: Callable[[], TrainSummary]) -> TrainSummary:
+    """`run()`, where Ctrl-C ends the command with exit 130 and the one line saying how to go on: the ranks
+    and the stream's producers stopped cleanly (SIGTERM too, once training runs: training/launch.py), so the
+    same command resumes."""
+    from dspark_cli.errors import debug_enabled
+
+    try:
+        return run()
+    except KeyboardInterrupt:
+        if debug_enabled():
+            raise
+        stderr.print(Text(INTERRUPTED, style="yellow"))
+        raise typer.Exit(130) from None
 
 
 def _train(loaded, resume: str, *, bar: bool) -> TrainSummary:

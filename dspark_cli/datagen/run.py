@@ -38,7 +38,7 @@ from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_c
 from dspark_cli.errors import UsageError
 from dspark_cli.prompts.conversation import Conversation
 from dspark_cli.prompts.sources import read_source, source_labels
-from dspark_cli.recipe import Recipe, write_resolved
+from dspark_cli.recipe import Recipe, recorded_tree, write_resolved
 from dspark_cli.targets import ChatFormat, Target
 
 log = logging.getLogger(__name__)
@@ -334,7 +334,9 @@ def _generate(
         engine_info = previous.get("engine", {"engine": recipe.datagen.engine_here()})
     else:
         engine_info = {"engine": "none (source answers kept)"}
-    write_json_atomic(plan.out_dir / MANIFEST_NAME, _manifest(recipe, plan, engine_info, [], complete=False))
+    write_json_atomic(
+        plan.out_dir / MANIFEST_NAME, recorded_tree(_manifest(recipe, plan, engine_info, [], complete=False))
+    )
     started, tokens, done = time.perf_counter(), 0, 0
     shard_entries = []
     for index, chunk in enumerate(shards):
@@ -365,7 +367,9 @@ def _generate(
         )
         if on_progress is not None:
             on_progress(done, len(plan.conversations), tokens)
-    write_json_atomic(plan.out_dir / MANIFEST_NAME, _manifest(recipe, plan, engine_info, shard_entries, complete=True))
+    write_json_atomic(
+        plan.out_dir / MANIFEST_NAME, recorded_tree(_manifest(recipe, plan, engine_info, shard_entries, complete=True))
+    )
     elapsed = time.perf_counter() - started
     summary.generated_tokens, summary.seconds = tokens, round(elapsed, 2)
     summary.tokens_per_second = round(tokens / elapsed, 1) if elapsed > 0 else None

@@ -19,6 +19,10 @@ and `speculators_model_type`; `build_vllm_speculative_config` turns them into `{
 `from_speculators` is our own reading of those rules, so the static checks and every stage's loader
 see the draft exactly as the native export would have written it; tests/export/test_export_speculators.py
 checks it against vLLM's own code.
+
+`block_size_of` is the one reader of a draft's block size (tokens drafted per pass), in either format:
+export writes it, its checks, bench's loader and `dspark serve` all read it there, and
+`dspark_manifest.json`'s copies of it must agree with it (`export/integrity.py`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ DSPARK_FIELDS = (
     "confidence_head_with_markov",
 )
 ALGORITHM = "dspark"
+# where vLLM 0.33 looks for a DSpark draft's block size (`config/speculative.py`: the default
+# num_speculative_tokens, and the trained block Qwen3-Omni drafts are checked against), first wins
+BLOCK_SIZE_KEYS = ("block_size", "dspark_block_size")
 
 
 def is_speculators(config: dict[str, Any]) -> bool:
@@ -65,7 +72,7 @@ def to_speculators(
         **{k: native[k] for k in DSPARK_FIELDS if k in native},
         "speculators_config": {
             "algorithm": ALGORITHM,
-            "proposal_methods": [{"proposal_type": ALGORITHM, "speculative_tokens": native["block_size"]}],
+            "proposal_methods": [{"proposal_type": ALGORITHM, "speculative_tokens": block_size_of(native)}],
             "default_proposal_method": ALGORITHM,
             "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures or [])},
         },
@@ -97,6 +104,16 @@ def structure_problems(config: dict[str, Any]) -> list[tuple[str, str]]:
         problems.append(("transformer_layer_config", "missing or not a mapping"))
     if "model_type" in config:
         problems.append(("model_type", "set at the top level: vLLM then skips SpeculatorsConfig"))
+    tokens = methods[0].get("speculative_tokens") if methods and isinstance(methods[0], dict) else None
+    block = config.get("block_size")
+    if tokens is not None and block is not None and tokens != block:
+        problems.append(
+            (
+                "speculators_config.proposal_methods",
+                f"speculative_tokens {tokens!r} != block_size {block!r}: two block sizes for one draft "
+                "(vLLM defaults num_speculative_tokens to speculative_tokens)",
+            )
+        )
     if not isinstance(config.get("aux_hidden_state_layer_ids"), list):
         problems.append(("aux_hidden_state_layer_ids", "missing: vLLM needs it for the target layers"))
     return problems
@@ -126,3 +143,22 @@ def from_speculators(config: dict[str, Any]) -> dict[str, Any]:
 def num_speculative_tokens(config: dict[str, Any]) -> int:
     """What vLLM's `build_vllm_speculative_config` takes from the config."""
     return int(config["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
+
+
+def block_size_of(config: dict[str, Any]) -> Any:
+    """The block size of a draft's config.json (either format) as vLLM reads it: the first of
+    `BLOCK_SIZE_KEYS` that is set (for the speculators format, of the config `from_speculators`
+    gives, else its `speculative_tokens`); None when unset or unreadable. Returned as stored:
+    `DSparkDraftConfig` refuses a value that is not a block size."""
+    native = config
+    if is_speculators(config):
+        try:
+            native = from_speculators(config)
+        except ValueError:  # the rules name what vLLM would refuse
+            return None
+    for key in BLOCK_SIZE_KEYS:
+        if native.get(key) is not None:
+            return native[key]
+    if is_speculators(config):
+        return config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    return None

@@ -22,10 +22,11 @@ _EXPORTS = {
     "planned_config_problems": "dspark_cli.export.run",
     "draft_findings": "dspark_cli.export.integrity",
     "serving_findings": "dspark_cli.export.integrity",
+    "speculative_tokens": "dspark_cli.export.integrity",
 }
 
 if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
-    from dspark_cli.export.integrity import draft_findings, serving_findings, verify_draft
+    from dspark_cli.export.integrity import draft_findings, serving_findings, speculative_tokens, verify_draft
     from dspark_cli.export.run import planned_config_problems
     from dspark_cli.export.writer import export_draft
 

@@ -4,12 +4,16 @@
 the files export wrote must match the sha256 checksums in `dspark_manifest.json` (a truncated or
 bit-flipped `model.safetensors` is refused by every stage, not only by publish), every static vLLM
 loader rule must pass, the draft must have been trained for the target it is used with (the same
-test bench has always made: the target's config.json fingerprint in the draft's contract), and what
+test bench has always made: the target's config.json fingerprint in the draft's contract), what
+the manifest repeats from config.json must agree with config.json as vLLM reads it (`COPIES`: the
+block size, target layer ids, mask token, architecture, dtype and format; config.json is what vLLM
+loads, so it is the source of truth and a copy that disagrees means the draft was edited), and what
 the draft asks of serving must be safe: environment variables only from `SERVING_ENV`, the names
 export itself writes (a draft made by someone else must not set LD_PRELOAD or PYTHONPATH).
 
     manifest = verify_draft("runs/tiny/draft", "tiny-mla", doing="nothing was uploaded")  # or raises
     manifest, findings = draft_findings("runs/tiny/draft", "tiny-mla")                    # every finding
+    n = speculative_tokens(draft_block_size("runs/tiny/draft"), recipe.serve.num_speculative_tokens)
 
 Cost: one streamed sha256 pass over each file per call (milliseconds for a tiny draft, about the
 time of reading the weights once for a large one); nothing is hashed twice within a call.
@@ -20,13 +24,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dspark_cli.artifacts.draft import CONFIG, read_draft_manifest
 from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
-from dspark_cli.artifacts.draft import read_draft_manifest
 from dspark_cli.artifacts.files import sha256_file
+from dspark_cli.draft.speculators import block_size_of, from_speculators, is_speculators
 from dspark_cli.errors import ContractError, DataError, UsageError
-from dspark_cli.export.rules import Finding, check_draft_dir
+from dspark_cli.export.rules import LAYER_ID_KEYS, MASK_ID_KEYS, Finding, check_draft_dir, read_as_vllm
+from dspark_cli.recipe.bounded import read_json
 
 REQUIRED = ("config.json", "model.safetensors")
+# what dspark_manifest.json repeats from config.json: (field of config.json, its copies in the manifest)
+COPIES = (
+    ("block_size", ("serving.num_speculative_tokens", "contract.block_size")),
+    ("target_layer_ids", ("contract.target_layer_ids",)),
+    ("mask_token_id", ("contract.mask_token_id",)),
+    ("architectures", ("architecture",)),
+    ("torch_dtype", ("dtype",)),
+    ("format", ("format",)),
+)
 # environment the export writes into `serving.env`, and the values it writes
 SERVING_ENV = {"VLLM_KIMI_K3_AUX_ATTN_RES_STREAM": ("0", "1")}
 
@@ -54,6 +69,67 @@ def checksum_findings(draft_dir: Path, manifest: dict[str, Any]) -> list[Finding
                 )
             )
     return out
+
+
+def config_as_vllm_reads(config: dict[str, Any]) -> dict[str, Any]:
+    """The value of each `COPIES` field of config.json (either format) that vLLM serves with: the block
+    size, layer ids and mask token from the key vLLM reads first, the architecture, the dtype, the format."""
+    native = from_speculators(config) if is_speculators(config) else config  # ValueError: vLLM refuses it
+    names = native.get("architectures")
+    return {
+        "block_size": block_size_of(config),
+        "target_layer_ids": read_as_vllm(native, LAYER_ID_KEYS)[1],
+        "mask_token_id": read_as_vllm(native, MASK_ID_KEYS)[1],
+        "architectures": names[0] if isinstance(names, list) and names else names,
+        "torch_dtype": native.get("torch_dtype"),
+        "format": "speculators" if is_speculators(config) else "vllm",
+    }
+
+
+def _manifest_value(manifest: dict[str, Any], dotted: str) -> Any:
+    head, _, tail = dotted.partition(".")
+    value = manifest.get(head)
+    return (value.get(tail) if isinstance(value, dict) else None) if tail else value
+
+
+def consistency_findings(draft_dir: Path, manifest: dict[str, Any]) -> list[Finding]:
+    """One finding per config.json field that a copy in the manifest contradicts (`COPIES`): bench reads
+    config.json, the model card and older tools the manifest, so both must describe the draft vLLM serves.
+    A copy the manifest leaves out is not compared; an unreadable config.json is the rules' finding."""
+    try:
+        config = read_json(draft_dir / CONFIG)
+        actual = config_as_vllm_reads(config) if isinstance(config, dict) else None
+    except (ValueError, OSError):
+        actual = None
+    if actual is None:
+        return []
+    out = []
+    for key, copies in COPIES:
+        for place in copies:
+            copy = _manifest_value(manifest, place)
+            if copy is not None and (copy != actual[key] or type(copy) is not type(actual[key])):
+                out.append(
+                    Finding(
+                        key,
+                        f"{CONFIG} says {actual[key]!r}, {MANIFEST} ({place}) says {copy!r}",
+                        "export the draft again (dspark export CHECKPOINT -o DIR)",
+                    )
+                )
+                break
+    return out
+
+
+def speculative_tokens(block_size: int, requested: int | None) -> int:
+    """Tokens drafted per step when serving or benching a draft of `block_size` (`draft_block_size`):
+    `serve.num_speculative_tokens` when set, at most the block size the draft was trained with."""
+    if requested is None:
+        return block_size
+    if requested > block_size:
+        raise UsageError(
+            f"serve.num_speculative_tokens={requested} exceeds the draft's block size {block_size}",
+            "use at most the block size the draft was trained with",
+        )
+    return requested
 
 
 def target_findings(manifest: dict[str, Any], target: str | None) -> list[Finding]:
@@ -134,6 +210,7 @@ def draft_findings(
         ]
     manifest = read_draft_manifest(draft_dir)
     findings = checksum_findings(draft_dir, manifest)  # first: a changed file explains the findings after it
+    findings += consistency_findings(draft_dir, manifest)
     findings += check_draft_dir(draft_dir, target_config, bool(manifest.get("include_embeddings")))
     return manifest, [*findings, *target_findings(manifest, target), *serving_findings(manifest)]
 

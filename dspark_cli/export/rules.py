@@ -11,9 +11,10 @@ mla_use_*, dspark_bonus_anchor, q_lora_rank null, draft_vocab_size != vocab_size
 num_target_layers != len(target_layer_ids)); `models/kimi_k3/nvidia/dspark_mla.py` and
 `model_executor/models/qwen3_dspark.py` / `qwen3_dflash.py` (which names are loaded, stacked,
 dropped; `confidence_head_with_markov` defaults to False; `sample_from_anchor` defaults True).
-Layer ids and the mask token are read where vLLM reads them (`v1/worker/gpu/spec_decode/utils.py`,
-`eagle3_utils.py`): the first key of `LAYER_ID_KEYS` / `MASK_ID_KEYS` that is set wins, and every
-other one that is set and disagrees is flagged (it means something else to another reader).
+Layer ids, the mask token and the block size are read where vLLM reads them
+(`v1/worker/gpu/spec_decode/utils.py`, `eagle3_utils.py`, `config/speculative.py`): the first key of
+`LAYER_ID_KEYS` / `MASK_ID_KEYS` / `BLOCK_SIZE_KEYS` that is set wins, and every other one that is set
+and disagrees is flagged (it means something else to another reader).
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from dspark_cli.artifacts.draft import DRAFT_MANIFEST, read_draft_manifest
-from dspark_cli.draft.speculators import from_speculators, is_speculators, structure_problems
+from dspark_cli.draft.speculators import (
+    BLOCK_SIZE_KEYS,
+    block_size_of,
+    from_speculators,
+    is_speculators,
+    structure_problems,
+)
 from dspark_cli.errors import DataError
 from dspark_cli.recipe.bounded import read_json
 
@@ -181,11 +188,20 @@ def check_config(config: dict[str, Any]) -> list[Finding]:
     if config.get("hidden_act", "silu") != "silu":
         out.append(Finding("hidden_act", f"{config.get('hidden_act')!r}: dspark drafts use silu", 'set "silu"'))
     out += _check_rope(config, arch)
-    if "block_size" not in config:
+    block_key, block, block_disagree = read_as_vllm(config, BLOCK_SIZE_KEYS)
+    for other in block_disagree:
+        out.append(
+            Finding(
+                other,
+                f"{config.get(other)} disagrees with {block_key} {block}, which vLLM reads first",
+                f"remove {other} or make it equal",
+            )
+        )
+    if block is None:
         out.append(
             Finding(
                 "block_size",
-                "missing: vLLM then needs num_speculative_tokens on every launch",
+                "missing: vLLM then needs num_speculative_tokens on every launch, and dspark cannot bench it",
                 "write the block size the draft was trained with",
                 "warning",
             )
@@ -254,7 +270,9 @@ def expected_tensors(config: dict[str, Any]) -> dict[str, tuple[tuple[int, ...],
     from dspark_cli.export.roster import tensor_roster
 
     dtype = config.get("torch_dtype") or "bfloat16"
-    roster = tensor_roster(draft_config_from_vllm_dict(config), dtype=dtype)
+    # no tensor depends on the block size: a config without one (a warning above) still lists its tensors
+    sized = config if block_size_of(config) is not None else {**config, "block_size": 1}
+    roster = tensor_roster(draft_config_from_vllm_dict(sized), dtype=dtype)
     return {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in roster}
 
 

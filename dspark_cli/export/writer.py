@@ -118,6 +118,8 @@ def as_speculators(plan: dict[str, Any], target: str | None, target_config: dict
 def _manifest(
     draft: LoadedDraft, plan: dict[str, Any], recipe: Recipe | None, include_embeddings: bool, directory: Path
 ) -> dict[str, Any]:
+    from dspark_cli.recipe import recorded_tree
+
     train = draft.train_manifest
     contract = train.get("contract", {})
     config = plan["config"]
@@ -147,10 +149,25 @@ def _manifest(
         "contract": contract,
         "serving": serving,
         "training": train.get("summary", {}),
-        "recipe": recipe.model_dump(mode="json") if recipe is not None else train.get("recipe"),
+        "recipe": recorded_tree(recipe.model_dump(mode="json") if recipe is not None else train.get("recipe")),
         # every file export writes but this one: what bench, serve and publish verify, and all publish uploads
         "files": {name: sha256_file(directory / name) for name in EXPORTED_FILES if (directory / name).is_file()},
     }
+
+
+def _refuse_contradictions(checkpoint: str | Path, directory: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's copies of config.json's fields (the training contract's block size, layer ids and
+    mask token among them) must agree with the config.json written, or every later stage refuses the draft."""
+    from dspark_cli.errors import DataError
+    from dspark_cli.export.integrity import consistency_findings
+
+    found = consistency_findings(directory, manifest)
+    if found:
+        # only the training contract can disagree here: export derives the rest from config.json itself
+        raise DataError(
+            f"{checkpoint}: {found[0].key}: " + found[0].message.replace(MANIFEST, "the training run's manifest.json"),
+            "export the checkpoint as training wrote it (its config.json was edited), or train again",
+        )
 
 
 def export_draft(
@@ -224,7 +241,9 @@ def export_draft(
             from dspark_cli.recipe import write_resolved
 
             write_resolved(recipe, tmp)
-        write_json_atomic(tmp / MANIFEST, _manifest(draft, plan, recipe, include_embeddings, tmp))
+        manifest = _manifest(draft, plan, recipe, include_embeddings, tmp)
+        _refuse_contradictions(checkpoint, tmp, manifest)
+        write_json_atomic(tmp / MANIFEST, manifest)
         replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

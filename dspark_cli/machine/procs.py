@@ -153,6 +153,51 @@ def first_failure(paths: Iterable[str | os.PathLike[str]]) -> ChildFailure | Non
     return min(failures, key=lambda f: f.time, default=None)
 
 
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the main thread while the block runs, so a run stopped by `kill`,
+    torchrun or a scheduler ends as Ctrl-C ends it (exit 130, its cleanup run). Off the main thread: nothing."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def forwarding_interrupts(proc: subprocess.Popen, asked: list[int]) -> Iterator[None]:
+    """While the block runs, the first SIGINT or SIGTERM this process gets is passed on to `proc` (a child in
+    its own process group, e.g. torchrun, which then stops its ranks cleanly) and noted in `asked`, instead of
+    interrupting this process: it keeps reading the child's output until the child ends. Later ones are
+    ignored (the child is stopping). Off the main thread: nothing changes."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        if not asked and proc.poll() is None:
+            proc.send_signal(signum)
+        asked.append(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 # The reaper of a process group: a small Python process of its own. SIGTERM (the kernel sends it when the
 # launcher dies: PR_SET_PDEATHSIG) makes it stop the whole group -- SIGTERM, then SIGKILL after a grace
 # period -- so a child that ignores SIGTERM cannot leave its own children behind. It exits by itself

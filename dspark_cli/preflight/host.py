@@ -84,6 +84,38 @@ def capture_backend_runs_here(recipe: Recipe, context: Context) -> list[str]:
     return problems
 
 
+def capture_workers_fit_here(recipe: Recipe, context: Context) -> list[str]:
+    """The capture engines this machine starts, one per worker: on GPUs each takes `engine_devices` of its
+    own (the visible ones, or `capture.devices`), on CPU each takes at least a core. Online producers on
+    GPUs are the device split's to judge (rules.py `online_device_split`: producers and trainers share
+    the machine); producers that run elsewhere (`capture.external_producers`) are not this machine's."""
+    from dspark_cli.machine.devices import engine_devices
+
+    capture, gpus = recipe.capture, context.machine.gpus
+    online = capture.mode == "online"
+    if capture.workers == 1 or (online and capture.external_producers):
+        return []  # one engine larger than the machine is `capture_backend_runs_here`'s line
+    if gpus:
+        if online:
+            return []
+        per = engine_devices(recipe)
+        devices = len(capture.devices) if capture.devices else gpus
+        where = "in capture.devices" if capture.devices else "visible here"
+        if capture.workers * per > devices:
+            return [
+                f"capture.workers: {capture.workers:,} engines x {per} GPU(s) each (engine tensor parallelism) need "
+                f"{capture.workers * per:,} GPUs, {devices} {where}; set capture.workers<={max(1, devices // per)}"
+            ]
+        return []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if capture.workers > cores:
+        return [
+            f"capture.workers: {capture.workers:,} capture engines on this machine without a GPU, which has "
+            f"{cores} CPU core(s) (one engine per core at most); set capture.workers<={cores}"
+        ]
+    return []
+
+
 RANK_MEMORY = 2**29  # a CPU training rank holds torch, transformers and dspark: > 0.5 GiB before any data
 
 
@@ -218,7 +250,7 @@ def _builtin_eval_set(name: str) -> bool:
 
 RULES = {
     "datagen": [target_on_this_machine, datagen_engine_installed, prompt_files_exist],
-    "capture": [target_on_this_machine, capture_backend_runs_here],
+    "capture": [target_on_this_machine, capture_backend_runs_here, capture_workers_fit_here],
     "train": [
         target_on_this_machine,
         train_processes_fit,

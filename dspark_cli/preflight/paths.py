@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from dspark_cli.artifacts.draft import DRAFT_FILES
 from dspark_cli.artifacts.files import MANIFEST_NAME, claim_output_dir, ownership_problem
 from dspark_cli.errors import UsageError
+from dspark_cli.preflight.stream import stream_is_ours
 from dspark_cli.recipe.bounded import read_json
 
 if TYPE_CHECKING:
@@ -99,6 +100,18 @@ def resumable_output_is_ours(recipe: Recipe, context: Context) -> list[str]:
             problem = ownership_problem(recipe.stage_dir(stage), KINDS[stage], f"{stage}.output_dir", SHARDS.get(stage))
             problems += [problem] if problem else []
     return problems
+
+
+def bench_output_is_ours(recipe: Recipe, context: Context) -> list[str]:
+    """bench writes a new or empty folder, or its own earlier report of the same draft: refused when the
+    folder holds anything bench did not write, or another draft's report (`artifacts.bench_output.output_problem`,
+    what bench itself refuses). The draft is the one its command was given (`inputs["bench"]`, "" for a
+    server alone), else the export's, as `dspark run` benches it."""
+    from dspark_cli.artifacts.bench_output import output_problem
+
+    draft = context.options.inputs.get("bench", recipe.stage_dir("export"))
+    problem = output_problem(recipe.stage_dir("bench"), draft or None)
+    return [problem] if problem else []
 
 
 def capture_settings_match(recipe: Recipe, context: Context) -> list[str]:
@@ -191,10 +204,11 @@ DISK_RULES = {
     "capture": [resumable_output_is_ours, inputs_ready, outputs_writable],
     "train": [
         resumable_output_is_ours,
+        stream_is_ours,
         capture_settings_match,
         resume_never_has_nothing_to_overwrite,
         outputs_writable,
     ],
     "export": [export_output_claimable, inputs_ready, outputs_writable],
-    "bench": [outputs_writable],
+    "bench": [bench_output_is_ours, outputs_writable],
 }

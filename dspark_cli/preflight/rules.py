@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dspark_cli.preflight.redacted import STAGE_READS, no_recorded_secret
 from dspark_cli.preflight.stream import stream_bounds_hold
 from dspark_cli.targets import Target
 
@@ -58,6 +59,27 @@ def capture_prompt_fits_vllm(recipe: Recipe, context: Context) -> list[str]:
             "target.max_model_len, or set capture.backend=hf"
         )
     ]
+
+
+def capture_workers_fit_the_plan(recipe: Recipe, context: Context) -> list[str]:
+    """No more capture workers than the plan has shards (a worker captures whole shards): judged once the
+    datagen output is finished, from the plan every capture worker computes (capture/plan.py)."""
+    if recipe.capture.workers == 1:
+        return []
+    from dspark_cli.artifacts.datagen import datagen_manifest
+    from dspark_cli.capture import build_plan, workers_beyond_shards
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.preflight.stream import _quiet as quiet  # the same package's helper
+
+    try:
+        if datagen_manifest(recipe) is None:
+            return []  # the shards are known once datagen has run; capture starts at most one worker per shard
+        with quiet("dspark_cli.capture.plan"):  # its warnings are the stage's to print, when it runs
+            plan = build_plan(recipe)
+    except DsparkError:
+        return []  # the data or the target is another rule's problem, or the stage's own
+    beyond = workers_beyond_shards(recipe.capture.workers, plan)
+    return [] if beyond is None else [beyond]
 
 
 def datagen_has_sources(recipe: Recipe, context: Context) -> list[str]:
@@ -138,9 +160,13 @@ def _hub_id(recipe: Recipe) -> bool:
 
 RULES = {
     "datagen": [datagen_has_sources],
-    "capture": [k3_stream_needs_vllm, capture_prompt_fits_vllm],
+    "capture": [k3_stream_needs_vllm, capture_prompt_fits_vllm, capture_workers_fit_the_plan],
     "train": [online_device_split, stream_bounds_hold],
     "export": [export_format_fits_the_draft, export_embeddings_need_a_local_target, export_config_loads_in_vllm],
     "bench": [bench_has_datasets, bench_thresholds_need_confidence],
     "publish": [publish_destination],
 }
+
+
+for _stage in STAGE_READS:  # before a stage's own rules: a recipe copied from a run's recipe.yaml
+    RULES.setdefault(_stage, []).insert(0, no_recorded_secret)

@@ -9,6 +9,7 @@ fields that contradict each other, an output directory that cannot be made.
 
 from __future__ import annotations
 
+import difflib
 from typing import TYPE_CHECKING
 
 from dspark_cli.draft.names import top_modules
@@ -85,8 +86,13 @@ def _check_draft(recipe: Recipe) -> list[str]:
 
 
 def _check_lr_scale(recipe: Recipe) -> list[str]:
-    """`train.lr_scale` names under the draft's top-level modules (the full names are checked on the model)."""
-    if not recipe.train.lr_scale:
+    """Every `train.lr_scale` name resolved against the draft the recipe describes: a top-level module from
+    the arch alone (draft/names.py), `layers.N` against `draft.num_layers`, and a name deeper than that
+    against the draft itself, built on the meta device (no memory; torch is imported only then). Where the
+    draft cannot be built here (a hub target not downloaded, no declared geometry), a deeper name is left
+    to training (training/session.py `lr_groups`)."""
+    scales = recipe.train.lr_scale
+    if not scales:
         return []
     arch = Target.of(recipe).draft_arch(recipe.draft.arch)  # None: the target's type is not known here
     top = list(
@@ -94,13 +100,48 @@ def _check_lr_scale(recipe: Recipe) -> list[str]:
             name for a in ([arch] if arch else ["gqa", "mla"]) for name in top_modules(a, recipe.draft.confidence_head)
         )
     )
-    unknown = [k for k in recipe.train.lr_scale if k.split(".")[0] not in top]
-    if not unknown:
-        return []
-    return [
-        f"train.lr_scale: {', '.join(unknown)} is not a module of this {arch or 'gqa or mla'} draft; "
-        f"name one of {', '.join(top)} (or one under it, dotted, e.g. layers.0.mlp)"
-    ]
+    layers = [f"layers.{i}" for i in range(recipe.draft.num_layers)]
+    shallow = set(top) | set(layers)
+    deep = [k for k in scales if k not in shallow and k.split(".")[0] in top and _under_a_layer(k, layers)]
+    names = _draft_module_names(recipe) if deep else None
+    known = names if names is not None else [*top, *layers]
+    problems = []
+    for key in scales:
+        if key in shallow or (names is not None and key in names) or (names is None and key in deep):
+            continue
+        close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+        problems.append(
+            f"train.lr_scale: {key} is not a module of this {arch or 'gqa or mla'} draft; name one of "
+            f"{', '.join(top)} or one under it, dotted (layers.0 to layers.{recipe.draft.num_layers - 1}, e.g. "
+            f"layers.0.mlp)" + (f"; did you mean {', '.join(close)}?" if close else "")
+        )
+    return problems
+
+
+def _under_a_layer(key: str, layers: list[str]) -> bool:
+    """`key` is under a top-level module other than `layers`, or under one of the draft's layers."""
+    return not key.startswith("layers.") or any(key.startswith(layer + ".") for layer in layers)
+
+
+def _draft_module_names(recipe: Recipe) -> list[str] | None:
+    """Every module name of the draft `recipe` describes (as `lr_groups` sees them), from a meta-device
+    build; None when the draft cannot be built here (no target geometry, or a draft export's rule refuses)."""
+    target = Target.of(recipe)
+    config = target.config()
+    declared = recipe.target.model_dump()
+    if config is None and not all(declared.get(k) for k in ("hidden_size", "vocab_size", "num_hidden_layers")):
+        return None
+    from dspark_cli.draft.build import draft_config_from_recipe
+    from dspark_cli.draft.model import meta_model
+
+    draft = recipe.draft.model_dump()
+    if draft.get("mask_token_id") is None:
+        draft["mask_token_id"] = 0  # a placeholder (training takes the tokenizer's): no module depends on it
+    try:
+        built = draft_config_from_recipe(draft, declared, config)
+    except DsparkError:
+        return None  # a draft that cannot be built is export_config_loads_in_vllm's line (rules.py)
+    return [name for name, _ in meta_model(built).named_modules() if name]
 
 
 def _check_stages(recipe: Recipe) -> list[str]:

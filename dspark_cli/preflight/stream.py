@@ -3,8 +3,9 @@
     stream_location_problems(recipe)         # shared: a malformed `capture.stream` (every command)
     stream_store_answers(recipe, context)    # machine: the Mooncake master answers within PROBE_S (train)
     stream_bounds_hold(recipe, context)      # queue_max_shards / keep_max_bytes against the plan (train)
+    stream_is_ours(recipe, context)          # disk: the stream folder is dspark's and this train run's (train)
 
-All three judge online recipes only (`capture.mode: online`); offline, the stream is not used. The
+All four judge online recipes only (`capture.mode: online`); offline, the stream is not used. The
 location is parsed by `capture.mooncake_location` and the bounds computed by `training.stream_plan`,
 the code a training rank runs, so what a rank would refuse `dspark validate` refuses first.
 """
@@ -96,6 +97,19 @@ def stream_bounds_hold(recipe: Recipe, context: Context) -> list[str]:
         problem = bound_problem(recipe, capture_plan, plan, world_size=world)
     except DsparkError:
         return []  # the data or the target is another rule's problem, or the stage's own
+    return [] if problem is None else [f"{problem[0]}; {problem[1]}"]
+
+
+def stream_is_ours(recipe: Recipe, context: Context) -> list[str]:
+    """A directory stream is a folder dspark made (not a user's, e.g. with its own consumer.json) and not the
+    stream of another train run (another train.output_dir) that has not finished: what rank 0's claim refuses
+    (capture/stream_owner.py), judged without touching the folder. Its lock is taken only by the run; a
+    Mooncake stream is judged when the run opens it."""
+    if not _online(recipe):
+        return []
+    from dspark_cli.capture import claim_problem, stream_location
+
+    problem = claim_problem(stream_location(recipe), recipe.stage_dir("train"))
     return [] if problem is None else [f"{problem[0]}; {problem[1]}"]
 
 

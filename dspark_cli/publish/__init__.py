@@ -5,7 +5,8 @@
 
 Order of work, so that a bad input never reaches a hub: the draft directory must pass every static
 vLLM loader check (`dspark export --check`), the repo id must be `owner/name`, and every hub asked
-for must have a token -- all before the first byte is sent. Then one commit per hub uploads the
+for must have a token, and no file to upload may hold a secret inside a URL (`recipe.secrets`) -- all
+before the first byte is sent. Then one commit per hub uploads the
 draft's files, a README.md model card (unless the directory already has one) and, when the recipe's
 bench stage measured this draft, its report under `bench/`.
 The hub rules that other parts need too (the repo-id rule, the token scrubber) live in

@@ -60,7 +60,7 @@ def _bench_report(recipe: Recipe, draft_dir: Path) -> tuple[BenchSummary | None,
     if not report.is_file():
         return None, {}
     data = read_bench_report(report)
-    if Path(str(data.draft_dir or "")).resolve() != draft_dir.resolve() or data.complete is False:
+    if not data.measured_draft(draft_dir) or data.complete is False:
         return None, {}  # another draft's report, or a bench that did not finish
     listed = (data.files or {}).get("checksums") or {}
     files = {f"bench/{REPORT}": report}
@@ -102,6 +102,27 @@ def _gather(
     return files, "generated"
 
 
+def _refuse_url_secrets(files: dict[str, Path | bytes]) -> None:
+    """One line naming the file and the key when a file to upload still holds a secret inside a URL (a
+    password, an `api_key=`: recipe/secrets.py). Export records recipes redacted; a draft exported by an
+    older dspark, a bench report or a card written by hand may still hold one."""
+    from dspark_cli.recipe.secrets import BINARY_SUFFIXES, find_in_file
+
+    found = [
+        (path, secret)
+        for path, src in sorted(files.items())
+        if not path.endswith(BINARY_SUFFIXES)
+        for secret in find_in_file(path, src if isinstance(src, bytes) else src.read_bytes())
+    ]
+    if found:
+        path, secret = found[0]
+        more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+        raise DataError(
+            f"{path}: {secret.key} holds {secret.what} in '{secret.shown}'{more}; nothing was uploaded",
+            f"export the draft again (dspark records such URLs redacted), or remove the secret from {path}",
+        )
+
+
 def _destination(recipe: Recipe) -> tuple[str, list[str]]:
     """(repo id, hubs) from the recipe, or a one-line UsageError."""
     repo_id = recipe.publish.repo_id
@@ -135,6 +156,7 @@ def publish_draft(recipe: Recipe, draft_dir: str | Path | None = None, *, dry_ru
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
     manifest, names = _check_draft(draft_dir, recipe.target.model)
     files, card_source = _gather(recipe, draft_dir, manifest, names, repo_id)
+    _refuse_url_secrets(files)  # a dry run says it too
     table = [
         PublishedFile(
             path=path,

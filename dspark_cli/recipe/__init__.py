@@ -1,4 +1,5 @@
-"""The dspark recipe: typed schema (`schema.py`), loading and overrides (`loader.py`).
+"""The dspark recipe: typed schema (`schema.py`), loading and overrides (`loader.py`), secrets inside URLs
+redacted wherever a recipe is recorded (`secrets.py`).
 
 Types, ranges and unknown keys are checked while loading; every rule across fields, against the target
 or the machine is `dspark_cli.preflight`'s."""
@@ -13,6 +14,7 @@ from dspark_cli.recipe.loader import (
     write_resolved,
 )
 from dspark_cli.recipe.schema import SECTIONS, Recipe
+from dspark_cli.recipe.secrets import recorded_tree
 
 __all__ = [
     "RESOLVED_NAME",
@@ -20,6 +22,7 @@ __all__ = [
     "Recipe",
     "dump_recipe",
     "load_recipe",
+    "recorded_tree",
     "resolve_recipe_path",
     "template_dir",
     "template_names",

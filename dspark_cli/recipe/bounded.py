@@ -5,6 +5,9 @@
     data = parse_json(text, "prompts.json")              # nesting too deep: one line, not a RecursionError
     config = read_json(Path("draft/config.json"))        # files from outside: too deep is a JSONDecodeError
 
+A key written twice in one mapping (`train:` twice, `lr:` twice in a section) is refused, naming the key,
+both lines and the source: YAML would silently keep the last value.
+
 A YAML alias bomb (`b: &b [*a, *a, ...]` nine levels deep is 1e9 elements) parses into a few shared
 nodes and then costs minutes and gigabytes in whatever walks it (validation, dumping): the composed
 node graph is measured, aliases expanded, before anything is built from it. Every failure is one
@@ -37,11 +40,13 @@ MAX_JSON_NESTING = 64  # arrays and objects inside each other (a config, manifes
 
 class _YamlLoader(yaml.SafeLoader):
     """SafeLoader that also reads `3e-4` as a float (YAML 1.1 insists on `3.0e-4`) and refuses a document
-    whose node graph, aliases expanded, is larger than MAX_YAML_NODES or nests deeper than MAX_NESTING."""
+    whose node graph, aliases expanded, is larger than MAX_YAML_NODES or nests deeper than MAX_NESTING,
+    or that writes a key twice in one mapping."""
 
     def compose_document(self):
         node = super().compose_document()
         _measure(node)
+        _refuse_duplicate_keys(node)
         return node
 
 
@@ -84,6 +89,38 @@ def _measure(root: yaml.Node) -> None:
         size(root, 0)
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, first: int, second: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+def _refuse_duplicate_keys(root: yaml.Node | None) -> None:
+    """Raise `_DuplicateKey` (dotted key path, both 1-based lines) for the first scalar key written twice
+    in one mapping. A merge key (`<<: *base`) is YAML's own override and is left alone. Runs after
+    `_measure`, so the graph walked is bounded; a node shared through aliases is walked once."""
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")] if root is not None else []
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            lines: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                name = str(key.value) if isinstance(key, yaml.ScalarNode) else None
+                here = f"{path}.{name}" if path and name is not None else name or path
+                if name is not None and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    if (key.tag, name) in lines:
+                        raise _DuplicateKey(here, lines[key.tag, name], line)
+                    lines[key.tag, name] = line
+                stack.append((value, here))
+
+
 def read_text(path: str | os.PathLike[str], what: str, max_bytes: int) -> str:
     """The UTF-8 text of `path`, refused in one line when larger than `max_bytes` (checked before reading)
     or not UTF-8."""
@@ -112,6 +149,12 @@ def parse_yaml(text: str, source: str) -> Any:
     """Parse YAML text; a syntax error, an alias bomb or too deep a nesting is one line naming `source`."""
     try:
         return yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass
+    except _DuplicateKey as exc:
+        where = f"twice on line {exc.first}" if exc.first == exc.second else f"lines {exc.first} and {exc.second}"
+        raise UsageError(
+            f"{source}:{exc.second}: duplicate key {exc.key} ({where}); YAML would silently keep the last value",
+            f"keep one `{exc.key.rsplit('.', 1)[-1]}:` and delete the other",
+        ) from None
     except _TooBig as exc:
         raise UsageError(f"{source}: refused: {exc}", "write the values out; a recipe needs no deep aliases") from None
     except RecursionError:

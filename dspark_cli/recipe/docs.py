@@ -33,8 +33,19 @@ engines and packages installed, prompt files, output directories another stage w
 `--recipe-only` to skip this machine's checks (a cluster recipe on a laptop).
 Every integer must fit a signed 64-bit integer (up to 9,223,372,036,854,775,807), and a seed
 (`seed`, `datagen.seed`, `train.seed`) 0 to 4,294,967,295, the range numpy, torch and vLLM all take;
-`dspark validate` names a key outside its range, and the range.
+`dspark validate` names a key outside its range, and the range. A key written twice in one mapping
+(`train:` twice, or `lr:` twice in a section) is refused with both line numbers, in a recipe file, an
+override's value and a draft's `recipe.yaml` alike: YAML would silently keep the last one.
 Every stage writes the resolved recipe (`recipe.yaml`) into its output directory.
+
+A secret inside a URL -- the password of `scheme://user:PASSWORD@host`, or a query parameter named like a
+credential (`key`, `api_key`, `token`, `secret`, `password`, `sig`, `X-Amz-Signature`, anything ending in
+`_key` or `_token`, ...) -- is recorded redacted wherever dspark records a recipe (`recipe.yaml`, the
+manifests, a draft, the metrics sinks' run config): `https://user:***@host/v1?api_key=***`, with one
+warning per key a run. The run itself uses the real value; a later run takes it from your recipe or
+overrides again, and a stage refuses a recipe that would send a recorded `***` (a recipe copied from a
+run's `recipe.yaml`), naming the key. Keep credentials out of recipes: hub tokens come from `HF_TOKEN` /
+`MODELSCOPE_API_TOKEN`; the `datagen.endpoint` and `bench.endpoint` clients have no credential setting.
 
 This page is generated from the schema (`python -m dspark_cli.recipe.docs > docs/recipe.md`).
 """

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from dspark_cli.errors import RecipeError, UsageError
 from dspark_cli.recipe.bounded import MAX_RECIPE_BYTES, parse_yaml, read_text
 from dspark_cli.recipe.schema import Recipe
+from dspark_cli.recipe.secrets import recorded_tree, redact_tree
 
 RESOLVED_NAME = "recipe.yaml"
 
@@ -196,23 +197,39 @@ def load_recipe(
         raise RecipeError(problems, f"in {source}; `dspark validate` lists every problem") from None
 
 
-def write_resolved(recipe: Recipe, directory: str | os.PathLike[str]) -> Path:
-    """Write the fully resolved recipe into `directory/recipe.yaml` atomically; return its path."""
+def write_resolved(recipe: Recipe, directory: str | os.PathLike[str], *, keep_secrets: bool = False) -> Path:
+    """Write the fully resolved recipe into `directory/recipe.yaml` atomically; return its path.
+
+    What is recorded has every secret inside a URL redacted (`https://user:***@host`, recipe/secrets.py),
+    each one logged once per process. `keep_secrets` is for a hand-off file that this run's own processes
+    load (torchrun ranks, online producers): the real values, in a file only its owner can read."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    text = "# Resolved by dspark: defaults < recipe file < overrides < flags.\n" + dump_recipe(recipe)
-    # created like any open() (the umask decides, not mkstemp's 0600): a resolved recipe is for everyone to read
+    tree = recipe.model_dump(mode="json")
+    text = "# Resolved by dspark: defaults < recipe file < overrides < flags.\n" + _yaml(
+        tree if keep_secrets else recorded_tree(tree)
+    )
+    # a record is created like any open() (the umask decides, not mkstemp's 0600): for everyone to read
     tmp = directory / f".recipe.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    with open(tmp, "x", encoding="utf-8") as handle:
+    with open(tmp, "x", encoding="utf-8", opener=_private if keep_secrets else None) as handle:
         handle.write(text)
     final = directory / RESOLVED_NAME
     os.replace(tmp, final)
     return final
 
 
-def dump_recipe(recipe: Recipe) -> str:
-    """The recipe as YAML, sections in pipeline order."""
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, default_flow_style=None)
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
+
+
+def dump_recipe(recipe: Recipe, *, keep_secrets: bool = False) -> str:
+    """The recipe as YAML, sections in pipeline order; secrets inside URLs redacted unless `keep_secrets`."""
+    tree = recipe.model_dump(mode="json")
+    return _yaml(tree if keep_secrets else redact_tree(tree)[0])
+
+
+def _yaml(tree: dict[str, Any]) -> str:
+    return yaml.safe_dump(tree, sort_keys=False, default_flow_style=None)
 
 
 # --- turning pydantic errors into one line each ------------------------------------------

@@ -8,7 +8,8 @@
 dspark_cli/serving/launcher.py), the model card and the docs all use it. `method` is `dspark` (the
 draft), `ngram` (vLLM's prompt-lookup proposer: speculation without the draft, for testing the
 launcher where DSpark cannot run) or `none` (the baseline). With `dspark` the command always passes `"method": "dspark"` (vLLM does not auto-detect `K3DSparkModel`), the
-block size the draft was trained with as `num_speculative_tokens`, the chat-template arguments
+block size the draft was trained with (its config.json's, read by `draft_block_size`, as bench reads it;
+`serve.num_speculative_tokens` may lower it) as `num_speculative_tokens`, the chat-template arguments
 datagen used (so serving renders prompts as the training data did), K3's
 `VLLM_KIMI_K3_AUX_ATTN_RES_STREAM` as it was at capture, and `VLLM_USE_V2_MODEL_RUNNER=1`
 (DSpark runs on vLLM's V2 model runner only).
@@ -21,7 +22,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dspark_cli.artifacts.draft import read_draft_manifest
+from dspark_cli.artifacts.draft import draft_block_size, read_draft_manifest
 from dspark_cli.errors import DataError, UsageError
 
 if TYPE_CHECKING:
@@ -59,15 +60,18 @@ def serve_plan(
 
 
 def speculative_config(
-    recipe: Recipe, draft_dir: Path, serving: dict[str, Any], method: str, draft_ref: str | None
+    recipe: Recipe, draft_dir: Path, block_size: int, method: str, draft_ref: str | None
 ) -> dict[str, Any] | None:
-    """vLLM's `--speculative-config` for `method` (None for `none`)."""
+    """vLLM's `--speculative-config` for `method` (None for `none`); `block_size` is the draft's
+    (`draft_block_size`), and `serve.num_speculative_tokens` may only lower it (`speculative_tokens`)."""
+    from dspark_cli.export import speculative_tokens
+
     if method not in METHODS:
         raise UsageError(f"unknown serve method {method!r}", f"use one of: {', '.join(METHODS)}")
     if method == "none":
         return None
     serve = recipe.serve
-    block = serve.num_speculative_tokens or serving.get("num_speculative_tokens") or recipe.draft.block_size
+    block = speculative_tokens(block_size, serve.num_speculative_tokens)
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": block, **NGRAM_LOOKUP}
     spec: dict[str, Any] = {
@@ -101,7 +105,10 @@ def serve_command(
     manifest = read_draft_manifest(draft_dir) if draft_dir.exists() else {}
     serving = manifest.get("serving", {})
     serve = recipe.serve
-    spec = speculative_config(recipe, draft_dir, serving, method, draft_ref)
+    # the draft's config.json, which vLLM reads too (`verify_draft` refuses a manifest that disagrees);
+    # before the draft exists, the block the recipe will train
+    block_size = draft_block_size(draft_dir) if draft_dir.exists() else recipe.draft.block_size
+    spec = speculative_config(recipe, draft_dir, block_size, method, draft_ref)
     target = Target.of(recipe).location
     argv = [
         "vllm",

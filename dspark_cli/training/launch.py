@@ -231,7 +231,7 @@ def train(
     with tempfile.TemporaryDirectory(prefix="dspark-launch-") as tmp:
         from dspark_cli.recipe import write_resolved
 
-        recipe_file = write_resolved(recipe, tmp)  # what every rank loads, for as long as torchrun runs
+        recipe_file = write_resolved(recipe, tmp, keep_secrets=True)  # what every rank loads while torchrun runs
         log_file, log_dir = run_log(recipe), os.path.join(tmp, "torchrun")
         cmd = launch_command(
             recipe,
@@ -246,7 +246,9 @@ def train(
             f"launching {recipe.train.nproc_per_node} x {recipe.train.nnodes} processes: {' '.join(cmd[1:5])} ... "
             f"(log: {log_file})"
         )
-        code = _run_torchrun(cmd, on_log, say, log_file)
+        code, interrupted = _run_torchrun(cmd, on_log, say, log_file)
+        if interrupted:  # the ranks stopped cleanly: what they recorded is no failure
+            raise KeyboardInterrupt
         if code != 0:
             raise rank_failure(log_dir, code, log_file)
     if log_file.stat().st_size == 0:  # nothing said: no empty file per launch
@@ -308,15 +310,20 @@ def _no_progress(_stage: str, _unit: str) -> AbstractContextManager[Callable[...
     return nullcontext(lambda *args, **kwargs: None)
 
 
-def _run_torchrun(cmd: list[str], on_log: OnLog | None, say: Say, log_file: Path) -> int:
+def _run_torchrun(cmd: list[str], on_log: OnLog | None, say: Say, log_file: Path) -> tuple[int, bool]:
     """Run `cmd` (torchrun) to its end: rank 0's records to `on_log`, every other line on stdout to `say`,
-    torchrun's stderr (its own messages and the ranks' stderr it copies) to `log_file`.
+    torchrun's stderr (its own messages and the ranks' stderr it copies) to `log_file`. Returns its exit
+    code and whether this process was interrupted meanwhile.
     If this process fails meanwhile (its own output closed), the pipe closes with it: rank 0's next line
-    fails there, and torchrun stops the gang."""
-    from dspark_cli.machine.procs import dies_with_parent
+    fails there, and torchrun stops the gang. Ctrl-C or SIGTERM here is passed on to torchrun, once
+    (it runs in a process group of its own, so a terminal's Ctrl-C reaches it only this way), which stops
+    its ranks as it stops them on its own SIGINT; this process waits for that, so nothing of the run is
+    left when `dspark train` exits."""
+    from dspark_cli.machine.procs import dies_with_parent, forwarding_interrupts
 
     bind = dies_with_parent(signal.SIGTERM)  # a killed launcher: torchrun stops its ranks, not train on unwatched
     env = {**LOG_LINE_PREFIX, **torchrun_environ()}
+    asked: list[int] = []
     with (
         open(log_file, "a", encoding="utf-8") as log_out,
         subprocess.Popen(
@@ -328,13 +335,16 @@ def _run_torchrun(cmd: list[str], on_log: OnLog | None, say: Say, log_file: Path
             bufsize=1,
             env=env,
             preexec_fn=bind,
+            process_group=0,
         ) as proc,
     ):
         assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            if not line.startswith(RECORD):
-                say(line)
-            elif on_log is not None:
-                on_log(json.loads(line.removeprefix(RECORD)))
-    return proc.returncode
+        with forwarding_interrupts(proc, asked):
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                if not line.startswith(RECORD):
+                    say(line)
+                elif on_log is not None:
+                    on_log(json.loads(line.removeprefix(RECORD)))
+            proc.wait()
+    return proc.returncode, bool(asked)

@@ -124,18 +124,19 @@ def format_summary(summary: TrainSummary) -> str:
 
 
 class JsonlSink:
-    """metrics.jsonl, one record per log step. On resume, records past the resumed step are dropped."""
+    """metrics.jsonl, one record per log step. On resume, records past the resumed step are dropped, and so
+    is what a crash left at the file's end (NUL bytes, a torn last line: `artifacts.jsonl.read_log`); the
+    file is rewritten from the records kept before anything is appended."""
 
     def __init__(self, path: Path, resume_step: int) -> None:
         self.path = path
         if path.exists():
-            kept = [
-                line
-                for line in path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
-            ]
+            kept = [r for r in read_metrics(path) if _step(r) <= resume_step] if resume_step > 0 else []
             tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            with tmp.open("w", encoding="utf-8") as handle:
+                handle.writelines(json.dumps(record) + "\n" for record in kept)
+                handle.flush()
+                os.fsync(handle.fileno())
             os.replace(tmp, path)
         self.handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
@@ -145,6 +146,19 @@ class JsonlSink:
 
     def close(self) -> None:
         self.handle.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a training run's metrics.jsonl, a crash's torn end dropped with a warning; damage in
+    the middle of the file is one DataError naming the file and the line."""
+    from dspark_cli.artifacts.jsonl import read_log
+
+    return read_log(path, hint="the metrics log is not the run's state: delete that line (or the file) and run again")
+
+
+def _step(record: dict[str, Any]) -> int:
+    step = record.get("step", 0)
+    return step if isinstance(step, int) and not isinstance(step, bool) else 0
 
 
 class TensorBoardSink:

@@ -17,6 +17,10 @@ runs before training, in the launching process); online, the stream `capture.str
 with `capture.external_producers`), read by every rank in a step plan fixed up front (training/stream_source.py).
 `sequences=` bypasses capture (tests, benchmarks): a callable returning an iterable of
 CapturedSequence-like objects, the same order on every call.
+
+SIGTERM (torchrun passing on the launcher's, a scheduler's) ends a run as Ctrl-C does: KeyboardInterrupt,
+so the stream's producers are stopped and the locks let go on the way out; the next run resumes from the
+last checkpoint.
 """
 
 from __future__ import annotations
@@ -184,6 +188,19 @@ def run_train(
     sequences: Callable[[], Iterable[Any]] | None = None,
 ) -> TrainSummary:
     """Train the draft the recipe describes; returns the summary also written to manifest.json (rank 0)."""
+    from dspark_cli.machine.procs import sigterm_interrupts
+
+    with sigterm_interrupts():
+        return _run_train(recipe, resume=resume, on_log=on_log, sequences=sequences)
+
+
+def _run_train(
+    recipe: Recipe,
+    *,
+    resume: str,
+    on_log: Callable[[dict[str, Any]], None] | None,
+    sequences: Callable[[], Iterable[Any]] | None,
+) -> TrainSummary:
     from dspark_cli.capture import resolve_layer_ids
     from dspark_cli.training.distributed import init_distributed, shutdown
 

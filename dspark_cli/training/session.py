@@ -30,7 +30,7 @@ from dspark_cli.artifacts.files import make_public, sha256_file, write_json_atom
 from dspark_cli.artifacts.results import StreamSummary, TrainSummary
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError, UsageError
-from dspark_cli.recipe import Recipe, write_resolved
+from dspark_cli.recipe import Recipe, recorded_tree, write_resolved
 from dspark_cli.targets import Target
 from dspark_cli.training.checkpoint import check_meta, clean_stale, load_checkpoint, resolve_resume, save_checkpoint
 from dspark_cli.training.data import StepStream, prepare
@@ -252,7 +252,7 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
             resume_step=start_step,
             run_name=recipe.name,
             project=train.wandb_project,
-            config=recipe.model_dump(mode="json"),
+            config=recorded_tree(recipe.model_dump(mode="json")),
         )
 
     def on_record(record: dict[str, Any]) -> None:
@@ -364,7 +364,7 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
                 "contract": contract.to_dict(),
                 "settings": settings,
                 "summary": summary.to_dict(),
-                "recipe": recipe.model_dump(mode="json"),
+                "recipe": recorded_tree(recipe.model_dump(mode="json")),
                 "files": {f"final/{name}": digest for name, digest in (files or {}).items()},
             },
         )

@@ -23,11 +23,18 @@ position is the step: a checkpoint at step c records it (`position["step"]`); `-
 rewinds the stream to the shards step c + 1 needs (capture/stream.py `rewind`), the producers
 capture again those already released, and the run continues with exactly the sequences the plan
 gives it. Each rank appends the sequence ids it trains to `<train dir>/stream-ids/rank-R.jsonl`
-(`{"step", "ids", "pid"}`).
+(`{"step", "ids", "pid"}`). An interrupted run (Ctrl-C) resumes the same way, from its last checkpoint or
+from the start; its producers stopped without recording a failure (capture/producers.py).
+
+Rank 0 claims the stream for this train directory for the whole run (capture/stream_owner.py: the
+`.dspark-owner` mark naming the train directory, and `.dspark-lock` in a directory stream) before the
+producers start, and lets go in `close()`: a second train run with another train directory is refused,
+as is a folder dspark did not make.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -107,19 +114,30 @@ class OnlineSource:
         if problem is not None:
             raise UsageError(*problem)
         self.location = stream_location(recipe)
-        expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
-        self.reader = StreamReader(
-            open_store(self.location),
-            fingerprint=capture_plan.fingerprint,
-            workers=capture.workers,
-            expect=expect,
-            timeout_s=capture.stream_timeout,
-            gave_up=lambda: self.supervisor.error if self.supervisor is not None else None,
-        )
         self.supervisor = None
-        self.started = time.time()
-        if env.is_main and not capture.external_producers:
-            self.supervisor = self._start_producers()
+        self._claim = contextlib.ExitStack()
+        try:
+            if env.is_main:  # this run's stream until close(): refused when another run's or a stranger's
+                from dspark_cli.capture import claim_stream
+
+                store = self._claim.enter_context(claim_stream(self.location, out_dir))
+            else:
+                store = open_store(self.location)
+            expect = dataclasses.replace(contract, mask_token_id=None, block_size=None)
+            self.reader = StreamReader(
+                store,
+                fingerprint=capture_plan.fingerprint,
+                workers=capture.workers,
+                expect=expect,
+                timeout_s=capture.stream_timeout,
+                gave_up=lambda: self.supervisor.gave_up if self.supervisor is not None else None,
+            )
+            self.started = time.time()
+            if env.is_main and not capture.external_producers:
+                self.supervisor = self._start_producers()
+        except BaseException:
+            self._claim.close()
+            raise
 
     @property
     def num_steps(self) -> int:
@@ -130,7 +148,7 @@ class OnlineSource:
         from dspark_cli.machine.cpu import child_environ
         from dspark_cli.recipe import write_resolved
 
-        recipe_file = write_resolved(self.recipe, self.out_dir / "online-producer")
+        recipe_file = write_resolved(self.recipe, self.out_dir / "online-producer", keep_secrets=True)
         log.info("starting %d capture producer(s) into %s", self.recipe.capture.workers, self.location)
         return Supervisor(  # each producer's output in the train directory's logs/producer-<w>.log
             recipe_file,
@@ -139,6 +157,7 @@ class OnlineSource:
             environ=child_environ(),
             on_event=log.warning,
             log_dir=self.out_dir / "logs",
+            store=self.reader.store,
         ).start()
 
     def steps(self, start_step: int, position: dict[str, int]) -> Iterator[Step]:
@@ -255,8 +274,10 @@ class OnlineSource:
         return summary
 
     def close(self) -> None:
+        """Stop the producers (rank 0), then let go of the stream's claim; again: nothing."""
         if self.supervisor is not None:
             self.supervisor.stop()
-            if self.supervisor.error:  # the reader's error carries it to the user (a warning would repeat it)
-                log.info("capture producers: %s", self.supervisor.error)
+            if self.supervisor.gave_up:  # the reader's error carries it to the user (a warning would repeat it)
+                log.info("capture producers: %s", self.supervisor.gave_up)
             self.supervisor = None
+        self._claim.close()

@@ -214,3 +214,37 @@ def test_a_bench_result_has_tau_lines_for_the_threshold_zero_runs():
     assert [(line.temperature, line.tau) for line in lines] == [(0.0, 3.0), (1.0, 2.5)]
     assert lines[0].baselines == {"ngram": 1.1} and lines[1].baselines == {} and lines[0].ece == 0.05
     assert "online" not in summary.to_dict() and summary.to_dict()["offline"] == report["offline"]
+
+
+@pytest.mark.parametrize(
+    ("tail", "warned"),
+    [
+        (b"\x00" * 4096, "4,096 trailing NUL bytes"),  # the file grew, its last block never landed
+        (b'{"step": 3, "lo', "a torn last line (line 3"),  # killed mid-write
+        (b'{"step": 3, "lo' + b"\x00" * 100 + b"\n\x00\x00", "102 trailing NUL bytes and a torn last line"),
+        (b"\x00\x00\x00\n", "3 trailing NUL bytes"),
+        (b"", None),
+    ],
+    ids=["nuls", "torn", "torn-then-nuls", "a-zeroed-line", "whole"],
+)
+def test_a_log_a_crash_cut_short_keeps_its_good_lines_with_a_warning(tmp_path, caplog, tail, warned):
+    from dspark_cli.artifacts.jsonl import read_log
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_bytes(b'{"step": 1}\n{"step": 2}\n' + tail)
+    with caplog.at_level("WARNING", logger="dspark_cli.artifacts.jsonl"):
+        assert read_log(log, hint="h") == [{"step": 1}, {"step": 2}]
+    assert (warned in caplog.text and str(log) in caplog.text) if warned else caplog.text == ""
+
+
+@pytest.mark.parametrize(
+    "bad", [b"\x00" * 40, b'{"step": 2', b"[1, 2]", b"5"], ids=["nuls", "torn", "a-list", "a-number"]
+)
+def test_a_log_damaged_in_the_middle_is_one_line_naming_the_file_and_line(tmp_path, bad):
+    from dspark_cli.artifacts.jsonl import read_log
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_bytes(b'{"step": 1}\n' + bad + b'\n{"step": 3}\n')
+    with pytest.raises(DataError, match="damaged line") as info:
+        read_log(log, hint="delete that line")
+    assert one_line(info.value) and f"{log}:2:" in str(info.value) and info.value.hint == "delete that line"

