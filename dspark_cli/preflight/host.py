@@ -91,6 +91,7 @@ def capture_workers_fit_here(recipe: Recipe, context: Context) -> list[str]:
     the machine); producers that run elsewhere (`capture.external_producers`) are not this machine's."""
     from dspark_cli.machine.devices import engine_devices
 
+    assert context.machine is not None  # host rules run only where the machine was probed
     capture, gpus = recipe.capture, context.machine.gpus
     online = capture.mode == "online"
     if capture.workers == 1 or (online and capture.external_producers):
