@@ -200,7 +200,7 @@ def test_restarted_producer_captures_only_what_it_had_not_published(tmp_path):
         def capture(self, samples):
             self.calls += 1
             if self.calls == 3:
-                raise KeyboardInterrupt  # killed
+                raise KeyboardInterrupt  # interrupted (Ctrl-C): no failure to record
             return inner.capture(samples)
 
     store = open_store(tmp_path / "stream")
@@ -212,9 +212,8 @@ def test_restarted_producer_captures_only_what_it_had_not_published(tmp_path):
             recipe, queue=StreamProducer(store, worker=0, workers=1, max_shards=10), capturer=DiesAtThirdShard()
         )
     assert sorted(read_json(store, producer_key(0))["shards"]) == ["shard-00000.safetensors", "shard-00001.safetensors"]
-    with pytest.raises(DataError, match="capture producer 0 failed: KeyboardInterrupt") as info:
-        reader.read(0)  # until it is restarted
-    assert "\n" not in str(info.value)
+    interrupted = read_json(store, producer_key(0))  # an interruption is no failure: a resume goes on from it
+    assert interrupted["error"] is None and not interrupted["finished"]
     summary = run_capture(
         recipe, queue=StreamProducer(store, worker=0, workers=1, max_shards=10, restarts=1), capturer=inner
     )
