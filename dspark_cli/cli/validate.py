@@ -66,7 +66,9 @@ def validate(
             print_json({"ok": False, "recipe": recipe, "problems": problems, "hint": exc.hint})
         raise
     if output_format == "json":
-        print_json(loaded.model_dump(mode="json"))
+        from dspark_cli.recipe.secrets import redact_tree
+
+        print_json(redact_tree(loaded.model_dump(mode="json"))[0])  # as every recorded recipe: no URL secret
         return
     if show:
         stdout.print(dump_recipe(loaded), markup=False)

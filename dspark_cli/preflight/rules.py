@@ -69,7 +69,7 @@ def capture_workers_fit_the_plan(recipe: Recipe, context: Context) -> list[str]:
     from dspark_cli.artifacts.datagen import datagen_manifest
     from dspark_cli.capture import build_plan, workers_beyond_shards
     from dspark_cli.errors import DsparkError
-    from dspark_cli.preflight.stream import _quiet as quiet  # the same package's helper
+    from dspark_cli.preflight.stream import quiet
 
     try:
         if datagen_manifest(recipe) is None:

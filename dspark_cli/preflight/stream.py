@@ -91,7 +91,7 @@ def stream_bounds_hold(recipe: Recipe, context: Context) -> list[str]:
         from dspark_cli.training import bound_problem, plan_for_recipe
 
         world = recipe.train.nproc_per_node * recipe.train.nnodes
-        with _quiet("dspark_cli.capture.plan"):  # its warnings are the stage's to print, when it runs
+        with quiet("dspark_cli.capture.plan"):  # its warnings are the stage's to print, when it runs
             capture_plan = build_plan(recipe)
         plan = plan_for_recipe(recipe, capture_plan, world_size=world, split=False)
         problem = bound_problem(recipe, capture_plan, plan, world_size=world)
@@ -114,7 +114,7 @@ def stream_is_ours(recipe: Recipe, context: Context) -> list[str]:
 
 
 @contextlib.contextmanager
-def _quiet(name: str) -> Iterator[None]:
+def quiet(name: str) -> Iterator[None]:
     logger = logging.getLogger(name)
     level = logger.level
     logger.setLevel(logging.ERROR)

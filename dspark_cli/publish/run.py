@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,8 @@ from dspark_cli.errors import DataError, DsparkError, UsageError
 from dspark_cli.hubrules import repo_id_problem
 from dspark_cli.publish.card import model_card
 from dspark_cli.publish.hubs import hub_tokens, upload_huggingface, upload_modelscope
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from dspark_cli.artifacts.bench import BenchSummary
@@ -62,6 +65,14 @@ def _bench_report(recipe: Recipe, draft_dir: Path) -> tuple[BenchSummary | None,
     data = read_bench_report(report)
     if not data.measured_draft(draft_dir) or data.complete is False:
         return None, {}  # another draft's report, or a bench that did not finish
+    if data.draft_sha256 is None:  # an older dspark's report: it names paths of this machine
+        log.warning(
+            "%s was written by an older dspark bench and names local paths; it is not uploaded "
+            "(run `dspark bench %s` again to publish its report)",
+            report,
+            draft_dir,
+        )
+        return None, {}
     listed = (data.files or {}).get("checksums") or {}
     files = {f"bench/{REPORT}": report}
     for name, digest in sorted(listed.items() if isinstance(listed, dict) else []):

@@ -153,6 +153,13 @@ def test_the_report_names_no_path_of_this_machine_and_publish_finds_its_draft(pu
     plan = _publish_plan(their)
     assert {"bench/bench.json", "bench/bench.md"} <= {f["path"] for f in plan["files"]}
     assert "Measured acceptance" in plan["card_text"] and str(tmp_path) not in plan["card_text"]
+    # a report an older dspark wrote (no draft_sha256, the draft by its absolute path) is left out, not uploaded
+    current = (out / "bench.json").read_text()
+    older = {**json.loads(current), "draft_dir": str(their.resolve())}
+    del older["draft_sha256"]
+    (out / "bench.json").write_text(json.dumps(older))
+    assert not any(f["path"].startswith("bench/") for f in _publish_plan(their)["files"])
+    (out / "bench.json").write_text(current)
     # a draft exported again into the same directory is another draft: the old report is not its report
     shutil.rmtree(their)
     shutil.copytree(published / "other", their)

@@ -104,6 +104,15 @@ def test_a_hand_off_file_keeps_the_secrets_for_the_runs_own_processes_only(tmp_p
 
 
 @pytest.mark.slow  # three `dspark datagen` runs on the tiny target's tokenizer: ~15 s loaded
+def test_validate_shows_the_recipe_redacted_as_text_and_as_json():
+    endpoint = "datagen.endpoint=https://u:pw99@gen.invalid/v1?api_key=zz42"
+    for fmt in (["--print"], ["--format", "json"]):
+        result = runner.invoke(app, ["validate", "tiny", endpoint, *fmt])
+        assert result.exit_code == 0, result.output
+        assert "https://u:***@gen.invalid/v1?api_key=***" in result.output
+        assert "pw99" not in result.output and "zz42" not in result.output
+
+
 def test_datagen_records_the_recipe_redacted_warns_once_resumes_and_refuses_a_recorded_secret(tmp_path, caplog):
     tag = f"dg-{tmp_path.name}"
     args = [
