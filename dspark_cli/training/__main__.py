@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         record_failure(exc, who)
         if debug_enabled():
             raise
+        if args.records:  # stderr is the run's log: where each rank stopped (torchrun's SIGTERM after a peer failed)
+            traceback.print_exc(file=sys.stderr)
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - a rank's failure, as the CLI shows it: one line, not a traceback

@@ -50,7 +50,8 @@ def exported(tmp_path_factory) -> Path:
         json.dumps(
             {
                 "kind": "dspark.bench",
-                "draft_dir": str(draft),
+                "draft_dir": "../draft",  # as bench records it: relative to its folder, and by its manifest
+                "draft_sha256": _manifest_sha(draft),
                 "offline": {
                     "runs": [
                         {
@@ -86,9 +87,13 @@ def copy_of(exported: Path, tmp_path: Path) -> Path:
     (draft / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     resign(draft)
     bench = json.loads((tmp_path / "run" / "bench" / "bench.json").read_text())
-    bench["draft_dir"] = str(draft)
+    bench["draft_sha256"] = _manifest_sha(draft)  # re-signed: the report measured this manifest
     (tmp_path / "run" / "bench" / "bench.json").write_text(json.dumps(bench))
     return draft
+
+
+def _manifest_sha(draft: Path) -> str:
+    return hashlib.sha256((draft / "dspark_manifest.json").read_bytes()).hexdigest()
 
 
 def resign(draft: Path) -> None:
