@@ -86,6 +86,11 @@ RECORDS: dict[str, Record] = {
         f"{PY} benchmarks/demo_tau.py demo final && {PY} benchmarks/demo_tau.py rebench demo-final --t1",
         PIPELINE,
     ),
+    "warm_start": Record(
+        "benchmarks/warm_start.py",
+        f"{PY} benchmarks/warm_start.py",
+        (*PIPELINE, "dspark_cli/prompts/bundled/tiny-prompts.jsonl", "dspark_cli/prompts/bundled/tiny-eval.jsonl"),
+    ),
     # benchmarks/peers/run.py's, benchmarks/objective.py's, benchmarks/bench_engine.py's and benchmarks/capture.py's
     # records (peers*, objective*, settings*, warmup-*, bench_engine, capture) are retired until rerun:
     # benchmarks/README.md, "Retired records", lists each with its command and commit.

@@ -1,8 +1,10 @@
-"""A loopback Hugging Face Hub: the HTTP endpoints `huggingface_hub` uses to create a repo and commit files.
+"""A loopback Hugging Face Hub: the HTTP endpoints `huggingface_hub` uses to create a repo, commit files, and
+download a snapshot.
 
     with LoopbackHub(token="hf_test") as hub:        # hub.url -> http://127.0.0.1:PORT
         ... HF_ENDPOINT=hub.url HF_TOKEN=hf_test HF_HUB_DISABLE_XET=1 dspark publish ...
         hub.repos["me/draft"].files["model.safetensors"]   # the bytes that arrived
+        hub.repos["org/name"] = Repo(private=False, files={"config.json": b"..."})   # to download
 
 Implemented from the client's side of the protocol (huggingface_hub's `create_repo` and
 `create_commit`): POST /api/repos/create, POST /api/models/{repo}/preupload/{rev}, the git-LFS
@@ -12,6 +14,15 @@ POST /api/models/{repo}/commit/{rev} with its NDJSON body. Xet storage is not
 emulated: clients must set HF_HUB_DISABLE_XET=1, which makes huggingface_hub use plain LFS. Every
 request must carry `Authorization: Bearer <token>`; objects are checked against their sha256.
 A commit is applied all at once or not at all, as on the Hub.
+
+Downloads, as huggingface_hub 2.x's `snapshot_download` makes them (`hf_api.repo_info`,
+`list_repo_tree`, `file_download.get_hf_file_metadata`): GET /api/models/{repo}/revision/{rev}
+(`sha`, `siblings`), GET /api/models/{repo}/tree/{rev} (each file's `oid`, `size`, and `lfs` for the
+LFS-stored ones), and HEAD / GET /{repo}/resolve/{rev}/{file} with `X-Repo-Commit`, an `ETag` (the git
+blob sha1; for LFS files `X-Linked-Etag`, the sha256, and `X-Linked-Size`) and `Content-Length`. A
+public repo is read without a token, a private one needs it; an unknown repo or file answers 404 with
+the `X-Error-Code` the client maps to RepositoryNotFoundError / EntryNotFoundError. Every GET and
+HEAD is in `requests`, so a test sees which files were downloaded.
 """
 
 from __future__ import annotations
@@ -35,6 +46,22 @@ class Repo:
     private: bool
     files: dict[str, bytes] = field(default_factory=dict)
     commits: list[str] = field(default_factory=list)  # commit messages, oldest first
+
+    def sha(self) -> str:
+        """The commit id of the repo's current files (40 hex digits, as the Hub's)."""
+        digest = hashlib.sha1()
+        for name, data in sorted(self.files.items()):
+            digest.update(name.encode() + b"\0" + hashlib.sha1(data).digest())
+        return digest.hexdigest()
+
+
+def _tree_entry(name: str, data: bytes) -> dict[str, Any]:
+    """A file as the Hub's tree API lists it: `oid` is the git blob sha1; LFS-stored files add `lfs`."""
+    oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    entry: dict[str, Any] = {"type": "file", "path": name, "size": len(data), "oid": oid}
+    if name.endswith(LFS_SUFFIXES):
+        entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+    return entry
 
 
 class JSONHandler(BaseHTTPRequestHandler):
@@ -147,6 +174,73 @@ class LoopbackHub(LoopbackServer):
 
             def _deny(self) -> None:
                 self._send(401, {"error": "Invalid credentials in Authorization header"})
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                self._download(head=False)
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                self._download(head=True)
+
+            def _download(self, head: bool) -> None:
+                hub.requests.append(("HEAD" if head else "GET", self.path))
+                if self._detoured():
+                    return None
+                path = self.path.split("?", 1)[0]
+                parts = path.split("/")
+                if path.startswith("/api/models/") and len(parts) >= 7 and parts[5] in ("revision", "tree"):
+                    repo = self._readable(f"{parts[3]}/{parts[4]}", head)
+                    if repo is None:
+                        return None
+                    if parts[5] == "revision":
+                        siblings = [{"rfilename": name} for name in sorted(repo.files)]
+                        return self._send(
+                            200, {"id": f"{parts[3]}/{parts[4]}", "sha": repo.sha(), "siblings": siblings}
+                        )
+                    return self._reply(200, [_tree_entry(name, data) for name, data in sorted(repo.files.items())])
+                if len(parts) >= 6 and parts[3] == "resolve":
+                    repo = self._readable(f"{parts[1]}/{parts[2]}", head)
+                    if repo is None:
+                        return None
+                    name = "/".join(parts[5:])
+                    if name not in repo.files:
+                        return self._missing(head, "EntryNotFound", f"{name} not found")
+                    return self._file(repo, name, head)
+                return self._missing(head, None, f"no route for {path}")
+
+            def _readable(self, repo_id: str, head: bool) -> Repo | None:
+                """The repo, if it exists and this request may read it (else the reply is sent)."""
+                repo = hub.repos.get(repo_id)
+                authorised = self.headers.get("Authorization") == f"Bearer {hub.token}"
+                if repo is None or (repo.private and not authorised):  # the Hub hides private repos
+                    self._missing(head, "RepoNotFound", "Repository not found")
+                    return None
+                return repo
+
+            def _missing(self, head: bool, code: str | None, message: str) -> None:
+                payload = b"" if head else json.dumps({"error": message}).encode()
+                self.send_response(404)
+                if code:
+                    self.send_header("X-Error-Code", code)
+                    self.send_header("X-Error-Message", message)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _file(self, repo: Repo, name: str, head: bool) -> None:
+                data = repo.files[name]
+                entry = _tree_entry(name, data)
+                self.send_response(200)
+                self.send_header("X-Repo-Commit", repo.sha())
+                self.send_header("ETag", f'"{entry["oid"]}"')
+                if "lfs" in entry:
+                    self.send_header("X-Linked-Etag", f'"{entry["lfs"]["oid"]}"')
+                    self.send_header("X-Linked-Size", str(len(data)))
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(data)
 
             def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
                 hub.requests.append(("PUT", self.path))

@@ -451,6 +451,20 @@ class TauLine(Record):
 
 
 @dataclass
+class DraftResults(BenchRecord):
+    """One draft of a several-draft bench (`dspark bench A B --offline`): who it is, and its offline results."""
+
+    name: str = ""  # its hub id, else its folder's name (with the folders above where two share one)
+    draft_dir: str = ""  # as `BenchSummary.draft_dir`: relative to the report folder, or a hub id
+    published: bool = False  # no dspark_manifest.json: checked as a published draft (export/published.py)
+    draft_sha256: str | None = None  # a dspark draft: of its dspark_manifest.json
+    draft_weights_sha256: str | None = None  # a published draft: of its model.safetensors
+    offline: OfflineResults = field(default_factory=OfflineResults)
+
+    OPTIONAL = ("draft_sha256", "draft_weights_sha256")
+
+
+@dataclass
 class BenchSummary(BenchRecord):
     """`run_bench`, and bench.json: the run's frame, then what was measured (no key for what was not run)."""
 
@@ -462,6 +476,8 @@ class BenchSummary(BenchRecord):
     target: str = ""
     draft_dir: str | None = None  # relative to the report folder (`../draft`), or the draft's name alone
     draft_sha256: str | None = None  # of the draft's dspark_manifest.json: which draft this is, wherever it lies
+    draft_published: bool | None = None  # True: a published draft (no manifest), known by its weights instead
+    draft_weights_sha256: str | None = None  # a published draft's model.safetensors
     bench: dict[str, Any] = field(default_factory=dict)  # the bench settings used
     serve: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -470,9 +486,19 @@ class BenchSummary(BenchRecord):
     online: OnlineResults | None = None
     reference: list[ReferenceRow] | None = None
     files: dict[str, Any] | None = None  # json, markdown, plots {name: file name}, checksums {file name: sha256}
+    drafts: list[DraftResults] | None = None  # several drafts (then no draft_dir, offline, online)
     report_dir: Path | None = field(default=None, init=False, repr=False, compare=False)  # where it lies; not written
 
-    OPTIONAL = ("draft_sha256", "offline", "online", "reference", "files")
+    OPTIONAL = (
+        "draft_sha256",
+        "draft_published",
+        "draft_weights_sha256",
+        "offline",
+        "online",
+        "reference",
+        "files",
+        "drafts",
+    )
 
     def local(self, name: str) -> Path:
         """A file of the report (`files["markdown"]`, a plot) on this machine: `name` in the report folder."""
@@ -480,10 +506,17 @@ class BenchSummary(BenchRecord):
 
     def measured_draft(self, draft_dir: str | os.PathLike[str]) -> bool:
         """Did this report measure the draft now in `draft_dir`? By the sha256 of its manifest (a re-exported
-        draft in the same directory is another draft); a report without one by its `draft_dir` as recorded."""
+        draft in the same directory is another draft); a published draft's report by its weights, and only for a
+        directory that is one still; a report without either by its `draft_dir` as recorded; a report of several
+        drafts measured none alone."""
         from dspark_cli.artifacts.files import sha256_file
 
         manifest = Path(draft_dir) / DRAFT_MANIFEST
+        if self.drafts is not None:
+            return False
+        if self.draft_weights_sha256 is not None:
+            weights = Path(draft_dir) / "model.safetensors"
+            return not manifest.exists() and weights.is_file() and sha256_file(weights) == self.draft_weights_sha256
         if self.draft_sha256 is not None:
             return manifest.is_file() and sha256_file(manifest) == self.draft_sha256
         return bool(self.draft_dir) and Path(str(self.draft_dir)).resolve() == Path(draft_dir).resolve()

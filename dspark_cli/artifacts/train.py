@@ -8,12 +8,18 @@
 
 Layout (written by `dspark_cli.training`; the DCP files themselves are torch's, loaded there):
 
-    manifest.json                 kind dspark.train, complete, contract, settings, summary, recipe,
-                                  sha256 of the final/ files -- written last, when training finished
+    manifest.json                 kind dspark.train, complete, contract, settings, init, summary,
+                                  recipe, sha256 of the final/ files -- written last, when training finished
     final/                        model.safetensors (vLLM names) + config.json: the consolidated draft
     checkpoints/step-NNNNNN/      .metadata + __<rank>_0.distcp (DCP), meta.json, recipe.yaml,
                                   checksums.json (sha256 and size of every other file, written last)
     checkpoints/latest            the name of the newest complete checkpoint
+
+`init` says where the draft's first weights came from: `{"kind": "normal"}` or `{"kind": "target"}`, or for a
+warm start (`train.init: pretrained`) `{"kind": "pretrained", "from": the source directory relative to the
+train directory (or its name), "sha256": of its model.safetensors, "published": true when it had neither a
+dspark_manifest.json nor a training manifest}`. A resumed run keeps the record of its first session (each
+checkpoint's meta.json carries it); `init_record(manifest)` reads it back.
 """
 
 from __future__ import annotations
@@ -52,6 +58,12 @@ def read_train_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not manifest.get("complete"):
         raise DataError(f"{directory}: training did not finish", "finish it with `dspark train --resume auto`")
     return manifest
+
+
+def init_record(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The `init` record of a training manifest (see the module docstring); None for a run that predates it."""
+    init = manifest.get("init")
+    return dict(init) if isinstance(init, dict) and isinstance(init.get("kind"), str) else None
 
 
 # -- checkpoints ---------------------------------------------------------------------------------------

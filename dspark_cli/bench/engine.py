@@ -150,8 +150,7 @@ class HFTarget:
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self._captured: dict[int, torch.Tensor] = {}
-        for k in self.layer_ids:
-            layers[k].register_forward_hook(self._keeper(k))
+        self._hooks = [layers[k].register_forward_hook(self._keeper(k)) for k in self.layer_ids]
         self.cache: Any = None
         self.length = 0
 
@@ -172,6 +171,14 @@ class HFTarget:
             dtype=dtype, device=device
         )
         return cls(model, layer_ids)
+
+    def release(self) -> None:
+        """Take this reader's hooks off the model (which stays loaded), so another `HFTarget` over the same
+        model (the next draft of a several-draft bench, with its own layer ids) reads it alone."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self.cache, self.length = [], None, 0
+        self._captured.clear()
 
     def _keeper(self, key: int):
         def hook(_module: Any, _args: Any, output: Any) -> None:

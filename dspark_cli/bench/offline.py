@@ -6,6 +6,11 @@
     from dspark_cli.bench.offline import run_offline
     result = run_offline(recipe, "runs/tiny/draft")      # {"engine": {...}, "runs": [...], "confidence_sweep": [...],
                                                          #  "baselines": [...], "context_sweep": [...], "adaptive_verification": {...}}
+    results = run_offline_many(recipe, ["runs/a/draft", "dl/theirs"])   # one such dict per draft, the target loaded once
+
+A draft is a dspark export or a published draft (no dspark_manifest.json: checked as one, its contract
+from its config.json, export/published.py); either is checked for the recipe's target before any target
+code or weights load (`check_draft`).
 
 Prompts are rendered with the target's chat template and `target.chat_template_kwargs` (`ChatFormat`,
 exactly as datagen and vLLM's chat endpoint render them); multi-turn conversations are answered turn
@@ -25,6 +30,7 @@ says otherwise (context.py). The main runs' recorded steps feed the calibration 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 from collections.abc import Callable, Iterator
@@ -51,8 +57,15 @@ def _seed(base: int, *parts: object) -> int:
 
 
 def template_warnings(manifest: dict[str, Any], template_hash: str) -> list[str]:
-    """Warn when the chat template differs from training's (a draft of another target is refused
-    earlier, by `verify_draft`)."""
+    """Warn when the chat template differs from training's, or is unknown (a published draft records none);
+    a draft of another target is refused earlier, by `verify_draft`."""
+    if manifest.get("published"):
+        return [
+            "a published draft (no dspark_manifest.json): trained with an unknown chat template and target; "
+            "tau here holds for this target's template and target.chat_template_kwargs, and is lower where "
+            "they differ from the draft's training data",
+            *manifest.get("warnings", []),
+        ]
     contract = manifest.get("contract") or {}
     warnings = []
     trained = contract.get("chat_template_sha256")
@@ -64,6 +77,26 @@ def template_warnings(manifest: dict[str, Any], template_hash: str) -> list[str]
     return warnings
 
 
+def check_draft(draft_dir: str | Path, target: str) -> dict[str, Any]:
+    """The manifest of the draft in `draft_dir` once every check for `target` passes (`verify_draft`): a
+    dspark export by its dspark_manifest.json, a published draft (none) by its own files; else one line."""
+    from dspark_cli.errors import DataError
+    from dspark_cli.export import is_published, verify_draft
+
+    if not Path(draft_dir).is_dir():
+        raise UsageError(f"draft directory not found: {draft_dir}", "export one with `dspark export`")
+    try:
+        return verify_draft(draft_dir, target, doing="not benchmarking it", published=True)
+    except DataError as exc:
+        if not is_published(draft_dir):
+            raise
+        raise DataError(  # a published draft records no target: the user names it, and may have named another
+            exc.message,
+            f"`dspark export --check {draft_dir}` lists every finding; a published draft is checked against the "
+            f"target you name (--recipe R or target.model=...; now {target})",
+        ) from None
+
+
 @dataclass(frozen=True)
 class BenchDraft:
     """The draft a bench run measures, read once: the manifest `verify_draft` passed, then its config and
@@ -71,20 +104,28 @@ class BenchDraft:
     all come from this one object; nothing reads the directory again."""
 
     directory: str
-    manifest: dict[str, Any]  # dspark_manifest.json, every check of `verify_draft` passed
+    manifest: dict[str, Any]  # dspark_manifest.json (a published draft's, built in memory), every check passed
     loaded: LoadedDraft  # config + state_dict as stored (on the meta device once the drafter is built)
 
     @classmethod
-    def read(cls, draft_dir: str | Path, target: str) -> BenchDraft:
+    def read(cls, draft_dir: str | Path, target: str, manifest: dict[str, Any] | None = None) -> BenchDraft:
         """Verify the draft for `target` (before any target code or weights are loaded: checksums, loader
-        rules, and a manifest that agrees with config.json on the block size and the rest), then read it."""
+        rules, and a manifest that agrees with config.json on the block size and the rest; `check_draft`),
+        unless `manifest` is what that check already gave, then read it."""
         from dspark_cli.artifacts.draft import load_draft_dir
-        from dspark_cli.export import verify_draft
 
-        if not Path(draft_dir).is_dir():
-            raise UsageError(f"draft directory not found: {draft_dir}", "export one with `dspark export`")
-        manifest = verify_draft(draft_dir, target, doing="not benchmarking it")
+        manifest = manifest if manifest is not None else check_draft(draft_dir, target)
         return cls(str(draft_dir), manifest, load_draft_dir(draft_dir))
+
+    @property
+    def published(self) -> bool:
+        return bool(self.manifest.get("published"))
+
+    def baseline_key(self) -> str:
+        """What the untrained baseline depends on: the draft's config and its tensors' names, shapes, dtypes."""
+        config = self.loaded.config.to_json_string(use_diff=False)
+        tensors = sorted((name, str(t.dtype), tuple(t.shape)) for name, t in self.loaded.state_dict.items())
+        return hashlib.sha256(f"{config}{tensors!r}".encode()).hexdigest()
 
     def drop_weights(self) -> None:
         """Keep each stored tensor's shape and dtype (on the meta device), not its data: once the drafter is
@@ -92,34 +133,60 @@ class BenchDraft:
         self.loaded.state_dict = {name: t.to("meta") for name, t in self.loaded.state_dict.items()}
 
 
-class OfflineBench:
-    """The loaded target, tokenizer, chat format and drafter for one draft directory."""
+class BenchTarget:
+    """The recipe's target, loaded once for every draft a bench measures: its chat format (probed before the
+    weights load: a broken or runaway template is refused first), the model, the stop ids. Each draft reads
+    it through its own `HFTarget` (its layer ids), released when that draft is done."""
 
-    def __init__(self, recipe: Recipe, draft_dir: str | Path) -> None:
-        from dspark_cli.bench.engine import DSparkDrafter, HFTarget
-        from dspark_cli.export import speculative_tokens
+    def __init__(self, recipe: Recipe) -> None:
         from dspark_cli.targets import ChatFormat
 
+        target = Target.of(recipe)
+        self.chat = ChatFormat(target.tokenizer(), recipe.target.chat_template_kwargs)
+        self.chat.probe()
+        self.path = target.location
+        self.model, _ = Target.named(
+            self.path, revision=recipe.target.revision, trust_remote_code=recipe.target.trust_remote_code
+        ).causal_lm(dtype=recipe.target.dtype)
+        self.stop_ids = Target.stop_ids(self.chat.tokenizer, self.model.generation_config)
+
+    def reader(self, layer_ids: list[int]):
+        from dspark_cli.bench.engine import HFTarget
+
+        return HFTarget(self.model, layer_ids)
+
+
+class OfflineBench:
+    """The target (shared: `BenchTarget`), tokenizer, chat format and drafter for one draft directory."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        draft_dir: str | Path,
+        *,
+        manifest: dict[str, Any] | None = None,
+        target: BenchTarget | None = None,
+    ) -> None:
+        from dspark_cli.bench.engine import DSparkDrafter
+        from dspark_cli.export import speculative_tokens
+
         self.recipe = recipe
-        # before any target code or weights are loaded: the files export wrote, for this target
-        self.draft = BenchDraft.read(draft_dir, recipe.target.model)
+        # before any target code or weights are loaded: the draft's files, for this target
+        self.draft = BenchDraft.read(draft_dir, recipe.target.model, manifest)
         self.draft_dir, self.manifest = self.draft.directory, self.draft.manifest
         config = self.draft.loaded.config  # its block_size is config.json's (`block_size_of`), as serve reads it
         self.num_speculative_tokens = speculative_tokens(int(config.block_size), recipe.serve.num_speculative_tokens)
-        self.chat = ChatFormat(Target.of(recipe).tokenizer(), recipe.target.chat_template_kwargs)
-        self.chat.probe()  # a broken or runaway template is refused before the target's weights are loaded
-        self.target_path = Target.of(recipe).location
+        shared = target or BenchTarget(recipe)
+        self.chat, self.target_path, self.stop_ids = shared.chat, shared.path, shared.stop_ids
         self.warnings = template_warnings(self.manifest, self.chat.template_hash)
-        self.target = HFTarget.load(
-            self.target_path,
-            list(config.target_layer_ids),
-            dtype=recipe.target.dtype,
-            trust_remote_code=recipe.target.trust_remote_code,
-            revision=recipe.target.revision,
-        )
+        self.target = shared.reader(list(config.target_layer_ids))
         self.drafter = DSparkDrafter.from_loaded(self.draft.loaded, self.target, dtype=self.target.model.dtype)
         self.draft.drop_weights()  # the drafter holds its own copy; the untrained baseline needs shapes only
-        self.stop_ids = Target.stop_ids(self.chat.tokenizer, self.target.model.generation_config)
+
+    def close(self) -> None:
+        """Free the drafter and take this draft's hooks off the shared target."""
+        self.target.release()
+        self.drafter = None  # type: ignore[assignment]
 
     def describe(self) -> dict[str, Any]:
         import torch
@@ -281,36 +348,89 @@ def thresholds_for(recipe: Recipe, has_confidence: bool) -> list[float]:
     return sorted({0.0, *recipe.bench.confidence_thresholds})
 
 
-def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress | None = None) -> dict[str, Any]:
+def run_offline(
+    recipe: Recipe,
+    draft_dir: str | Path,
+    *,
+    manifest: dict[str, Any] | None = None,
+    on_progress: Progress | None = None,
+) -> dict[str, Any]:
     """Run the engine over every dataset x temperature x threshold, then the baselines and the context
-    sweep; model vLLM's adaptive verification from the recorded steps. Returns everything for the report."""
+    sweep; model vLLM's adaptive verification from the recorded steps. Returns everything for the report.
+    `manifest`: what `check_draft` gave for this draft, when the caller checked it already."""
+    return run_offline_many(recipe, [draft_dir], manifests=[manifest], on_progress=on_progress)[0]
+
+
+class _Progress:
+    """(turns done, total turns, tokens generated) across every draft of a bench."""
+
+    def __init__(self, on_progress: Progress | None, total: int) -> None:
+        self.on_progress, self.done, self.tokens, self.total = on_progress, 0, 0, total
+
+    def turn(self, tokens: int) -> None:
+        self.done += 1
+        self.tokens += tokens
+        self.total = max(self.total, self.done + 1)
+        if self.on_progress is not None:
+            self.on_progress(self.done, self.total, self.tokens)
+
+
+def run_offline_many(
+    recipe: Recipe,
+    draft_dirs: list[str | Path],
+    *,
+    manifests: list[dict[str, Any] | None] | None = None,
+    on_progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """`run_offline` of each draft, in order, on the same prompts with the same seeds and settings: every
+    draft checked for the recipe's target before any target code or weights load, the target loaded once.
+    A baseline that depends on nothing of a draft but its block size (`ngram`) or its architecture
+    (`untrained`) runs once for the drafts that share it."""
     from dspark_cli.bench.adaptive import load_cost_model
-    from dspark_cli.bench.context import bin_edges, by_context, drop_note, sweep_prompts
 
     cost = load_cost_model(recipe.bench.cost_model)  # a bad cost model is refused before any work
-    bench = OfflineBench(recipe, draft_dir)
+    given = manifests or [None] * len(draft_dirs)
+    checked = [
+        m if m is not None else check_draft(d, recipe.target.model) for d, m in zip(draft_dirs, given, strict=True)
+    ]
+    shared = BenchTarget(recipe)
     datasets = load_datasets(recipe.bench)
+    max_len = recipe.target.max_model_len
+    turns_per_pass = sum(len(c.user_turns) for d in datasets for c in d.conversations)
+    # the sweep's turns are known only as it runs: a guess of 48 new tokens a turn until it is done
+    sweep_guess = recipe.bench.context_sweep_conversations * -(-max_len // 48) * len(sweep_temperatures_for(recipe))
+    passes = len(recipe.bench.temperatures) * (len(thresholds_for(recipe, True)) + len(set(recipe.bench.baselines)))
+    progress = _Progress(on_progress, (turns_per_pass * passes + sweep_guess) * len(draft_dirs))
+    cache: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    results = []
+    for draft_dir, manifest in zip(draft_dirs, checked, strict=True):
+        bench = OfflineBench(recipe, draft_dir, manifest=manifest, target=shared)
+        try:
+            results.append(_measure(recipe, bench, datasets, cost, progress, cache))
+        finally:
+            bench.close()
+    if on_progress is not None and sweep_guess:
+        on_progress(progress.done, progress.done, progress.tokens)
+    return results
+
+
+def _measure(
+    recipe: Recipe,
+    bench: OfflineBench,
+    datasets: list[BenchDataset],
+    cost: Any,
+    progress: _Progress,
+    cache: dict[tuple[str, ...], list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """One draft's offline results (`run_offline`); `cache`: baselines already run, by what they depend on."""
+    from dspark_cli.bench.context import bin_edges, by_context, drop_note, sweep_prompts
+
     thresholds = thresholds_for(recipe, bench.drafter.has_confidence)
     temperatures = recipe.bench.temperatures
     baselines = list(dict.fromkeys(recipe.bench.baselines))
     max_len = recipe.target.max_model_len
     sweep_temperatures = sweep_temperatures_for(recipe)
-    turns_per_pass = sum(len(c.user_turns) for d in datasets for c in d.conversations)
-    # the sweep's turns are known only as it runs: a guess of 48 new tokens a turn until it is done
-    sweep_guess = recipe.bench.context_sweep_conversations * -(-max_len // 48) * len(sweep_temperatures)
-    progress = {
-        "done": 0,
-        "tokens": 0,
-        "total": turns_per_pass * len(temperatures) * (len(thresholds) + len(baselines)) + sweep_guess,
-    }
-
-    def on_turn(tokens: int) -> None:
-        progress["done"] += 1
-        progress["tokens"] += tokens
-        progress["total"] = max(progress["total"], progress["done"] + 1)
-        if on_progress is not None:
-            on_progress(progress["done"], progress["total"], progress["tokens"])
-
+    on_turn = progress.turn
     runs, sweep, kept = [], [], {}
     n = bench.num_speculative_tokens
     edges = bin_edges(max_len)
@@ -348,7 +468,7 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
                     tau or float("nan"),
                     summary["num_steps"],
                 )
-    result = {
+    result: dict[str, Any] = {
         "engine": bench.describe(),
         "runs": runs,
         "confidence_sweep": sweep if len(thresholds) > 1 else [],
@@ -357,7 +477,12 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
         "adaptive_verification": None,
     }
     for name in baselines:
+        key = (name, str(n)) if name == "ngram" else (name, str(n), bench.draft.baseline_key())
+        if key in cache:
+            result["baselines"] += copy.deepcopy(cache[key])
+            continue
         engine = bench.baseline_engine(name)
+        first = len(result["baselines"])
         for dataset in datasets:
             for temperature in temperatures:
                 turns = bench.run_dataset(engine, dataset, temperature, on_turn)
@@ -380,6 +505,7 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
                     temperature,
                     summary["tau"]["mean"] or float("nan"),
                 )
+        cache[key] = result["baselines"][first:]
     for temperature in sweep_temperatures:
         turns, ran = bench.run_chains(
             bench.engine(0.0),
@@ -411,8 +537,6 @@ def run_offline(recipe: Recipe, draft_dir: str | Path, *, on_progress: Progress 
             ran["longest_context"],
             max_len,
         )
-    if on_progress is not None and sweep_temperatures:
-        on_progress(progress["done"], progress["done"], progress["tokens"])
     if bench.drafter.has_confidence:
         result["adaptive_verification"] = adaptive_model(recipe, cost, kept, n)
     return result

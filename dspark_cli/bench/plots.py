@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dspark_cli.artifacts.bench import BenchSummary, ContextBin, Estimate, OnlineResults
+    from dspark_cli.artifacts.bench import BenchSummary, ContextBin, DraftResults, Estimate, OnlineResults
 
 
 def _pyplot():
@@ -480,8 +480,110 @@ def plot_baselines(report: BenchSummary, path: Path) -> str | None:
     return _save(fig, path, "baselines", bars)
 
 
+def draft_baseline_columns(drafts: list[DraftResults]) -> list[tuple[str, str, list[int]]]:
+    """(column title, baseline name, which drafts' results it shows): a baseline is shown once when it gave
+    the same numbers for every draft (`ngram`; `untrained` for drafts of one architecture), else per draft."""
+    names = list(dict.fromkeys(n for d in drafts for n in d.offline.baseline_names()))
+    columns = []
+    for name in names:
+        seen: dict[str, list[int]] = {}
+        for i, draft in enumerate(drafts):
+            found = [b.to_dict() for b in draft.offline.baselines if b.name == name]
+            seen.setdefault(repr(found), []).append(i)
+        title = BASELINE_TITLES.get(name, name)
+        if len(seen) == 1:
+            columns.append((title, name, [0]))
+        else:
+            columns += [(f"{title} ({drafts[i].name})", name, [i]) for group in seen.values() for i in group]
+    return columns
+
+
+BASELINE_TITLES = {"ngram": "n-gram (prompt lookup)", "untrained": "untrained draft"}
+
+
+def plot_acceptance_drafts(report: BenchSummary, path: Path) -> str | None:
+    """Several drafts: per-position acceptance of each draft on each dataset and temperature, one plot
+    (a colour per draft, a marker and line style per dataset and temperature)."""
+    drafts = report.drafts or []
+    if not any(d.offline.runs for d in drafts):
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.8, 4.2))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
+    keys = list(dict.fromkeys((r.dataset, r.temperature) for d in drafts for r in d.offline.runs))
+    series = []
+    for i, draft in enumerate(drafts):
+        for run in draft.offline.runs:
+            marker, line = styles[keys.index((run.dataset, run.temperature)) % len(styles)]
+            rates = [p.mean for p in run.acceptance_per_position]
+            label = f"{draft.name} {run_label(run)}"
+            ax.plot(
+                range(1, len(rates) + 1),
+                rates,
+                marker=marker,
+                linestyle=line,
+                color=colours[i % len(colours)],
+                label=label,
+            )
+            series.append(label)
+    ax.set(
+        xlabel="draft position",
+        ylabel="acceptance rate (per drafting step)",
+        ylim=(0, 1.02),
+        title="Per-position acceptance, drafts compared",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path, "acceptance_per_position", series)
+
+
+def plot_tau_drafts(report: BenchSummary, path: Path) -> str | None:
+    """Several drafts: each draft's tau per dataset and temperature (95% intervals), the baselines beside."""
+    drafts = report.drafts or []
+    runs = drafts[0].offline.runs if drafts else []
+    if not runs:
+        return None
+    plt = _pyplot()
+    bars: list[tuple[str, Any]] = [(d.name, d) for d in drafts]
+    bars += [(title, (name, index)) for title, name, (index, *_) in draft_baseline_columns(drafts)]
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.2 * len(runs) * len(bars) / 2), 4.2))
+    width = 0.8 / len(bars)
+    for j, (label, what) in enumerate(bars):
+        xs: list[float] = []
+        ys: list[float] = []
+        errs: list[list[float]] = [[], []]
+        for i, run in enumerate(runs):
+            if isinstance(what, tuple):
+                found = drafts[what[1]].offline.baseline(what[0], run)
+                tau = found.tau if found else None
+            else:
+                match = next(
+                    (r for r in what.offline.runs if (r.dataset, r.temperature) == (run.dataset, run.temperature)), None
+                )
+                tau = match.tau if match else None
+            if tau is None or tau.mean is None:
+                continue
+            xs.append(i + (j - (len(bars) - 1) / 2) * width)
+            ys.append(tau.mean)
+            _error_bar(errs, tau)
+        ax.bar(xs, ys, width=width, yerr=errs, capsize=3, label=label, hatch="//" if isinstance(what, tuple) else None)
+    ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
+    ax.set_xticks(range(len(runs)), [run_label(r) for r in runs], fontsize=8)
+    ax.set(ylabel="tau (tokens per verification step)", title="Drafts compared, same engine and prompts (95% CI)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return _save(fig, path, "tau_by_draft", [label for label, _ in bars])
+
+
 def write_plots(report: BenchSummary, out_dir: Path) -> dict[str, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
+    if report.drafts is not None:
+        several = {
+            "acceptance_per_position": plot_acceptance_drafts(report, out_dir / "acceptance_per_position.png"),
+            "tau_by_draft": plot_tau_drafts(report, out_dir / "tau_by_draft.png"),
+        }
+        return {k: v for k, v in several.items() if v is not None}
     made = {
         "acceptance_per_position": plot_acceptance(report, out_dir / "acceptance_per_position.png"),
         "tau_by_category": plot_tau_by_category(report, out_dir / "tau_by_category.png"),

@@ -24,6 +24,7 @@ from dspark_cli.artifacts.bench import (
     ReferenceRow,
 )
 from dspark_cli.artifacts.files import sha256_file, write_json_atomic
+from dspark_cli.bench.plots import BASELINE_TITLES, draft_baseline_columns
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -71,6 +72,8 @@ def reference_rows(report: BenchSummary, reference: dict[str, float]) -> list[Re
 
 def terminal_tables(report: BenchSummary) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, columns, rows) for the CLI to render."""
+    if report.drafts is not None:
+        return compare_tables(report)
     tables = []
     if report.offline:
         tables += offline_tables(report.offline, report.reference or [])
@@ -162,6 +165,8 @@ def online_table(online: OnlineResults) -> tuple[str, list[str], list[list[str]]
 
 
 def markdown(report: BenchSummary, plots: dict[str, str]) -> str:
+    if report.drafts is not None:
+        return compare_markdown(report, plots)
     lines = [f"# dspark bench: {report.name}", ""]
     lines.append(f"- target: `{report.target}`")
     if report.draft_dir:
@@ -293,7 +298,7 @@ def calibration_markdown(offline: OfflineResults) -> list[str]:
     return lines
 
 
-BASELINE_NAMES = {"ngram": "n-gram (prompt lookup)", "untrained": "untrained draft"}
+BASELINE_NAMES = BASELINE_TITLES
 
 
 def baseline_rows(offline: OfflineResults) -> list[list[str]]:
@@ -434,6 +439,97 @@ def context_markdown(offline: OfflineResults) -> list[str]:
         lines += _md_table(["context tokens", "steps", "turns", "tau [95% CI]", "acceptance by position"], rows)
         lines.append("")
     return lines
+
+
+# --- several drafts in one report (`dspark bench A B --offline`) ---------------------------------------------
+
+
+def compare_rows(report: BenchSummary) -> tuple[list[str], list[list[str]]]:
+    """Per dataset x temperature: each draft's tau with its 95% interval, the reference, the baselines once."""
+    drafts = report.drafts or []
+    refs = {r.key: r.reference for r in report.reference or []}
+    baselines = draft_baseline_columns(drafts)
+    columns = ["dataset", "T", *[f"{d.name} tau [95% CI]" for d in drafts]]
+    columns += ["reference"] if refs else []
+    columns += [title for title, _, _ in baselines]
+    rows = []
+    for run in drafts[0].offline.runs if drafts else []:
+        key = (run.dataset, run.temperature)
+        row = [run.dataset, f"{run.temperature:g}"]
+        for draft in drafts:
+            match = next((r for r in draft.offline.runs if (r.dataset, r.temperature) == key), None)
+            row.append(_tau(match.tau) if match else "-")
+        row += [_fmt(refs.get(reference_key(*key)))] if refs else []
+        for _, name, (index, *_) in baselines:
+            found = drafts[index].offline.baseline(name, run)
+            row.append(_tau(found.tau) if found else "-")
+        rows.append(row)
+    return columns, rows
+
+
+POSITION_COLUMNS = ["draft", "dataset", "T", "N", "acceptance by position", "turns", "tok/s"]
+
+
+def position_rows(report: BenchSummary) -> list[list[str]]:
+    return [
+        [
+            draft.name,
+            run.dataset,
+            f"{run.temperature:g}",
+            str(draft.offline.engine.num_speculative_tokens),
+            " ".join(_fmt(p.mean) for p in run.acceptance_per_position),
+            str(run.num_turns),
+            _fmt(run.tokens_per_second, 1),
+        ]
+        for draft in report.drafts or []
+        for run in draft.offline.runs
+    ]
+
+
+def compare_tables(report: BenchSummary) -> list[tuple[str, list[str], list[list[str]]]]:
+    drafts = report.drafts or []
+    engine = drafts[0].offline.engine if drafts else None
+    how = f", {engine.rejection_sample_method} verification, {engine.draft_sample_method} drafts" if engine else ""
+    columns, rows = compare_rows(report)
+    tables = [
+        (f"offline: {len(drafts)} drafts, same prompts and seeds{how}", columns, rows),
+        ("acceptance by position", POSITION_COLUMNS, position_rows(report)),
+    ]
+    calibration = [[d.name, *row] for d in drafts for row in calibration_rows(d.offline)]
+    if calibration:
+        tables.append(("calibration of the confidence heads", ["draft", *CALIBRATION_COLUMNS], calibration))
+    return tables
+
+
+def compare_markdown(report: BenchSummary, plots: dict[str, str]) -> str:
+    drafts = report.drafts or []
+    lines = [f"# dspark bench: {report.name}, {len(drafts)} drafts", "", f"- target: `{report.target}`"]
+    for draft in drafts:
+        kind = "published draft (no dspark manifest)" if draft.published else "dspark export"
+        lines.append(
+            f"- draft {draft.name}: `{draft.draft_dir}` ({kind}, N = {draft.offline.engine.num_speculative_tokens})"
+        )
+    lines += [f"- created: {report.created} (dspark {report.dspark})", ""]
+    lines += [f"> warning: {warning}" for warning in report.warnings] + ([""] if report.warnings else [])
+    engine = drafts[0].offline.engine if drafts else None
+    if engine is not None:
+        lines += [
+            "## Offline: reference engine, drafts compared",
+            "",
+            f"Every draft ran the same prompts with the same seeds and settings, on one target: "
+            f"{engine.rejection_sample_method} verification, {engine.draft_sample_method} drafts, top_p "
+            f"{engine.top_p}, max_tokens {engine.max_tokens}, {engine.device} {engine.dtype}. tau = tokens per "
+            "verification step (bonus included); 95% intervals treat each turn as a cluster. Baselines run in the "
+            "same engine on the same prompts, shown once where they gave every draft the same numbers.",
+            "",
+        ]
+        for title, columns, rows in compare_tables(report):
+            lines += ["", f"### {title[0].upper()}{title[1:]}", ""] if not title.startswith("offline") else []
+            lines += _md_table(columns, rows)
+    if plots:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{name}]({Path(path).name})" for name, path in plots.items()]
+    return "\n".join(lines) + "\n"
 
 
 def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:

@@ -1,14 +1,15 @@
-"""`run_bench`: offline and/or online benchmarks of one draft, then the report. The CLI calls this.
+"""`run_bench`: offline and/or online benchmarks of one draft (or offline, several), then the report. The CLI calls this.
 
     from dspark_cli.bench.run import run_bench
-    result = run_bench(recipe, draft_dir="runs/tiny/draft", offline=True)
+    result = run_bench(recipe, draft_dir="runs/tiny/draft", offline=True)     # a dspark export or a published draft
+    result = run_bench(recipe, drafts=["runs/a/draft", "dl/theirs"], offline=True)   # result.drafts: one entry each
     result = run_bench(recipe, endpoint="http://127.0.0.1:8000")     # bench.baseline_endpoint for speedups
     result.files         # names of bench.json, bench.md and the plots in result.report_dir; result: a BenchSummary
 
 Without `--recipe`, `dspark bench DRAFT_DIR` benchmarks with the recipe the draft was made with
 (`recipe.yaml` in the draft dir, else the `recipe` recorded in its dspark_manifest.json), except for
-the fields that grant trust (`dspark_cli/recipe/trust.py`). Everything checkable is checked before
-any work: the report folder (`bench.output_dir`: bench writes only a new or empty folder or its own
+the fields that grant trust (`dspark_cli/recipe/trust.py`); a published draft carries none. Everything
+checkable is checked before any work: every draft, for the recipe's target (`offline.check_draft`), the report folder (`bench.output_dir`: bench writes only a new or empty folder or its own
 earlier report of the same draft, `artifacts.bench_output.output_problem`; it marks the folder as its own and
 holds its lock while it writes; bench.json is written there at once, marked `"complete": false`, so a
 full disk stops the run before the benchmark, naming where) and `bench.baseline_report`. Results
@@ -20,6 +21,7 @@ path of this machine: local paths are relative to the report folder (`../draft`)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
@@ -40,20 +42,32 @@ def run_bench(
     recipe: Recipe,
     *,
     draft_dir: str | Path | None = None,
+    drafts: list[str | Path] | None = None,
+    names: dict[str, str] | None = None,
     offline: bool = False,
     endpoint: str | None = None,
     on_progress: Progress | None = None,
 ) -> BenchSummary:
-    """Run what was asked (offline engine on `draft_dir`, online against `endpoint`); write the report."""
+    """Run what was asked (offline engine on `draft_dir`, online against `endpoint`); write the report.
+
+    `drafts` (instead of `draft_dir`): several drafts, offline, in one report (`BenchSummary.drafts`);
+    `names`: the name a draft directory is recorded by when it is not its path (a hub id, `draft_source`)."""
     endpoint = endpoint or recipe.bench.endpoint
+    listed = [Path(d) for d in drafts] if drafts else [Path(draft_dir)] if draft_dir is not None else []
+    if len(listed) > 1 and (endpoint or not offline):
+        raise UsageError(
+            "several drafts are compared offline only",
+            "drop --endpoint to compare them offline, or bench the server with the one draft it serves",
+        )
     if not offline and not endpoint:
         raise UsageError("nothing to benchmark", "pass DRAFT_DIR --offline, or --endpoint URL of a running server")
-    if offline and draft_dir is None:
-        draft_dir = recipe.stage_dir("export")
+    if offline and not listed:
+        listed = [Path(recipe.stage_dir("export"))]
     from dspark_cli.artifacts.bench_output import FIELD, output_problem
 
     out_dir = Path(recipe.stage_dir("bench")).expanduser()
-    problem = output_problem(out_dir, draft_dir)
+    owned_by: Path | list[Path] | None = listed if len(listed) > 1 else listed[0] if listed else None
+    problem = output_problem(out_dir, owned_by)
     if problem is not None:
         raise UsageError(problem.removeprefix(f"{FIELD}: "), OUTPUT_HINT)
     baseline = None
@@ -62,32 +76,75 @@ def run_bench(
 
         baseline = load_baseline_report(recipe.bench.baseline_report)  # a bad path is refused before the run
         baseline["source"] = portable(baseline["source"], out_dir)
+    from dspark_cli.bench.offline import check_draft
+
+    if offline:  # a bad cost model is refused before anything else
+        from dspark_cli.bench.adaptive import load_cost_model
+
+        load_cost_model(recipe.bench.cost_model)
+    # every draft, for this target, before the report folder is touched (nothing is written for a refused one)
+    manifests = [check_draft(d, recipe.target.model) for d in listed]
     from dspark_cli.artifacts.bench_output import owner_mark
     from dspark_cli.artifacts.files import OWNER_NAME, ensure_writable_dir, exclusive_output, write_json_atomic
 
     fresh = not out_dir.is_dir() or not any(out_dir.iterdir())
     ensure_writable_dir(out_dir, "the bench report")  # before the work, not after
+    benched = [_Benched(d, m, (names or {}).get(str(d))) for d, m in zip(listed, manifests, strict=True)]
     with contextlib.ExitStack() as held:
         try:
             try:  # the lock while this process writes, and the folder marked as bench's before anything else
                 held.enter_context(exclusive_output(out_dir, FIELD))
-                write_json_atomic(out_dir / OWNER_NAME, owner_mark(out_dir, draft_dir))
+                write_json_atomic(out_dir / OWNER_NAME, owner_mark(out_dir, owned_by))
             except OSError as exc:
                 raise _write_error(exc, out_dir) from None
-            return _bench(recipe, out_dir, draft_dir, offline, endpoint, baseline, on_progress)
+            return _bench(recipe, out_dir, benched, offline, endpoint, baseline, on_progress)
         except BaseException:
-            if fresh:  # refused before it wrote a report (a draft that fails its checks): the folder as it was
+            if fresh:  # refused before it wrote a report: the folder as it was
                 _unclaim(out_dir)
             raise
 
 
-OUTPUT_HINT = "bench replaces only its own report of the same draft: give each draft its own bench.output_dir (-o)"
+OUTPUT_HINT = "bench replaces only its own report of the same draft(s): give each its own bench.output_dir (-o)"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Benched:
+    """A draft to bench: its directory, the manifest its checks gave, the name it goes by when not a path."""
+
+    directory: Path
+    manifest: dict[str, Any]
+    name: str | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """Which draft this is, wherever it lies: a dspark export by the sha256 of its dspark_manifest.json
+        (what publish matches), a published draft by its weights'."""
+        from dspark_cli.artifacts.files import sha256_file
+
+        if self.manifest.get("published"):
+            return {"draft_published": True, "draft_weights_sha256": self.manifest["files"]["model.safetensors"]}
+        return {"draft_sha256": sha256_file(self.directory / "dspark_manifest.json")}
+
+    def recorded(self, out_dir: Path) -> str:
+        return self.name or portable(str(self.directory), out_dir)
+
+
+def draft_labels(benched: list[_Benched]) -> list[str]:
+    """A short distinct name per draft for the report: its hub id, else its folder's name (with the folders
+    above it where two share one: `a/draft`, `b/draft`)."""
+    parts = [list(Path(b.name).parts) if b.name else list(b.directory.resolve().parts) for b in benched]
+    depth = 1
+    while True:
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels) or depth >= max(len(p) for p in parts):
+            break
+        depth += 1
+    return labels if len(set(labels)) == len(labels) else [f"{label} #{i + 1}" for i, label in enumerate(labels)]
 
 
 def _bench(
     recipe: Recipe,
     out_dir: Path,
-    draft_dir: str | Path | None,
+    benched: list[_Benched],
     offline: bool,
     endpoint: str | None,
     baseline: dict[str, Any] | None,
@@ -95,11 +152,8 @@ def _bench(
 ) -> BenchSummary:
     """The benchmark and its report, in `out_dir`: bench's own folder, which this process holds."""
     from dspark_cli.artifacts.bench import KIND, REPORT
-    from dspark_cli.artifacts.files import sha256_file
 
-    manifest = Path(draft_dir) / "dspark_manifest.json" if draft_dir else None
-    # which draft this is, wherever it lies: what publish matches (a server alone has no manifest here)
-    identity = {"draft_sha256": sha256_file(manifest)} if manifest is not None and manifest.is_file() else {}
+    single = benched[0] if len(benched) == 1 else None
     target = portable(recipe.target.model, out_dir)
     result: dict[str, Any] = {
         "kind": KIND,
@@ -108,8 +162,8 @@ def _bench(
         "name": recipe.name,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "target": target,
-        "draft_dir": portable(str(draft_dir), out_dir) if draft_dir else None,
-        **identity,
+        "draft_dir": single.recorded(out_dir) if single else None,
+        **(single.identity() if single else {}),
         "bench": portable_tree(recipe.bench.model_dump(mode="json"), out_dir),
         "serve": portable_tree(recipe.serve.model_dump(mode="json"), out_dir),
         "warnings": [],
@@ -119,9 +173,12 @@ def _bench(
     earlier = report.read_bytes() if report.is_file() and not report.is_symlink() else None
     save_partial(result, out_dir)  # a disk that cannot hold the report fails here, not after the benchmark
     try:
-        _measure(result, recipe, out_dir, draft_dir, offline, endpoint, baseline, on_progress)
+        if len(benched) > 1:
+            _measure_many(result, recipe, out_dir, benched, on_progress)
+        else:
+            _measure(result, recipe, out_dir, single, offline, endpoint, baseline, on_progress)
     except BaseException:
-        if "offline" not in result and "online" not in result:  # refused before measuring: as it was before
+        if not {"offline", "online", "drafts"} & set(result):  # refused before measuring: as it was before
             if earlier is None:
                 report.unlink(missing_ok=True)
             else:
@@ -146,17 +203,17 @@ def _measure(
     result: dict[str, Any],
     recipe: Recipe,
     out_dir: Path,
-    draft_dir: Any,
+    draft: _Benched | None,
     offline: bool,
     endpoint: str | None,
     baseline: dict[str, Any] | None,
     on_progress: Progress | None,
 ) -> None:
     """The offline and online runs asked for, each saved into bench.json as soon as it is measured."""
-    if offline:
+    if offline and draft is not None:
         from dspark_cli.bench.offline import run_offline
 
-        result["offline"] = run_offline(recipe, draft_dir, on_progress=on_progress)
+        result["offline"] = run_offline(recipe, draft.directory, manifest=draft.manifest, on_progress=on_progress)
         engine = result["offline"]["engine"]
         engine.update(target=result["target"], draft_dir=result["draft_dir"])  # the names, not this machine's paths
         result["warnings"] += engine["warnings"]
@@ -169,6 +226,33 @@ def _measure(
             save_partial(result, out_dir)
 
         result["online"] = run_online(recipe, endpoint, on_progress=on_progress, baseline=baseline, on_level=on_level)
+
+
+def _measure_many(
+    result: dict[str, Any], recipe: Recipe, out_dir: Path, benched: list[_Benched], on_progress: Progress | None
+) -> None:
+    """Several drafts offline on the same prompts, seeds and settings: one entry each in `drafts`."""
+    from dspark_cli.bench.offline import run_offline_many
+
+    measured = run_offline_many(
+        recipe, [b.directory for b in benched], manifests=[b.manifest for b in benched], on_progress=on_progress
+    )
+    entries = []
+    for draft, label, offline in zip(benched, draft_labels(benched), measured, strict=True):
+        recorded = draft.recorded(out_dir)
+        offline["engine"].update(target=result["target"], draft_dir=recorded)
+        result["warnings"] += [f"{label}: {w}" for w in offline["engine"]["warnings"]]
+        entries.append(
+            {
+                "name": label,
+                "draft_dir": recorded,
+                "published": bool(draft.manifest.get("published")),
+                **{k: v for k, v in draft.identity().items() if k != "draft_published"},
+                "offline": offline,
+            }
+        )
+    result["drafts"] = entries
+    save_partial(result, out_dir)
 
 
 def _unclaim(out_dir: Path) -> None:

@@ -90,3 +90,14 @@ def check_format(output_format: str) -> None:
 def tensor_rows(tensors: list[dict[str, Any]]) -> list[list[str]]:
     """Table rows (name, `AxB` shape, dtype) for a tensor roster."""
     return [[t["name"], "x".join(map(str, t["shape"])), t["dtype"]] for t in tensors]
+
+
+def draft_location(source: str) -> str:
+    """A draft named on the command line, as a local directory: `source` itself when that path exists or it is
+    not a hub id; else (`org/name` and no such local path) the published draft downloaded from the hub
+    (`publish.draft_source`), or its one-line error."""
+    from dspark_cli.publish import HUB_ID, draft_source
+
+    if Path(source).expanduser().exists() or Path(source).is_symlink() or not HUB_ID.match(source):
+        return source
+    return str(draft_source(source))

@@ -13,6 +13,7 @@ from dspark_cli.cli.common import (
     OverridesArg,
     RecipeOpt,
     check_format,
+    draft_location,
     load_beside,
     preflight_stage,
     split_positional,
@@ -38,7 +39,7 @@ def export(
     meta: Annotated[
         bool, typer.Option("--meta", help="Build the draft on the meta device (no weights, no memory).")
     ] = False,
-    check: Annotated[str | None, typer.Option("--check", help="Only validate an existing draft directory.")] = None,
+    check: Annotated[str | None, typer.Option("--check", help="Only validate a draft: a directory or hub id.")] = None,
     target: Annotated[
         str | None, typer.Option("--target", help="Target to check the draft against (name or path).")
     ] = None,
@@ -62,7 +63,7 @@ def export(
     check_format(output_format)
     checkpoint, rest = split_positional(checkpoint, overrides)
     if check is not None:
-        _render_check(check, check_draft(check, target), output_format)
+        _render_check(check, check_draft(draft_location(check), target), output_format)
         return
     if checkpoint is None and recipe is None:
         raise UsageError("export needs a CHECKPOINT, or --recipe with --meta --dry-run, or --check DIR")

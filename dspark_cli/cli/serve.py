@@ -1,4 +1,9 @@
-"""`dspark serve DRAFT_DIR`: the target with the draft in vLLM, until Ctrl-C (or the command, with --dry-run)."""
+"""`dspark serve DRAFT`: the target with the draft in vLLM, until Ctrl-C (or the command, with --dry-run).
+
+DRAFT is a draft directory (a dspark export, or a published draft: docs/published-drafts.md) or the hub
+id of a published draft (`org/name`, downloaded by `dspark_cli.publish.draft_source` when no local path
+of that name exists).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,15 @@ from typing import Annotated
 
 import typer
 
-from dspark_cli.cli.common import DraftDirArg, OverridesArg, RecipeOpt, load_beside, preflight_stage, split_positional
+from dspark_cli.cli.common import (
+    DraftDirArg,
+    OverridesArg,
+    RecipeOpt,
+    draft_location,
+    load_beside,
+    preflight_stage,
+    split_positional,
+)
 from dspark_cli.errors import UsageError
 from dspark_cli.ui import handle_errors, say, stdout
 
@@ -30,15 +43,26 @@ def serve(
     stream flag) and the recipe's `serve` section; arguments after `--` go to `vllm serve` as they
     are. The draft is checked first (checksums, vLLM loader rules, its target); the draft's own
     recipe describes the draft only (host and port are yours), and its trust fields are refused
-    unless you set them. vLLM runs until Ctrl-C / SIGTERM, which
+    unless you set them. A published draft (config.json + model.safetensors, no dspark_manifest.json;
+    a local directory or a hub id) needs --recipe: its block size comes from its config.json,
+    everything else from the recipe. vLLM runs until Ctrl-C / SIGTERM, which
     stop it and its engine processes; the endpoint and a request to paste are printed once it is
     up. `--method dspark` needs a CUDA GPU and vLLM >= 0.33; `--dry-run` prints the command.
     """
+    from dspark_cli.export import is_published
     from dspark_cli.serving.command import serve_plan, shell_line, split_vllm_args
 
     draft_dir, rest, vllm_args = split_vllm_args(draft_dir, overrides)
     draft_dir, rest = split_positional(draft_dir, rest)
-    loaded = load_beside(recipe, draft_dir, rest, {"serve.port": port})
+    draft_dir = draft_location(draft_dir) if draft_dir is not None else None
+    published = draft_dir is not None and is_published(draft_dir)
+    # a published draft carries no recipe dspark reads: a recipe.yaml beside it is not the user's
+    loaded = load_beside(recipe, None if published else draft_dir, rest, {"serve.port": port})
+    if loaded is None and published:
+        raise UsageError(
+            f"{draft_dir} is a published draft: it records no target or serving settings",
+            f"name them with a recipe: dspark serve {draft_dir} --recipe R [target.model=...]",
+        )
     if loaded is None:
         raise UsageError(
             "serve needs a draft directory exported by dspark, or --recipe", "dspark serve runs/NAME/draft"

@@ -23,10 +23,13 @@ _EXPORTS = {
     "draft_findings": "dspark_cli.export.integrity",
     "serving_findings": "dspark_cli.export.integrity",
     "speculative_tokens": "dspark_cli.export.integrity",
+    "is_published": "dspark_cli.export.published",
+    "contract_of": "dspark_cli.export.published",
 }
 
 if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
     from dspark_cli.export.integrity import draft_findings, serving_findings, speculative_tokens, verify_draft
+    from dspark_cli.export.published import contract_of, is_published
     from dspark_cli.export.run import planned_config_problems
     from dspark_cli.export.writer import export_draft
 

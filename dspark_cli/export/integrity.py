@@ -197,14 +197,16 @@ def draft_findings(
     if not draft_dir.is_dir():
         raise UsageError(f"draft directory not found: {draft_dir}", "pass the directory `dspark export` wrote")
     target_config = Target.named(target).full_config() if target else None
-    if not (draft_dir / MANIFEST).is_file() and not require_manifest:
-        findings = check_draft_dir(draft_dir, target_config)
+    if not (draft_dir / MANIFEST).exists() and not require_manifest:  # a published draft (export/published.py)
+        from dspark_cli.export.published import published_findings
+
         return {}, [
-            *findings,
+            *published_findings(draft_dir, target_config),
             Finding(
                 MANIFEST,
-                "missing: checksums, the trained-for target and serving settings were not checked",
-                "export it with dspark",
+                "missing (a published draft): checked as one; the target it was trained for and its chat "
+                "template are not recorded",
+                "bench it on your prompts before you trust its numbers",
                 "warning",
             ),
         ]
@@ -215,9 +217,17 @@ def draft_findings(
     return manifest, [*findings, *target_findings(manifest, target), *serving_findings(manifest)]
 
 
-def verify_draft(draft_dir: str | Path, target: str | None = None, *, doing: str = "") -> dict[str, Any]:
+def verify_draft(
+    draft_dir: str | Path, target: str | None = None, *, doing: str = "", published: bool = False
+) -> dict[str, Any]:
     """The draft's manifest once every check of `draft_findings` passes, else a one-line error
-    (ContractError for a draft of another target, DataError otherwise); `doing` is appended to it."""
+    (ContractError for a draft of another target, DataError otherwise); `doing` is appended to it.
+    With `published`, a directory without dspark_manifest.json is a published draft: its checks
+    (`export/published.py`) and the in-memory manifest they give (`"published": true`)."""
+    if published and Path(draft_dir).is_dir() and not (Path(draft_dir) / MANIFEST).exists():
+        from dspark_cli.export.published import published_manifest
+
+        return published_manifest(draft_dir, target, doing=doing)
     manifest, findings = draft_findings(draft_dir, target)
     errors = [f for f in findings if f.severity == "error"]
     if errors:

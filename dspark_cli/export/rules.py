@@ -40,6 +40,8 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_d
 K3_REFUSED_FLAGS = ("mla_use_nope", "mla_use_output_gate", "mla_use_qk_norm", "dspark_bonus_anchor")
 FP32_TENSORS = ("confidence_head.",)
 DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+# the DSpark draft architectures vLLM 0.33 registers (`model_executor/models/registry.py`) beyond the two read here
+UNREAD_ARCHITECTURES = ("Qwen3OmniDSparkModel", "Gemma4DSparkModel", "DSparkDraftModel", "DSparkV41DraftModel")
 
 
 # where vLLM looks, first wins
@@ -88,6 +90,17 @@ def check_config(config: dict[str, Any]) -> list[Finding]:
     out: list[Finding] = []
     arch = arch_of(config)
     if arch is None:
+        names = config.get("architectures") or []
+        unread = [n for n in names if n in UNREAD_ARCHITECTURES] if isinstance(names, list) else []
+        if unread:
+            return [
+                Finding(
+                    "architectures",
+                    f"{unread[0]} is a DSpark draft vLLM 0.33 loads that dspark does not read yet "
+                    "(it reads K3DSparkModel and Qwen3DSparkModel)",
+                    "serve it with vLLM directly; dspark cannot check, bench or train it",
+                )
+            ]
         return [
             Finding(
                 "architectures",
@@ -124,7 +137,8 @@ def check_config(config: dict[str, Any]) -> list[Finding]:
         )
     if not ids or not isinstance(ids, list):
         out.append(Finding("target_layer_ids", "missing or empty", "list the 0-based target layers the draft reads"))
-    elif config.get("num_target_layers") != len(ids):
+    elif config.get("num_target_layers") != len(ids) and (arch == "mla" or "num_target_layers" in config):
+        # K3DSparkConfig refuses a missing or different count; Qwen3DSparkModel sizes its fc from the ids
         out.append(
             Finding(
                 "num_target_layers",
@@ -269,7 +283,7 @@ def expected_tensors(config: dict[str, Any]) -> dict[str, tuple[tuple[int, ...],
     from dspark_cli.artifacts.draft import draft_config_from_vllm_dict
     from dspark_cli.export.roster import tensor_roster
 
-    dtype = config.get("torch_dtype") or "bfloat16"
+    dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"  # transformers 5 writes `dtype`
     # no tensor depends on the block size: a config without one (a warning above) still lists its tensors
     sized = config if block_size_of(config) is not None else {**config, "block_size": 1}
     roster = tensor_roster(draft_config_from_vllm_dict(sized), dtype=dtype)
@@ -341,6 +355,8 @@ def check_against_target(config: dict[str, Any], target: dict[str, Any]) -> list
     hidden, vocab, depth = target.get("hidden_size"), target.get("vocab_size"), target.get("num_hidden_layers")
     if hidden is not None:
         for key in ("target_hidden_size", "hidden_size"):
+            if key == "target_hidden_size" and config.get(key) is None and arch_of(config) == "gqa":
+                continue  # Qwen3DSparkModel reads hidden_size then (speculators 0.9.0 writes null)
             if config.get(key) != hidden:
                 out.append(
                     Finding(
@@ -419,7 +435,10 @@ def check_draft_dir(
         ]
         if findings:
             return findings
+        dtype = config.get("torch_dtype") or config.get("dtype")  # top level in speculators' own saves
         config = from_speculators(config)
+        if dtype and not (config.get("torch_dtype") or config.get("dtype")):
+            config["torch_dtype"] = dtype
     findings += check_config(config)
     if include_embeddings is None:  # what export recorded; a broken manifest is its reader's one-line error
         include_embeddings = (directory / DRAFT_MANIFEST).is_file() and bool(

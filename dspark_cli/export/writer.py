@@ -118,6 +118,7 @@ def as_speculators(plan: dict[str, Any], target: str | None, target_config: dict
 def _manifest(
     draft: LoadedDraft, plan: dict[str, Any], recipe: Recipe | None, include_embeddings: bool, directory: Path
 ) -> dict[str, Any]:
+    from dspark_cli.artifacts.train import init_record
     from dspark_cli.recipe import recorded_tree
 
     train = draft.train_manifest
@@ -149,6 +150,8 @@ def _manifest(
         "contract": contract,
         "serving": serving,
         "training": train.get("summary", {}),
+        # where training's first weights came from (a warm start names its source draft and its sha256)
+        "init": init_record(train),
         "recipe": recorded_tree(recipe.model_dump(mode="json") if recipe is not None else train.get("recipe")),
         # every file export writes but this one: what bench, serve and publish verify, and all publish uploads
         "files": {name: sha256_file(directory / name) for name in EXPORTED_FILES if (directory / name).is_file()},

@@ -159,6 +159,55 @@ def train_metric_sinks_installed(recipe: Recipe, context: Context) -> list[str]:
     return problems
 
 
+def warm_start_source_fits(recipe: Recipe, context: Context) -> list[str]:
+    """`train.init: pretrained`: the draft at `train.init_from` passes the checks every stage makes before it
+    trusts a draft (`export.verify_draft`: a published one's trust rules, an exported one's checksums),
+    was made for this target, and has the recipe's draft geometry (`training/warm_start.py`)."""
+    train = recipe.train
+    if train.init != "pretrained" or not train.init_from:
+        return []  # the contradictions are shared rules (shared.py)
+    source = Path(train.init_from).expanduser()
+    if not source.is_dir():
+        return [f"train.init_from: {source} is not a directory; pass a draft directory (dspark export's output)"]
+    from dspark_cli.artifacts.draft import WEIGHTS
+    from dspark_cli.artifacts.files import MANIFEST_NAME, manifest_kind
+    from dspark_cli.artifacts.train import KIND
+
+    training_run = next(
+        (d for d in (source, source.parent) if (d / "final" / WEIGHTS).is_file() and manifest_kind(d) == KIND), None
+    )
+    try:
+        if training_run is not None or (source.name == "final" and (source.parent / MANIFEST_NAME).is_file()):
+            _check_training_output(training_run or source.parent, recipe)
+        else:
+            from dspark_cli.export import verify_draft
+
+            verify_draft(source, recipe.target.model, published=True, doing="not training from it")
+        from dspark_cli.training import warm_start_mismatch
+
+        problem = warm_start_mismatch(recipe, source)
+    except DsparkError as exc:
+        return [f"train.init_from: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")]
+    return [problem] if problem else []
+
+
+def _check_training_output(directory: Path, recipe: Recipe) -> None:
+    """A training run's output as a warm start: finished, and trained for this recipe's target (the target's
+    config.json fingerprint in its contract, as `verify_draft` compares an export's)."""
+    from dspark_cli.artifacts.train import read_train_manifest
+    from dspark_cli.errors import ContractError
+
+    contract = read_train_manifest(directory).get("contract") or {}
+    expected = contract.get("target_config_sha256")
+    actual = Target.of(recipe).geometry(strict=False).config_sha256
+    if expected and actual and expected != actual:
+        raise ContractError(
+            f"{directory} was trained for target {contract.get('target')!r}, whose config differs from "
+            f"{recipe.target.model}; not training from it",
+            "warm-start from a draft of this target",
+        )
+
+
 def prompt_files_exist(recipe: Recipe, context: Context) -> list[str]:
     """Local prompt files and evaluation sets datagen reads (hub datasets are read by the stage itself)."""
     from dspark_cli.prompts.sources import local_source_problem
@@ -258,6 +307,7 @@ RULES = {
         train_attention_runs_here,
         train_metric_sinks_installed,
         stream_store_answers,
+        warm_start_source_fits,
     ],
     "bench": [target_on_this_machine, bench_files_exist],
     "serve": [serve_runs_here],

@@ -6,6 +6,7 @@ stage shares live in `shared.py` and run first (`preflight`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dspark_cli.preflight.redacted import STAGE_READS, no_recorded_secret
@@ -130,13 +131,40 @@ def bench_has_datasets(recipe: Recipe, context: Context) -> list[str]:
 
 
 def bench_thresholds_need_confidence(recipe: Recipe, context: Context) -> list[str]:
-    """Confidence-scheduled verification reads the confidence head (bench/engine.py)."""
-    if any(t > 0 for t in recipe.bench.confidence_thresholds) and not recipe.draft.confidence_head:
+    """Confidence-scheduled verification reads the confidence head (bench/engine.py): the recipe's draft says
+    whether it has one, or for a published draft (no recipe of its own) its config.json."""
+    if not any(t > 0 for t in recipe.bench.confidence_thresholds):
+        return []
+    published = _published_head(context.options.inputs.get("bench"))
+    if published is False:
+        return [
+            "bench.confidence_thresholds: thresholds above 0 need a confidence head, and this published draft "
+            "has none (its config.json); set bench.confidence_thresholds=[0.0]"
+        ]
+    if published is None and not recipe.draft.confidence_head:
         return [
             "bench.confidence_thresholds: thresholds above 0 need draft.confidence_head: true; "
             "set bench.confidence_thresholds=[0.0] for a draft without one"
         ]
     return []
+
+
+def _published_head(draft: str | None) -> bool | None:
+    """Whether the published draft in `draft` has a confidence head (its config.json, as vLLM reads it);
+    None when `draft` is not a published draft or its config cannot be read (the bench's checks say why)."""
+    if not draft:
+        return None
+    from dspark_cli.errors import DsparkError
+    from dspark_cli.export import contract_of, is_published
+    from dspark_cli.recipe.bounded import read_json
+
+    if not is_published(draft):
+        return None
+    try:
+        config = read_json(Path(draft) / "config.json")
+        return bool(contract_of(config)["confidence_head"]) if isinstance(config, dict) else None
+    except (OSError, ValueError, KeyError, TypeError, DsparkError):
+        return None
 
 
 def publish_destination(recipe: Recipe, context: Context) -> list[str]:

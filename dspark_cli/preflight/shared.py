@@ -172,6 +172,13 @@ def _check_stages(recipe: Recipe) -> list[str]:
         and Target.of(recipe).draft_arch(recipe.draft.arch) == "gqa"
     ):
         problems.append(f"serve.attention_backend: {serve.attention_backend} is for MLA drafts, this draft is gqa")
+    if train.init == "pretrained" and not train.init_from:
+        problems.append("train.init: pretrained starts from a draft's weights; set train.init_from=DRAFT_DIR")
+    if train.init_from and train.init != "pretrained":
+        problems.append(
+            f"train.init_from: only read with train.init: pretrained (this recipe: {train.init}); "
+            "set train.init=pretrained, or remove train.init_from"
+        )
     if train.nnodes > 1 and not train.rdzv_endpoint:
         problems.append("train.rdzv_endpoint: required when train.nnodes > 1 (host:port of the rendezvous)")
     if "wandb" in train.metrics and not train.wandb_project:

@@ -23,9 +23,12 @@ _EXPORTS = {
     "preflight": "dspark_cli.publish.run",
     "publish_draft": "dspark_cli.publish.run",
     "hub_tokens": "dspark_cli.publish.hubs",
+    "draft_source": "dspark_cli.publish.download",
+    "HUB_ID": "dspark_cli.publish.download",
 }
 
 if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
+    from dspark_cli.publish.download import HUB_ID, draft_source
     from dspark_cli.publish.hubs import hub_tokens
     from dspark_cli.publish.run import preflight, publish_draft
 

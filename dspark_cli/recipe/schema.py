@@ -435,12 +435,20 @@ class TrainSection(Section):
     )
     wandb_project: str | None = Field(None, description="Weights & Biases project (sink `wandb`).")
     seed: int = Field(0, description="Seed for anchors, data order and initialisation.")
-    init: Literal["normal", "target"] = Field(
+    init: Literal["normal", "target", "pretrained"] = Field(
         "normal",
         description="How a fresh draft starts. normal: every projection N(0, 0.02), norms 1. target: "
         "the same, then the final norm takes the target's final norm gain and the context projection starts "
         "as the identity onto the deepest captured layer (the draft first reads the target's deepest state "
-        "and hands the target's lm_head a state scaled as the target's own).",
+        "and hands the target's lm_head a state scaled as the target's own). pretrained: the weights of the "
+        "draft at `init_from` (a warm start: the optimiser, schedule, step count and data order start fresh; "
+        "the draft section must describe that draft's geometry, docs/train.md, Warm start).",
+    )
+    init_from: str | None = Field(
+        None,
+        description="With `init: pretrained`: the draft to start from -- a directory `dspark export` wrote, a "
+        "published DSpark draft (config.json + model.safetensors), or a training output directory (or its "
+        "`final/`). It must be a draft for this recipe's target.",
     )
     output_dir: OutputPath | None = Field(None, description="Checkpoints and metrics; default `<output_dir>/train`.")
 

@@ -13,6 +13,10 @@ block size the draft was trained with (its config.json's, read by `draft_block_s
 datagen used (so serving renders prompts as the training data did), K3's
 `VLLM_KIMI_K3_AUX_ATTN_RES_STREAM` as it was at capture, and `VLLM_USE_V2_MODEL_RUNNER=1`
 (DSpark runs on vLLM's V2 model runner only).
+
+A published draft (a directory without dspark_manifest.json: `dspark_cli.export.published`) is served
+the same way after its own checks: the block size from its config.json, the chat-template arguments
+from the recipe (`target.chat_template_kwargs`), no environment from the draft.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dspark_cli.artifacts.draft import draft_block_size, read_draft_manifest
+from dspark_cli.artifacts.draft import CONFIG, DRAFT_MANIFEST, draft_block_size, read_draft_manifest
 from dspark_cli.errors import DataError, UsageError
 
 if TYPE_CHECKING:
@@ -49,14 +53,23 @@ def serve_plan(
     recipe: Recipe, draft_dir: str | Path, *, method: str = "dspark", vllm_args: list[str] | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """`serve_command` for a draft that passes every check (`verify_draft`: checksums, vLLM loader rules,
-    the target it was trained for, its serving env); a draft dir that does not exist yet gives the
-    command for the recipe alone (`--dry-run --recipe R` before training). `none` and `ngram` serve the
-    draft's target, so the draft is checked for them too (a baseline of another target compares nothing)."""
+    the target it was trained for, its serving env; for a published draft, its own checks against the
+    recipe's target); a draft dir that does not exist yet gives the command for the recipe alone
+    (`--dry-run --recipe R` before training). `none` and `ngram` serve the draft's target, so the draft
+    is checked for them too (a baseline of another target compares nothing)."""
     from dspark_cli.export import verify_draft
 
+    manifest = None
     if Path(draft_dir).exists():
-        verify_draft(draft_dir, recipe.target.model, doing="not serving it")
-    return serve_command(recipe, draft_dir, method=method, vllm_args=vllm_args)
+        directory = Path(draft_dir)
+        if not (directory / DRAFT_MANIFEST).exists() and not (directory / CONFIG).exists():
+            raise UsageError(
+                f"{draft_dir} is not a dspark draft directory (no {DRAFT_MANIFEST}) nor a published draft "
+                f"(no {CONFIG})",
+                "pass a draft directory: dspark export runs/NAME/train -o DIR, or a published draft",
+            )
+        manifest = verify_draft(draft_dir, recipe.target.model, doing="not serving it", published=True)
+    return serve_command(recipe, draft_dir, method=method, vllm_args=vllm_args, manifest=manifest)
 
 
 def speculative_config(
@@ -95,14 +108,18 @@ def serve_command(
     draft_ref: str | None = None,
     method: str = "dspark",
     vllm_args: list[str] | None = None,
+    manifest: dict[str, Any] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) of the `vllm serve` launch for `recipe` and the draft at `draft_dir`;
     `draft_ref` names the draft in the command instead of its local path (a hub repo id, for model cards);
-    `vllm_args` are appended verbatim (after the recipe's `serve.extra_args`: the last one wins in vLLM)."""
+    `vllm_args` are appended verbatim (after the recipe's `serve.extra_args`: the last one wins in vLLM).
+    `manifest`: the draft's, as `verify_draft` gave it (a published draft's is built in memory); else its
+    dspark_manifest.json is read, and a directory without one is served with the recipe's settings alone."""
     from dspark_cli.targets import Target
 
     draft_dir = Path(draft_dir)
-    manifest = read_draft_manifest(draft_dir) if draft_dir.exists() else {}
+    if manifest is None:
+        manifest = read_draft_manifest(draft_dir) if (draft_dir / DRAFT_MANIFEST).exists() else {}
     serving = manifest.get("serving", {})
     serve = recipe.serve
     # the draft's config.json, which vLLM reads too (`verify_draft` refuses a manifest that disagrees);

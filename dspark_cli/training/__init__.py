@@ -30,6 +30,7 @@ Importing this package is free (no torch); its names import their modules on fir
 - slurm.py         the online run's Slurm job script (`dspark init --slurm`)
 - __main__.py      one torchrun rank: `python -m dspark_cli.training RECIPE ...` (what torchrun's children run)
 - evaluate.py      `evaluate_draft`: the same metrics for any draft on captured sequences, no training
+- warm_start.py    `train.init: pretrained`: another draft's weights as the start, its geometry checked
 
 Output layout under `recipe.stage_dir("train")`:
 `checkpoints/step-NNNNNN/` (DCP + meta.json) and `checkpoints/latest`, `metrics.jsonl`,
@@ -50,11 +51,12 @@ _EXPORTS = {
     "plan_train": "dspark_cli.training.run",
     "plan_for_recipe": "dspark_cli.training.stream_plan",
     "bound_problem": "dspark_cli.training.stream_plan",
+    "warm_start_mismatch": "dspark_cli.training.run",
 }
 
 if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exports imports on first use
     from dspark_cli.training.launch import is_main_process, train
-    from dspark_cli.training.run import plan_train
+    from dspark_cli.training.run import plan_train, warm_start_mismatch
     from dspark_cli.training.stream_plan import bound_problem, plan_for_recipe
 
 __all__ = sorted(_EXPORTS)

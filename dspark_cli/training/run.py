@@ -261,3 +261,27 @@ def _run_train(
     finally:
         stack.close()
         shutdown(env, failed=failed)
+
+
+def recipe_draft_config(recipe: Recipe) -> Any:
+    """The draft the recipe trains, as training builds it (layer ids resolved against the target's depth)."""
+    from dspark_cli.capture import resolve_layer_ids
+    from dspark_cli.targets import Target
+
+    depth = Target.of(recipe).geometry().num_hidden_layers
+    assert depth is not None, "geometry() reads the target's depth or raises"
+    return build_draft_config(recipe, resolve_layer_ids(recipe, depth))
+
+
+def warm_start_mismatch(recipe: Recipe, source: str | os.PathLike[str]) -> str | None:
+    """The geometry line of `geometry_mismatch` for the draft at `source` (its config.json only) against the
+    recipe's draft, with what to do; None when they agree. What preflight asks once the draft itself passed
+    its checks."""
+    from dspark_cli.artifacts.draft import CONFIG, draft_config_from_vllm_dict
+    from dspark_cli.recipe.bounded import read_json
+    from dspark_cli.training.warm_start import MISMATCH_HINT, draft_weights_dir, geometry_mismatch
+
+    directory = draft_weights_dir(Path(source))
+    config = draft_config_from_vllm_dict(read_json(directory / CONFIG))
+    problem = geometry_mismatch(config, recipe_draft_config(recipe), str(source))
+    return f"{problem}; {MISMATCH_HINT}" if problem else None

@@ -45,6 +45,7 @@ from dspark_cli.training.step import LossConfig, TrainStep
 if TYPE_CHECKING:
     from dspark_cli.draft.config import DSparkDraftConfig
     from dspark_cli.training.stream_source import OnlineSource
+    from dspark_cli.training.warm_start import WarmStart
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +86,13 @@ def build_step_module(
     embed_dtype: torch.dtype,
     *,
     embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    warm: WarmStart | None = None,
 ) -> TrainStep:
     """The seeded draft with the target's frozen embed_tokens / lm_head (the recipe's target's, or
     `embeddings` given directly, e.g. synthetic ones for benchmarks), its objective, on `env`'s device,
     with the run's fixed batch shapes (`TrainStep.shape_plan`). `embed_dtype` is the compute dtype:
-    bf16 also makes FSDP2 gather the parameters in bf16 (`distributed.shard`)."""
+    bf16 also makes FSDP2 gather the parameters in bf16 (`distributed.shard`). `warm` (`train.init:
+    pretrained`) replaces the draft's weights before FSDP2 shards them, so every rank starts from them."""
     from dspark_cli.draft.model import DSparkDraftModel
     from dspark_cli.training.shapes import shape_plan
 
@@ -101,6 +104,8 @@ def build_step_module(
     model.set_target_embeddings(embed, lm_head)
     if train.init == "target":  # synthetic `embeddings` come without a target: its norm is then left at 1
         model.init_from_target(None if embeddings else Target.of(recipe).final_norm())
+    if warm is not None:
+        warm.apply(model)
     step = TrainStep(
         model,
         LossConfig.of(train.loss),
@@ -210,7 +215,14 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
     checkpoint_path = resolve_resume(out_dir, run.resume)
     settings = result_settings(recipe, run.data_id)
     barrier(env)
-    module = build_step_module(recipe, draft_config, env, dtype)
+    warm, init = None, {"kind": train.init}
+    if train.init == "pretrained" and checkpoint_path is None:  # a resumed run takes its checkpoint's weights
+        from dspark_cli.training.warm_start import load_warm_start
+
+        warm = load_warm_start(recipe, draft_config, out_dir)
+        init = warm.record
+    module = build_step_module(recipe, draft_config, env, dtype, warm=warm)
+    del warm  # the source's tensors: the model holds its own copy
     optimizer = make_optimizer(module, recipe, env)
     start_step, position, tokens_done, meta = 0, {"epoch": 0, "consumed": 0}, 0, {}
     if checkpoint_path is not None:
@@ -218,6 +230,7 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
             env, checkpoint_path, module=module, optimizer=optimizer, contract=contract, settings=settings
         )
         start_step, position, tokens_done = meta["step"], meta["position"], meta.get("tokens", 0)
+        init = meta.get("init") or init  # where the first session's weights came from
         log.info("resumed from %s (step %d)", checkpoint_path, start_step)
 
     seq_lengths = None
@@ -276,6 +289,7 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
                 "tokens": tokens,
                 "contract": contract.to_dict(),
                 "settings": settings,
+                "init": init,
                 "metrics": record,
                 "time": time.time(),
             },
@@ -363,6 +377,7 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
                 "complete": True,
                 "contract": contract.to_dict(),
                 "settings": settings,
+                "init": init,
                 "summary": summary.to_dict(),
                 "recipe": recorded_tree(recipe.model_dump(mode="json")),
                 "files": {f"final/{name}": digest for name, digest in (files or {}).items()},

@@ -388,11 +388,11 @@ def test_shard_tensors_are_named_only_in_capture_shards():
 def test_the_target_is_loaded_only_by_target():
     """Every stage asks `targets.Target` for the target's tokenizer, config, weights and transformers model:
     the loaders (transformers' Auto classes, the hub cache, its embeddings' safetensors) are called in
-    targets/ alone."""
+    targets/ alone (and publish/download.py downloads a published *draft*, never the target)."""
     loaders = {"AutoModelForCausalLM", "AutoTokenizer", "AutoConfig", "snapshot_download", "load_embeddings"}
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.parent.name == "targets":
+        if path.parent.name == "targets" or path.relative_to(PACKAGE).as_posix() == "publish/download.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             name = getattr(node, "id", None) or getattr(node, "attr", None)
