@@ -298,6 +298,12 @@ CAPTURE_GATE_LOCK = ".capture-lock"
 LOCKS = frozenset({LOCK_NAME, CAPTURE_GATE_LOCK})
 
 
+def _mark_in_flight(name: str) -> bool:
+    """The temporary file `write_json_atomic` writes an owner mark through (`.dspark-owner.XXXX.tmp`), or a write
+    probe (`ensure_writable_dir`): what another node's claim of a shared directory leaves for a moment."""
+    return (name.startswith(f".{OWNER_NAME}.") and name.endswith(".tmp")) or name.startswith(".dspark-write-probe-")
+
+
 def ownership_problem(out: str | os.PathLike[str], kind: str, field: str, shard_glob: str | None = None) -> str | None:
     """Why a resumable stage (datagen, capture, train) making `kind` output may not write `out`; None when it may.
 
@@ -318,8 +324,8 @@ def ownership_problem(out: str | os.PathLike[str], kind: str, field: str, shard_
         )
     if made == kind or manifest_kind(out, OWNER_NAME) == kind:
         return None
-    try:
-        names = {entry.name for entry in out.iterdir()}
+    try:  # a mark being written by another process (its temporary file) is its claim under way, not a stranger's file
+        names = {entry.name for entry in out.iterdir() if not _mark_in_flight(entry.name)}
     except OSError as exc:
         return f"{field}: cannot read {out} ({exc.strerror or type(exc).__name__}); pass -o a directory you can write"
     if shard_glob is not None and any(out.glob(shard_glob)):

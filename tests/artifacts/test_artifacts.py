@@ -248,3 +248,18 @@ def test_a_log_damaged_in_the_middle_is_one_line_naming_the_file_and_line(tmp_pa
     with pytest.raises(DataError, match="damaged line") as info:
         read_log(log, hint="delete that line")
     assert one_line(info.value) and f"{log}:2:" in str(info.value) and info.value.hint == "delete that line"
+
+
+def test_a_directory_another_node_is_claiming_is_not_a_strangers(tmp_path):
+    """A shared directory (the online run's capture dir on a Slurm allocation) holds, for a moment, only the
+    temporary file its owner mark is written through: another node's preflight must not call it someone
+    else's (what made the three-node Slurm test fail once); a real stranger's file still is."""
+    from dspark_cli.artifacts.files import OWNER_NAME, ownership_problem
+
+    out = tmp_path / "hidden"
+    out.mkdir()
+    (out / f".{OWNER_NAME}.k2x9.tmp").write_text("{")
+    assert ownership_problem(out, "dspark.capture", "capture.output_dir") is None
+    (out / "notes.txt").write_text("mine")
+    problem = ownership_problem(out, "dspark.capture", "capture.output_dir")
+    assert problem is not None and "is not dspark capture output" in problem

@@ -348,7 +348,8 @@ def hub(tmp_path, monkeypatch):
             ("HF_HUB_DISABLE_XET", "1"),
         ):
             monkeypatch.setenv(name, value)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # either keeps huggingface_hub off the network
+            monkeypatch.delenv(offline, raising=False)
         monkeypatch.delenv("HF_TOKEN", raising=False)
         monkeypatch.chdir(tmp_path)  # `org/k3` names no local path here
         yield server
