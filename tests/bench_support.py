@@ -209,3 +209,17 @@ def export_random_draft(recipe, directory: Path, *, seed: int = 0) -> Path:
     )
     export_draft(train, directory, recipe=recipe, dtype="float32", force=True)
     return directory
+
+
+# -- published-draft benches (tests/bench/test_bench_published.py, test_bench_many.py) ------------------------
+
+# the recipe every such run is given (a published draft carries none): the tiny-gqa target, block size 4
+PUBLISHED_RECIPE = ["--recipe", "tiny", "target.model=tiny-gqa", "draft.arch=gqa", "draft.block_size=4"]
+SMALL_BENCH = [
+    "bench.datasets=[mt_bench]",
+    "bench.num_prompts=1",
+    "bench.max_tokens=16",
+    "bench.temperatures=[0.0, 1.0]",
+    "bench.confidence_thresholds=[0.0, 0.5]",
+    "bench.model_concurrency=[1, 4]",
+]

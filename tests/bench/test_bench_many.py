@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from bench_support import export_random_draft, write_random_draft
+from bench_support import PUBLISHED_RECIPE, SMALL_BENCH, export_random_draft, write_random_draft
 from cli_support import invoke
 from PIL import Image
 
@@ -23,21 +23,11 @@ from dspark_cli.recipe import load_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-RECIPE = ["--recipe", "tiny", "target.model=tiny-gqa", "draft.arch=gqa", "draft.block_size=4"]
-SMALL = [
-    "bench.datasets=[mt_bench]",
-    "bench.num_prompts=1",
-    "bench.max_tokens=16",
-    "bench.temperatures=[0.0, 1.0]",
-    "bench.confidence_thresholds=[0.0, 0.5]",
-    "bench.model_concurrency=[1, 4]",
-]
-
 
 @pytest.fixture(scope="module")
 def drafts(tmp_path_factory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("many")
-    recipe = load_recipe("tiny", [*RECIPE[2:], f"output_dir={work / 'run'}"])
+    recipe = load_recipe("tiny", [*PUBLISHED_RECIPE[2:], f"output_dir={work / 'run'}"])
     a = export_random_draft(recipe, work / "a" / "draft", seed=0)
     b = export_random_draft(recipe, work / "b" / "draft", seed=1)
     published = work / "c" / "draft"
@@ -48,7 +38,7 @@ def drafts(tmp_path_factory) -> dict[str, Path]:
 
 
 def bench_json(*args: str) -> dict:
-    result = invoke("bench", *args, *RECIPE, *SMALL, "--format", "json")
+    result = invoke("bench", *args, *PUBLISHED_RECIPE, *SMALL_BENCH, "--format", "json")
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -114,16 +104,16 @@ def test_several_drafts_one_report_each_as_benched_alone(drafts, tmp_path):
 def test_every_draft_is_checked_before_any_work(drafts, tmp_path):
     other = write_random_draft(tmp_path / "other")  # made for another target's geometry
     out = tmp_path / "report"
-    result = invoke("bench", str(drafts["a"]), str(other), "--offline", *RECIPE, *SMALL, "-o", str(out))
+    result = invoke("bench", str(drafts["a"]), str(other), "--offline", *PUBLISHED_RECIPE, *SMALL_BENCH, "-o", str(out))
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1 and len(lines) == 2 and "not benchmarking it" in lines[0], result.output
     assert str(other) in lines[0] and not out.exists()
 
 
 def test_several_drafts_are_compared_offline_only(drafts, tmp_path):
-    result = invoke("bench", str(drafts["a"]), str(drafts["b"]), "--endpoint", "http://127.0.0.1:9", *RECIPE)
+    result = invoke("bench", str(drafts["a"]), str(drafts["b"]), "--endpoint", "http://127.0.0.1:9", *PUBLISHED_RECIPE)
     assert result.exit_code == 2 and "several drafts are compared offline only" in result.output, result.output
-    result = invoke("bench", str(drafts["a"]), str(drafts["a"]), "--offline", *RECIPE)
+    result = invoke("bench", str(drafts["a"]), str(drafts["a"]), "--offline", *PUBLISHED_RECIPE)
     assert result.exit_code == 2 and "the same draft is given twice" in result.output, result.output
 
 

@@ -17,23 +17,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from bench_support import export_random_draft, write_random_draft
+from bench_support import PUBLISHED_RECIPE, SMALL_BENCH, export_random_draft, write_random_draft
 from cli_support import invoke
 
 from dspark_cli.recipe import load_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-# the recipe every run here is given (a published draft carries none): the tiny-gqa target, block size 4
-RECIPE = ["--recipe", "tiny", "target.model=tiny-gqa", "draft.arch=gqa", "draft.block_size=4"]
-SMALL = [
-    "bench.datasets=[mt_bench]",
-    "bench.num_prompts=1",
-    "bench.max_tokens=16",
-    "bench.temperatures=[0.0, 1.0]",
-    "bench.confidence_thresholds=[0.0, 0.5]",
-    "bench.model_concurrency=[1, 4]",
-]
 
 
 def snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
@@ -52,7 +41,7 @@ def publish_copy(draft: Path, where: Path) -> Path:
 @pytest.fixture(scope="module")
 def drafts(tmp_path_factory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("published")
-    recipe = load_recipe("tiny", [*RECIPE[2:], f"output_dir={work / 'run'}"])
+    recipe = load_recipe("tiny", [*PUBLISHED_RECIPE[2:], f"output_dir={work / 'run'}"])
     exported = export_random_draft(recipe, work / "exported" / "draft")
     return {"exported": exported, "published": publish_copy(exported, work / "published" / "draft")}
 
@@ -78,8 +67,10 @@ def numbers(offline: dict) -> dict:
 def test_a_published_copy_benches_to_the_same_numbers(drafts, tmp_path):
     published = drafts["published"]
     before = snapshot(published)
-    dspark = bench_json(str(drafts["exported"]), "--offline", *RECIPE, *SMALL, "-o", str(tmp_path / "a"))
-    theirs = bench_json(str(published), "--offline", *RECIPE, *SMALL, "-o", str(tmp_path / "b"))
+    dspark = bench_json(
+        str(drafts["exported"]), "--offline", *PUBLISHED_RECIPE, *SMALL_BENCH, "-o", str(tmp_path / "a")
+    )
+    theirs = bench_json(str(published), "--offline", *PUBLISHED_RECIPE, *SMALL_BENCH, "-o", str(tmp_path / "b"))
     assert numbers(theirs["offline"]) == numbers(dspark["offline"])
     assert theirs["offline"]["runs"][1]["tau"]["mean"] > 1.0  # T=1 accepted something: the comparison has teeth
     # who was benched: a dspark draft by its manifest's hash, a published one by its weights'
@@ -104,7 +95,7 @@ def test_a_draft_for_another_targets_geometry_is_one_line_and_writes_nothing(tmp
     other = write_random_draft(tmp_path / "theirs" / "draft")  # hidden 64, vocabulary 96: not tiny-gqa's
     before = snapshot(other)
     out = tmp_path / "report"
-    result = invoke("bench", str(other), "--offline", *RECIPE, "bench.num_prompts=1", "-o", str(out))
+    result = invoke("bench", str(other), "--offline", *PUBLISHED_RECIPE, "bench.num_prompts=1", "-o", str(out))
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1 and len(lines) == 2, result.output
     assert lines[0].startswith("error: ") and "target_hidden_size: 64 != the target's hidden_size 160" in lines[0]
@@ -117,7 +108,7 @@ def test_confidence_thresholds_follow_the_published_drafts_own_head(tmp_path, dr
     from dspark_cli.preflight import StageOptions, preflight
 
     def problems(draft: Path, *overrides: str) -> list[str]:
-        recipe = load_recipe("tiny", [*RECIPE[2:], f"output_dir={tmp_path}", *overrides])
+        recipe = load_recipe("tiny", [*PUBLISHED_RECIPE[2:], f"output_dir={tmp_path}", *overrides])
         lines = preflight(recipe, ["bench"], StageOptions(inputs={"bench": str(draft)}), machine=False)
         return [p for p in lines if p.startswith("bench.confidence_thresholds")]
 
@@ -162,7 +153,7 @@ def test_a_hub_id_is_downloaded_from_the_loopback_hub(drafts, tmp_path):
             env.pop(offline, None)
 
         def dspark(*args: str) -> subprocess.CompletedProcess:
-            command = [str(Path(sys.executable).with_name("dspark")), "bench", *args, *RECIPE, *fast]
+            command = [str(Path(sys.executable).with_name("dspark")), "bench", *args, *PUBLISHED_RECIPE, *fast]
             return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
         done = dspark("someone/tiny-draft", "--offline", "-o", "report", "--format", "json")
@@ -187,12 +178,16 @@ def test_a_published_draft_against_a_server_is_checked_and_named(drafts, tmp_pat
     published = drafts["published"]
     before = snapshot(published)
     with Endpoint("good") as endpoint:
-        data = bench_json(str(published), "--endpoint", endpoint.url, *RECIPE, *FAST, "-o", str(tmp_path / "online"))
+        data = bench_json(
+            str(published), "--endpoint", endpoint.url, *PUBLISHED_RECIPE, *FAST, "-o", str(tmp_path / "online")
+        )
         assert data["draft_published"] is True and data["draft_dir"].endswith("published/draft")
         assert data["online"]["endpoint_runs"]["levels"][0]["num_requests"] >= 1 and "offline" not in data
         other = write_random_draft(tmp_path / "other")
         seen = len(endpoint.requests)
-        result = invoke("bench", str(other), "--endpoint", endpoint.url, *RECIPE, *FAST, "-o", str(tmp_path / "o2"))
+        result = invoke(
+            "bench", str(other), "--endpoint", endpoint.url, *PUBLISHED_RECIPE, *FAST, "-o", str(tmp_path / "o2")
+        )
         assert result.exit_code == 1 and "not benchmarking it" in result.output, result.output
         assert len(endpoint.requests) == seen and not (tmp_path / "o2").exists()  # refused before any request
     assert snapshot(published) == before
