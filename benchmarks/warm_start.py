@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import provenance  # benchmarks/provenance.py
+from demo_tau import _timed  # benchmarks/demo_tau.py: one command, logged and timed
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "templates/recipes/tiny.yaml"
@@ -44,19 +42,6 @@ DSPARK = str(Path(sys.executable).with_name("dspark"))
 BUNDLED = ROOT / "dspark_cli" / "prompts" / "bundled"
 KINDS = {"kind1": ("signature",), "kind2": ("code", "explain")}
 LABEL = {"kind1": "signature", "kind2": "code + explain"}
-
-
-def _timed(argv: list[str], log: Path) -> float:
-    started = time.perf_counter()
-    with log.open("a") as out:
-        out.write("$ " + " ".join(argv) + "\n")
-        out.flush()
-        done = subprocess.run(
-            argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "200"}
-        )
-    if done.returncode != 0:
-        sys.exit(f"failed ({done.returncode}): {' '.join(argv)}; see {log}")
-    return round(time.perf_counter() - started, 1)
 
 
 def _rows(name: str) -> list[dict]:
