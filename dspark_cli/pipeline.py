@@ -97,16 +97,19 @@ def run_export(
 
 
 def run_bench(recipe: Recipe, progress: ProgressFactory | None = None, log_line: LogLine | None = None) -> BenchSummary:
+    from dspark_cli.artifacts.profile import place_profile
     from dspark_cli.bench.run import run_bench as bench
 
     with (progress or _quiet)("bench", "turns") as update:
-        return bench(
+        summary = bench(
             recipe,
             draft_dir=recipe.stage_dir("export"),
             offline=True,
             endpoint=recipe.bench.endpoint,
             on_progress=update,
         )
+    place_profile(recipe, recipe.stage_dir("export"))  # the draft directory ends with its acceptance profile
+    return summary
 
 
 def run_publish(

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dspark_cli.recipe.schema import PromptSource, Recipe
+from dspark_cli.recipe.schema import BENCH_PRESETS, PromptSource, Recipe
 
 # The rehearsal's sizes: a handful of conversations, short answers, a few steps, a tiny bench.
 PROMPTS = 6
@@ -229,9 +229,9 @@ def _capture_and_train(recipe: Recipe, put, shrink, vllm: bool) -> None:
 def _bench(recipe: Recipe, data: dict[str, Any], put, shrink, rows: list[Substitution]) -> None:
     bench = recipe.bench
     datasets = []
-    for entry in bench.datasets:
-        hub = entry.startswith("speed_bench") or (entry != "mt_bench" and is_hub_name(entry))
-        name = "tiny-eval" if hub else entry
+    for entry, path in zip(bench.datasets, bench.dataset_paths(), strict=True):  # a preset names a hub dataset
+        hub = path.startswith("speed_bench") or path in BENCH_PRESETS or (path != "mt_bench" and is_hub_name(path))
+        name = "tiny-eval" if hub else entry if isinstance(entry, str) else entry.model_dump()
         if name not in datasets:
             datasets.append(name)
     put("bench.datasets", datasets, "hub datasets become the bundled held-out tiny prompts (offline)")

@@ -64,6 +64,25 @@ def _tree_entry(name: str, data: bytes) -> dict[str, Any]:
     return entry
 
 
+def _tree(repo: Repo, under: str, recursive: bool) -> list[dict[str, Any]]:
+    """The tree API's listing of folder `under` ("" for the root): its files, and its folders as `directory`
+    entries (every file below, with the folders on the way, when `recursive`)."""
+    prefix = f"{under}/" if under else ""
+    entries: dict[str, dict[str, Any]] = {}
+    for name, data in sorted(repo.files.items()):
+        if not name.startswith(prefix):
+            continue
+        rest = name[len(prefix) :].split("/")
+        for depth in range(1, len(rest)):  # the folders between `under` and the file
+            folder = prefix + "/".join(rest[:depth])
+            entries.setdefault(folder, {"type": "directory", "path": folder, "oid": "0" * 40, "size": 0})
+            if not recursive:
+                break
+        if len(rest) == 1 or recursive:
+            entries[name] = _tree_entry(name, data)
+    return [entries[key] for key in sorted(entries)]
+
+
 class JSONHandler(BaseHTTPRequestHandler):
     """Request plumbing both loopback hubs share: a quiet log, the request body, a JSON reply, the bearer
     token check (the refusal is each protocol's own `_deny`). `self.server.hub` is the LoopbackServer."""
@@ -159,6 +178,7 @@ class LoopbackServer:
 class LoopbackHub(LoopbackServer):
     def __init__(self, token: str, *, fail_commits: int = 0, **behaviour: Any) -> None:
         self.card_metadata: list[dict[str, Any]] = []  # every model card front matter validated
+        self.datasets: dict[str, Repo] = {}  # dataset repos to download (`datasets.load_dataset`), by repo id
         self.fail_commits = fail_commits  # answer the next N commits with HTTP 500
         super().__init__(token, **behaviour)
 
@@ -186,6 +206,8 @@ class LoopbackHub(LoopbackServer):
                 if self._detoured():
                     return None
                 path = self.path.split("?", 1)[0]
+                if path.startswith(("/api/datasets/", "/datasets/")):
+                    return self._dataset(path, head)
                 parts = path.split("/")
                 if path.startswith("/api/models/") and len(parts) >= 7 and parts[5] in ("revision", "tree"):
                     repo = self._readable(f"{parts[3]}/{parts[4]}", head)
@@ -207,9 +229,34 @@ class LoopbackHub(LoopbackServer):
                     return self._file(repo, name, head)
                 return self._missing(head, None, f"no route for {path}")
 
-            def _readable(self, repo_id: str, head: bool) -> Repo | None:
+            def _dataset(self, path: str, head: bool) -> None:
+                """A dataset repo: /api/datasets/{repo}/revision/{rev} (`sha`, `siblings`), .../tree/{rev}[/{dir}]
+                (the files under dir, `recursive` or not) and /datasets/{repo}/resolve/{rev}/{file}."""
+                parts = path.split("/")
+                if parts[1] == "api" and len(parts) >= 7 and parts[5] in ("revision", "tree"):
+                    repo = self._readable(f"{parts[3]}/{parts[4]}", head, hub.datasets)
+                    if repo is None:
+                        return None
+                    if parts[5] == "revision":
+                        siblings = [{"rfilename": name} for name in sorted(repo.files)]
+                        return self._send(
+                            200, {"id": f"{parts[3]}/{parts[4]}", "sha": repo.sha(), "siblings": siblings}
+                        )
+                    under = "/".join(p for p in parts[7:] if p)
+                    return self._reply(200, _tree(repo, under, "recursive=true" in self.path.lower()))
+                if parts[1] == "datasets" and len(parts) >= 7 and parts[4] == "resolve":
+                    repo = self._readable(f"{parts[2]}/{parts[3]}", head, hub.datasets)
+                    if repo is None:
+                        return None
+                    name = "/".join(parts[6:])
+                    if name not in repo.files:
+                        return self._missing(head, "EntryNotFound", f"{name} not found")
+                    return self._file(repo, name, head)
+                return self._missing(head, None, f"no route for {path}")
+
+            def _readable(self, repo_id: str, head: bool, repos: dict[str, Repo] | None = None) -> Repo | None:
                 """The repo, if it exists and this request may read it (else the reply is sent)."""
-                repo = hub.repos.get(repo_id)
+                repo = (hub.repos if repos is None else repos).get(repo_id)
                 authorised = self.headers.get("Authorization") == f"Bearer {hub.token}"
                 if repo is None or (repo.private and not authorised):  # the Hub hides private repos
                     self._missing(head, "RepoNotFound", "Repository not found")

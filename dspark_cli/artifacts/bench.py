@@ -208,6 +208,7 @@ class EngineInfo(BenchRecord):
     has_confidence_head: bool = False
     warnings: list[str] = field(default_factory=list)
     prompt_lookup: str = ""  # prompt_lookup_min/max of the ngram baseline
+    batch_size: int = 1  # requests run at once (`bench.batch_size`): tokens/s is the batch's throughput
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """A draft on disk, read back: a training output or an exported draft directory, and its manifest.
 
 Accepted inputs (`dspark export CHECKPOINT`):
-- a training output directory (`runs/tiny/train`): its consolidated `final/` is used, and its
+- a training output directory (`runs/tiny/train`): its consolidated `final/` is used, or with
+  `select="best"` its `best/` when training kept one (the validation's choice; else `final/`), and its
   `manifest.json` (`artifacts.train.read_train_manifest`) supplies the contract and the training summary;
-- a directory holding `model.safetensors` + `config.json` (a `final/` dir, or an exported draft).
+- a directory holding `model.safetensors` + `config.json` (a `final/` or `best/` dir, or an exported draft).
 
     draft = load_draft_dir("runs/tiny/train")       # -> LoadedDraft(config, state_dict, manifest)
     model = build_model(draft.config, draft.state_dict)
@@ -32,7 +33,9 @@ from dspark_cli.recipe.bounded import read_json
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 DRAFT_MANIFEST = "dspark_manifest.json"  # what export writes next to the draft's files
-DRAFT_FILES = ("config.json", "model.safetensors", "recipe.yaml")  # what export writes, besides it
+# what export writes, besides it; the acceptance profile (artifacts/profile.py) is copied in after the manifest is
+# written, so the manifest never checksums it (its fingerprint names the weights it measured)
+DRAFT_FILES = ("config.json", "model.safetensors", "recipe.yaml", "speculation_profile.json")
 
 
 def read_draft_manifest(draft_dir: str | Path) -> dict[str, Any]:
@@ -94,6 +97,18 @@ class LoadedDraft:
     state_dict: dict[str, Any]  # name -> torch.Tensor (as stored)
     train_manifest: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def selected(self) -> dict[str, Any] | None:
+        """Which draft of its training run this is: {checkpoint: best, step, metric, value} for `best/`,
+        {checkpoint: final, step} for `final/`; None for a directory outside a training run."""
+        from dspark_cli.artifacts.train import BEST_DIR, best_record
+
+        if not self.train_manifest:
+            return None
+        if self.source.name == BEST_DIR:
+            return {"checkpoint": BEST_DIR, **(best_record(self.train_manifest) or {})}
+        return {"checkpoint": "final", "step": (self.train_manifest.get("summary") or {}).get("steps")}
+
 
 def draft_config_from_vllm_dict(data: dict[str, Any]) -> Any:
     """The inverse of `vllm_config_dict`: a DSparkDraftConfig from an exported config.json (either format)."""
@@ -147,20 +162,24 @@ def draft_config_from_vllm_dict(data: dict[str, Any]) -> Any:
     return DSparkDraftConfig(arch=arch, **keep)
 
 
-def _resolve(path: Path) -> tuple[Path, dict[str, Any]]:
+def _resolve(path: Path, select: str = "final") -> tuple[Path, dict[str, Any]]:
     """(directory with weights + config, training manifest or {}).
 
     A training output directory must hold the manifest of a finished run, and so must the parent of
-    a `final/` directory passed itself. Any other directory of weights (an exported draft, a copy)
-    takes a training run's manifest.json beside it or in its parent when there is one, and ignores
-    any other file of that name (another tool's)."""
+    a `final/` or `best/` directory passed itself; `select="best"` takes its `best/` when the manifest
+    records one. Any other directory of weights (an exported draft, a copy) takes a training run's
+    manifest.json beside it or in its parent when there is one, and ignores any other file of that
+    name (another tool's)."""
     from dspark_cli.artifacts.files import MANIFEST_NAME, manifest_kind
-    from dspark_cli.artifacts.train import KIND, read_train_manifest
+    from dspark_cli.artifacts.train import BEST_DIR, KIND, best_record, read_train_manifest
 
     if (path / "final" / WEIGHTS).is_file():
-        return path / "final", read_train_manifest(path)
+        manifest = read_train_manifest(path)
+        if select == BEST_DIR and best_record(manifest) is not None and (path / BEST_DIR / WEIGHTS).is_file():
+            return path / BEST_DIR, manifest
+        return path / "final", manifest
     if (path / WEIGHTS).is_file():
-        if path.name == "final" and (path.parent / MANIFEST_NAME).is_file():
+        if path.name in ("final", BEST_DIR) and (path.parent / MANIFEST_NAME).is_file():
             return path, read_train_manifest(path.parent)
         beside = next((d for d in (path, path.parent) if manifest_kind(d) == KIND), None)
         return path, read_train_manifest(beside) if beside is not None else {}
@@ -172,15 +191,16 @@ def _resolve(path: Path) -> tuple[Path, dict[str, Any]]:
     raise UsageError(f"{path}: no {WEIGHTS} here or in final/", "pass a training output dir or a draft dir")
 
 
-def load_draft_dir(path: str | Path) -> LoadedDraft:
-    """Read config + weights of a trained or exported draft (any dtype; nothing is cast here)."""
+def load_draft_dir(path: str | Path, select: str = "final") -> LoadedDraft:
+    """Read config + weights of a trained or exported draft (any dtype; nothing is cast here); of a training
+    run, `final/`, or with `select="best"` its `best/` when it kept one."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     source = Path(path)
     if not source.exists():
         raise UsageError(f"checkpoint not found: {source}", "pass the training output directory (e.g. runs/NAME/train)")
-    directory, manifest = _resolve(source)
+    directory, manifest = _resolve(source, select)
     config_file = directory / CONFIG
     if not config_file.is_file():
         raise DataError(f"{directory}: {CONFIG} missing next to {WEIGHTS}")

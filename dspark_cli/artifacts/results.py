@@ -42,6 +42,7 @@ class DatagenSummary(Record):
     shards: int
     counts: FilterCounts
     engine: str  # what generates, e.g. "vllm (in process)"
+    validation: int = 0  # of `conversations`, those held out as the validation split (never trained on)
     already_done: int | None = None  # dry run: shards already written
     generated_tokens: int | None = None  # a run: tokens generated now (0 when every shard was there)
     seconds: float | None = None
@@ -71,6 +72,7 @@ class CaptureSummary(Record):
     peak_disk_bytes: int | None = None  # online: this producer's peak stream bytes
     peak_shards: int | None = None
     producer_wait_seconds: float | None = None
+    validation_sequences: int | None = None  # the validation split's, captured apart (offline: `validation/`)
 
 
 @dataclass
@@ -105,6 +107,10 @@ class TrainSummary(Record):
     shapes: dict[str, Any] | None  # training/loop.py's `shape_summary`
     final: str  # the final draft directory
     stream: StreamSummary | None = None  # online runs
+    best: dict[str, Any] | None = (
+        None  # {step, metric, value} of the validation that chose best/ (training/validation.py)
+    )
+    stopped: dict[str, Any] | None = None  # {reason: "early", step} when early stopping ended the run
 
 
 @dataclass
@@ -145,6 +151,7 @@ class ExportSummary(Record):
     num_tensors: int
     num_bytes: int
     warnings: list[str]
+    selected: dict[str, Any] | None = None  # which draft of the training run: {checkpoint: best|final, step, ...}
 
 
 @dataclass
@@ -161,6 +168,7 @@ class ExportPlan(Record):
     format: str = "vllm"
     num_parameters: int | None = None
     findings: list[str] | None = None  # checks against the target that a real export would fail or warn on
+    selected: dict[str, Any] | None = None  # which draft of the training run: {checkpoint: best|final, step, ...}
 
 
 @dataclass

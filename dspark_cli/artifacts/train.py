@@ -11,6 +11,8 @@ Layout (written by `dspark_cli.training`; the DCP files themselves are torch's, 
     manifest.json                 kind dspark.train, complete, contract, settings, init, summary,
                                   recipe, sha256 of the final/ files -- written last, when training finished
     final/                        model.safetensors (vLLM names) + config.json: the consolidated draft
+    best/                         the same, at the best validation so far, + validation.json ({step, metric,
+                                  value}); only with a validation split and `train.keep_best`
     checkpoints/step-NNNNNN/      .metadata + __<rank>_0.distcp (DCP), meta.json, recipe.yaml,
                                   checksums.json (sha256 and size of every other file, written last)
     checkpoints/latest            the name of the newest complete checkpoint
@@ -39,6 +41,9 @@ LATEST = "latest"
 META = "meta.json"
 CHECKSUMS = "checksums.json"
 CHECKSUMS_FORMAT = "dspark.checkpoint-checksums.v1"
+DRAFT_WEIGHTS = ("model.safetensors", "config.json")  # what final/ and best/ hold
+BEST_DIR = "best"
+BEST_RECORD = "validation.json"  # in best/: {step, metric, value} of the validation that chose it
 
 
 def read_train_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -58,6 +63,13 @@ def read_train_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not manifest.get("complete"):
         raise DataError(f"{directory}: training did not finish", "finish it with `dspark train --resume auto`")
     return manifest
+
+
+def best_record(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The `best` record of a training manifest ({step, metric, value}: the validation that chose `best/`);
+    None when the run kept none (no validation split, `train.keep_best: false`)."""
+    best = manifest.get("best")
+    return dict(best) if isinstance(best, dict) and isinstance(best.get("step"), int) else None
 
 
 def init_record(manifest: dict[str, Any]) -> dict[str, Any] | None:

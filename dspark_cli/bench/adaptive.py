@@ -346,3 +346,34 @@ def model_concurrency(
             }
         )
     return out
+
+
+def fixed_k_throughput(acceptance: Sequence[float], cost: CostModel, *, concurrency: int = 1) -> list[dict[str, float]]:
+    """Fixed-k verification for every k = 0 .. len(acceptance), modelled from per-position acceptance.
+
+    `acceptance[i]`: P(draft position i accepted) in a step verifying every draft (a profile's marginal
+    acceptance). Verifying only the first k drafts emits 1 + sum of the first k of them per step in
+    expectation (what `model_concurrency`'s fixed-k branch sums step by step as min(a, k) + 1; exact for
+    greedy and standard rejection sampling, close for block verification), and a batch step of
+    `concurrency` requests costs the drafter at that many requests plus the target at concurrency (k + 1)
+    tokens, as there; k = 0 is no speculation (the target alone on `concurrency` tokens). Rows:
+    {k, tokens_per_step, step_ms, tokens_per_second}."""
+    n = len(acceptance)
+    draft_ms, verify_ms = cost_tables(cost, concurrency, concurrency * (n + NUM_BONUS_TOKENS))
+    rows = []
+    for k in range(n + 1):
+        tokens = 1.0 + float(sum(acceptance[:k]))
+        step_ms = float(
+            verify_ms[concurrency]
+            if k == 0
+            else draft_ms[concurrency] + verify_ms[concurrency * (k + NUM_BONUS_TOKENS)]
+        )
+        rows.append(
+            {
+                "k": k,
+                "tokens_per_step": tokens,
+                "step_ms": step_ms,
+                "tokens_per_second": 1e3 * concurrency * tokens / step_ms,
+            }
+        )
+    return rows

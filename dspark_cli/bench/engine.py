@@ -7,7 +7,8 @@
     out = engine.generate(prompt_ids, Sampling(temperature=1.0, top_p=1.0, max_tokens=128, stop_ids={1}), seed=0)
     out.token_ids, out.accepted, out.tau
 
-One request at a time, CPU or GPU. Per request:
+One request at a time, CPU or GPU (`generate_many` runs a list in turn; batched.py's `BatchedEngine`
+runs many at once, request for request the same). Per request:
 1. prefill: the target reads the prompt (KV cache kept) -> logits of the last position and the aux
    hidden states of every prompt position (outputs of `target_layer_ids`, concatenated); the first
    token is sampled from the target; the drafter's context cache receives the prompt's states.
@@ -63,6 +64,15 @@ class Speculation:
             raise ValueError(f"rejection_sample_method must be standard or block, got {self.rejection_sample_method!r}")
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation of `generate_many`: a prompt, its sampling, the seed of its own generator."""
+
+    prompt_ids: list[int]
+    sampling: Sampling
+    seed: int = 0
 
 
 @dataclass
@@ -364,6 +374,10 @@ class SpeculativeEngine:
                 self.drafter.end()
         out.seconds = time.perf_counter() - started
         return out
+
+    def generate_many(self, requests: list[Request]) -> list[Generation]:
+        """`generate` of each request in turn (the batched engine, batched.py, runs them together)."""
+        return [self.generate(r.prompt_ids, r.sampling, seed=r.seed) for r in requests]
 
     def _speculative_step(
         self, anchor: int, sampling: Sampling, generator: torch.Generator, history: list[int]

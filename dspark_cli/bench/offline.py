@@ -14,7 +14,9 @@ code or weights load (`check_draft`).
 
 Prompts are rendered with the target's chat template and `target.chat_template_kwargs` (`ChatFormat`,
 exactly as datagen and vLLM's chat endpoint render them); multi-turn conversations are answered turn
-by turn, each turn seeing the target's own earlier answers. Speculation uses the serving settings:
+by turn, each turn seeing the target's own earlier answers. `bench.batch_size` requests run at once
+(batched.py; 1: the sequential engine), turn t of every conversation together; the same tokens and tau
+request for request either way. Speculation uses the serving settings:
 `serve.num_speculative_tokens` (default: the draft's block size), `serve.draft_sample_method`,
 `serve.rejection_sample_method`. Every confidence threshold in `bench.confidence_thresholds` reruns
 the datasets with confidence-scheduled verification (threshold 0 = verify every draft).
@@ -209,13 +211,16 @@ class OfflineBench:
             "has_confidence_head": self.drafter.has_confidence,
             "warnings": self.warnings,
             "prompt_lookup": f"{self.recipe.bench.prompt_lookup_min}/{self.recipe.bench.prompt_lookup_max}",
+            "batch_size": self.recipe.bench.batch_size,
         }
 
-    def engine(self, threshold: float, speculate: bool = True):
-        from dspark_cli.bench.engine import Speculation, SpeculativeEngine
+    def engine(self, threshold: float, speculate: bool = True, *, batched: bool = True):
+        """The engine at a confidence threshold (None drafter: plain decoding); batched unless
+        `bench.batch_size` is 1 or `batched` is False."""
+        from dspark_cli.bench.engine import Speculation
 
         if not speculate:
-            return SpeculativeEngine(self.target)
+            return self._engine(None, None, batched)
         serve = self.recipe.serve
         spec = Speculation(
             self.num_speculative_tokens,
@@ -223,12 +228,23 @@ class OfflineBench:
             serve.rejection_sample_method,
             confidence_threshold=threshold,
         )
-        return SpeculativeEngine(self.target, self.drafter, spec)
+        return self._engine(self.drafter, spec, batched)
+
+    def _engine(self, drafter: Any, spec: Any, batched: bool):
+        from dspark_cli.bench.batched import BatchedEngine, batch_drafter
+        from dspark_cli.bench.engine import SpeculativeEngine
+
+        size = self.recipe.bench.batch_size
+        if size == 1 or not batched:
+            return SpeculativeEngine(self.target, drafter, spec)
+        return BatchedEngine(
+            self.target, batch_drafter(drafter) if drafter is not None else None, spec, batch_size=size
+        )
 
     def baseline_engine(self, name: str):
         """The same engine with a baseline drafter: `ngram` (prompt lookup) or `untrained`."""
         from dspark_cli.bench.baselines import NgramDrafter, untrained_drafter
-        from dspark_cli.bench.engine import Speculation, SpeculativeEngine
+        from dspark_cli.bench.engine import Speculation
 
         serve, bench = self.recipe.serve, self.recipe.bench
         if name == "ngram":
@@ -238,25 +254,62 @@ class OfflineBench:
                 self.draft.loaded, self.target, seed=self.recipe.seed, dtype=self.target.model.dtype
             )
         spec = Speculation(self.num_speculative_tokens, serve.draft_sample_method, serve.rejection_sample_method)
-        return SpeculativeEngine(self.target, drafter, spec)
+        return self._engine(drafter, spec, True)
 
     def run_dataset(
         self, engine: Any, dataset: BenchDataset, temperature: float, on_turn: Callable[[int], None] | None = None
     ) -> list[TurnStats]:
-        """Answer every turn of every conversation; one TurnStats per generated turn."""
-        turns = []
-        for conv in dataset.conversations:
-            history = [m for m in conv.messages if m["role"] == "system"][:1]
-            for index, text in enumerate(conv.user_turns):
-                answered = self.answer(engine, history, text, conv.id, index, temperature, category(conv))
-                if answered is None:
+        """Answer every turn of every conversation; one TurnStats per generated turn, conversation by
+        conversation. Turn t of every conversation goes to the engine together (`generate_many`: the
+        batched engine runs them at once), each seeing its own conversation's earlier answers."""
+        histories = [[m for m in conv.messages if m["role"] == "system"][:1] for conv in dataset.conversations]
+        turns: list[list[TurnStats]] = [[] for _ in dataset.conversations]
+        alive = list(range(len(dataset.conversations)))
+        index = 0
+        while alive:
+            asked = []
+            for c in alive:
+                conv = dataset.conversations[c]
+                if index >= len(conv.user_turns):
+                    continue
+                prepared = self.prepare(histories[c], conv.user_turns[index], conv.id, index, temperature)
+                if prepared is None:
                     log.warning("%s turn %d: the prompt does not fit target.max_model_len", conv.id, index)
-                    break
-                turn, history = answered
-                turns.append(turn)
+                    continue
+                asked.append((c, *prepared))
+            outs = engine.generate_many([request for _, _, request in asked])
+            for (c, messages, _), out in zip(asked, outs, strict=True):
+                turn, histories[c] = self.finish(messages, out, category(dataset.conversations[c]))
+                turns[c].append(turn)
                 if on_turn is not None:
                     on_turn(turn.output_tokens)
-        return turns
+            alive = [c for c, _, _ in asked]
+            index += 1
+        return [turn for conv_turns in turns for turn in conv_turns]
+
+    def prepare(
+        self, history: list[dict[str, str]], text: str, conv_id: str, index: int, temperature: float
+    ) -> tuple[list[dict[str, str]], Any] | None:
+        """One user turn after `history` -> (its messages, the engine Request), or None when the prompt
+        does not fit `target.max_model_len`."""
+        from dspark_cli.bench.engine import Request, Sampling
+
+        bench = self.recipe.bench
+        max_len = self.recipe.target.max_model_len
+        messages = [*history, {"role": "user", "content": text}]
+        prompt = self.chat.prompt_ids(messages)
+        if len(prompt) >= max_len:
+            return None
+        sampling = Sampling(temperature, bench.top_p, bench.max_tokens, self.stop_ids, max_len)
+        return messages, Request(prompt, sampling, _seed(self.recipe.seed, conv_id, index, temperature))
+
+    def finish(self, messages: list[dict[str, str]], out: Any, group: str) -> tuple[TurnStats, list[dict[str, str]]]:
+        """A generated turn -> (its stats, the messages with the answer)."""
+        answer = self.chat.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        turn = TurnStats(
+            group, out.accepted, out.verified, len(out.token_ids), out.seconds, out.confidences, out.contexts
+        )
+        return turn, [*messages, {"role": "assistant", "content": answer}]
 
     def answer(
         self,
@@ -270,21 +323,12 @@ class OfflineBench:
     ) -> tuple[TurnStats, list[dict[str, str]]] | None:
         """One user turn after `history`, answered by the engine -> (its stats, the history with the answer),
         or None when the prompt does not fit `target.max_model_len`."""
-        from dspark_cli.bench.engine import Sampling
-
-        bench = self.recipe.bench
-        max_len = self.recipe.target.max_model_len
-        messages = [*history, {"role": "user", "content": text}]
-        prompt = self.chat.prompt_ids(messages)
-        if len(prompt) >= max_len:
+        prepared = self.prepare(history, text, conv_id, index, temperature)
+        if prepared is None:
             return None
-        sampling = Sampling(temperature, bench.top_p, bench.max_tokens, self.stop_ids, max_len)
-        out = engine.generate(prompt, sampling, seed=_seed(self.recipe.seed, conv_id, index, temperature))
-        answer = self.chat.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        turn = TurnStats(
-            group, out.accepted, out.verified, len(out.token_ids), out.seconds, out.confidences, out.contexts
-        )
-        return turn, [*messages, {"role": "assistant", "content": answer}]
+        messages, request = prepared
+        out = engine.generate(request.prompt_ids, request.sampling, seed=request.seed)
+        return self.finish(messages, out, group)
 
     def run_chains(
         self,
@@ -507,8 +551,8 @@ def _measure(
                 )
         cache[key] = result["baselines"][first:]
     for temperature in sweep_temperatures:
-        turns, ran = bench.run_chains(
-            bench.engine(0.0),
+        turns, ran = bench.run_chains(  # one conversation at a time: each starts where the last one stopped
+            bench.engine(0.0, batched=False),
             sweep_prompts(recipe.bench),
             recipe.bench.context_sweep_conversations,
             temperature,

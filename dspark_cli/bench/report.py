@@ -538,9 +538,10 @@ def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
-def write_report(report: BenchSummary, out_dir: str | Path) -> dict[str, Any]:
-    """Write bench.json, bench.md and the plots into out_dir; return their names there (also `report.files`:
-    names in the report folder, never this machine's paths, since publish uploads bench.json; `report.local`)."""
+def write_report(report: BenchSummary, out_dir: str | Path, *, profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write bench.json, bench.md, the plots and the acceptance `profile` (speculation_profile.json, when given)
+    into out_dir; return their names there (also `report.files`: names in the report folder, never this machine's
+    paths, since publish uploads bench.json; `report.local`)."""
     from dspark_cli.bench.plots import write_plots
 
     out = Path(out_dir)
@@ -554,7 +555,14 @@ def write_report(report: BenchSummary, out_dir: str | Path) -> dict[str, Any]:
     tmp = out / ".bench.md.tmp"
     tmp.write_text(markdown(report, plots), encoding="utf-8")
     tmp.replace(out / "bench.md")
+    extra = []
+    if profile is not None:
+        from dspark_cli.artifacts.profile import PROFILE
+
+        write_json_atomic(out / PROFILE, profile)
+        files["profile"] = PROFILE
+        extra.append(PROFILE)
     # what publish may upload beside bench.json: exactly these files, as written here
-    files["checksums"] = {name: sha256_file(out / name) for name in ["bench.md", *plots.values()]}
+    files["checksums"] = {name: sha256_file(out / name) for name in ["bench.md", *plots.values(), *extra]}
     write_json_atomic(out / REPORT, report.to_dict())
     return files

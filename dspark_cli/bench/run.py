@@ -193,7 +193,7 @@ def _bench(
     summary.reference = reference_rows(summary, recipe.bench.reference)
     summary.complete = True
     try:
-        write_report(summary, out_dir)
+        write_report(summary, out_dir, profile=_profile(summary, benched, recipe.target.model))
     except OSError as exc:
         raise _write_error(exc, out_dir / REPORT) from None
     return summary
@@ -253,6 +253,30 @@ def _measure_many(
         )
     result["drafts"] = entries
     save_partial(result, out_dir)
+
+
+def _profile(summary: BenchSummary, benched: list[_Benched], target: str) -> dict[str, Any] | None:
+    """speculation_profile.json of the offline results (bench/profile.py): the one draft's, or one per draft
+    of a several-draft bench (`drafts`, as bench.json's); None without offline results."""
+    from dspark_cli.artifacts.profile import FORMAT, VERSION, draft_fingerprint
+    from dspark_cli.bench.profile import build_profile
+
+    if summary.drafts is not None:
+        docs = [
+            {
+                **build_profile(
+                    entry.offline, draft_fingerprint(b.manifest, b.directory, target), created=summary.created
+                ),
+                "name": entry.name,
+            }
+            for entry, b in zip(summary.drafts, benched, strict=True)
+        ]
+        return {"format": FORMAT, "version": VERSION, "drafts": docs}
+    if summary.offline is None or not benched:
+        return None
+    return build_profile(
+        summary.offline, draft_fingerprint(benched[0].manifest, benched[0].directory, target), created=summary.created
+    )
 
 
 def _unclaim(out_dir: Path) -> None:

@@ -5,6 +5,7 @@
     run_capture(recipe)                                   # offline shards + manifest, resumable
     ensure_capture(recipe)                                # the same, only when training would need it
     for seq in iter_captured(recipe.stage_dir("capture"), expect=contract_for_recipe(recipe)): ...
+    validation_plan(recipe); validation_dir(recipe)         # the datagen validation split, captured apart
 
     supervise(recipe_file, recipe, overrides=[])          # online producers (`dspark produce`)
 
@@ -15,8 +16,9 @@ recipe asks for, one shard captured in batches), `hf.py` (transformers hooks),
 one, `mooncake_location.py` its URL and master probe), `stream.py` (P producers -> N readers over a store, bounded), `stream_owner.py` (the train run that owns a
 stream: its mark and lock), `gate.py` (one launcher of a multi-machine
 run captures, the others wait), `run.py` (orchestration), `sinks.py` (where shards go: the output directory and its
-manifest, or a stream producer), `producers.py` (producers and their supervisor), `types.py`
-(`CapturedSequence`). The output directory and its manifest are read by `dspark_cli.artifacts.capture`.
+manifest, or a stream producer), `producers.py` (producers and their supervisor), `validation_stream.py` (the
+validation split in the stream: producer 0 publishes it, any rank reads it), `types.py` (`CapturedSequence`).
+The output directory and its manifest are read by `dspark_cli.artifacts.capture`.
 Importing this package does not import torch.
 """
 
@@ -33,6 +35,9 @@ _EXPORTS = {
     "workers_beyond_shards": "dspark_cli.capture.plan",
     "resolve_layer_ids": "dspark_cli.capture.plan",
     "shard_tensor_bytes": "dspark_cli.capture.plan",
+    "validation_plan": "dspark_cli.capture.plan",
+    "validation_dir": "dspark_cli.capture.plan",
+    "read_validation": "dspark_cli.capture.validation_stream",
     "run_capture": "dspark_cli.capture.run",
     "capture_pending": "dspark_cli.capture.run",
     "ensure_capture": "dspark_cli.capture.run",
@@ -64,6 +69,8 @@ if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exp
         plan_capture,
         resolve_layer_ids,
         shard_tensor_bytes,
+        validation_dir,
+        validation_plan,
         workers_beyond_shards,
     )
     from dspark_cli.capture.producers import Supervisor, produce_stream, stream_location, supervise
@@ -73,6 +80,7 @@ if TYPE_CHECKING:  # what editors and type checkers follow; at run time lazy_exp
     from dspark_cli.capture.stream import StreamProducer, StreamReader
     from dspark_cli.capture.stream_owner import claim_problem, claim_stream
     from dspark_cli.capture.types import CapturedSequence
+    from dspark_cli.capture.validation_stream import read_validation
 
 __all__ = sorted(_EXPORTS)
 

@@ -6,6 +6,10 @@
 Only the standard library (and the recipe / contract modules) is imported here, so `dspark train
 --dry-run` can print the plan without torch. The plan reads the finished datagen output (JSONL) to
 count tokens; the shard split it makes is deterministic, which is what makes capture resumable.
+
+`validation_plan(recipe)` is the same plan over the datagen validation split (`<datagen dir>/validation/`):
+captured apart, offline into `<capture dir>/validation/` and online by producer 0 under the stream's
+`validation/` keys, never into the training shards.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from dspark_cli.artifacts.datagen import datagen_manifest, iter_records
+from dspark_cli.artifacts.datagen import datagen_manifest, iter_records, validation_ids
 from dspark_cli.contract import Contract
 from dspark_cli.errors import ContractError, DataError, UsageError
 from dspark_cli.recipe import Recipe
@@ -29,6 +33,8 @@ log = logging.getLogger(__name__)
 # Bytes per captured token besides the hidden states: input id (int32) + loss mask (bool).
 ID_BYTES, MASK_BYTES, HIDDEN_BYTES = 4, 1, 2
 SEQ_LEN_BYTES = 4  # one int32 length per sequence
+VALIDATION_DIR = "validation"  # the validation split's capture, under the capture directory
+Split = Literal["train", "validation"]
 
 
 def resolve_layer_ids(recipe: Recipe, num_hidden_layers: int) -> list[int]:
@@ -101,6 +107,7 @@ class CapturePlan:
     truncated: int
     skipped_no_loss: int
     fingerprint: str
+    split: Split = "train"  # which datagen split it captures
 
     @property
     def num_sequences(self) -> int:
@@ -136,15 +143,18 @@ class CapturePlan:
         """(shard index, sequence id, input ids, loss mask) in plan order, streamed from the datagen shards."""
         owner = {seq_id: shard.index for shard in self.shards for seq_id in shard.ids}
         limit = self.recipe.capture.max_seq_len
-        for record in iter_records(self.datagen_dir):
+        for record in iter_records(self.datagen_dir, split=self.split):
             for number, sample in enumerate(record["samples"]):
                 seq_id = f"{record['id']}/{number}"
                 if seq_id in owner:
                     yield owner[seq_id], seq_id, sample["input_ids"][:limit], sample["loss_mask"][:limit]
 
 
-def build_plan(recipe: Recipe) -> CapturePlan:
-    """Read the finished datagen output and split its samples into shards of ~`capture.shard_tokens` tokens."""
+def build_plan(recipe: Recipe, *, split: Split = "train") -> CapturePlan:
+    """Read the finished datagen output and split its samples into shards of ~`capture.shard_tokens` tokens.
+
+    `split="validation"`: the held-out conversations instead (`validation_plan`); a plan without shards
+    is allowed there (none of them has a loss token left), never for training."""
     datagen_dir = Path(recipe.stage_dir("datagen"))
     datagen = datagen_manifest(recipe)
     if datagen is None:
@@ -172,7 +182,7 @@ def build_plan(recipe: Recipe) -> CapturePlan:
     shards: list[ShardPlan] = []
     current = ShardPlan(0)
     truncated = skipped = max_id = 0
-    for record in iter_records(datagen_dir):
+    for record in iter_records(datagen_dir, split=split):
         for number, sample in enumerate(record["samples"]):
             ids, mask = sample["input_ids"], sample["loss_mask"]
             if len(ids) != len(mask):
@@ -197,7 +207,7 @@ def build_plan(recipe: Recipe) -> CapturePlan:
             current.loss_tokens += loss
     if current.ids:
         shards.append(current)
-    if not shards:
+    if not shards and split == "train":
         raise UsageError(
             f"{datagen_dir}: no sample has a loss-masked token", "check datagen output and capture.max_seq_len"
         )
@@ -206,10 +216,12 @@ def build_plan(recipe: Recipe) -> CapturePlan:
             f"{datagen_dir}: token id {max_id} is outside the target's vocabulary ({geometry.vocab_size})",
             "the data was tokenised for another model; re-run `dspark datagen` with this target",
         )
+    source = datagen["shards"] if split == "train" else (datagen.get("validation") or {}).get("shards", [])
     blob = json.dumps(
         {
             "datagen": datagen.get("fingerprint"),
-            "datagen_shards": [s["sha256"] for s in datagen["shards"]],
+            "datagen_shards": [s["sha256"] for s in source],
+            **({"split": split} if split != "train" else {}),
             "contract": contract.to_dict(),
             "max_seq_len": capture.max_seq_len,
             "shard_tokens": capture.shard_tokens,
@@ -230,7 +242,21 @@ def build_plan(recipe: Recipe) -> CapturePlan:
         truncated,
         skipped,
         hashlib.sha256(blob.encode()).hexdigest(),
+        split,
     )
+
+
+def validation_dir(recipe: Recipe) -> Path:
+    """Where an offline capture puts the validation split: `<capture dir>/validation`."""
+    return Path(recipe.stage_dir("capture")) / VALIDATION_DIR
+
+
+def validation_plan(recipe: Recipe) -> CapturePlan | None:
+    """The capture plan of the datagen validation split; None when the datagen output holds none out."""
+    datagen = datagen_manifest(recipe)
+    if datagen is None or not validation_ids(datagen):
+        return None
+    return build_plan(recipe, split="validation")
 
 
 def workers_beyond_shards(workers: int, plan: CapturePlan) -> str | None:

@@ -12,7 +12,8 @@ stream, and the producers capture again what it needs. The supervisor restarts a
 the restarted producer skips every shard it had published (capture/stream.py). A producer started
 by a rank dies with its supervisor (PR_SET_PDEATHSIG), so a trainer restarted by torchrun starts
 fresh producers instead of finding two writers per share. Producer w captures the plan's shards
-w, w + P, ... on its devices (machine/devices.py).
+w, w + P, ... on its devices (machine/devices.py). Producer 0 first publishes the datagen validation split
+under the stream's `validation/` keys (capture/validation_stream.py), once per plan.
 
 A producer that fails records why in its error file (machine/procs.py `record_failure`), and the supervisor
 gives up with that root cause and the producer's log: `capture producer 0 failed: ... (its log: ...)`. A
@@ -96,6 +97,10 @@ def produce_stream(recipe: Recipe, location: str, worker: int, *, restarts: int 
     recipe = recipe.model_copy(update={"capture": recipe.capture.model_copy(update={"output_dir": scratch})})
     engine, summary, rewinds = _Engine(recipe), {}, 0
     try:
+        if worker == 0:  # the validation split first, apart from the training shards (capture/validation_stream.py)
+            from dspark_cli.capture.validation_stream import publish_validation
+
+            publish_validation(recipe, producer.store, engine)
         while True:
             try:
                 summary = run_capture(recipe, queue=producer, capturer=engine).to_dict()  # its JSON report

@@ -10,6 +10,11 @@ simply written again): no shard is missing or duplicated. `capture.workers > 1` 
 over worker processes (capture/workers.py), with the same files. A directory made by another plan
 (datagen output, layer ids, target, shard size, ...) is refused. Online (`sinks.StreamSink`): the same
 shards go to a stream producer instead (capture/stream.py).
+
+The datagen validation split (`plan.validation_plan`) is captured after the training shards, with the
+same engine, into `<capture dir>/validation/`: the same shard files and manifest, resumable the same
+way, read by `iter_captured(<capture dir>/validation, expect=contract)`; never into the training shards.
+Online, producer 0 publishes it into the stream (capture/validation_stream.py).
 """
 
 from __future__ import annotations
@@ -25,7 +30,14 @@ from typing import Any
 from dspark_cli.artifacts.files import MANIFEST_NAME
 from dspark_cli.artifacts.results import CaptureSummary
 from dspark_cli.capture.capturer import capture_shard, make_capturer
-from dspark_cli.capture.plan import CapturePlan, build_plan, goal_bytes_per_token, workers_beyond_shards
+from dspark_cli.capture.plan import (
+    VALIDATION_DIR,
+    CapturePlan,
+    build_plan,
+    goal_bytes_per_token,
+    validation_plan,
+    workers_beyond_shards,
+)
 from dspark_cli.capture.shards import shard_name
 from dspark_cli.capture.sinks import DirectorySink, StreamSink, write_manifest
 from dspark_cli.recipe import Recipe
@@ -44,28 +56,50 @@ def run_capture(
         return _run_capture(plan, StreamSink(plan, queue), on_progress, capturer)
     from dspark_cli.artifacts.files import exclusive_output
 
-    with exclusive_output(recipe.stage_dir("capture"), "capture.output_dir", kind="dspark.capture"):  # one writer
-        return _run_capture(plan, DirectorySink(plan, Path(recipe.stage_dir("capture"))), on_progress, capturer)
+    held_out = validation_plan(recipe)
+    out_dir = Path(recipe.stage_dir("capture"))
+    with exclusive_output(out_dir, "capture.output_dir", kind="dspark.capture"):  # one writer
+        made: list[Any] = []  # an engine made for the training shards, kept for the validation ones
+        try:
+            summary = _run_capture(plan, DirectorySink(plan, out_dir), on_progress, capturer, made)
+            if held_out is None:
+                return summary
+            engine = capturer if capturer is not None else next(iter(made), None)
+            _run_capture(held_out, DirectorySink(held_out, out_dir / VALIDATION_DIR), None, engine, made)
+            return dataclasses.replace(summary, validation_sequences=held_out.num_sequences)
+        finally:
+            for engine in made:
+                if hasattr(engine, "close"):
+                    engine.close()  # a vLLM engine's devices are the trainers' next
 
 
 def _run_capture(
-    plan: CapturePlan, sink: DirectorySink | StreamSink, on_progress: Progress | None, capturer: Any
+    plan: CapturePlan,
+    sink: DirectorySink | StreamSink,
+    on_progress: Progress | None,
+    capturer: Any,
+    made: list[Any] | None = None,
 ) -> CaptureSummary:
+    """Capture `plan`'s pending shards into `sink`. An engine made here is closed at the end, or appended
+    to `made` (the caller reuses it, then closes it)."""
     recipe = plan.recipe
     done = sink.open()
     pending = [s for s in plan.shards if shard_name(s.index) not in done]
-    if isinstance(sink, DirectorySink) and capturer is None and recipe.capture.workers > 1 and pending:
+    workers = recipe.capture.workers if plan.split == "train" else 1  # the split: here, in one process
+    if isinstance(sink, DirectorySink) and capturer is None and workers > 1 and pending:
         if (beyond := workers_beyond_shards(recipe.capture.workers, plan)) is not None:
             log.warning("%s; starting %d", beyond.split("; ")[0], plan.num_workers)
         if plan.num_workers > 1:
             return _capture_with_workers(plan, sink.out_dir, done, on_progress)
-    made = pending and capturer is None
-    if made:
+    make = pending and capturer is None
+    if make:
         capturer = make_capturer(plan, Path(recipe.stage_dir("capture")))
+        if made is not None:
+            made.append(capturer)
     try:
         return _capture_pending(plan, sink, done, on_progress, capturer)
     finally:
-        if made and hasattr(capturer, "close"):
+        if make and made is None and hasattr(capturer, "close"):
             capturer.close()  # a vLLM engine's devices are the trainers' next
 
 
@@ -187,6 +221,7 @@ def capture_pending(recipe: Recipe) -> str | None:
     Incomplete (or never made), or a listed shard file is missing: the capture stage resumes and
     writes just what is not there. No torch: `dspark train` asks before it loads anything."""
     from dspark_cli.artifacts.capture import damaged_shards
+    from dspark_cli.artifacts.datagen import datagen_manifest, validation_ids
     from dspark_cli.artifacts.files import read_manifest
 
     if recipe.capture.mode != "offline":
@@ -198,7 +233,15 @@ def capture_pending(recipe: Recipe) -> str | None:
     if not manifest.get("complete"):
         return "not complete"
     missing = damaged_shards(directory, manifest)
-    return f"missing {', '.join(missing)}" if missing else None
+    if missing:
+        return f"missing {', '.join(missing)}"
+    if not validation_ids(datagen_manifest(recipe) or {}):
+        return None
+    held_out = directory / VALIDATION_DIR
+    if not (held_out / MANIFEST_NAME).is_file() or not read_manifest(held_out).get("complete"):
+        return "without its validation split (validation/ not complete)"
+    missing = damaged_shards(held_out, read_manifest(held_out))
+    return f"missing validation/{', validation/'.join(missing)}" if missing else None
 
 
 def ensure_capture(recipe: Recipe, *, on_progress: Progress | None = None) -> CaptureSummary | None:

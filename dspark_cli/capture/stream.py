@@ -16,6 +16,8 @@ Keys in the store (capture/store.py):
   and removed), the step that released it, `generation` (how many times the trainers rewound the
   stream) and the consumers' peak bytes, written only by global rank 0;
 - `.dspark-owner`: the train run that owns the stream (capture/stream_owner.py), written by its rank 0.
+- `validation/...` and `validation.json`: the datagen validation split, published by producer 0 and never
+  released or rewound (capture/validation_stream.py).
 
 Release on consumption: rank 0 releases a shard once the last step that uses it is trained (every
 rank took part in that step's gradient reduction, so every rank has read it). The bound: a producer

@@ -40,9 +40,7 @@ def export(
         bool, typer.Option("--meta", help="Build the draft on the meta device (no weights, no memory).")
     ] = False,
     check: Annotated[str | None, typer.Option("--check", help="Only validate a draft: a directory or hub id.")] = None,
-    target: Annotated[
-        str | None, typer.Option("--target", help="Target to check the draft against (name or path).")
-    ] = None,
+    target: Annotated[str | None, typer.Option(help="Target to check the draft against (name or path).")] = None,
     dtype: Annotated[str | None, typer.Option(help="Sets export.dtype: bfloat16, float32 or float16.")] = None,
     include_embeddings: Annotated[
         bool, typer.Option("--include-embeddings", help="Also write the target's embed_tokens/lm_head.")
@@ -50,6 +48,7 @@ def export(
     force: Annotated[
         bool, typer.Option("--force", help="Replace an earlier export (never any other directory).")
     ] = False,
+    select: Annotated[str | None, typer.Option(help="Sets export.select: best (validation's pick) or final.")] = None,
     dry_run: DryRunOpt = False,
     output_format: FormatOpt = "text",
 ) -> None:
@@ -58,7 +57,7 @@ def export(
     `dspark export --recipe kimi-k3 --meta --dry-run --format json` lists the config.json and every
     tensor (name, shape, dtype) of the draft a recipe describes, without weights or memory.
     """
-    from dspark_cli.export.run import check_draft, export_checkpoint, meta_plan
+    from dspark_cli.export.run import check_draft, describe_selected, export_checkpoint, meta_plan
 
     check_format(output_format)
     checkpoint, rest = split_positional(checkpoint, overrides)
@@ -72,6 +71,7 @@ def export(
         "export.format": export_format,
         "export.dtype": dtype,
         "export.include_embeddings": include_embeddings or None,
+        "export.select": select,
     }
     # the user's recipe, else the one training wrote beside the checkpoint, less where outputs go (recipe/trust.py)
     loaded = load_beside(recipe, checkpoint, rest, flags, whole=True)
@@ -94,17 +94,19 @@ def export(
         target=target,
         force=force,
         dry_run=dry_run,
+        select=select,
     )
-    _render_export(result, dry_run, output_format)
+    _render_export(result, describe_selected(result.selected), output_format)
 
 
-def _render_export(result: ExportPlan | ExportSummary, dry_run: bool, output_format: str) -> None:
+def _render_export(result: ExportPlan | ExportSummary, selected: str, output_format: str) -> None:
     if output_format == "json":
         print_json(result.to_dict())
         return
     if isinstance(result, ExportPlan):
         _print_tensors(f"{result.architecture} from {result.source}", result)
         say(f"files: {', '.join(result.files or [])}; {result.num_tensors} tensors, {result.num_bytes:,} bytes")
+        say(selected)
         for line in result.findings or []:
             say(f"finding: {line}", style="red")
         return
@@ -112,7 +114,7 @@ def _render_export(result: ExportPlan | ExportSummary, dry_run: bool, output_for
         say(f"warning: {line}", style="yellow")
     say(
         f"exported {result.architecture} ({result.num_tensors} tensors, {result.num_bytes:,} bytes) "
-        f"-> {result.output_dir}; checked against vLLM 0.33's loader rules",
+        f"-> {result.output_dir}; {selected}; checked against vLLM 0.33's loader rules",
         style="green",
     )
 

@@ -36,6 +36,9 @@ def serve(
     ] = None,
     ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for vLLM's /health.")] = 1800.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the `vllm serve` command; start nothing.")] = False,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Show why num_speculative_tokens is recommended: throughput per k.")
+    ] = False,
 ) -> None:
     """Serve the target with the draft in vLLM (`--speculative-config` with method dspark).
 
@@ -48,6 +51,11 @@ def serve(
     everything else from the recipe. vLLM runs until Ctrl-C / SIGTERM, which
     stop it and its engine processes; the endpoint and a request to paste are printed once it is
     up. `--method dspark` needs a CUDA GPU and vLLM >= 0.33; `--dry-run` prints the command.
+
+    With the draft's acceptance profile (speculation_profile.json from `dspark bench --offline`, in the
+    draft or the recipe's bench folder, for these very weights) it prints the num_speculative_tokens that
+    maximises modelled throughput at serve.expected_temperature and serve.expected_concurrency (a
+    recommendation: serve.num_speculative_tokens is used as set); `--explain` shows the model per k.
     """
     from dspark_cli.export import is_published
     from dspark_cli.serving.command import serve_plan, shell_line, split_vllm_args
@@ -69,6 +77,8 @@ def serve(
         )
     argv, env = serve_plan(loaded, draft_dir or loaded.stage_dir("export"), method=method, vllm_args=vllm_args)
     preflight_stage(loaded, ["serve"], recipe, serve_method=method, dry_run=dry_run)  # the draft is checked first
+    if method == "dspark":
+        _advise(loaded, draft_dir or loaded.stage_dir("export"), explain)
     if dry_run:
         stdout.print(shell_line(argv, env), markup=False, highlight=False)
         return
@@ -84,3 +94,27 @@ def serve(
         on_line=lambda text, ready: say(text, style="green" if ready else None),
     )
     raise typer.Exit(code)
+
+
+def _advise(loaded, draft_dir, explain: bool) -> None:
+    """The recommended num_speculative_tokens from the draft's acceptance profile, on stderr (stdout is the command)."""
+    from pathlib import Path
+
+    from dspark_cli.artifacts.draft import draft_block_size
+    from dspark_cli.bench.profile import advice_lines
+    from dspark_cli.ui import stderr
+
+    if not (Path(draft_dir) / "config.json").is_file():  # a plan for a draft not exported yet: nothing to advise
+        return
+    serve = loaded.serve
+    for line in advice_lines(
+        draft_dir,
+        loaded.stage_dir("bench"),
+        cost_spec=loaded.bench.cost_model,
+        temperature=serve.expected_temperature,
+        concurrency=serve.expected_concurrency,
+        configured=serve.num_speculative_tokens,
+        block_size=draft_block_size(draft_dir),
+        explain=explain,
+    ):
+        stderr.print(line, markup=False, highlight=False)

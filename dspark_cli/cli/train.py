@@ -91,7 +91,7 @@ def _train(loaded, resume: str, *, bar: bool) -> TrainSummary:
 
         def show(record: dict[str, Any]) -> None:
             say(format_line(record))
-            if shown["update"] is not None:
+            if shown["update"] is not None and record.get("kind") != "validation":
                 shown["tokens"] += record["tokens"]
                 shown["update"](record["step"], record["num_steps"], tokens=shown["tokens"])
 

@@ -5,12 +5,18 @@ Evaluation prompts are excluded by the hash of each normalised user turn (see
 question is dropped too. `mt_bench` is built in as fingerprints (`eval_sets/mt_bench.sha256`,
 no text); any other entry is a prompt file or dataset in a schema datagen reads.
 
+The validation split (`split_validation`) is decided by the same normalised-prompt hash: a conversation
+is held out when its hash, read as a number in [0, 1), is below `datagen.validation_fraction`; so the
+split depends on content alone (not on order, batches, resume or workers), and identical prompts always
+fall on the same side, deduplicated or not.
+
     python -m dspark_cli.datagen.filters --fingerprint question.jsonl > eval_sets/NAME.sha256
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +26,8 @@ from dspark_cli.errors import UsageError
 from dspark_cli.prompts.conversation import Conversation, prompt_hash, turn_hashes
 
 EVAL_SET_DIR = Path(__file__).with_name("eval_sets")
+MIN_SPLIT_CONVERSATIONS = 20  # fewer: no validation split (a handful held out would measure nothing)
+log = logging.getLogger(__name__)
 
 
 def builtin_eval_sets() -> list[str]:
@@ -101,6 +109,37 @@ def filter_conversations(
                 continue
         report.kept[conv.source] += 1
         yield conv
+
+
+def split_validation(
+    conversations: list[Conversation], *, fraction: float, most: int
+) -> tuple[list[Conversation], list[Conversation]]:
+    """(training, validation), each in input order. A conversation is validation when its prompt hash
+    (`prompt_hash`, hex) as a fraction of 2**256 is below `fraction`; of those, the smallest hashes are kept,
+    whole groups of identical prompts at a time, while at most `most` conversations are held out."""
+    if fraction <= 0 or not conversations:
+        return list(conversations), []
+    if len(conversations) < MIN_SPLIT_CONVERSATIONS:
+        log.warning(
+            "datagen: %d conversations, fewer than %d: no validation split (datagen.validation_fraction=%g ignored)",
+            len(conversations),
+            MIN_SPLIT_CONVERSATIONS,
+            fraction,
+        )
+        return list(conversations), []
+    keys = [prompt_hash(c.user_turns) for c in conversations]
+    sizes = Counter(keys)
+    threshold = fraction * 2**256  # a float: int < float compares exactly
+    chosen: set[str] = set()
+    held = 0
+    for key in sorted(k for k in sizes if int(k, 16) < threshold):
+        if held + sizes[key] > most:
+            break
+        chosen.add(key)
+        held += sizes[key]
+    training = [c for c, k in zip(conversations, keys, strict=True) if k not in chosen]
+    validation = [c for c, k in zip(conversations, keys, strict=True) if k in chosen]
+    return training, validation
 
 
 def truncate_turns(conv: Conversation, max_turns: int) -> Conversation:

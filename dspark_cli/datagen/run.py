@@ -9,6 +9,11 @@ shards of records `{id, source, messages, turns: [{prompt_ids, response_ids, fin
 samples: [{input_ids, loss_mask}]}` plus `manifest.json` (sources and counts, target, tokenizer and
 chat-template hash, sampling, engine and versions, shard checksums). Killed at any moment and re-run
 with the same recipe, it continues where it stopped and ends with exactly the same set of samples.
+
+The validation split (`datagen.validation_fraction`, `validation_max`; filters.py `split_validation`)
+is regenerated the same way into `validation/shard-*.jsonl`, apart from the training shards; the manifest's
+`validation` lists those shards, the split's settings and counts, and the sorted ids held out
+(`artifacts.datagen.iter_records(dir, split="validation")` reads them back). Capture never trains on them.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -34,7 +39,7 @@ from dspark_cli.artifacts.files import (
 from dspark_cli.artifacts.jsonl import PartialShard, read_jsonl, shard_path
 from dspark_cli.artifacts.results import DatagenSummary, FilterCounts
 from dspark_cli.datagen.engines import Engine, Sampling, close_engine
-from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations
+from dspark_cli.datagen.filters import FilterReport, eval_fingerprints, filter_conversations, split_validation
 from dspark_cli.errors import UsageError
 from dspark_cli.prompts.conversation import Conversation
 from dspark_cli.prompts.sources import read_source, source_labels
@@ -42,31 +47,47 @@ from dspark_cli.recipe import Recipe, recorded_tree, write_resolved
 from dspark_cli.targets import ChatFormat, Target
 
 log = logging.getLogger(__name__)
+VALIDATION_DIR = "validation"  # the validation split's shards, under the datagen directory
 Progress = Callable[[int, int, int], None]  # (conversations done, total, tokens generated so far)
 
 
 @dataclass
 class DatagenPlan:
     out_dir: Path
-    conversations: list[Conversation]
+    conversations: list[Conversation]  # the training conversations
     report: FilterReport
     chat: ChatFormat
     target_path: str
     fingerprint: str
+    validation: list[Conversation] = field(default_factory=list)  # held out: never trained on
 
     @property
     def num_turns(self) -> int:
         return sum(len(c.user_turns) for c in self.conversations)
 
+    @property
+    def validation_dir(self) -> Path:
+        return self.out_dir / VALIDATION_DIR
+
     def shards(self, shard_size: int) -> list[list[Conversation]]:
         convs = self.conversations
         return [convs[i : i + shard_size] for i in range(0, len(convs), shard_size)]
+
+    def validation_shards(self, shard_size: int) -> list[list[Conversation]]:
+        convs = self.validation
+        return [convs[i : i + shard_size] for i in range(0, len(convs), shard_size)]
+
+    def all_shards(self, shard_size: int) -> list[tuple[Path, int, list[Conversation]]]:
+        """(directory, index, conversations) of every shard: training, then validation."""
+        return [(self.out_dir, i, c) for i, c in enumerate(self.shards(shard_size))] + [
+            (self.validation_dir, i, c) for i, c in enumerate(self.validation_shards(shard_size))
+        ]
 
 
 def eval_exclusions(recipe: Recipe) -> set[str]:
     """Fingerprints of every evaluation prompt: datagen.exclude_eval plus bench datasets that are files."""
     names = list(recipe.datagen.exclude_eval)
-    names += [d for d in recipe.bench.datasets if Path(d).is_file() and d not in names]
+    names += [d for d in recipe.bench.dataset_paths() if Path(d).is_file() and d not in names]
     hashes: set[str] = set()
     for name in names:
         hashes |= eval_fingerprints(name)
@@ -117,10 +138,16 @@ def plan_datagen(recipe: Recipe) -> DatagenPlan:
         conversations = conversations[: datagen.num_samples]
     if not conversations:
         raise UsageError("no conversation left after filtering", f"counts: {json.dumps(report.as_dict())}")
+    training, validation = split_validation(
+        conversations, fraction=datagen.validation_fraction, most=datagen.validation_max
+    )
     target = Target.of(recipe).location
+    plan: dict[str, Any] = {"ids": [c.id for c in conversations]}
+    if datagen.validation_fraction > 0:  # a changed split is another plan
+        plan["validation"] = [datagen.validation_fraction, datagen.validation_max, sorted(c.id for c in validation)]
     blob = json.dumps(
         {
-            "ids": [c.id for c in conversations],
+            **plan,
             "target": target,
             "revision": recipe.target.revision,
             "template": chat.template_hash,
@@ -134,7 +161,7 @@ def plan_datagen(recipe: Recipe) -> DatagenPlan:
         sort_keys=True,
     )
     fingerprint = hashlib.sha256(blob.encode()).hexdigest()
-    return DatagenPlan(Path(recipe.stage_dir("datagen")), conversations, report, chat, target, fingerprint)
+    return DatagenPlan(Path(recipe.stage_dir("datagen")), training, report, chat, target, fingerprint, validation)
 
 
 def _seed(base: int, conv_id: str, turn: int) -> int:
@@ -241,8 +268,28 @@ def make_engine(recipe: Recipe, plan: DatagenPlan, llm: Any = None) -> Engine | 
     )
 
 
+def _validation_entry(recipe: Recipe, plan: DatagenPlan, shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's `validation`: the split's settings, counts, the sorted ids held out and their shards."""
+    ids = sorted(c.id for c in plan.validation)
+    return {
+        "fraction": recipe.datagen.validation_fraction,
+        "max": recipe.datagen.validation_max,
+        "key": "sha256 of the normalised user turns (prompts/conversation.py prompt_hash)",
+        "num_conversations": len(plan.validation),
+        "num_turns": sum(len(c.user_turns) for c in plan.validation),
+        "ids": ids,
+        "ids_sha256": hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest(),
+        "shards": shards,
+    }
+
+
 def _manifest(
-    recipe: Recipe, plan: DatagenPlan, engine_info: dict[str, Any], shards: list[dict[str, Any]], complete: bool
+    recipe: Recipe,
+    plan: DatagenPlan,
+    engine_info: dict[str, Any],
+    shards: list[dict[str, Any]],
+    complete: bool,
+    validation_shards: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     tokenizer = plan.chat.tokenizer
     return {
@@ -276,6 +323,7 @@ def _manifest(
         "num_conversations": len(plan.conversations),
         "num_turns": plan.num_turns,
         "shards": shards,
+        "validation": _validation_entry(recipe, plan, validation_shards or []),
     }
 
 
@@ -287,7 +335,7 @@ def _check_resumable(out_dir: Path, plan: DatagenPlan) -> dict[str, Any]:
         fingerprint=plan.fingerprint,
         shard_glob="shard-*.jsonl",
         section="datagen",
-        changed="sources, filters, target, template or sampling",
+        changed="sources, filters, validation split, target, template or sampling",
     )
 
 
@@ -296,21 +344,22 @@ def run_datagen(
 ) -> DatagenSummary:
     """Plan, then regenerate shard by shard (skipping finished work); return a summary."""
     plan = plan_datagen(recipe)
-    shards = plan.shards(recipe.datagen.shard_size)
+    shards = plan.all_shards(recipe.datagen.shard_size)
     summary = DatagenSummary(
         output_dir=str(plan.out_dir),
-        conversations=len(plan.conversations),
-        turns=plan.num_turns,
+        conversations=len(plan.conversations) + len(plan.validation),
+        turns=plan.num_turns + sum(len(c.user_turns) for c in plan.validation),
         shards=len(shards),
         counts=FilterCounts.from_dict(plan.report.as_dict()),
         engine=engine_label(recipe),
+        validation=len(plan.validation),
     )
     if dry_run:
-        summary.already_done = sum(1 for i in range(len(shards)) if shard_path(plan.out_dir, i).is_file())
+        summary.already_done = sum(1 for directory, i, _ in shards if shard_path(directory, i).is_file())
         return summary
     previous = _check_resumable(plan.out_dir, plan)
     with exclusive_output(plan.out_dir, "datagen.output_dir", kind="dspark.datagen"):  # one writer, its own dir
-        pending = any(not shard_path(plan.out_dir, i).is_file() for i in range(len(shards)))
+        pending = any(not shard_path(directory, i).is_file() for directory, i, _ in shards)
         engine = make_engine(recipe, plan, llm) if pending else None
         try:
             return _generate(recipe, plan, shards, summary, previous, engine, on_progress)
@@ -321,7 +370,7 @@ def run_datagen(
 def _generate(
     recipe: Recipe,
     plan: DatagenPlan,
-    shards: list[Any],
+    shards: list[tuple[Path, int, list[Conversation]]],
     summary: DatagenSummary,
     previous: dict[str, Any],
     engine: Engine | None,
@@ -337,12 +386,14 @@ def _generate(
     write_json_atomic(
         plan.out_dir / MANIFEST_NAME, recorded_tree(_manifest(recipe, plan, engine_info, [], complete=False))
     )
-    started, tokens, done = time.perf_counter(), 0, 0
-    shard_entries = []
-    for index, chunk in enumerate(shards):
-        final = shard_path(plan.out_dir, index)
+    if plan.validation:
+        plan.validation_dir.mkdir(exist_ok=True)
+    started, tokens, done, total = time.perf_counter(), 0, 0, summary.conversations
+    entries: dict[Path, list[dict[str, Any]]] = {plan.out_dir: [], plan.validation_dir: []}
+    for directory, index, chunk in shards:
+        final = shard_path(directory, index)
         if not final.is_file():
-            partial = PartialShard(plan.out_dir, index)
+            partial = PartialShard(directory, index)
             todo = [c for c in chunk if c.id not in partial.done_ids]
             done += len(chunk) - len(todo)
             for start in range(0, len(todo), recipe.datagen.batch_size):
@@ -352,26 +403,33 @@ def _generate(
                 done += len(batch)
                 tokens += sum(len(t["response_ids"]) for r in records for t in r["turns"])
                 if on_progress is not None:
-                    on_progress(done, len(plan.conversations), tokens)
+                    on_progress(done, total, tokens)
             partial.finish([c.id for c in chunk])
         else:
             done += len(chunk)
         records = read_jsonl(final)
-        shard_entries.append(
+        entries[directory].append(
             {
-                "file": final.name,
+                "file": final.relative_to(plan.out_dir).as_posix(),  # validation/shard-NNNNN.jsonl for the split
                 "records": len(records),
                 "sha256": sha256_file(final),
                 "tokens": sum(len(s["input_ids"]) for r in records for s in r["samples"]),
             }
         )
         if on_progress is not None:
-            on_progress(done, len(plan.conversations), tokens)
-    write_json_atomic(
-        plan.out_dir / MANIFEST_NAME, recorded_tree(_manifest(recipe, plan, engine_info, shard_entries, complete=True))
+            on_progress(done, total, tokens)
+    manifest = _manifest(
+        recipe, plan, engine_info, entries[plan.out_dir], complete=True, validation_shards=entries[plan.validation_dir]
     )
+    write_json_atomic(plan.out_dir / MANIFEST_NAME, recorded_tree(manifest))
     elapsed = time.perf_counter() - started
     summary.generated_tokens, summary.seconds = tokens, round(elapsed, 2)
     summary.tokens_per_second = round(tokens / elapsed, 1) if elapsed > 0 else None
-    log.info("datagen: %d conversations in %d shards -> %s", len(plan.conversations), len(shards), plan.out_dir)
+    log.info(
+        "datagen: %d conversations in %d shards (%d held out as validation) -> %s",
+        total,
+        len(shards),
+        len(plan.validation),
+        plan.out_dir,
+    )
     return summary

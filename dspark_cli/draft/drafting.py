@@ -149,12 +149,24 @@ def _as_temperature(temperature: float | torch.Tensor, logits: torch.Tensor) -> 
     return temp.expand(logits.shape[0]) if temp.dim() == 0 else temp
 
 
-def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """[B, V] logits, [B] temperatures -> [B] ids: argmax at T = 0, Gumbel-max at T > 0."""
+def sample_tokens(
+    logits: torch.Tensor, temperature: torch.Tensor, generator: torch.Generator | Sequence[torch.Generator] | None
+) -> torch.Tensor:
+    """[B, V] logits, [B] temperatures -> [B] ids: argmax at T = 0, Gumbel-max at T > 0. A sequence of
+    generators (one per row) draws each row at T > 0 from its own, [1, V] as that row would alone."""
     greedy = logits.argmax(dim=-1)
     if not bool((temperature > 0).any()):
         return greedy
-    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
+    if generator is None or isinstance(generator, torch.Generator):
+        u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
+    else:
+        rows = [
+            torch.rand((1, logits.shape[-1]), generator=g, device=logits.device, dtype=torch.float32)
+            if t > 0
+            else torch.full((1, logits.shape[-1]), 0.5, device=logits.device)
+            for g, t in zip(generator, temperature.tolist(), strict=True)
+        ]
+        u = torch.cat(rows)
     gumbel = -torch.log(-torch.log(u))
     scaled = logits.float() / temperature.clamp_min(1e-6).unsqueeze(-1)
     return torch.where(temperature > 0, (scaled + gumbel).argmax(dim=-1), greedy)
@@ -168,7 +180,7 @@ def draft_block(
     anchor_ids: torch.Tensor,
     *,
     temperature: float | torch.Tensor = 0.0,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     block_size: int | None = None,
     attn_impl: str = "sdpa",
     draft_topk: int | None = None,

@@ -2,6 +2,7 @@
 
     export_checkpoint("runs/tiny/train", recipe=load_recipe("tiny"))           # -> runs/tiny/draft
     export_checkpoint("runs/tiny/train", output="out/draft", dry_run=True)      # the plan, nothing written
+    export_checkpoint("runs/tiny/train", output="out/last", select="final")    # the last step's, not best/
     check_draft("out/draft", target="tiny-gqa")                                 # vLLM loader findings
     meta_plan(load_recipe("kimi-k3"))                                          # config.json + every tensor, no weights
 
@@ -29,20 +30,22 @@ def export_checkpoint(
     target: str | None = None,
     force: bool = False,
     dry_run: bool = False,
+    select: str | None = None,
 ) -> ExportPlan | ExportSummary:
     """Export the training output `checkpoint`; return the plan (dry run) or a summary (`writer.export_draft`).
 
     With a `recipe` (the user's, or the resolved one training wrote beside the checkpoint) its `export`
-    section decides dtype, format and embeddings, and `output` defaults to its export directory; the
-    command line's flags are already folded into it. Without one, the arguments decide
-    (bfloat16, vllm format by default) and `output` is required unless `dry_run`.
+    section decides dtype, format, embeddings and which draft (`export.select`), and `output` defaults to
+    its export directory; the command line's flags are already folded into it. Without one, the arguments
+    decide (bfloat16, vllm format, the best draft by default) and `output` is required unless `dry_run`.
     """
     from dspark_cli.export.writer import export_draft
 
     if recipe is not None:
         output = output or recipe.stage_dir("export")
         dtype, fmt, include_embeddings = recipe.export.dtype, recipe.export.format, recipe.export.include_embeddings
-    return export_draft(
+        select = recipe.export.select
+    result = export_draft(
         checkpoint,
         output,
         recipe=recipe,
@@ -52,7 +55,22 @@ def export_checkpoint(
         target=target,
         dry_run=dry_run,
         force=force,
+        select=select or "best",
     )
+    if isinstance(result, ExportSummary):  # the bench's acceptance profile, when it measured these very weights
+        from dspark_cli.artifacts.profile import place_profile
+
+        place_profile(recipe, result.output_dir)
+    return result
+
+
+def describe_selected(selected: dict[str, Any] | None) -> str:
+    """One phrase for dspark_manifest.json's `selected`: which draft of the training run was exported."""
+    if not selected:
+        return "draft: the directory given (not a training run)"
+    if selected.get("checkpoint") == "best" and "value" in selected:
+        return f"draft: best/ (step {selected['step']}, validation {selected['metric']} {selected['value']:.3f})"
+    return f"draft: {selected['checkpoint']}/ (step {selected.get('step')})"
 
 
 def check_draft(directory: str | Path, target: str | None = None) -> list[Any]:

@@ -1,6 +1,7 @@
 """`dspark export`: a trained draft -> a vLLM-native draft directory, validated before it appears.
 
     dspark export runs/tiny/train -o runs/tiny/draft            # config.json, model.safetensors, manifest
+    dspark export runs/tiny/train -o runs/tiny/last --select final   # the last step's draft, not the best
     dspark export runs/tiny/train --dry-run --format json       # the file and tensor table, nothing written
     dspark export --check runs/tiny/draft --target tiny-mla     # only the static checks
     dspark export runs/g/train -o runs/g/draft --export-format speculators   # GQA: the speculators config.json
@@ -10,7 +11,9 @@ MLA drafts become vLLM `K3DSparkModel` directories (`model_type: k3_dspark`), GQ
 keeps every DSpark field at the top level of config.json, where our conventions (0-based output-of-
 layer ids, `mask_token_id`) mean exactly what vLLM reads (the DeepSpec-style `dflash_config` form is
 converted by vLLM and adds a second place for the same numbers). The target's embed_tokens and
-lm_head are not written unless `--include-embeddings`. Everything is written into a temporary
+lm_head are not written unless `--include-embeddings`. Of a training run, the draft its validation
+chose (`best/`) is exported when training kept one, else `final/` (`select`); dspark_manifest.json's
+`selected` says which and its step. Everything is written into a temporary
 directory, checked with every rule in `rules.py`, and renamed into place only when clean.
 """
 
@@ -150,6 +153,8 @@ def _manifest(
         "contract": contract,
         "serving": serving,
         "training": train.get("summary", {}),
+        # which draft of the training run: {checkpoint: best, step, metric, value} or {checkpoint: final, step}
+        "selected": draft.selected,
         # where training's first weights came from (a warm start names its source draft and its sha256)
         "init": init_record(train),
         "recipe": recorded_tree(recipe.model_dump(mode="json") if recipe is not None else train.get("recipe")),
@@ -184,14 +189,18 @@ def export_draft(
     target: str | None = None,
     dry_run: bool = False,
     force: bool = False,
+    select: str = "best",
 ) -> ExportPlan | ExportSummary:
-    """Export; return the plan (dry run) or a summary. Raises ExportError listing vLLM loader findings."""
+    """Export; return the plan (dry run) or a summary. Raises ExportError listing vLLM loader findings.
+    `select`: of a training run, `best` (its `best/` when it kept one, else `final/`) or `final`."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     if fmt not in ("vllm", "speculators"):
         raise UsageError(f"export format {fmt!r} is not one of vllm, speculators", "use --export-format vllm")
-    draft = load_draft_dir(checkpoint)
+    if select not in ("best", "final"):
+        raise UsageError(f"export.select {select!r} is not one of best, final", "use --select best or --select final")
+    draft = load_draft_dir(checkpoint, select)
     explicit = target is not None
     target = target or (
         recipe.target.model if recipe is not None else draft.train_manifest.get("contract", {}).get("target")
@@ -213,7 +222,11 @@ def export_draft(
         plan = as_speculators(plan, target, target_config)
     if dry_run:
         return ExportPlan.from_dict(
-            {**plan, "findings": [f.line() for f in check_against_target(native, target_config or {})]}
+            {
+                **plan,
+                "findings": [f.line() for f in check_against_target(native, target_config or {})],
+                "selected": draft.selected,
+            }
         )
     if output_dir is None:
         raise UsageError("export needs an output directory", "pass -o DIR (or --recipe for export.output_dir)")
@@ -257,4 +270,5 @@ def export_draft(
         num_tensors=plan["num_tensors"],
         num_bytes=plan["num_bytes"],
         warnings=[f.line() for f in findings if f.severity != "error"],
+        selected=draft.selected,
     )

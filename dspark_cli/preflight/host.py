@@ -228,7 +228,7 @@ def bench_files_exist(recipe: Recipe, context: Context) -> list[str]:
     from dspark_cli.prompts.sources import local_source_problem
 
     bench, problems = recipe.bench, []
-    for index, entry in enumerate(bench.datasets):
+    for index, entry in enumerate(bench.dataset_paths()):
         path = bench.mt_bench_path if entry == "mt_bench" else None if entry.startswith("speed_bench") else entry
         problem = local_source_problem(path) if path else None
         if problem:

@@ -89,6 +89,16 @@ def datagen_has_sources(recipe: Recipe, context: Context) -> list[str]:
     return []
 
 
+def early_stop_needs_a_split(recipe: Recipe, context: Context) -> list[str]:
+    """Early stopping counts validations, and without a validation split there are none (training/validation.py)."""
+    if recipe.train.early_stop_patience is not None and recipe.datagen.validation_fraction == 0:
+        return [
+            "train.early_stop_patience: set, but datagen.validation_fraction is 0, so there is no validation "
+            "split to stop on; set datagen.validation_fraction (e.g. 0.05) or unset train.early_stop_patience"
+        ]
+    return []
+
+
 def export_format_fits_the_draft(recipe: Recipe, context: Context) -> list[str]:
     """vLLM reads speculators-format DSpark drafts as Qwen3DSparkModel only (export/writer.py)."""
     if recipe.export.format != "speculators":
@@ -189,7 +199,7 @@ def _hub_id(recipe: Recipe) -> bool:
 RULES = {
     "datagen": [datagen_has_sources],
     "capture": [k3_stream_needs_vllm, capture_prompt_fits_vllm, capture_workers_fit_the_plan],
-    "train": [online_device_split, stream_bounds_hold],
+    "train": [online_device_split, stream_bounds_hold, early_stop_needs_a_split],
     "export": [export_format_fits_the_draft, export_embeddings_need_a_local_target, export_config_loads_in_vllm],
     "bench": [bench_has_datasets, bench_thresholds_need_confidence],
     "publish": [publish_destination],

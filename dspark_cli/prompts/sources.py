@@ -78,7 +78,7 @@ def read_source(source: PromptSource, label: str | None = None) -> Iterator[Conv
     for where, record in _records(source):
         if source.max_samples is not None and count >= source.max_samples:
             return
-        conv = to_conversation(record, source.format, source.fields, where, label)
+        conv = to_conversation(_mapped(record, source.fields, where), source.format, source.fields, where, label)
         content = content_digest(conv.messages)
         if conv.id in first_at:
             first, same = first_at[conv.id][0], first_at[conv.id][1] == content
@@ -99,6 +99,34 @@ def read_source(source: PromptSource, label: str | None = None) -> Iterator[Conv
         count += 1
     if count == 0:
         raise UsageError(f"prompt source {source.path} is empty", "point datagen.sources at a file with records")
+
+
+OPTIONAL_FIELDS = ("response", "system")  # mapped columns a record may lack (a prompt without an answer)
+
+
+def _mapped(record: Any, fields: dict[str, str], where: str) -> Any:
+    """`record` with its field mapping's extras applied: `input` (Alpaca's) appended to the prompt after a blank
+    line when it holds text, `category` copied from its column. A mapped column the record lacks (but
+    `response`, `system`) is one line naming it and the columns the record has."""
+    if not fields or not isinstance(record, dict):
+        return record
+    for name, column in fields.items():
+        if name not in OPTIONAL_FIELDS and column not in record:
+            columns = sorted(map(str, record))
+            shown = ", ".join(columns[:12]) + (f" (+{len(columns) - 12} more)" if len(columns) > 12 else "")
+            raise UsageError(
+                f"{where}: no column {column!r} (fields.{name}); the record's columns: {shown}",
+                f"map {name} to one of them: fields: {{{name}: <column>}}",
+            )
+    if "input" not in fields and "category" not in fields:
+        return record
+    record = dict(record)
+    extra, prompt = record.get(fields.get("input", "")), fields.get("prompt", "prompt")
+    if isinstance(extra, str) and extra.strip() and isinstance(record.get(prompt), str):
+        record[prompt] = f"{record[prompt]}\n\n{extra}"
+    if "category" in fields:
+        record["category"] = record[fields["category"]]
+    return record
 
 
 def local_source_problem(path: str) -> str | None:

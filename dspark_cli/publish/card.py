@@ -80,6 +80,39 @@ def _calibration_rows(bench: BenchSummary) -> list[str]:
     return rows
 
 
+def _temperature(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _profile_section(profile: dict[str, Any] | None) -> list[str]:
+    """The per-position acceptance table of the acceptance profile: marginal / conditional rate per position."""
+    entries = [e for e in (profile or {}).get("profiles") or [] if isinstance(e, dict) and e.get("positions")]
+    if not entries:
+        return []
+    width = max(len(e["positions"]) for e in entries)
+    head = " | ".join(f"pos {i + 1}" for i in range(width))
+    rows = []
+    for entry in entries:
+        cells = [f"{_fmt(p.get('marginal'), 2)} / {_fmt(p.get('conditional'), 2)}" for p in entry["positions"]]
+        cells += ["-"] * (width - len(cells))
+        rows.append(
+            f"| {entry.get('dataset')} | {_temperature(entry.get('temperature'))} | {_fmt(entry.get('num_steps'))} | "
+            f"{_fmt(entry.get('tau'), 2)} | " + " | ".join(cells) + " |"
+        )
+    return [
+        "## Acceptance per draft position",
+        "",
+        "From `speculation_profile.json` (in this repository, with the counts behind every rate): per draft "
+        "position, the marginal rate P(accepted) / the conditional rate P(accepted | the previous position "
+        "accepted), every draft verified.",
+        "",
+        f"| prompts | temperature | steps | tau | {head} |",
+        "|---|---|---|---|" + "---|" * width,
+        *rows,
+        "",
+    ]
+
+
 def model_card(
     draft_dir: str | Path,
     manifest: dict[str, Any],
@@ -88,8 +121,10 @@ def model_card(
     recipe: Recipe,
     license_id: str,
     bench: BenchSummary | None = None,
+    profile: dict[str, Any] | None = None,
 ) -> str:
-    """README.md text for the draft at `draft_dir`, whose dspark_manifest.json is `manifest`."""
+    """README.md text for the draft at `draft_dir`, whose dspark_manifest.json is `manifest`; `profile`: the
+    acceptance profile of these weights (speculation_profile.json), shown per position."""
     draft_dir = Path(draft_dir)
     config = read_json(draft_dir / "config.json")  # checked by verify_draft before a card is written
     contract = manifest.get("contract", {})
@@ -166,6 +201,7 @@ def model_card(
             *rows,
             "",
         ]
+    lines += _profile_section(profile)
     calibration = _calibration_rows(bench) if bench else []
     if calibration:
         lines += [

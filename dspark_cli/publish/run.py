@@ -26,13 +26,24 @@ def _check_draft(draft_dir: Path, target: str | None) -> tuple[dict[str, Any], l
     make (checksums, vLLM loader rules, its target, its serving settings) and holds nothing else.
 
     The upload is an allow-list: the files export wrote (checksummed in the manifest), the manifest,
-    and a README.md the user wrote. Anything else in the directory -- a key, a token, a symlink -- is
-    refused by name rather than skipped, so the user sees what sits beside the draft."""
+    the acceptance profile export copied in (when it measured these weights: its fingerprint is checked
+    against the manifest's model.safetensors checksum), and a README.md the user wrote. Anything else in the
+    directory -- a key, a token, a symlink -- is refused by name rather than skipped, so the user sees what
+    sits beside the draft."""
     from dspark_cli.artifacts.draft import DRAFT_MANIFEST as MANIFEST
+    from dspark_cli.artifacts.profile import PROFILE, matching, tensors_sha256
     from dspark_cli.export import verify_draft
 
     manifest = verify_draft(draft_dir, target, doing="nothing was uploaded")
-    allowed = [*manifest["files"], MANIFEST, *CARD_FILES]
+    allowed = [*manifest["files"], MANIFEST, *CARD_FILES, PROFILE]
+    profile = draft_dir / PROFILE
+    if profile.is_file() and not profile.is_symlink():
+        if matching(profile, tensors_sha256(draft_dir / "model.safetensors")) is None:
+            raise DataError(
+                f"{profile} does not describe these weights (its fingerprint is another model.safetensors'); "
+                "nothing was uploaded",
+                "export the draft again after `dspark bench` (it copies the matching profile), or remove the file",
+            )
     others = sorted(
         f"{p.name} (symlink)" if p.is_symlink() else f"{p.name}/" if p.is_dir() else p.name
         for p in draft_dir.iterdir()
@@ -101,13 +112,25 @@ def _gather(
     recipe: Recipe, draft_dir: Path, manifest: dict[str, Any], names: list[str], repo_id: str
 ) -> tuple[dict[str, Path | bytes], str]:
     """(path in repo -> local file or bytes, where the card came from); `names`: the draft's files to upload."""
+    from dspark_cli.artifacts.profile import PROFILE, find_profile
+
     files: dict[str, Path | bytes] = {name: draft_dir / name for name in sorted(names)}
     bench, bench_files = _bench_report(recipe, draft_dir)
     files.update(bench_files)
+    found = find_profile(draft_dir, Path(recipe.stage_dir("bench")))  # the draft's own, else the bench's
+    profile = found[0] if found else None
+    if found and PROFILE not in files:
+        files[PROFILE] = found[1]
     if "README.md" in files:
         return files, "README.md in the draft directory"
     card = model_card(
-        draft_dir, manifest, repo_id=repo_id, recipe=recipe, license_id=recipe.publish.license, bench=bench
+        draft_dir,
+        manifest,
+        repo_id=repo_id,
+        recipe=recipe,
+        license_id=recipe.publish.license,
+        bench=bench,
+        profile=profile,
     )
     files["README.md"] = card.encode("utf-8")
     return files, "generated"

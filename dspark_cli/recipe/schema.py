@@ -169,6 +169,21 @@ class DatagenSection(Section):
         description="Evaluation prompt sets to exclude by normalised-text hash: `mt_bench`, or files.",
     )
     num_samples: int | None = Field(None, gt=0, description="Stop after this many conversations in total.")
+    validation_fraction: float = Field(
+        0.05,
+        ge=0.0,
+        lt=0.5,
+        description="Share of the conversations held out as the validation split (never trained on; "
+        "training measures acceptance on it). Chosen by the hash of each conversation's normalised prompts, "
+        "so identical prompts fall on the same side whatever the order, resume or worker count. 0: no split; "
+        "with fewer than 20 conversations none is held out (a warning). Written to `<datagen dir>/validation/`.",
+    )
+    validation_max: int = Field(
+        256,
+        gt=0,
+        description="Most conversations held out as validation: those with the smallest prompt hashes "
+        "among the `validation_fraction` that qualify.",
+    )
     batch_size: int = Field(64, gt=0, description="Conversations generated together.")
     shard_size: int = Field(1000, gt=0, description="Conversations per output shard.")
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism for regeneration.")
@@ -430,6 +445,34 @@ class TrainSection(Section):
     )
     checkpoint_every: int = Field(500, gt=0, description="Steps between checkpoints (also at the end).")
     log_every: int = Field(10, gt=0, description="Steps between metric lines.")
+    validate_every: int | None = Field(
+        None,
+        gt=0,
+        description="Steps between validations: teacher-forced acceptance on the validation split (every "
+        "position an anchor, decoding replayed; docs/train.md, Validation), also at the last step. Unset: "
+        "every `checkpoint_every` steps. Without a validation split nothing is validated.",
+    )
+    validation_metric: Literal["tau_t1", "tau_greedy"] = Field(
+        "tau_t1",
+        description="The validation number that picks the best draft and counts patience: `tau_t1` (expected "
+        "acceptance length under T=1 verification) or `tau_greedy` (greedy, T=0).",
+    )
+    keep_best: bool = Field(
+        True,
+        description="Write `best/` (the draft at the validation with the highest `validation_metric`, the "
+        "form of `final/`) whenever the metric improves; `dspark export` takes it by default.",
+    )
+    early_stop_patience: int | None = Field(
+        None,
+        gt=0,
+        description="Stop after this many validations in a row without improvement (then the last checkpoint "
+        "and `final/` are written as at the end); unset: train every step.",
+    )
+    validation_min_delta: float = Field(
+        0.0,
+        ge=0.0,
+        description="How much `validation_metric` must rise over the best so far to count as an improvement.",
+    )
     metrics: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
         default_factory=lambda: ["jsonl"], description="Metric sinks."
     )
@@ -462,6 +505,12 @@ class ExportSection(Section):
         "vLLM reads as Qwen3DSparkModel (GQA drafts only: MLA drafts stay native).",
     )
     dtype: Literal["bfloat16", "float32", "float16"] = Field("bfloat16", description="Weight dtype on disk.")
+    select: Literal["best", "final"] = Field(
+        "best",
+        description="Which draft of a training run to export: `best` (its `best/`, the validation's choice, "
+        "when training kept one; else `final/`) or `final` (the last step's). dspark_manifest.json's `selected` "
+        "names it and its step.",
+    )
     include_embeddings: bool = Field(
         False, description="Also write the target's embed_tokens/lm_head (for engines that need them)."
     )
@@ -491,15 +540,50 @@ class ServeSection(Section):
     )
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="vLLM GPU memory fraction.")
     extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` arguments, verbatim.")
+    expected_temperature: float | None = Field(
+        None,
+        ge=0.0,
+        description="The sampling temperature requests will use: `dspark serve` recommends num_speculative_tokens "
+        "from the acceptance profile at the benched temperature nearest it (unset: at every benched temperature). "
+        "Not passed to vLLM.",
+    )
+    expected_concurrency: int = Field(
+        1,
+        gt=0,
+        description="Requests served at once: the batch size the recommended num_speculative_tokens is modelled at "
+        "(with `bench.cost_model`). Not passed to vLLM.",
+    )
+
+
+BENCH_PRESETS = ("gsm8k", "humaneval", "math500", "alpaca")  # public sets by name (prompts/presets.py: where, columns)
+
+
+class BenchDatasetSource(Section):
+    """One `bench.datasets` entry as a mapping: a file or dataset with its columns, or a preset with changes."""
+
+    path: str = Field(
+        description="A preset (`gsm8k`, `humaneval`, `math500`, `alpaca`, `mt_bench`, `speed_bench`), a local "
+        ".jsonl/.json/.parquet file or a Hugging Face dataset name."
+    )
+    split: str | None = Field(None, description="Dataset split (default: the preset's, else `train`).")
+    subset: str | None = Field(None, description="Dataset configuration (default: the preset's).")
+    fields: dict[str, str] = Field(
+        default_factory=dict,
+        description="Column mapping over the preset's: `prompt`, `id`, `turns` (as datagen's sources), `input` "
+        "(appended to the prompt when not empty), `category` (groups the report), e.g. `{prompt: question}`.",
+    )
+    name: str | None = Field(None, description="The label in reports (default: the preset's or the file's name).")
 
 
 class BenchSection(Section):
     """`dspark bench`: acceptance length and serving speed."""
 
-    datasets: list[str] = Field(
-        default_factory=lambda: ["mt_bench"],
-        description="`mt_bench`, `speed_bench` (or `speed_bench:CONFIG`), a bundled prompt set, a JSONL/JSON/Parquet "
-        "path or a Hugging Face dataset name (prompts or conversations; the target answers every turn).",
+    datasets: list[str | BenchDatasetSource] = Field(
+        default_factory=lambda: list[str | BenchDatasetSource](["mt_bench"]),
+        description="`mt_bench`, `speed_bench` (or `speed_bench:CONFIG`), the presets `gsm8k`, `humaneval`, "
+        "`math500`, `alpaca` (their public sets and columns), a bundled prompt set, a JSONL/JSON/Parquet path or a "
+        "Hugging Face dataset name (prompts or conversations; the target answers every turn), or a mapping "
+        "`{path, split, subset, fields, name}` (a field mapping).",
     )
     mt_bench_path: str = Field(
         "mt-bench",
@@ -577,7 +661,18 @@ class BenchSection(Section):
         None,
         description="Offline, `context_sweep`: its temperatures (default: the first of `bench.temperatures`).",
     )
+    batch_size: int = Field(
+        16,
+        ge=1,
+        description="Offline: requests the reference engine runs at once (one batched target forward per "
+        "verification step; the same tokens and tau, request for request, as one at a time up to float "
+        "noise). 1: the sequential engine. The context sweep's chained conversations run one at a time.",
+    )
     output_dir: OutputPath | None = Field(None, description="Reports and plots; default `<output_dir>/bench`.")
+
+    def dataset_paths(self) -> list[str]:
+        """The path (or preset name) of every `datasets` entry, in order."""
+        return [entry if isinstance(entry, str) else entry.path for entry in self.datasets]
 
 
 class PublishSection(Section):

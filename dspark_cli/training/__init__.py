@@ -30,12 +30,14 @@ Importing this package is free (no torch); its names import their modules on fir
 - slurm.py         the online run's Slurm job script (`dspark init --slurm`)
 - __main__.py      one torchrun rank: `python -m dspark_cli.training RECIPE ...` (what torchrun's children run)
 - evaluate.py      `evaluate_draft`: the same metrics for any draft on captured sequences, no training
+- validation.py    validation during training: the held-out split's acceptance, `best/`, early stopping
 - warm_start.py    `train.init: pretrained`: another draft's weights as the start, its geometry checked
 
 Output layout under `recipe.stage_dir("train")`:
 `checkpoints/step-NNNNNN/` (DCP + meta.json) and `checkpoints/latest`, `metrics.jsonl`,
 `recipe.yaml`, `manifest.json`, and `final/model.safetensors` + `final/config.json` (a plain
-consolidated draft in vLLM's names, loadable without torch.distributed). It is read back (manifest,
+consolidated draft in vLLM's names, loadable without torch.distributed), with a validation split
+`best/` (the same at the best validation, validation.py). It is read back (manifest,
 `latest`, meta.json, checksums.json) by `dspark_cli.artifacts.train`.
 """
 

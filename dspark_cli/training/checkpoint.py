@@ -121,11 +121,12 @@ def save_checkpoint(
 
 def clean_stale(out_dir: Path) -> list[str]:
     """Rank 0, before training: remove temp dirs that killed runs left (`checkpoints/.tmp-step-*`,
-    `.final.tmp-*`); no other process writes into this directory while a run owns it."""
+    `.final.tmp-*`, `.best.tmp-*`); no other process writes into this directory while a run owns it."""
     out_dir = Path(out_dir)
     stale = [
         *(out_dir / "checkpoints").glob(".tmp-step-*"),
         *out_dir.glob(".final.tmp-*"),
+        *out_dir.glob(".best.tmp-*"),
         *(out_dir / "checkpoints").glob(f".{LATEST}.tmp"),
     ]
     for path in stale:

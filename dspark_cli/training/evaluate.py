@@ -71,6 +71,50 @@ def replay(anchors: list[int], greedy: torch.Tensor, accept: torch.Tensor) -> tu
     return tokens, greedy_steps, expected_steps
 
 
+def every_position(
+    sequences: Iterable[Any], *, num_anchors: int = 1 << 20, max_seq_len: int = 4096, seed: int = 0
+) -> list[Any]:
+    """The prepared examples (training/data.py `prepare`) of `sequences`, numbered in their order; with the
+    default `num_anchors` every trainable position is an anchor. Sequences with nothing to score are left out."""
+    return [
+        e
+        for i, s in enumerate(sequences)
+        if (e := prepare(s, epoch=0, index=i, seed=seed, num_anchors=num_anchors, max_seq_len=max_seq_len))
+    ]
+
+
+def score_batch(
+    step: Any, examples: list[Any], dtype: torch.dtype, *, like: Any = None, eager: bool = False
+) -> tuple[torch.Tensor, tuple[float, float, float]]:
+    """One forward of `step` (a `TrainStep`, FSDP2-sharded or not) over `examples`: the summed statistics
+    (metrics.STATS layout, fp32 on the CPU) and the decoding replay's (tokens, greedy steps, expected T=1
+    steps) summed over the examples. No examples: a batch of `like`'s sizes that scores nothing (a rank with
+    no share still takes part in FSDP2's forward). `eager`: the uncompiled forward (other shapes than
+    training's)."""
+    n = step.draft.config.block_size
+    batch = collate(examples, dtype, like=like).to(next(step.parameters()).device)
+    ok = trainable_slots(batch, n)
+    _, stats, (flat, greedy, accept) = step(
+        batch, ok, local_weight(ok, step.loss_config.gamma).clamp_min(1e-12), slots=True, eager=eager
+    )
+    grids = []
+    for values in (greedy, accept):
+        grid = torch.zeros(ok.numel())
+        grid[flat.cpu()] = values.float().cpu()
+        grids.append(grid.view(ok.shape))
+    tokens = greedy_steps = t1_steps = 0.0
+    for b, example in enumerate(examples):
+        count = example.anchors.numel()
+        row = replay(example.anchors.tolist(), grids[0][b, :count], grids[1][b, :count])
+        tokens, greedy_steps, t1_steps = tokens + row[0], greedy_steps + row[1], t1_steps + row[2]
+    return stats.float().cpu(), (tokens, greedy_steps, t1_steps)
+
+
+def decode_taus(tokens: float, greedy_steps: float, t1_steps: float) -> dict[str, float]:
+    """`tau_greedy_decode` / `tau_t1_decode`: replayed tokens per decoding step."""
+    return {"tau_greedy_decode": tokens / max(greedy_steps, 1.0), "tau_t1_decode": tokens / max(t1_steps, 1e-12)}
+
+
 @torch.no_grad()
 def evaluate_draft(
     model: Any,
@@ -89,29 +133,10 @@ def evaluate_draft(
     n = model.config.block_size
     dtype = next(model.parameters()).dtype
     totals = torch.zeros(stats_size(n))
-    tokens = greedy_steps = t1_steps = 0.0
-    examples = [
-        e
-        for i, s in enumerate(sequences)
-        if (e := prepare(s, epoch=0, index=i, seed=seed, num_anchors=num_anchors, max_seq_len=max_seq_len))
-    ]
+    replayed = torch.zeros(3, dtype=torch.float64)
+    examples = every_position(sequences, num_anchors=num_anchors, max_seq_len=max_seq_len, seed=seed)
     for start in range(0, len(examples), batch_size):
-        batch = collate(examples[start : start + batch_size], dtype)
-        ok = trainable_slots(batch, n)
-        _, stats, (flat, greedy, accept) = step(batch, ok, local_weight(ok, loss.gamma), slots=True)
-        totals += stats.float().cpu()
-        grids = []
-        for values in (greedy, accept):
-            grid = torch.zeros(ok.numel())
-            grid[flat.cpu()] = values.float().cpu()
-            grids.append(grid.view(ok.shape))
-        for b, example in enumerate(examples[start : start + batch_size]):
-            count = example.anchors.numel()
-            row = replay(example.anchors.tolist(), grids[0][b, :count], grids[1][b, :count])
-            tokens, greedy_steps, t1_steps = tokens + row[0], greedy_steps + row[1], t1_steps + row[2]
-    return {
-        "sequences": len(examples),
-        **summarize(totals.tolist(), n, loss),
-        "tau_greedy_decode": tokens / max(greedy_steps, 1.0),
-        "tau_t1_decode": tokens / max(t1_steps, 1e-12),
-    }
+        stats, row = score_batch(step, examples[start : start + batch_size], dtype)
+        totals += stats
+        replayed += torch.tensor(row, dtype=torch.float64)
+    return {"sequences": len(examples), **summarize(totals.tolist(), n, loss), **decode_taus(*replayed.tolist())}

@@ -49,6 +49,7 @@ class LoopConfig:
     autocast_dtype: torch.dtype | None  # None: no autocast
     peak_flops: float | None = None
     shapes: ShapePlan | None = None  # fixed micro-batch shapes (training/shapes.py); None: pad to fit
+    validate_every: int | None = None  # steps between validations (with a `validate` callback)
 
 
 def lr_at(step: int, cfg: LoopConfig) -> float:
@@ -190,12 +191,16 @@ def train_loop(
     log: Callable[[dict[str, Any]], None],
     checkpoint: Callable[[int, dict[str, int], dict[str, Any] | None, int], None],
     tokens_done: int = 0,
+    validate: Callable[[int], bool] | None = None,
 ) -> dict[str, Any]:
-    """Run steps start_step .. num_steps - 1 (fewer if the data ends first; the last one is checkpointed).
+    """Run steps start_step .. num_steps - 1 (fewer if the data ends first, or `validate` stops the run; the
+    last one is checkpointed).
 
-    `checkpoint(step, data_position, last_record, tokens_done)` is called every `checkpoint_every`
-    steps and at the end. Returns {"record": last logged record, "step": steps done, "tokens": tokens done,
-    "shapes": `shape_summary`}.
+    `validate(step) -> stop` (training/validation.py) is called every `validate_every` steps and after the
+    last step, after that step's log line and before its checkpoint (which then holds the validation's
+    state); True ends the run there (early stopping). `checkpoint(step, data_position, last_record,
+    tokens_done)` is called every `checkpoint_every` steps and at the end. Returns {"record": last logged
+    record, "step": steps done, "tokens": tokens done, "shapes": `shape_summary`}.
     """
     n = cfg.block_size
     acc = torch.zeros(stats_size(n), device=env.device)
@@ -204,6 +209,7 @@ def train_loop(
     interval_start = time.perf_counter()
     record: dict[str, Any] | None = None
     done, saved, position = start_step, start_step, None
+    validated = start_step
     first_bad = torch.full((), NEVER, dtype=torch.int64, device=env.device)
     signatures: set[tuple[int, int, int]] = set()
     compiles = CompileCounter()
@@ -249,11 +255,21 @@ def train_loop(
             acc.zero_()
             acc_tokens = acc_seqs = 0
             interval_start = time.perf_counter()
+        stop = False
+        if validate is not None and ((step + 1) % (cfg.validate_every or cfg.checkpoint_every) == 0 or last):
+            check_finite(first_bad, env, saved)  # no best draft from a non-finite state
+            stop, validated = validate(step + 1), step + 1
+            interval_start = time.perf_counter()  # validation time is not training time
         if (step + 1) % cfg.checkpoint_every == 0 or last:
             check_finite(first_bad, env, saved)
             checkpoint(step + 1, data.position, record, tokens_done)
             saved = step + 1
             interval_start = time.perf_counter()  # checkpoint time is not training time
+        if stop:
+            break
+    if validate is not None and done > validated:  # the data ended before the planned last step
+        check_finite(first_bad, env, saved)
+        validate(done)
     if done > saved and position is not None:
         check_finite(first_bad, env, saved)
         checkpoint(done, position, record, tokens_done)

@@ -101,7 +101,10 @@ def summarize(vec: list[float], block_size: int, weights: Any) -> dict[str, Any]
 
 
 def format_line(record: dict[str, Any]) -> str:
-    """One plain log line (what a non-TTY sees, and what the CLI progress line shows)."""
+    """One plain log line (what a non-TTY sees, and what the CLI progress line shows): a training step's,
+    or a validation's (training/validation.py)."""
+    if record.get("kind") == "validation":
+        return format_validation(record)
     return (
         f"step {record['step']}/{record['num_steps']} loss {record['loss']:.4f} "
         f"(ce {record['loss_ce']:.3f} l1 {record['loss_l1']:.3f} bce {record['loss_bce']:.3f}) "
@@ -111,15 +114,35 @@ def format_line(record: dict[str, Any]) -> str:
     )
 
 
+def format_validation(record: dict[str, Any]) -> str:
+    """The console line of a validation record (beside the training lines)."""
+    best = record.get("best") or {}
+    mark = (
+        " (best)"
+        if best.get("step") == record["step"]
+        else f"; best {best['value']:.3f} at step {best['step']}"
+        if best
+        else ""
+    )
+    return (
+        f"validation step {record['step']}/{record['num_steps']}: tau {record['tau_greedy']:.2f}/"
+        f"{record['tau_t1']:.2f} (greedy/T=1, decoded) on {record['sequences']} held-out sequences "
+        f"({record['tokens']} tokens){mark}"
+    )
+
+
 def format_summary(summary: TrainSummary) -> str:
     """The run's last line (rank 0, or the one process): steps, tokens, final loss and tau, shapes, where to."""
     from dspark_cli.training.shapes import describe
 
     final = summary.final_metrics or {}
+    best = summary.best
+    chosen = f"; best {best['metric']} {best['value']:.3f} at step {best['step']} -> best/" if best else ""
+    stopped = f" (stopped early at step {summary.stopped['step']})" if summary.stopped else ""
     return (
-        f"train: {summary.steps} steps, {summary.tokens} tokens, loss {final.get('loss', float('nan')):.4f}, "
+        f"train: {summary.steps} steps{stopped}, {summary.tokens} tokens, loss {final.get('loss', float('nan')):.4f}, "
         f"tau {final.get('tau_greedy', float('nan')):.2f} greedy / {final.get('tau_t1', float('nan')):.2f} T=1, "
-        f"{describe(summary.shapes)} -> {summary.final}; next: dspark export {summary.output_dir}"
+        f"{describe(summary.shapes)} -> {summary.final}{chosen}; next: dspark export {summary.output_dir}"
     )
 
 
@@ -174,7 +197,7 @@ class TensorBoardSink:
 
     def write(self, record: dict[str, Any]) -> None:
         for key, value in _flat_numbers(record):
-            self.writer.add_scalar(f"train/{key}", value, record["step"])
+            self.writer.add_scalar(f"{_section(record)}/{key}", value, record["step"])
         self.writer.flush()
 
     def close(self) -> None:
@@ -200,7 +223,10 @@ class WandbSink:
         )
 
     def write(self, record: dict[str, Any]) -> None:
-        self.run.log(dict(_flat_numbers(record)), step=record["step"])
+        section = _section(record)
+        self.run.log(
+            {f"{section}/{k}" if section != "train" else k: v for k, v in _flat_numbers(record)}, step=record["step"]
+        )
 
     def close(self) -> None:
         self.run.finish()
@@ -231,6 +257,11 @@ def open_sinks(
         elif kind == "wandb":
             sinks.append(WandbSink(out_dir, project, run_name, config))
     return Sinks(sinks)
+
+
+def _section(record: dict[str, Any]) -> str:
+    """`train` for a training step's record, `validation` for a validation's."""
+    return "validation" if record.get("kind") == "validation" else "train"
 
 
 def _flat_numbers(record: dict[str, Any]):

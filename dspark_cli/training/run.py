@@ -16,7 +16,9 @@ runs before training, in the launching process); online, the stream `capture.str
 `<capture dir>-stream`) that `capture.workers` producers fill (started here on rank 0, or elsewhere
 with `capture.external_producers`), read by every rank in a step plan fixed up front (training/stream_source.py).
 `sequences=` bypasses capture (tests, benchmarks): a callable returning an iterable of
-CapturedSequence-like objects, the same order on every call.
+CapturedSequence-like objects, the same order on every call; `validation=` then gives the validation split
+the same way (none without it). Otherwise the split is capture's `<capture dir>/validation/` (online: read
+through the stream's reader), from `training.validation_data.validation_sequences`; empty: no validation.
 
 SIGTERM (torchrun passing on the launcher's, a scheduler's) ends a run as Ctrl-C does: KeyboardInterrupt,
 so the stream's producers are stopped and the locks let go on the way out; the next run resumes from the
@@ -29,7 +31,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,19 @@ def _check_capture_settings(recipe: Recipe, directory: Path, manifest: dict[str,
                 f"set capture.{key}={made}, or capture again into a new "
                 "directory (capture.output_dir=DIR, or a new output_dir)",
             )
+
+
+def _validation_source(recipe: Recipe, contract: Contract, stream: Callable[[], Any]) -> Callable[[], Sequence[Any]]:
+    """The validation split as capture wrote it (`<capture dir>/validation/`; online, read through the
+    stream's reader): `training.validation_data.validation_sequences`, read when the session starts."""
+
+    def read() -> Sequence[Any]:
+        from dspark_cli.training.validation_data import validation_sequences
+
+        online = stream()
+        return validation_sequences(recipe, contract, online_reader=online.reader if online is not None else None)
+
+    return read
 
 
 def _online_source(recipe: Recipe, out_dir: Path, env, contract: Contract):
@@ -186,12 +201,14 @@ def run_train(
     resume: str = "auto",
     on_log: Callable[[dict[str, Any]], None] | None = None,
     sequences: Callable[[], Iterable[Any]] | None = None,
+    validation: Callable[[], Sequence[Any]] | None = None,
 ) -> TrainSummary:
-    """Train the draft the recipe describes; returns the summary also written to manifest.json (rank 0)."""
+    """Train the draft the recipe describes; returns the summary also written to manifest.json (rank 0).
+    `on_log(record)` gets each training step's record and each validation's (`kind: validation`)."""
     from dspark_cli.machine.procs import sigterm_interrupts
 
     with sigterm_interrupts():
-        return _run_train(recipe, resume=resume, on_log=on_log, sequences=sequences)
+        return _run_train(recipe, resume=resume, on_log=on_log, sequences=sequences, validation=validation)
 
 
 def _run_train(
@@ -200,6 +217,7 @@ def _run_train(
     resume: str,
     on_log: Callable[[dict[str, Any]], None] | None,
     sequences: Callable[[], Iterable[Any]] | None,
+    validation: Callable[[], Sequence[Any]] | None = None,
 ) -> TrainSummary:
     from dspark_cli.capture import resolve_layer_ids
     from dspark_cli.training.distributed import init_distributed, shutdown
@@ -229,6 +247,8 @@ def _run_train(
 
             stack.enter_context(exclusive_output(out_dir, "train.output_dir", kind="dspark.train"))
         stream = lengths = data_id = None
+        if sequences is None:
+            validation = _validation_source(recipe, contract, lambda: stream)
         if sequences is None and recipe.capture.mode == "online":
             stream = _online_source(recipe, out_dir, env, contract)
             data_id = stream.reader.fingerprint
@@ -251,6 +271,7 @@ def _run_train(
                 lengths=lengths,
                 data_id=data_id,
                 stream=stream,
+                validation=validation,
             )
             summary = train_session(run, on_log=on_log)
             failed = False

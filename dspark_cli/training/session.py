@@ -8,7 +8,10 @@ Called by `run.run_train` once the data source and the contract are known:
 
 Outputs (rank 0 writes; see the package docstring for the layout): recipe.yaml and metrics.jsonl
 as it goes, checkpoints every `train.checkpoint_every` steps, and at the end `final/` (the
-consolidated draft: model.safetensors in vLLM names + config.json) and manifest.json.
+consolidated draft: model.safetensors in vLLM names + config.json) and manifest.json. With a
+validation split (`validation=`), a `validation` record every `train.validate_every` steps and
+`best/` (the form of `final/`, plus validation.json) whenever the validation metric improves
+(training/validation.py); `train.early_stop_patience` can end the run early.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +31,7 @@ import torch
 from dspark_cli import __version__
 from dspark_cli.artifacts.files import make_public, sha256_file, write_json_atomic
 from dspark_cli.artifacts.results import StreamSummary, TrainSummary
+from dspark_cli.artifacts.train import BEST_DIR, BEST_RECORD, DRAFT_WEIGHTS
 from dspark_cli.contract import Contract
 from dspark_cli.errors import DataError, UsageError
 from dspark_cli.recipe import Recipe, recorded_tree, write_resolved
@@ -41,6 +45,7 @@ from dspark_cli.training.metrics import format_line, open_sinks
 from dspark_cli.training.plan import plan_run
 from dspark_cli.training.settings import result_settings
 from dspark_cli.training.step import LossConfig, TrainStep
+from dspark_cli.training.validation import ValidationState, Validator, kept_best, load_validation
 
 if TYPE_CHECKING:
     from dspark_cli.draft.config import DSparkDraftConfig
@@ -74,6 +79,8 @@ class TrainRun:
     # online (training/stream_source.py): its plan fixes the steps, it yields this rank's share of each,
     # and shards are released after each checkpoint
     stream: OnlineSource | None = None
+    # the validation split (CapturedSequence-like objects, every rank the same list); None or empty: none
+    validation: Callable[[], Sequence[Any]] | None = None
 
     def __post_init__(self) -> None:
         assert (self.sequences is None) != (self.stream is None), "a session reads sequences or the stream"
@@ -163,8 +170,17 @@ def count_lengths(sequences: Callable[[], Iterable[Any]], recipe: Recipe) -> lis
     ]
 
 
-def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEnv) -> dict[str, str] | None:
-    """final/model.safetensors (vLLM names, fp32) + final/config.json, written atomically on rank 0."""
+def write_final(
+    module: TrainStep,
+    draft_config: Any,
+    out_dir: Path,
+    env: DistEnv,
+    *,
+    name: str = "final",
+    selection: dict[str, Any] | None = None,
+) -> dict[str, str] | None:
+    """<name>/model.safetensors (vLLM names, fp32) + <name>/config.json (`best/`: also validation.json, the
+    `selection` record), written atomically on rank 0 (every rank gathers). Returns the files' sha256."""
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -177,8 +193,8 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
 
     from dspark_cli.training.integrity import checkpoint_errors
 
-    final = out_dir / "final"
-    tmp = Path(tempfile.mkdtemp(prefix=".final.tmp-", dir=out_dir))
+    final = out_dir / name
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=out_dir))
     try:
         with checkpoint_errors("save", final):  # a full disk: one line, as for a checkpoint
             try:
@@ -192,13 +208,15 @@ def write_final(module: TrainStep, draft_config: Any, out_dir: Path, env: DistEn
                 raise OSError(str(exc)) from None
             make_public(tmp / "model.safetensors")
             write_json_atomic(tmp / "config.json", vllm_config_dict(draft_config, "float32"))
+            if selection is not None:
+                write_json_atomic(tmp / BEST_RECORD, selection)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {name: sha256_file(final / name) for name in ("model.safetensors", "config.json")}
+    return {file: sha256_file(final / file) for file in DRAFT_WEIGHTS}
 
 
 def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | None = None) -> TrainSummary:
@@ -213,6 +231,8 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
     if env.is_main and (stale := clean_stale(out_dir)):
         log.info("removed temp files of an interrupted run: %s", ", ".join(stale))
     checkpoint_path = resolve_resume(out_dir, run.resume)
+    if env.is_main and checkpoint_path is None:  # a fresh run: an earlier run's best is not this one's
+        shutil.rmtree(out_dir / BEST_DIR, ignore_errors=True)
     settings = result_settings(recipe, run.data_id)
     barrier(env)
     warm, init = None, {"kind": train.init}
@@ -232,6 +252,7 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
         start_step, position, tokens_done = meta["step"], meta["position"], meta.get("tokens", 0)
         init = meta.get("init") or init  # where the first session's weights came from
         log.info("resumed from %s (step %d)", checkpoint_path, start_step)
+    best = ValidationState.from_dict(meta.get("validation"))  # the best so far and the patience count
 
     seq_lengths = None
     if online is not None:
@@ -291,13 +312,31 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
                 "settings": settings,
                 "init": init,
                 "metrics": record,
+                "validation": best.to_dict(),
                 "time": time.time(),
             },
         )
         if online is not None:  # the checkpoint covers these steps: their shards can go
             online.after_checkpoint(step)
 
-    if online is not None:
+    validator = None
+    if (share := load_validation(run.validation, env, train.max_seq_len)) is not None:
+        validator = Validator(
+            train,
+            *share,
+            env=env,
+            state=best,
+            num_steps=num_steps,
+            data_dtype=dtype,
+            autocast_dtype=torch.bfloat16 if bf16 else None,
+            write_best=lambda step, chosen: write_final(
+                module, draft_config, out_dir, env, name=BEST_DIR, selection=chosen
+            ),
+            log=on_record,
+        )
+    if best.stopped_at is not None:  # resuming a run that stopped early: nothing left to train
+        steps: Iterator[Any] = iter(())
+    elif online is not None:
         steps = online.steps(start_step, position)
     else:
         assert sequences is not None
@@ -322,6 +361,7 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
         grad_clip=train.grad_clip,
         log_every=train.log_every,
         checkpoint_every=train.checkpoint_every,
+        validate_every=train.validate_every or train.checkpoint_every,
         block_size=draft_config.block_size,
         loss=module.loss_config,
         data_dtype=dtype,
@@ -340,11 +380,13 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
             log=on_record,
             checkpoint=on_checkpoint,
             tokens_done=tokens_done,
+            validate=(lambda step: validator(module, step)) if validator is not None else None,
         )
     finally:
         if env.is_main:
             sinks.close()
     files = write_final(module, draft_config, out_dir, env)
+    chosen = kept_best(out_dir, best, train, env) if validator is not None else None
     summary = TrainSummary(
         output_dir=str(out_dir),
         steps=result["step"],
@@ -356,6 +398,8 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
         wall_s=round(time.time() - started, 1),
         shapes=result["shapes"],
         final=str(out_dir / "final"),
+        best=chosen,
+        stopped={"reason": "early", "step": best.stopped_at} if best.stopped_at is not None else None,
     )
     if online is not None:
         summary.stream = stream = StreamSummary.from_dict(online.finish(result["step"]))
@@ -380,7 +424,16 @@ def train_session(run: TrainRun, *, on_log: Callable[[dict[str, Any]], None] | N
                 "init": init,
                 "summary": summary.to_dict(),
                 "recipe": recorded_tree(recipe.model_dump(mode="json")),
-                "files": {f"final/{name}": digest for name, digest in (files or {}).items()},
+                "best": chosen,
+                "stopped": summary.stopped,
+                "files": {
+                    **{f"final/{name}": digest for name, digest in (files or {}).items()},
+                    **(
+                        {f"{BEST_DIR}/{n}": sha256_file(out_dir / BEST_DIR / n) for n in DRAFT_WEIGHTS}
+                        if chosen
+                        else {}
+                    ),
+                },
             },
         )
     barrier(env)

@@ -204,19 +204,26 @@ class TrainStep(nn.Module):
         return table
 
     def forward(
-        self, batch: Batch, ok: torch.Tensor, global_weight: torch.Tensor, scale: float = 1.0, slots: bool = False
+        self,
+        batch: Batch,
+        ok: torch.Tensor,
+        global_weight: torch.Tensor,
+        scale: float = 1.0,
+        slots: bool = False,
+        eager: bool = False,
     ):
         """(loss * scale, stats sums); with `slots`, also (flat slot index, greedy accept, T=1 accept) per
-        trainable slot, for evaluation."""
+        trainable slot, for evaluation. `eager`: not through the compiled function even when `compile`
+        (validation's batches have other shapes than the run's, which would each compile)."""
         draft, cfg = self.draft, self.loss_config
         n = draft.config.block_size
         bsz, num_anchors = batch.anchors.shape
-        impl = resolve_attn_impl(draft.attn_impl, ok.device, compiled=self.compiled)
+        impl = resolve_attn_impl(draft.attn_impl, ok.device, compiled=self.compiled and not eager)
         groups = self.anchor_groups or choose_groups(num_anchors, n, batch.input_ids.shape[1], impl)
         groups = groups if num_anchors % groups == 0 else 1
         # under a dispatch mode (the loop's FLOP counter) dynamo cannot trace, and a frame it gives up
         # on stays eager for good: run that step eagerly instead
-        states = block_states if _get_current_dispatch_mode() is not None else self.states_fn(ok.device)
+        states = block_states if eager or _get_current_dispatch_mode() is not None else self.states_fn(ok.device)
         # positions reach seq_len - 1 + n - 1 (the last anchor's block); the table is built here,
         # outside the compiled function, so that inductor reads it instead of recomputing sin / cos
         rope = self.rope_table(batch.input_ids.shape[1] + n, ok.device)

@@ -36,7 +36,9 @@ def test_every_field_is_documented_with_a_default():
     def walk(model, prefix):
         for name, field in model.model_fields.items():
             assert field.description, f"{prefix}{name} has no description"
-            assert not field.is_required() or model.__name__ == "PromptSource", f"{prefix}{name} has no default"
+            assert not field.is_required() or model.__name__ in ("PromptSource", "BenchDatasetSource"), (
+                f"{prefix}{name} has no default"
+            )
             inner = _inner_model(field.annotation)
             if inner is not None:
                 walk(inner, f"{prefix}{name}.")

@@ -585,3 +585,43 @@ def test_a_killed_modelscope_publish_leaves_no_staging_folder_behind(exported, t
         out = publish(str(draft), "--repo-id", REPO, "--hub", "modelscope", hub=None, ms=ms, home=tmp_path)
     assert out.returncode == 0, out.stderr
     assert not list(draft.parent.glob(".draft.publish-*")), "the killed publish's staging folder is still there"
+
+
+def _profile(draft: Path, tensors: str | None = None) -> dict:
+    """An acceptance profile document (bench/profile.py's shape) of the tensors in `draft`, or of `tensors`."""
+    from dspark_cli.artifacts.profile import tensors_sha256
+
+    counts = [60, 30, 10, 5, 2, 1, 0, 0][:4]
+    positions, given = [], 100
+    for i, accepted in enumerate(counts):
+        positions.append(
+            {"position": i, "accepted": accepted, "steps": 100, "given": given, "marginal": accepted / 100,
+             "conditional": accepted / given if given else None}
+        )  # fmt: skip
+        given = accepted
+    return {
+        "format": "dspark.speculation_profile",
+        "version": 1,
+        "draft": {"tensors_sha256": tensors or tensors_sha256(draft / "model.safetensors")},
+        "profiles": [{"dataset": "tiny-eval", "temperature": 0.0, "num_steps": 100, "tau": 2.05, "positions": positions,
+                      "marginal_accept_rates": [p["marginal"] for p in positions]}],
+    }  # fmt: skip
+
+
+def test_publish_uploads_the_acceptance_profile_and_shows_it_on_the_card(exported, tmp_path):
+    draft = copy_of(exported, tmp_path)
+    (draft / "speculation_profile.json").write_text(json.dumps(_profile(draft)))
+    with LoopbackHub(TOKEN) as hub:
+        out = publish(str(draft), "--repo-id", REPO, hub=hub, home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    files = hub.repos[REPO].files
+    assert json.loads(files["speculation_profile.json"]) == _profile(draft)
+    card = files["README.md"].decode()
+    assert "## Acceptance per draft position" in card
+    assert "| tiny-eval | 0 | 100 | 2.05 | 0.60 / 0.60 | 0.30 / 0.50 | 0.10 / 0.33 | 0.05 / 0.50 |" in card
+    # a profile of other weights beside the draft is refused by name, before anything is sent
+    (draft / "speculation_profile.json").write_text(json.dumps(_profile(draft, tensors="0" * 64)))
+    with LoopbackHub(TOKEN) as hub:
+        out = publish(str(draft), "--repo-id", REPO, hub=hub, home=tmp_path)
+    assert out.returncode == 1 and "speculation_profile.json does not describe these weights" in out.stderr
+    assert not hub.repos

@@ -1,0 +1,71 @@
+"""Online capture of the validation split: producer 0 of two publishes it into a file stream under its own
+keys, the trainers read it (the same sequences as the offline `validation/` capture), and releasing or
+finishing the training shards leaves it there.
+
+    .venv/bin/python -m pytest tests/capture/test_validation_online.py -q
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from split_support import split_copy
+
+from dspark_cli.capture import StreamReader, build_plan, contract_for_recipe, iter_captured, open_store, run_capture
+from dspark_cli.capture.validation_stream import VALIDATION_KEY, publish_validation
+from dspark_cli.recipe import write_resolved
+from dspark_cli.training.validation_data import validation_sequences
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow  # an offline capture, then two producer processes: ~30 s
+def test_two_producers_deliver_the_validation_split_the_offline_capture_has(tmp_path):
+    recipe = split_copy(tmp_path, "capture.workers=2")
+    offline_recipe = split_copy(tmp_path, "capture.workers=1")
+    run_capture(offline_recipe)
+    contract = contract_for_recipe(recipe)
+    offline = list(iter_captured(Path(offline_recipe.stage_dir("capture")) / "validation", expect=contract))
+    assert offline
+    stream_dir = tmp_path / "stream"
+    write_resolved(recipe, tmp_path / "cfg")
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "dspark_cli.capture.producers", str(tmp_path / "cfg" / "recipe.yaml"), str(stream_dir)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    online_recipe = split_copy(tmp_path, "capture.workers=2", "capture.mode=online", f"capture.stream={stream_dir}")
+    plan = build_plan(recipe)
+    try:
+        reader = StreamReader(
+            open_store(stream_dir), fingerprint=plan.fingerprint, workers=2, expect=contract, timeout_s=120
+        )
+        for index in range(len(plan.shards)):  # a trainer's reads and releases, to the end
+            reader.read(index)
+            reader.release(index + 1, step=index + 1, finished=index + 1 == len(plan.shards))
+        _, err = supervisor.communicate(timeout=120)
+    finally:
+        supervisor.kill()
+    assert supervisor.returncode == 0, err[-2000:]
+    assert not list((stream_dir / "shards").glob("*.safetensors"))  # training shards released...
+    assert len(list((stream_dir / "validation").glob("*.safetensors"))) == len(
+        build_plan(recipe, split="validation").shards
+    )  # ...the split stays
+    for got in (
+        validation_sequences(online_recipe, contract, online_reader=reader),
+        validation_sequences(online_recipe, contract),  # any rank, opening the stream itself
+    ):
+        assert [s.id for s in got] == [s.id for s in offline]
+        for a, b in zip(got, offline, strict=True):
+            for field in ("input_ids", "loss_mask", "aux_hidden", "last_hidden"):
+                assert torch.allclose(getattr(a, field).float(), getattr(b, field).float(), atol=1e-5), (a.id, field)
+    # a restarted producer 0 finds the split there: nothing is captured again (no engine needed)
+    before = (stream_dir / VALIDATION_KEY).read_bytes()
+    assert publish_validation(recipe, open_store(stream_dir), capturer=None) == 0
+    assert (stream_dir / VALIDATION_KEY).read_bytes() == before
