@@ -96,6 +96,16 @@ RECORDS: dict[str, Record] = {
             "dspark_cli/prompts/bundled/tiny-eval.jsonl",
         ),
     ),
+    "sweep": Record(
+        "benchmarks/sweep.py",
+        f"{PY} benchmarks/sweep.py",
+        (*PIPELINE, "benchmarks/demo_tau.py"),  # demo_tau: its `_timed`
+    ),
+    "bench_batched": Record(
+        "benchmarks/bench_batched.py",
+        f"{PY} benchmarks/bench_batched.py",
+        (*PIPELINE, "benchmarks/demo_tau.py"),
+    ),
     # benchmarks/peers/run.py's, benchmarks/objective.py's, benchmarks/bench_engine.py's and benchmarks/capture.py's
     # records (peers*, objective*, settings*, warmup-*, bench_engine, capture) are retired until rerun:
     # benchmarks/README.md, "Retired records", lists each with its command and commit.
