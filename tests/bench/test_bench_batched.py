@@ -24,12 +24,8 @@ from dspark_cli.bench.baselines import NgramDrafter
 from dspark_cli.bench.batched import BatchedEngine, BatchTarget, EachRequest, batch_drafter
 from dspark_cli.bench.engine import DSparkDrafter, Proposal, Request, Sampling, Speculation, SpeculativeEngine
 from dspark_cli.recipe import load_recipe
-from dspark_cli.targets import BUNDLED_TARGETS
 
-pytestmark = [
-    pytest.mark.usefixtures("one_thread"),
-    pytest.mark.skipif(not (BUNDLED_TARGETS["tiny-mla"] / "config.json").is_file(), reason="tiny targets not built"),
-]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 LENGTHS = (3, 11, 26, 7, 40, 18)
 MAX_TOKENS = 24
