@@ -35,7 +35,7 @@ def datagen(
     with progress_bar("datagen", unit="conversations") as update:
         summary = run_datagen(loaded, on_progress=lambda done, total, tokens: update(done, total, tokens=tokens))
     say(
-        f"datagen: {summary.conversations} conversations, {summary.generated_tokens} tokens generated "
+        f"datagen: {summary.conversations} conversations{_held_out(summary)}, {summary.generated_tokens} tokens generated "
         f"({summary.tokens_per_second} tokens/s, {summary.engine}) -> {summary.output_dir}",
         style="green",
     )
@@ -48,7 +48,12 @@ def _render_plan(plan: DatagenSummary) -> None:
     for reason, dropped in counts.dropped.items():
         say(f"dropped ({reason}): {sum(dropped.values())}")
     say(
-        f"{plan.conversations} conversations, {plan.turns} assistant turns to generate, "
+        f"{plan.conversations} conversations{_held_out(plan)}, {plan.turns} assistant turns to generate, "
         f"{plan.shards} shards ({plan.already_done} already done) -> {plan.output_dir}"
     )
     say(f"engine: {plan.engine}")
+
+
+def _held_out(summary: DatagenSummary) -> str:
+    """` (N held out for validation)` when datagen holds a split out (datagen.validation_fraction)."""
+    return f" ({summary.validation} held out for validation)" if summary.validation else ""

@@ -34,6 +34,7 @@ from dspark_cli.datagen.filters import split_validation
 from dspark_cli.datagen.run import plan_datagen, run_datagen
 from dspark_cli.errors import UsageError
 from dspark_cli.prompts.conversation import Conversation
+from dspark_cli.recipe import load_recipe
 from dspark_cli.training.validation_data import validation_sequences
 
 
@@ -211,3 +212,15 @@ def test_no_split_reads_as_no_validation(tmp_path):
 
     recipe = split_recipe(tmp_path / "run", tmp_path / "none.jsonl", "datagen.validation_fraction=0")
     assert validation_sequences(recipe, Contract("tiny-gqa", None, (0,))) == []
+
+
+def test_datagen_says_how_many_conversations_it_holds_out(tmp_path):
+    overrides = (f"output_dir={tmp_path}", "datagen.sources=[{path: tiny-prompts, max_samples: 200}]")
+    held = len(plan_datagen(load_recipe("tiny", list(overrides))).validation)
+    assert held > 0
+    result = invoke("datagen", "tiny", *overrides, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert f"({held} held out for validation)" in result.output
+    result = invoke("datagen", "tiny", *overrides, "datagen.validation_fraction=0", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "held out" not in result.output
