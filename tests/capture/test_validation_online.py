@@ -69,3 +69,42 @@ def test_two_producers_deliver_the_validation_split_the_offline_capture_has(tmp_
     before = (stream_dir / VALIDATION_KEY).read_bytes()
     assert publish_validation(recipe, open_store(stream_dir), capturer=None) == 0
     assert (stream_dir / VALIDATION_KEY).read_bytes() == before
+
+
+@pytest.mark.slow  # `dspark train` online: two producers and two gloo ranks, ~40 s
+def test_online_training_with_two_producers_and_two_ranks_validates_on_the_split(tmp_path):
+    import json
+
+    recipe = split_copy(
+        tmp_path,
+        "capture.mode=online",
+        "capture.workers=2",
+        "train.nproc_per_node=2",
+        "train.max_steps=4",
+        "train.tokens_per_step=256",
+        "train.max_seq_len=128",
+        "train.num_anchors=8",
+        "train.warmup_steps=1",
+        "train.validate_every=2",
+        "train.checkpoint_every=2",
+        "train.log_every=1",
+    )
+    write_resolved(recipe, tmp_path / "cfg")
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("dspark")), "train", str(tmp_path / "cfg" / "recipe.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    train_dir = Path(recipe.stage_dir("train"))
+    records = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    validations = [r for r in records if r.get("kind") == "validation"]
+    held_out = json.loads((Path(recipe.stage_dir("datagen")) / "manifest.json").read_text())["validation"]
+    assert [r["step"] for r in validations] == [2, 4]
+    assert all(r["sequences"] == held_out["num_conversations"] > 0 for r in validations)
+    best = max(validations, key=lambda r: r["tau_t1"])  # the first maximum, as training keeps it
+    kept = json.loads((train_dir / "best" / "validation.json").read_text())
+    assert kept["step"] == best["step"] and kept["value"] == pytest.approx(best["tau_t1"])
+    assert "validation step 4/4" in done.stdout + done.stderr
