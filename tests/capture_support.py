@@ -7,6 +7,8 @@ recipe = capture_recipe("tiny-mla", tmp_path, "capture.batch_size=3")
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -46,3 +48,15 @@ def capture_recipe(target: str, tmp_path: Path, *overrides: str) -> Recipe:
     if not (tmp_path / "run" / "data").exists():
         shutil.copytree(source, tmp_path / "run" / "data")
     return _recipe(target, tmp_path / "run", *overrides)
+
+
+def start_producers(recipe_yaml: Path, stream_dir: Path) -> subprocess.Popen[str]:
+    """The producers' supervisor (`python -m dspark_cli.capture.producers RECIPE STREAM`) as a process of its own,
+    from the repository root, its output kept (text) for the test to show when it fails."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dspark_cli.capture.producers", str(recipe_yaml), str(stream_dir)],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

@@ -214,19 +214,13 @@ class LoopbackHub(LoopbackServer):
                     if repo is None:
                         return None
                     if parts[5] == "revision":
-                        siblings = [{"rfilename": name} for name in sorted(repo.files)]
-                        return self._send(
-                            200, {"id": f"{parts[3]}/{parts[4]}", "sha": repo.sha(), "siblings": siblings}
-                        )
+                        return self._revision(repo, f"{parts[3]}/{parts[4]}")
                     return self._reply(200, [_tree_entry(name, data) for name, data in sorted(repo.files.items())])
                 if len(parts) >= 6 and parts[3] == "resolve":
                     repo = self._readable(f"{parts[1]}/{parts[2]}", head)
                     if repo is None:
                         return None
-                    name = "/".join(parts[5:])
-                    if name not in repo.files:
-                        return self._missing(head, "EntryNotFound", f"{name} not found")
-                    return self._file(repo, name, head)
+                    return self._resolved(repo, "/".join(parts[5:]), head)
                 return self._missing(head, None, f"no route for {path}")
 
             def _dataset(self, path: str, head: bool) -> None:
@@ -238,21 +232,26 @@ class LoopbackHub(LoopbackServer):
                     if repo is None:
                         return None
                     if parts[5] == "revision":
-                        siblings = [{"rfilename": name} for name in sorted(repo.files)]
-                        return self._send(
-                            200, {"id": f"{parts[3]}/{parts[4]}", "sha": repo.sha(), "siblings": siblings}
-                        )
+                        return self._revision(repo, f"{parts[3]}/{parts[4]}")
                     under = "/".join(p for p in parts[7:] if p)
                     return self._reply(200, _tree(repo, under, "recursive=true" in self.path.lower()))
                 if parts[1] == "datasets" and len(parts) >= 7 and parts[4] == "resolve":
                     repo = self._readable(f"{parts[2]}/{parts[3]}", head, hub.datasets)
                     if repo is None:
                         return None
-                    name = "/".join(parts[6:])
-                    if name not in repo.files:
-                        return self._missing(head, "EntryNotFound", f"{name} not found")
-                    return self._file(repo, name, head)
+                    return self._resolved(repo, "/".join(parts[6:]), head)
                 return self._missing(head, None, f"no route for {path}")
+
+            def _revision(self, repo: Repo, repo_id: str) -> None:
+                """A repo's revision info (model or dataset): its id, sha and files."""
+                siblings = [{"rfilename": name} for name in sorted(repo.files)]
+                return self._send(200, {"id": repo_id, "sha": repo.sha(), "siblings": siblings})
+
+            def _resolved(self, repo: Repo, name: str, head: bool) -> None:
+                """One file of a repo (model or dataset), or EntryNotFound."""
+                if name not in repo.files:
+                    return self._missing(head, "EntryNotFound", f"{name} not found")
+                return self._file(repo, name, head)
 
             def _readable(self, repo_id: str, head: bool, repos: dict[str, Repo] | None = None) -> Repo | None:
                 """The repo, if it exists and this request may read it (else the reply is sent)."""

@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from capture_support import capture_recipe
+from capture_support import capture_recipe, start_producers
 
 from dspark_cli.capture import (
     StreamProducer,
@@ -76,13 +74,7 @@ def test_two_producers_fill_a_bounded_stream_that_matches_offline(tmp_path):
     seen, stop = {"shards": 0, "bytes": 0}, threading.Event()
     watcher = threading.Thread(target=watch, args=(stream_dir / "shards", stop, seen), daemon=True)
     watcher.start()
-    supervisor = subprocess.Popen(
-        [sys.executable, "-m", "dspark_cli.capture.producers", str(tmp_path / "cfg" / "recipe.yaml"), str(stream_dir)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    supervisor = start_producers(tmp_path / "cfg" / "recipe.yaml", stream_dir)
     reader = StreamReader(
         open_store(stream_dir),
         fingerprint=build_plan(recipe).fingerprint,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from capture_support import start_producers
 from split_support import split_copy
 
 from dspark_cli.capture import StreamReader, build_plan, contract_for_recipe, iter_captured, open_store, run_capture
@@ -33,13 +34,7 @@ def test_two_producers_deliver_the_validation_split_the_offline_capture_has(tmp_
     assert offline
     stream_dir = tmp_path / "stream"
     write_resolved(recipe, tmp_path / "cfg")
-    supervisor = subprocess.Popen(
-        [sys.executable, "-m", "dspark_cli.capture.producers", str(tmp_path / "cfg" / "recipe.yaml"), str(stream_dir)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    supervisor = start_producers(tmp_path / "cfg" / "recipe.yaml", stream_dir)
     online_recipe = split_copy(tmp_path, "capture.workers=2", "capture.mode=online", f"capture.stream={stream_dir}")
     plan = build_plan(recipe)
     try:
