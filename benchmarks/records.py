@@ -106,8 +106,17 @@ RECORDS: dict[str, Record] = {
         f"{PY} benchmarks/bench_batched.py",
         (*PIPELINE, "benchmarks/demo_tau.py"),
     ),
-    # benchmarks/peers/run.py's, benchmarks/objective.py's, benchmarks/bench_engine.py's and benchmarks/capture.py's
-    # records (peers*, objective*, settings*, warmup-*, bench_engine, capture) are retired until rerun:
+    # The all-peers comparison, one record per fresh seed (seeds no setting was chosen on: sweep.py selects on 0).
+    **{
+        f"peers-all-seed{seed}": Record(
+            "benchmarks/peers/run.py",
+            f"{PY} benchmarks/peers/run.py --peers specforge,speculators,nemo_automodel --seed {seed} --repeats 1 --no-same-time",
+            (*PIPELINE, "benchmarks/peers/"),
+        )
+        for seed in (11, 12, 13)
+    },
+    # benchmarks/objective.py's, benchmarks/bench_engine.py's and benchmarks/capture.py's records (objective*,
+    # settings*, warmup-*, bench_engine, capture) and the SpecForge-only peers.* are retired until rerun:
     # benchmarks/README.md, "Retired records", lists each with its command and commit.
     "serve_cpu_memory": Record(
         "benchmarks/serve_cpu_memory.sh",

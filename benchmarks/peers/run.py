@@ -19,7 +19,7 @@ One run of this script, on this machine:
 4. SpecForge's draft (the first run's) converted into our Qwen3DSparkModel directory: its tensor
    names are ours (checked: same names, shapes), config.json is the one dspark writes for this
    data, and `dspark export` validates it with every vLLM loader rule.
-5. every draft scored by `dspark bench DRAFT --offline` (the reference engine) on the same tiny-eval
+5. every draft scored by `dspark bench DRAFT --offline` (the reference engine) on the same tiny-eval and tiny-requests
    prompts at T=0 and T=1.
 6. (unless --no-same-time) one more dspark run given SpecForge's wall-clock time instead of its steps:
    steps x (SpecForge's median process wall / dspark's), the recipe's warmup share, scored the same way.
@@ -810,7 +810,15 @@ def specforge_to_ours(work: Path, ours_train: Path, peer: Path, name: str = SPEC
     return draft
 
 
-def bench(work: Path, name: str, draft: Path, prompts: int, slug: str | None = None) -> list[dict]:
+# The test split: bundled prompts no training file holds (tiny-requests: code requests of the training domain)
+EVAL_SETS = ("tiny-eval", "tiny-requests")
+
+
+def bench(
+    work: Path, name: str, draft: Path, prompts: int, slug: str | None = None, seed: int | None = None
+) -> list[dict]:
+    """`dspark bench DRAFT --offline` on EVAL_SETS at T=0 and T=1; `seed` (the run's --seed) also seeds the
+    bench's sampling, so a fresh training seed is a fresh sampling seed too."""
     slug = slug or name.split()[0].lower()
     out = work / f"bench-{slug}"
     sh(
@@ -823,7 +831,8 @@ def bench(work: Path, name: str, draft: Path, prompts: int, slug: str | None = N
             "json",
             f"bench.num_prompts={prompts}",
             "bench.temperatures=[0.0,1.0]",
-            "bench.datasets=[tiny-eval]",
+            f"bench.datasets=[{','.join(EVAL_SETS)}]",
+            *([f"seed={seed}"] if seed is not None else []),
             "bench.confidence_thresholds=[0.0]",
             "bench.baselines=[]",
             "bench.context_sweep=false",
@@ -1105,6 +1114,16 @@ def markdown_all(result: dict) -> str:
         + ").",
         "",
         *_tau_table(rows),
+        *(
+            [
+                "",
+                f"dspark's draft is the export's default, `best/`: step {sel['step']} of {result['steps']}, "
+                f"{sel['metric']} {sel['value']:.3f} on the validation split (held out of every trainer's data); "
+                "the peers' are their last step.",
+            ]
+            if (sel := result.get("dspark_selected") or {}).get("checkpoint") == "best"
+            else []
+        ),
     ]
     md += [
         "",
@@ -1358,11 +1377,13 @@ def main() -> None:
         )
     dspark_draft = work / "dspark-draft"
     export(work / "dspark-train-0", dspark_draft, work / "dspark-export.log")
-    tau = bench(work, "dspark", dspark_draft, args.eval_prompts)
+    # export takes best/ (the validation split's best step) when training kept one: say which step was scored
+    selected = json.loads((dspark_draft / "dspark_manifest.json").read_text()).get("selected")
+    tau = bench(work, "dspark", dspark_draft, args.eval_prompts, seed=args.seed)
     for peer, slug in (("specforge", "specforge"), ("speculators", "speculators"), ("nemo_automodel", "nemo")):
         if peer in chosen:
             peer_draft = specforge_to_ours(work, work / "dspark-train-0", work / f"{slug}-train-0", PEER_NAMES[peer])
-            tau += bench(work, PEER_NAMES[peer], peer_draft, args.eval_prompts)
+            tau += bench(work, PEER_NAMES[peer], peer_draft, args.eval_prompts, seed=args.seed)
     same_time = None
     if not args.no_same_time:
         # What a user's hour buys: dspark given the wall-clock time SpecForge took for its steps (median
@@ -1375,7 +1396,7 @@ def main() -> None:
         label = f"dspark, SpecForge's time ({long_steps} steps)"
         long_draft = work / "dspark-same-time-draft"
         export(Path(run["dir"]), long_draft, work / "dspark-same-time-export.log")
-        tau += bench(work, label, long_draft, args.eval_prompts, slug="dspark-same-time")
+        tau += bench(work, label, long_draft, args.eval_prompts, slug="dspark-same-time", seed=args.seed)
         same_time = {
             "trainer": label,
             "steps": long_steps,
@@ -1425,6 +1446,7 @@ def main() -> None:
         "fastest_peer": best_speed[1],
         "tau": tau,
         "same_time": same_time,
+        "dspark_selected": selected,
         "peers": [PEER_NAMES[p] for p in chosen],
         "formats": formats,
         "peak_mib": {
