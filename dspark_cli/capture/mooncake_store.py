@@ -150,7 +150,8 @@ class MooncakeStore:
 
     def get(self, key: str) -> bytes | None:
         _check_key(key)
-        for _ in range(3):  # every listed version vanished: it was replaced meanwhile, list again
+        deadline = time.monotonic() + self.timeout_s
+        while True:  # every listed version vanished: it was replaced meanwhile, so a newer one is listed
             versions = self._versions().get(key)
             if not versions:
                 return None
@@ -158,7 +159,11 @@ class MooncakeStore:
                 data = self._read(self._name(key, version))
                 if data is not None:
                     return data
-        return None
+            if time.monotonic() > deadline:
+                raise DsparkError(
+                    f"stream {self.location}: {key} was replaced faster than it could be read for {self.timeout_s:g} s",
+                    "a writer rewrites it in a loop; slow it down, or raise ?timeout=",
+                )
 
     def remove(self, key: str) -> None:
         _check_key(key)

@@ -4,6 +4,7 @@ on a repository made here."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -79,6 +80,36 @@ def test_a_change_to_a_dependency_makes_the_record_stale(repo: Path) -> None:
     _commit(repo, "C: the loop")
     problems = _problems(repo)
     assert len(problems) == 1 and "stale" in problems[0] and "pkg/loop.py" in problems[0], problems
+
+
+def test_an_excluded_path_under_a_dependency_keeps_the_record_fresh(repo: Path) -> None:
+    _record(repo / "results", _commit(repo, "A"))
+    depends = ["pkg/", ":(exclude)pkg/data.txt"]
+    (repo / "pkg" / "data.txt").write_text("b\n")
+    _commit(repo, "B: the excluded file")
+    assert provenance.record_problems(repo, repo / "results", "speed", depends) == []
+    (repo / "pkg" / "loop.py").write_text('"""The loop."""\n\ndef step(x):\n    return x + 2\n')
+    assert "pkg/loop.py" in "".join(provenance.record_problems(repo, repo / "results", "speed", depends))
+
+
+def test_no_record_runs_the_mooncake_client_that_records_exclude() -> None:
+    """records.MOONCAKE_ONLY holds while no record opens a mooncake:// stream (no script, command or the
+    tiny recipe names one) and the modules outside it import it inside functions only, never on load."""
+    tiny = (ROOT / records.TINY).read_text()
+    for name, entry in records.RECORDS.items():
+        for text in (entry.command, (ROOT / entry.script).read_text(), tiny):
+            assert "mooncake" not in text.lower(), name
+    excluded = {p.removeprefix(":(exclude)") for p in records.MOONCAKE_ONLY}
+    modules = {p.removesuffix(".py").replace("/", ".") for p in excluded}
+    on_load = []
+    for path in (ROOT / "dspark_cli").rglob("*.py"):
+        if path.relative_to(ROOT).as_posix() in excluded:
+            continue
+        for node in ast.parse(path.read_text()).body:  # module level: what importing the module runs
+            names = [node.module] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            on_load += [f"{path.relative_to(ROOT)}: {n}" for n in names if n in modules]
+    assert on_load == []
 
 
 def test_an_uncommitted_change_and_a_non_python_file_count_by_bytes(repo: Path) -> None:

@@ -175,3 +175,33 @@ def test_threads_of_one_client_share_its_staging_buffer_safely(master):
                 errors.append(repr(exc))
         thread.join()
         assert errors == [] and reads == sorted(reads), (errors[:3], reads[:20])
+
+
+@needs_mooncake
+@pytest.mark.slow  # a mooncake_master
+def test_a_key_replaced_between_listing_and_reading_is_listed_again_never_missing(master):
+    """get lists the versions, then reads one: a put in between removes what was listed. However often
+    that happens, get lists again and returns the newest bytes (never None); past ?timeout= it says so."""
+    with MooncakeStore(master + "&segment=16MB") as reader, MooncakeStore(master) as writer:
+        writer.put("r.json", b"0")
+        listed, puts = reader._versions, []
+
+        def list_then_replace(limit, key="r.json"):
+            def versions():
+                found = listed()
+                if len(puts) < limit:
+                    puts.append(len(puts) + 1)
+                    writer.put(key, str(puts[-1]).encode())  # removes every version just listed
+                return found
+
+            return versions
+
+        reader._versions = list_then_replace(5)
+        assert reader.get("r.json") == b"5" and len(puts) == 5
+        # a key replaced without end (a new one: the version read above keeps its lease, so stays readable)
+        puts.clear()
+        writer.put("s.json", b"0")
+        reader._versions = list_then_replace(10**9, "s.json")
+        reader.timeout_s = 0.5
+        with pytest.raises(DsparkError, match="s.json was replaced faster than it could be read for 0.5 s"):
+            reader.get("s.json")
