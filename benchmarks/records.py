@@ -117,7 +117,7 @@ RECORDS: dict[str, Record] = {
             f"{PY} benchmarks/peers/run.py --peers specforge,speculators,nemo_automodel --seed {seed} --repeats 1 --no-same-time",
             (*PIPELINE, "benchmarks/peers/"),
         )
-        for seed in (11, 12)
+        for seed in (11, 12, 13)
     },
     # benchmarks/objective.py's, benchmarks/bench_engine.py's and benchmarks/capture.py's records (objective*,
     # settings*, warmup-*, bench_engine, capture) and the SpecForge-only peers.* are retired until rerun:
