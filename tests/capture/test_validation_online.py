@@ -7,6 +7,8 @@ finishing the training shards leaves it there.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from capture_support import start_producers
+from mooncake_support import mooncake_master, needs_mooncake
 from split_support import split_copy
 
 from dspark_cli.capture import StreamReader, build_plan, contract_for_recipe, iter_captured, open_store, run_capture
@@ -67,11 +70,25 @@ def test_two_producers_deliver_the_validation_split_the_offline_capture_has(tmp_
 
 
 @pytest.mark.slow  # `dspark train` online: two producers and two gloo ranks, ~40 s
-def test_online_training_with_two_producers_and_two_ranks_validates_on_the_split(tmp_path):
-    import json
+@pytest.mark.parametrize("store", ["files", pytest.param("mooncake", marks=needs_mooncake)])
+def test_online_training_with_two_producers_and_two_ranks_validates_on_the_split(tmp_path, store):
+    """Over a file stream and over `mooncake://` (a real mooncake_master on loopback; a client of this test lends
+    the memory, as a mooncake_client would): the split reaches every rank through the stream either way."""
+    with contextlib.ExitStack() as stack:
+        stream = []
+        if store == "mooncake":
+            from dspark_cli.capture.mooncake_store import MooncakeStore
 
+            location = stack.enter_context(mooncake_master(tmp_path / "master.log"))
+            stack.enter_context(MooncakeStore(location + "&segment=256MB"))
+            stream = [f"capture.stream={location}"]
+        _train_online_and_check_validation(tmp_path, stream)
+
+
+def _train_online_and_check_validation(tmp_path: Path, stream: list[str]) -> None:
     recipe = split_copy(
         tmp_path,
+        *stream,
         "capture.mode=online",
         "capture.workers=2",
         "train.nproc_per_node=2",
@@ -94,6 +111,8 @@ def test_online_training_with_two_producers_and_two_ranks_validates_on_the_split
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     train_dir = Path(recipe.stage_dir("train"))
+    location = json.loads((train_dir / "manifest.json").read_text())["summary"]["stream"]["location"]
+    assert location.startswith("mooncake://") == any("mooncake://" in o for o in stream), location
     records = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     validations = [r for r in records if r.get("kind") == "validation"]
     held_out = json.loads((Path(recipe.stage_dir("datagen")) / "manifest.json").read_text())["validation"]
